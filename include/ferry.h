@@ -1,0 +1,231 @@
+/* ferry.h - the one public header of libferry.
+ *
+ * ferry moves model weights between disk, host RAM and GPU memory and keeps
+ * checkpoints open as zero-copy views of a read-only file mapping.
+ *
+ * Conventions (they hold for every call below unless its comment says otherwise):
+ *  - Fallible calls return int (or int64_t): >= 0 on success, < 0 on failure.
+ *    System errors are passed through as -errno (-ENOENT, -ENOMEM, ...); ferry's
+ *    own codes (FERRY_E_*) are all below -4096. ferry_strerror() names any code.
+ *  - On failure a detailed, one-line message naming the file and the problem is
+ *    left on the handle the call was made on (see ferry_ctx_errmsg()).
+ *  - Nothing here aborts, exits or prints on bad input.
+ *  - Destructors accept NULL.
+ *  - Options structs start with `uint32_t size` (set it to sizeof the struct) so
+ *    fields can be appended without breaking callers built against older headers.
+ */
+#ifndef FERRY_H
+#define FERRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(FERRY_BUILDING) && defined(__GNUC__)
+#define FERRY_API __attribute__((visibility("default")))
+#else
+#define FERRY_API
+#endif
+
+#define FERRY_VERSION_MAJOR 0
+#define FERRY_VERSION_MINOR 1
+#define FERRY_VERSION_PATCH 0
+#define FERRY_VERSION_STRING "0.1.0"
+#define FERRY_VERSION_NUMBER \
+    (FERRY_VERSION_MAJOR * 10000 + FERRY_VERSION_MINOR * 100 + FERRY_VERSION_PATCH)
+
+/* Version of the library actually loaded, as FERRY_VERSION_NUMBER. Thread-safe. */
+FERRY_API int ferry_version(void);
+/* The same as a static string ("0.1.0"). Thread-safe. */
+FERRY_API const char *ferry_version_string(void);
+
+/* ---- errors ------------------------------------------------------------ */
+
+enum {
+    FERRY_E_BASE = -4097,
+    FERRY_E_CORRUPT = -4097,     /* the file breaks its format's rules */
+    FERRY_E_UNSUPPORTED = -4098, /* valid, but a feature ferry does not read */
+    FERRY_E_FORMAT = -4099,      /* not a checkpoint format ferry knows */
+    FERRY_E_INVAL = -4100,       /* a bad argument from the caller */
+    FERRY_E_NOTFOUND = -4101,    /* no such tensor */
+    FERRY_E_BUDGET = -4102,      /* a memory budget would be exceeded */
+    FERRY_E_NODEV = -4103,       /* no such device, or no usable driver */
+    FERRY_E_DEVICE = -4104,      /* the device driver failed a call */
+    FERRY_E_LIMIT = -4105,       /* a size limit of ferry's (e.g. header > 100 MB) */
+    FERRY_E_INTERNAL = -4106,    /* a bug in ferry: please report it */
+    FERRY_E_LAST = -4106
+};
+
+/* Static text for any code returned by ferry (including -errno values).
+ * Never NULL. Thread-safe. */
+FERRY_API const char *ferry_strerror(int code);
+
+/* ---- context ----------------------------------------------------------- */
+
+typedef struct ferry_ctx ferry_ctx;
+
+/* Custom allocator (zstd's customMem). All three set, or all three NULL. */
+typedef struct ferry_allocator {
+    void *(*alloc)(void *opaque, size_t size);
+    void *(*realloc)(void *opaque, void *ptr, size_t size);
+    void (*free)(void *opaque, void *ptr);
+    void *opaque;
+} ferry_allocator;
+
+typedef struct ferry_ctx_opts {
+    uint32_t size;            /* sizeof(ferry_ctx_opts) */
+    uint32_t nthreads;        /* worker threads for hashing/IO; 0 = number of CPUs (max 64) */
+    ferry_allocator allocator; /* zeroed = malloc/realloc/free */
+} ferry_ctx_opts;
+
+/* Create a context. opts may be NULL for defaults. On success *out owns a new
+ * context, to be freed with ferry_ctx_free(). Returns 0, -ENOMEM or FERRY_E_INVAL.
+ * A context may be used from several threads at once; files opened from it
+ * must be closed before it is freed. */
+FERRY_API int ferry_ctx_new(const ferry_ctx_opts *opts, ferry_ctx **out);
+FERRY_API void ferry_ctx_free(ferry_ctx *ctx);
+
+/* The message of the most recent failing call made with ctx (file opens
+ * included). Returns a pointer to a copy owned by the calling thread, valid
+ * until that thread's next ferry_ctx_errmsg() call; "" if nothing failed.
+ * When several threads fail on one context at once, each may read the other's
+ * message; use one context per thread where that matters. ctx may be NULL:
+ * then the message of the calling thread's last failed ferry_ctx_new(). */
+FERRY_API const char *ferry_ctx_errmsg(ferry_ctx *ctx);
+
+/* ---- dtypes ------------------------------------------------------------ */
+
+typedef enum ferry_dtype {
+    FERRY_DTYPE_INVALID = 0,
+    FERRY_DTYPE_BOOL,
+    FERRY_DTYPE_U8,
+    FERRY_DTYPE_I8,
+    FERRY_DTYPE_U16,
+    FERRY_DTYPE_I16,
+    FERRY_DTYPE_U32,
+    FERRY_DTYPE_I32,
+    FERRY_DTYPE_U64,
+    FERRY_DTYPE_I64,
+    FERRY_DTYPE_F16,
+    FERRY_DTYPE_BF16,
+    FERRY_DTYPE_F32,
+    FERRY_DTYPE_F64,
+    FERRY_DTYPE_C64,
+    FERRY_DTYPE_F8_E4M3,
+    FERRY_DTYPE_F8_E5M2,
+    FERRY_DTYPE_F8_E4M3FNUZ,
+    FERRY_DTYPE_F8_E5M2FNUZ,
+    FERRY_DTYPE_F8_E8M0,
+    FERRY_DTYPE_F6_E2M3,
+    FERRY_DTYPE_F6_E3M2,
+    FERRY_DTYPE_F4,
+    FERRY_DTYPE_COUNT
+} ferry_dtype;
+
+/* The dtype's name as safetensors spells it ("BF16"), or "INVALID". Thread-safe. */
+FERRY_API const char *ferry_dtype_name(ferry_dtype dt);
+/* Bits per element (4 for F4, 6 for F6_*), 0 for an invalid dtype. Thread-safe. */
+FERRY_API int ferry_dtype_bits(ferry_dtype dt);
+
+/* ---- files (checkpoints) ----------------------------------------------- */
+
+typedef struct ferry_file ferry_file;
+
+typedef enum ferry_format {
+    FERRY_FORMAT_UNKNOWN = 0,
+    FERRY_FORMAT_SAFETENSORS = 1,
+    FERRY_FORMAT_SAFETENSORS_INDEX = 2 /* a sharded checkpoint's *.index.json */
+} ferry_format;
+
+/* Name of a format ("safetensors", "safetensors-index"). Thread-safe. */
+FERRY_API const char *ferry_format_name(ferry_format fmt);
+
+/* Open a checkpoint: a .safetensors file, or a sharded checkpoint's
+ * *.safetensors.index.json whose weight_map names the shard files (resolved
+ * relative to the index's folder). The header is read and validated
+ * completely; each file is then mapped MAP_SHARED, PROT_READ. No tensor data is
+ * read. flags must be 0 (reserved).
+ *
+ * Returns 0 and a handle in *out, or a negative code with a message on ctx:
+ * -errno for system errors (-ENOENT, -EACCES, ...), FERRY_E_CORRUPT for a file
+ * that breaks the format, FERRY_E_FORMAT for an unknown format, FERRY_E_LIMIT
+ * for a header over 100 MB, FERRY_E_UNSUPPORTED for valid features ferry lacks.
+ * The handle is immutable: any number of threads may read it at once. It must
+ * be closed before ctx is freed. */
+FERRY_API int ferry_file_open(ferry_ctx *ctx, const char *path, uint32_t flags,
+                              ferry_file **out);
+/* Close a file: unmaps it. Every pointer obtained from it becomes invalid. */
+FERRY_API void ferry_file_close(ferry_file *f);
+
+FERRY_API ferry_format ferry_file_format(const ferry_file *f);
+/* Number of tensors (>= 0). */
+FERRY_API int64_t ferry_file_tensor_count(const ferry_file *f);
+/* Sum of all tensors' byte sizes. */
+FERRY_API uint64_t ferry_file_total_bytes(const ferry_file *f);
+/* Number of files behind f (1, or the number of shards). */
+FERRY_API int ferry_file_shard_count(const ferry_file *f);
+/* Path of shard i as opened, or NULL when i is out of range. Valid while f is open. */
+FERRY_API const char *ferry_file_shard_path(const ferry_file *f, int i);
+
+/* Metadata: string -> string pairs (safetensors `__metadata__`, or the index's
+ * `metadata`, whose non-string values are given as their JSON text).
+ * Pointers stay valid while f is open. Returns 0, or FERRY_E_INVAL if i is out
+ * of range. */
+FERRY_API int64_t ferry_file_metadata_count(const ferry_file *f);
+FERRY_API int ferry_file_metadata(const ferry_file *f, int64_t i, const char **key,
+                                  const char **value);
+
+typedef struct ferry_tensor_info {
+    const char *name;      /* NUL-terminated UTF-8, valid while the file is open */
+    ferry_dtype dtype;
+    int32_t ndim;          /* 0 for a scalar */
+    const int64_t *shape;  /* ndim entries, valid while the file is open */
+    uint64_t nbytes;       /* byte size of the data */
+    uint64_t offset;       /* absolute byte offset of the data in its file */
+    int32_t shard;         /* which file holds it (ferry_file_shard_path) */
+} ferry_tensor_info;
+
+/* Tensors are numbered 0..count-1 in the order their data lies in the file(s)
+ * (shard by shard). Returns 0, or FERRY_E_INVAL when i is out of range. */
+FERRY_API int ferry_file_tensor_info(const ferry_file *f, int64_t i, ferry_tensor_info *out);
+/* Index of the tensor called name, or FERRY_E_NOTFOUND. O(log n). */
+FERRY_API int64_t ferry_file_find(const ferry_file *f, const char *name);
+/* Zero-copy view of tensor i's bytes inside the read-only mapping: *out points
+ * at nbytes readable (never writable) bytes, valid while f is open. Touching
+ * them reads the file through the page cache. Returns 0 or FERRY_E_INVAL. */
+FERRY_API int ferry_file_tensor_data(const ferry_file *f, int64_t i, const void **out);
+/* Copy len bytes of tensor i starting at byte off into buf with pread (no
+ * SIGBUS if the file shrank since it was opened). Returns 0, FERRY_E_INVAL for
+ * a range outside the tensor, -errno of a failed read, or FERRY_E_CORRUPT when
+ * the file ends early. Thread-safe. Errors go to the ctx f was opened with. */
+FERRY_API int ferry_file_tensor_read(const ferry_file *f, int64_t i, uint64_t off, void *buf,
+                                     size_t len);
+
+/* ---- hashing ----------------------------------------------------------- */
+
+/* XXH3-64 (seed 0) of every tensor's bytes, into per_tensor[count] (may be NULL),
+ * and a model hash into *model (may be NULL): XXH3-64 over, for each tensor in
+ * name order, its name, NUL, dtype name, NUL, ndim and shape as little-endian
+ * int64, and its data hash as little-endian uint64. The model hash therefore
+ * depends on the tensors only, not on their layout or sharding.
+ * Uses the context's threads (tensors are spread over them), reading with
+ * pread rather than through the mapping so that an I/O error or a file
+ * truncated under us is an error (-EIO, FERRY_E_CORRUPT), not a SIGBUS.
+ * progress, if set, is called from worker threads with the bytes hashed so far
+ * and the total; it must be thread-safe and quick.
+ * Returns 0, -ENOMEM, -errno of a failed read, or FERRY_E_CORRUPT. */
+FERRY_API int ferry_file_hash(ferry_ctx *ctx, const ferry_file *f, uint64_t *per_tensor,
+                              uint64_t *model,
+                              void (*progress)(void *opaque, uint64_t done, uint64_t total),
+                              void *opaque);
+
+/* XXH3-64 (seed 0) of a buffer: the same checksum as `xxhsum -H3`. Thread-safe. */
+FERRY_API uint64_t ferry_xxh3(const void *data, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FERRY_H */

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Install everything ferry needs to build and test on a fresh Debian machine,
+# and fetch the source of the libraries it links statically.
+#
+# jansson: Debian's libjansson.a is not position-independent, so it cannot go
+# into libferry.so. We take jansson's source from Debian's own source package
+# (signature and checksums verified by apt) and build it with -fPIC as part of
+# ferry's build. xxhash is used header-only from libxxhash-dev.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+
+need=""
+for p in build-essential cmake ninja-build clang lld llvm libclang-rt-dev libxxhash-dev xxhash \
+         liburing-dev python3 python3-pip ca-certificates dpkg-dev; do
+    dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"
+done
+if [ -n "$need" ]; then
+    echo "deps: installing$need"
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends $need >/dev/null
+fi
+
+JANSSON_DIR=.deps/jansson
+if [ ! -f "$JANSSON_DIR/CMakeLists.txt" ]; then
+    echo "deps: fetching jansson source from Debian"
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+    mkdir -p "$tmp/lists/partial"
+    # A private source list: the machine's own apt configuration is left alone.
+    codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
+    echo "deb-src http://deb.debian.org/debian $codename main" > "$tmp/src.list"
+    O=(-o "Dir::Etc::SourceList=$tmp/src.list" -o "Dir::Etc::SourceParts=$tmp/none"
+       -o "Dir::State::Lists=$tmp/lists")
+    $SUDO apt-get "${O[@]}" update -qq
+    (cd "$tmp" && $SUDO apt-get "${O[@]}" source --download-only jansson >/dev/null 2>&1)
+    mkdir -p "$JANSSON_DIR"
+    tar -xzf "$tmp"/jansson_*.orig.tar.gz -C "$JANSSON_DIR" --strip-components=1
+fi
+echo "deps: ready"

@@ -1,0 +1,221 @@
+/* common.c - errors, allocator, UTF-8 check, message quoting, version. */
+#define _GNU_SOURCE
+#include "common.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+FERRY_API int ferry_version(void) { return FERRY_VERSION_NUMBER; }
+FERRY_API const char *ferry_version_string(void) { return FERRY_VERSION_STRING; }
+
+FERRY_API const char *ferry_strerror(int code)
+{
+    switch (code) {
+    case 0: return "success";
+    case FERRY_E_CORRUPT: return "corrupt or invalid checkpoint";
+    case FERRY_E_UNSUPPORTED: return "unsupported feature";
+    case FERRY_E_FORMAT: return "unknown checkpoint format";
+    case FERRY_E_INVAL: return "invalid argument";
+    case FERRY_E_NOTFOUND: return "no such tensor";
+    case FERRY_E_BUDGET: return "memory budget exceeded";
+    case FERRY_E_NODEV: return "no usable device";
+    case FERRY_E_DEVICE: return "device error";
+    case FERRY_E_LIMIT: return "size limit exceeded";
+    case FERRY_E_INTERNAL: return "internal error";
+    default: break;
+    }
+    if (code < 0 && code > -4096) {
+        /* strerror() may use a static buffer; strerrordesc_np is static text. */
+        const char *s = strerrordesc_np(-code);
+        return s ? s : "unknown system error";
+    }
+    return "unknown error";
+}
+
+void fy_err_init(fy_err *e)
+{
+    pthread_mutex_init(&e->lock, NULL);
+    e->msg[0] = '\0';
+}
+
+void fy_err_destroy(fy_err *e) { pthread_mutex_destroy(&e->lock); }
+
+int fy_vseterr(fy_err *e, int code, const char *fmt, va_list ap)
+{
+    char tmp[FY_ERRMSG_MAX];
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
+    if (e) {
+        pthread_mutex_lock(&e->lock);
+        memcpy(e->msg, tmp, sizeof tmp);
+        pthread_mutex_unlock(&e->lock);
+    }
+    return code;
+}
+
+int fy_seterr(fy_err *e, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fy_vseterr(e, code, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+void fy_err_copy(fy_err *e, char *buf, size_t n)
+{
+    pthread_mutex_lock(&e->lock);
+    snprintf(buf, n, "%s", e->msg);
+    pthread_mutex_unlock(&e->lock);
+}
+
+static void *sys_alloc(void *o, size_t n) { (void)o; return malloc(n); }
+static void *sys_realloc(void *o, void *p, size_t n) { (void)o; return realloc(p, n); }
+static void sys_free(void *o, void *p) { (void)o; free(p); }
+static const ferry_allocator sys_mem = {sys_alloc, sys_realloc, sys_free, NULL};
+
+const ferry_allocator *fy_default_allocator(void) { return &sys_mem; }
+
+void *fy_malloc(const ferry_allocator *m, size_t n) { return m->alloc(m->opaque, n ? n : 1); }
+
+void *fy_calloc(const ferry_allocator *m, size_t count, size_t size)
+{
+    uint64_t n;
+    if (fy_mul_ovf(count, size, &n) || n > SIZE_MAX) return NULL;
+    void *p = fy_malloc(m, (size_t)n);
+    if (p) memset(p, 0, (size_t)n);
+    return p;
+}
+
+void *fy_realloc(const ferry_allocator *m, void *p, size_t n) { return m->realloc(m->opaque, p, n ? n : 1); }
+
+void fy_free(const ferry_allocator *m, void *p)
+{
+    if (p) m->free(m->opaque, p);
+}
+
+char *fy_strndup(const ferry_allocator *m, const char *s, size_t n)
+{
+    char *d = fy_malloc(m, n + 1);
+    if (!d) return NULL;
+    memcpy(d, s, n);
+    d[n] = '\0';
+    return d;
+}
+
+bool fy_utf8_valid(const char *str, size_t n, size_t *bad)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        size_t len;
+        uint32_t cp, min;
+        if (c < 0x80) { i++; continue; }
+        if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; min = 0x80; }
+        else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; min = 0x800; }
+        else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; min = 0x10000; }
+        else goto fail;
+        if (n - i < len) goto fail;
+        for (size_t k = 1; k < len; k++) {
+            if ((s[i + k] & 0xC0) != 0x80) goto fail;
+            cp = (cp << 6) | (s[i + k] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) goto fail;
+        i += len;
+    }
+    return true;
+fail:
+    if (bad) *bad = i;
+    return false;
+}
+
+const char *fy_quote(char *buf, size_t n, const char *s)
+{
+    /* At most ~80 visible characters: enough to recognise a tensor name. */
+    size_t o = 0, shown = 0;
+    if (n < 8) { if (n) buf[0] = '\0'; return buf; }
+    buf[o++] = '\'';
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (o + 8 >= n || shown >= 80) {
+            memcpy(buf + o, "...", 3);
+            o += 3;
+            break;
+        }
+        unsigned c = *p;
+        if (c < 0x20 || c == 0x7F || c == '\'' || c == '\\') {
+            o += (size_t)snprintf(buf + o, n - o, "\\x%02x", c);
+        } else {
+            buf[o++] = (char)c;
+        }
+        shown++;
+    }
+    buf[o++] = '\'';
+    buf[o] = '\0';
+    return buf;
+}
+
+uint32_t fy_ncpu(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1u : (uint32_t)n;
+}
+
+/* ---- context ---- */
+
+static __thread char tls_msg[FY_ERRMSG_MAX];
+static __thread char tls_new_msg[FY_ERRMSG_MAX];
+
+FERRY_API int ferry_ctx_new(const ferry_ctx_opts *opts, ferry_ctx **out)
+{
+    ferry_ctx_opts o = {0};
+    if (!out) return FERRY_E_INVAL;
+    *out = NULL;
+    tls_new_msg[0] = '\0';
+    if (opts) {
+        if (opts->size < offsetof(ferry_ctx_opts, allocator) + sizeof(ferry_allocator) ||
+            opts->size > sizeof(ferry_ctx_opts)) {
+            snprintf(tls_new_msg, sizeof tls_new_msg,
+                     "ferry_ctx_new: opts->size is %u, expected %zu", opts->size,
+                     sizeof(ferry_ctx_opts));
+            return FERRY_E_INVAL;
+        }
+        memcpy(&o, opts, opts->size);
+    }
+    const ferry_allocator *m = &o.allocator;
+    int nset = !!m->alloc + !!m->realloc + !!m->free;
+    if (nset != 0 && nset != 3) {
+        snprintf(tls_new_msg, sizeof tls_new_msg,
+                 "ferry_ctx_new: set all three allocator functions or none");
+        return FERRY_E_INVAL;
+    }
+    if (nset == 0) m = fy_default_allocator();
+    ferry_ctx *ctx = fy_malloc(m, sizeof *ctx);
+    if (!ctx) {
+        snprintf(tls_new_msg, sizeof tls_new_msg, "ferry_ctx_new: out of memory");
+        return -ENOMEM;
+    }
+    ctx->mem = *m;
+    ctx->nthreads = o.nthreads ? o.nthreads : fy_ncpu();
+    if (ctx->nthreads > 64) ctx->nthreads = 64;
+    fy_err_init(&ctx->err);
+    *out = ctx;
+    return 0;
+}
+
+FERRY_API void ferry_ctx_free(ferry_ctx *ctx)
+{
+    if (!ctx) return;
+    fy_err_destroy(&ctx->err);
+    ferry_allocator m = ctx->mem;
+    fy_free(&m, ctx);
+}
+
+FERRY_API const char *ferry_ctx_errmsg(ferry_ctx *ctx)
+{
+    if (!ctx) return tls_new_msg;
+    fy_err_copy(&ctx->err, tls_msg, sizeof tls_msg);
+    return tls_msg;
+}

@@ -1,0 +1,70 @@
+/* common.h - internal helpers shared by every module: error reporting, the
+ * context's allocator, overflow-checked arithmetic. Depends on nothing else. */
+#ifndef FERRY_COMMON_H
+#define FERRY_COMMON_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <pthread.h>
+
+#include "ferry.h"
+
+#define FY_ERRMSG_MAX 1024
+
+/* Where a detailed message goes. A context owns one; so does every call that
+ * cannot reach a context (the parsers write into one the caller passes). */
+typedef struct fy_err {
+    pthread_mutex_t lock;
+    char msg[FY_ERRMSG_MAX];
+} fy_err;
+
+struct ferry_ctx {
+    ferry_allocator mem;
+    uint32_t nthreads;
+    fy_err err;
+};
+
+/* Record a message and return code. The message is formatted outside the lock. */
+int fy_seterr(fy_err *e, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int fy_vseterr(fy_err *e, int code, const char *fmt, va_list ap);
+void fy_err_init(fy_err *e);
+void fy_err_destroy(fy_err *e);
+void fy_err_copy(fy_err *e, char *buf, size_t n);
+
+/* Error-path helpers (zstd's RETURN_ERROR_IF / FORWARD_IF_ERROR). */
+#define FY_RETURN_IF(cond, err, code, ...)            \
+    do {                                              \
+        if (cond) return fy_seterr((err), (code), __VA_ARGS__); \
+    } while (0)
+#define FY_TRY(expr)                 \
+    do {                             \
+        int fy_rc_ = (expr);         \
+        if (fy_rc_ < 0) return fy_rc_; \
+    } while (0)
+
+/* Allocation through the context's allocator. */
+void *fy_malloc(const ferry_allocator *m, size_t n);
+void *fy_calloc(const ferry_allocator *m, size_t count, size_t size);
+void *fy_realloc(const ferry_allocator *m, void *p, size_t n);
+void fy_free(const ferry_allocator *m, void *p);
+char *fy_strndup(const ferry_allocator *m, const char *s, size_t n);
+const ferry_allocator *fy_default_allocator(void);
+
+/* Overflow-checked arithmetic: return true on overflow. */
+static inline bool fy_mul_ovf(uint64_t a, uint64_t b, uint64_t *r) { return __builtin_mul_overflow(a, b, r); }
+static inline bool fy_add_ovf(uint64_t a, uint64_t b, uint64_t *r) { return __builtin_add_overflow(a, b, r); }
+
+/* Well-formed UTF-8 (no overlongs, no surrogates, <= U+10FFFF). On failure *bad
+ * gets the offset of the first bad byte. */
+bool fy_utf8_valid(const char *s, size_t n, size_t *bad);
+
+/* Write s into buf (size n) as a JSON-style quoted, escaped, possibly shortened
+ * string for messages: hostile names must not break a one-line message. */
+const char *fy_quote(char *buf, size_t n, const char *s);
+
+/* Number of online CPUs, at least 1. */
+uint32_t fy_ncpu(void);
+
+#endif /* FERRY_COMMON_H */

@@ -1,0 +1,468 @@
+/* file.c - ferry_file: a checkpoint (one file or a set of shards) opened as a
+ * validated tensor table over read-only MAP_SHARED mappings. Glue between
+ * format/ (what the bytes mean) and io/ (getting them). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "common/common.h"
+#include "format/format.h"
+#include "io/io.h"
+
+typedef struct shard {
+    char *path;
+    int fd;
+    uint64_t size;
+    void *map;
+} shard;
+
+struct ferry_file {
+    ferry_ctx *ctx;
+    ferry_format fmt;
+    int32_t nshards;
+    shard *shards;
+    fy_table tb;
+    int64_t *by_name; /* tensor indices sorted by name */
+    uint64_t total;
+};
+
+#define Q(buf, s) fy_quote((buf), sizeof(buf), (s))
+
+FERRY_API const char *ferry_format_name(ferry_format fmt)
+{
+    switch (fmt) {
+    case FERRY_FORMAT_SAFETENSORS: return "safetensors";
+    case FERRY_FORMAT_SAFETENSORS_INDEX: return "safetensors-index";
+    default: return "unknown";
+    }
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* Open, parse and map one safetensors file into sh and tb. */
+static int open_st(ferry_ctx *ctx, const char *path, int32_t idx, shard *sh, fy_table *tb)
+{
+    uint8_t prefix[8];
+    uint64_t hlen;
+    fy_err *err = &ctx->err;
+    FY_TRY(fy_open_ro(path, &sh->fd, &sh->size, err));
+    if (sh->size >= 8) {
+        int rc = fy_pread_full(sh->fd, prefix, 8, 0);
+        if (rc < 0) return fy_seterr(err, rc, "%s: reading the header: %s", path, ferry_strerror(rc));
+        if (memcmp(prefix, "GGUF", 4) == 0)
+            return fy_seterr(err, FERRY_E_UNSUPPORTED, "%s: GGUF files are not supported yet", path);
+        if (memcmp(prefix, "PK\x03\x04", 4) == 0)
+            return fy_seterr(err, FERRY_E_UNSUPPORTED,
+                             "%s: PyTorch zip checkpoints are not supported yet (convert to safetensors)", path);
+    }
+    FY_TRY(fy_st_header_len(prefix, sh->size, path, &hlen, err));
+    uint8_t *hdr = fy_malloc(&ctx->mem, (size_t)hlen);
+    if (!hdr) return fy_seterr(err, -ENOMEM, "%s: out of memory for a %" PRIu64 "-byte header", path, hlen);
+    int rc = fy_pread_full(sh->fd, hdr, (size_t)hlen, 8);
+    if (rc < 0) {
+        fy_free(&ctx->mem, hdr);
+        return fy_seterr(err, rc, "%s: reading the header: %s", path, ferry_strerror(rc));
+    }
+    rc = fy_st_parse(path, hdr, hlen, sh->size, idx, tb, err);
+    fy_free(&ctx->mem, hdr);
+    if (rc < 0) return rc;
+    rc = fy_map_ro(sh->fd, sh->size, &sh->map);
+    if (rc < 0) return fy_seterr(err, rc, "%s: mmap: %s", path, ferry_strerror(rc));
+    return 0;
+}
+
+static int cmp_name_idx(const void *a, const void *b, void *arg)
+{
+    const fy_table *tb = arg;
+    return strcmp(tb->t[*(const int64_t *)a].name, tb->t[*(const int64_t *)b].name);
+}
+
+static int build_name_index(ferry_file *f)
+{
+    fy_err *err = &f->ctx->err;
+    f->by_name = fy_calloc(&f->ctx->mem, (size_t)(f->tb.n ? f->tb.n : 1), sizeof(int64_t));
+    if (!f->by_name) return fy_seterr(err, -ENOMEM, "out of memory");
+    for (int64_t i = 0; i < f->tb.n; i++) f->by_name[i] = i;
+    qsort_r(f->by_name, (size_t)f->tb.n, sizeof(int64_t), cmp_name_idx, &f->tb);
+    for (int64_t i = 1; i < f->tb.n; i++) {
+        const fy_tensor *a = &f->tb.t[f->by_name[i - 1]], *b = &f->tb.t[f->by_name[i]];
+        if (strcmp(a->name, b->name) == 0) {
+            char q[128];
+            return fy_seterr(err, FERRY_E_CORRUPT, "%s: tensor %s is also in %s: tensor names must be unique",
+                             f->shards[b->shard].path, Q(q, b->name), f->shards[a->shard].path);
+        }
+    }
+    return 0;
+}
+
+static char *join_dir(const ferry_allocator *m, const char *index_path, const char *rel)
+{
+    const char *slash = strrchr(index_path, '/');
+    size_t dlen = slash ? (size_t)(slash - index_path) + 1 : 0;
+    size_t rlen = strlen(rel);
+    char *p = fy_malloc(m, dlen + rlen + 1);
+    if (!p) return NULL;
+    memcpy(p, index_path, dlen);
+    memcpy(p + dlen, rel, rlen + 1);
+    return p;
+}
+
+static int cmp_str(const void *a, const void *b, void *arg)
+{
+    const fy_index *ix = arg;
+    return strcmp(ix->names[*(const int64_t *)a], ix->names[*(const int64_t *)b]);
+}
+
+/* Every tensor the shards hold must be listed in weight_map under its shard, and
+ * every entry of weight_map must exist: a merge of the two name-sorted lists. */
+static int check_index(ferry_file *f, const char *path, const fy_index *ix)
+{
+    fy_err *err = &f->ctx->err;
+    char q[128];
+    int64_t *order = fy_calloc(&f->ctx->mem, (size_t)ix->n, sizeof(int64_t));
+    if (!order) return fy_seterr(err, -ENOMEM, "out of memory");
+    for (int64_t i = 0; i < ix->n; i++) order[i] = i;
+    qsort_r(order, (size_t)ix->n, sizeof(int64_t), cmp_str, (void *)ix);
+    int64_t i = 0, j = 0;
+    int rc = 0;
+    while (rc == 0 && (i < ix->n || j < f->tb.n)) {
+        const char *in = i < ix->n ? ix->names[order[i]] : NULL;
+        const fy_tensor *t = j < f->tb.n ? &f->tb.t[f->by_name[j]] : NULL;
+        int c = !in ? 1 : !t ? -1 : strcmp(in, t->name);
+        if (c < 0) {
+            rc = fy_seterr(err, FERRY_E_CORRUPT, "%s: weight_map lists tensor %s in %s, which does not hold it",
+                           path, Q(q, in), f->shards[ix->shard_of[order[i]]].path);
+        } else if (c > 0) {
+            rc = fy_seterr(err, FERRY_E_CORRUPT, "%s: shard %s holds tensor %s, which weight_map does not list",
+                           path, f->shards[t->shard].path, Q(q, t->name));
+        } else {
+            if (ix->shard_of[order[i]] != t->shard)
+                rc = fy_seterr(err, FERRY_E_CORRUPT, "%s: weight_map puts tensor %s in %s, but it is in %s", path,
+                               Q(q, in), f->shards[ix->shard_of[order[i]]].path, f->shards[t->shard].path);
+            i++;
+            j++;
+        }
+    }
+    fy_free(&f->ctx->mem, order);
+    return rc;
+}
+
+static int open_index(ferry_file *f, const char *path)
+{
+    ferry_ctx *ctx = f->ctx;
+    fy_err *err = &ctx->err;
+    int fd = -1;
+    uint64_t size;
+    fy_index ix = {.mem = &ctx->mem};
+    FY_TRY(fy_open_ro(path, &fd, &size, err));
+    int rc;
+    if (size > FY_ST_MAX_HEADER) {
+        fy_close(fd);
+        return fy_seterr(err, FERRY_E_LIMIT, "%s: index file is %" PRIu64 " bytes (limit 100 MB)", path, size);
+    }
+    uint8_t *buf = fy_malloc(&ctx->mem, (size_t)size);
+    if (!buf) {
+        fy_close(fd);
+        return fy_seterr(err, -ENOMEM, "%s: out of memory", path);
+    }
+    rc = fy_pread_full(fd, buf, (size_t)size, 0);
+    fy_close(fd);
+    if (rc < 0) {
+        fy_free(&ctx->mem, buf);
+        return fy_seterr(err, rc, "%s: %s", path, ferry_strerror(rc));
+    }
+    rc = fy_index_parse(path, buf, (size_t)size, &ix, &f->tb, err);
+    fy_free(&ctx->mem, buf);
+    if (rc < 0) return rc;
+
+    f->shards = fy_calloc(&ctx->mem, (size_t)ix.nfiles, sizeof(shard));
+    if (!f->shards) { rc = fy_seterr(err, -ENOMEM, "out of memory"); goto out; }
+    for (int32_t s = 0; s < ix.nfiles; s++) {
+        f->shards[s].fd = -1;
+        f->nshards++;
+        f->shards[s].path = join_dir(&ctx->mem, path, ix.files[s]);
+        if (!f->shards[s].path) { rc = fy_seterr(err, -ENOMEM, "out of memory"); goto out; }
+        fy_table part;
+        fy_table_init(&part, &ctx->mem);
+        rc = open_st(ctx, f->shards[s].path, s, &f->shards[s], &part);
+        if (rc < 0) {
+            fy_table_free(&part);
+            goto out;
+        }
+        for (int64_t k = 0; k < part.n && rc == 0; k++) {
+            rc = fy_table_push(&f->tb, &part.t[k]);
+            if (rc == 0) part.t[k].name = NULL, part.t[k].shape = NULL;
+        }
+        fy_table_free(&part);
+        if (rc < 0) { fy_seterr(err, rc, "out of memory"); goto out; }
+    }
+    if ((rc = build_name_index(f)) < 0) goto out;
+    rc = check_index(f, path, &ix);
+out:
+    fy_index_free(&ix);
+    return rc;
+}
+
+FERRY_API int ferry_file_open(ferry_ctx *ctx, const char *path, uint32_t flags, ferry_file **out)
+{
+    if (!ctx || !out) return FERRY_E_INVAL;
+    *out = NULL;
+    FY_RETURN_IF(!path || !*path, &ctx->err, FERRY_E_INVAL, "ferry_file_open: empty path");
+    FY_RETURN_IF(flags != 0, &ctx->err, FERRY_E_INVAL, "ferry_file_open: flags must be 0");
+    ferry_file *f = fy_calloc(&ctx->mem, 1, sizeof *f);
+    if (!f) return fy_seterr(&ctx->err, -ENOMEM, "%s: out of memory", path);
+    f->ctx = ctx;
+    fy_table_init(&f->tb, &ctx->mem);
+    int rc;
+    if (ends_with(path, ".json")) {
+        f->fmt = FERRY_FORMAT_SAFETENSORS_INDEX;
+        rc = open_index(f, path);
+    } else {
+        f->fmt = FERRY_FORMAT_SAFETENSORS;
+        f->shards = fy_calloc(&ctx->mem, 1, sizeof(shard));
+        if (!f->shards) {
+            rc = fy_seterr(&ctx->err, -ENOMEM, "%s: out of memory", path);
+        } else {
+            f->nshards = 1;
+            f->shards[0].fd = -1;
+            f->shards[0].path = fy_strndup(&ctx->mem, path, strlen(path));
+            rc = f->shards[0].path ? open_st(ctx, path, 0, &f->shards[0], &f->tb)
+                                   : fy_seterr(&ctx->err, -ENOMEM, "out of memory");
+            if (rc == 0) rc = build_name_index(f);
+        }
+    }
+    if (rc < 0) {
+        ferry_file_close(f);
+        return rc;
+    }
+    for (int64_t i = 0; i < f->tb.n; i++) f->total += f->tb.t[i].nbytes;
+    *out = f;
+    return 0;
+}
+
+FERRY_API void ferry_file_close(ferry_file *f)
+{
+    if (!f) return;
+    const ferry_allocator *m = &f->ctx->mem;
+    for (int32_t s = 0; s < f->nshards; s++) {
+        fy_unmap(f->shards[s].map, f->shards[s].size);
+        fy_close(f->shards[s].fd);
+        fy_free(m, f->shards[s].path);
+    }
+    fy_free(m, f->shards);
+    fy_free(m, f->by_name);
+    fy_table_free(&f->tb);
+    fy_free(m, f);
+}
+
+FERRY_API ferry_format ferry_file_format(const ferry_file *f) { return f ? f->fmt : FERRY_FORMAT_UNKNOWN; }
+FERRY_API int64_t ferry_file_tensor_count(const ferry_file *f) { return f ? f->tb.n : FERRY_E_INVAL; }
+FERRY_API uint64_t ferry_file_total_bytes(const ferry_file *f) { return f ? f->total : 0; }
+FERRY_API int ferry_file_shard_count(const ferry_file *f) { return f ? f->nshards : FERRY_E_INVAL; }
+
+FERRY_API const char *ferry_file_shard_path(const ferry_file *f, int i)
+{
+    if (!f || i < 0 || i >= f->nshards) return NULL;
+    return f->shards[i].path;
+}
+
+FERRY_API int64_t ferry_file_metadata_count(const ferry_file *f) { return f ? f->tb.nmeta : FERRY_E_INVAL; }
+
+FERRY_API int ferry_file_metadata(const ferry_file *f, int64_t i, const char **key, const char **value)
+{
+    if (!f || i < 0 || i >= f->tb.nmeta) return FERRY_E_INVAL;
+    if (key) *key = f->tb.meta_k[i];
+    if (value) *value = f->tb.meta_v[i];
+    return 0;
+}
+
+FERRY_API int ferry_file_tensor_info(const ferry_file *f, int64_t i, ferry_tensor_info *out)
+{
+    if (!f || !out || i < 0 || i >= f->tb.n) return FERRY_E_INVAL;
+    const fy_tensor *t = &f->tb.t[i];
+    out->name = t->name;
+    out->dtype = t->dtype;
+    out->ndim = t->ndim;
+    out->shape = t->shape;
+    out->nbytes = t->nbytes;
+    out->offset = t->offset;
+    out->shard = t->shard;
+    return 0;
+}
+
+FERRY_API int64_t ferry_file_find(const ferry_file *f, const char *name)
+{
+    if (!f || !name) return FERRY_E_INVAL;
+    int64_t lo = 0, hi = f->tb.n;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(f->tb.t[f->by_name[mid]].name, name);
+        if (c == 0) return f->by_name[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return FERRY_E_NOTFOUND;
+}
+
+FERRY_API int ferry_file_tensor_data(const ferry_file *f, int64_t i, const void **out)
+{
+    if (!f || !out || i < 0 || i >= f->tb.n) return FERRY_E_INVAL;
+    const fy_tensor *t = &f->tb.t[i];
+    const char *base = f->shards[t->shard].map;
+    *out = base ? base + t->offset : NULL;
+    return 0;
+}
+
+FERRY_API int ferry_file_tensor_read(const ferry_file *f, int64_t i, uint64_t off, void *buf, size_t len)
+{
+    if (!f || i < 0 || i >= f->tb.n) return FERRY_E_INVAL;
+    const fy_tensor *t = &f->tb.t[i];
+    fy_err *err = &f->ctx->err;
+    char q[128];
+    uint64_t end;
+    FY_RETURN_IF(fy_add_ovf(off, len, &end) || end > t->nbytes || (len && !buf), err, FERRY_E_INVAL,
+                 "tensor %s: read of %zu bytes at %" PRIu64 " is outside its %" PRIu64 " bytes", Q(q, t->name), len,
+                 off, t->nbytes);
+    const shard *sh = &f->shards[t->shard];
+    int rc = fy_pread_full(sh->fd, buf, len, t->offset + off);
+    if (rc == FERRY_E_CORRUPT)
+        return fy_seterr(err, rc, "%s: tensor %s: the file ended early (was it truncated after it was opened?)",
+                         sh->path, Q(q, t->name));
+    if (rc < 0) return fy_seterr(err, rc, "%s: tensor %s: read: %s", sh->path, Q(q, t->name), ferry_strerror(rc));
+    return 0;
+}
+
+FERRY_API uint64_t ferry_xxh3(const void *data, size_t len) { return XXH3_64bits(data, len); }
+
+/* ---- hashing with a pool of threads ---- */
+
+#define HASH_CHUNK (4u << 20)
+
+typedef struct hash_job {
+    const ferry_file *f;
+    int64_t *order; /* tensors, largest first, so threads finish together */
+    atomic_llong next;
+    atomic_ullong done;
+    uint64_t total;
+    uint64_t *out;
+    atomic_int rc;
+    void (*progress)(void *, uint64_t, uint64_t);
+    void *opaque;
+} hash_job;
+
+static void *hash_worker(void *arg)
+{
+    hash_job *j = arg;
+    const ferry_allocator *m = &j->f->ctx->mem;
+    uint8_t *buf = fy_malloc(m, HASH_CHUNK);
+    XXH3_state_t st;
+    if (!buf) {
+        int zero = 0;
+        atomic_compare_exchange_strong(&j->rc, &zero, -ENOMEM);
+        return NULL;
+    }
+    for (;;) {
+        if (atomic_load(&j->rc) < 0) break;
+        long long k = atomic_fetch_add(&j->next, 1);
+        if (k >= j->f->tb.n) break;
+        int64_t i = j->order[k];
+        uint64_t n = j->f->tb.t[i].nbytes;
+        XXH3_64bits_reset(&st);
+        for (uint64_t off = 0; off < n;) {
+            size_t len = n - off > HASH_CHUNK ? HASH_CHUNK : (size_t)(n - off);
+            int rc = ferry_file_tensor_read(j->f, i, off, buf, len);
+            if (rc < 0) {
+                int zero = 0;
+                atomic_compare_exchange_strong(&j->rc, &zero, rc);
+                goto done;
+            }
+            XXH3_64bits_update(&st, buf, len);
+            off += len;
+            uint64_t d = atomic_fetch_add(&j->done, len) + len;
+            if (j->progress) j->progress(j->opaque, d, j->total);
+        }
+        j->out[i] = XXH3_64bits_digest(&st);
+    }
+done:
+    fy_free(m, buf);
+    return NULL;
+}
+
+static int cmp_size_desc(const void *a, const void *b, void *arg)
+{
+    const fy_table *tb = arg;
+    uint64_t x = tb->t[*(const int64_t *)a].nbytes, y = tb->t[*(const int64_t *)b].nbytes;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static void put_le64(XXH3_state_t *st, uint64_t v)
+{
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+    XXH3_64bits_update(st, b, 8);
+}
+
+FERRY_API int ferry_file_hash(ferry_ctx *ctx, const ferry_file *f, uint64_t *per_tensor, uint64_t *model,
+                              void (*progress)(void *, uint64_t, uint64_t), void *opaque)
+{
+    if (!ctx || !f) return FERRY_E_INVAL;
+    const ferry_allocator *m = &ctx->mem;
+    size_t n = (size_t)f->tb.n;
+    uint64_t *hashes = fy_calloc(m, n ? n : 1, sizeof(uint64_t));
+    int64_t *order = fy_calloc(m, n ? n : 1, sizeof(int64_t));
+    pthread_t *th = fy_calloc(m, ctx->nthreads, sizeof(pthread_t));
+    int rc = 0;
+    if (!hashes || !order || !th) {
+        rc = fy_seterr(&ctx->err, -ENOMEM, "hash: out of memory");
+        goto out;
+    }
+    hash_job j = {.f = f, .order = order, .total = f->total, .out = hashes, .progress = progress, .opaque = opaque};
+    atomic_init(&j.next, 0);
+    atomic_init(&j.done, 0);
+    atomic_init(&j.rc, 0);
+    for (size_t i = 0; i < n; i++) order[i] = (int64_t)i;
+    qsort_r(order, n, sizeof(int64_t), cmp_size_desc, (void *)&f->tb);
+    uint32_t nth = ctx->nthreads, started = 0;
+    if (nth > n) nth = n ? (uint32_t)n : 1;
+    for (; started < nth; started++)
+        if (pthread_create(&th[started], NULL, hash_worker, &j) != 0) break;
+    if (started == 0) hash_worker(&j);
+    for (uint32_t t = 0; t < started; t++) pthread_join(th[t], NULL);
+    rc = atomic_load(&j.rc);
+    if (rc < 0) {
+        if (rc == -ENOMEM) fy_seterr(&ctx->err, rc, "hash: out of memory");
+        /* else the failing read left its message on f's context */
+        goto out;
+    }
+    if (per_tensor) memcpy(per_tensor, hashes, n * sizeof(uint64_t));
+    if (model) {
+        XXH3_state_t st;
+        XXH3_64bits_reset(&st);
+        for (size_t k = 0; k < n; k++) {
+            const fy_tensor *t = &f->tb.t[f->by_name[k]];
+            const char *dn = ferry_dtype_name(t->dtype);
+            XXH3_64bits_update(&st, t->name, strlen(t->name) + 1);
+            XXH3_64bits_update(&st, dn, strlen(dn) + 1);
+            put_le64(&st, (uint64_t)t->ndim);
+            for (int32_t d = 0; d < t->ndim; d++) put_le64(&st, (uint64_t)t->shape[d]);
+            put_le64(&st, hashes[f->by_name[k]]);
+        }
+        *model = XXH3_64bits_digest(&st);
+    }
+out:
+    fy_free(m, hashes);
+    fy_free(m, order);
+    fy_free(m, th);
+    return rc;
+}

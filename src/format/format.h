@@ -1,0 +1,70 @@
+/* format.h - parsers turn bytes into a tensor table. They read from memory
+ * buffers only (no I/O, no policy), so fuzzers can drive them directly.
+ * Depends on common/ only. */
+#ifndef FERRY_FORMAT_H
+#define FERRY_FORMAT_H
+
+#include "../common/common.h"
+
+/* safetensors' rule: a header is at most 100 MB. */
+#define FY_ST_MAX_HEADER 100000000ull
+
+typedef struct fy_tensor {
+    char *name;
+    ferry_dtype dtype;
+    int32_t ndim;
+    int64_t *shape;
+    uint64_t offset; /* absolute, in its file */
+    uint64_t nbytes;
+    int32_t shard;
+} fy_tensor;
+
+typedef struct fy_table {
+    const ferry_allocator *mem;
+    fy_tensor *t;
+    int64_t n, cap;
+    char **meta_k, **meta_v;
+    int64_t nmeta, meta_cap;
+} fy_table;
+
+void fy_table_init(fy_table *tb, const ferry_allocator *mem);
+void fy_table_free(fy_table *tb);
+/* Append; takes ownership of name and shape on success only. */
+int fy_table_push(fy_table *tb, const fy_tensor *t);
+int fy_table_push_meta(fy_table *tb, const char *k, size_t klen, const char *v, size_t vlen);
+
+/* dtype by safetensors name, FERRY_DTYPE_INVALID if unknown. */
+ferry_dtype fy_dtype_parse(const char *name);
+/* Byte size of nelem elements; false on overflow or a sub-byte count that is
+ * not a whole number of bytes (*bits gets the bit count when it fits). */
+bool fy_dtype_nbytes(ferry_dtype dt, uint64_t nelem, uint64_t *nbytes);
+
+/* safetensors. `name` prefixes every message ("model.safetensors: ...").
+ * fy_st_header_len checks the 8-byte prefix against the file size and returns
+ * the header's length in *hlen. fy_st_parse validates the header (hlen bytes)
+ * against the file size and fills tb; on failure tb is left empty.
+ * Errors: FERRY_E_CORRUPT, FERRY_E_LIMIT, -ENOMEM. */
+int fy_st_header_len(const uint8_t prefix[8], uint64_t file_size, const char *name,
+                     uint64_t *hlen, fy_err *err);
+int fy_st_parse(const char *name, const uint8_t *hdr, uint64_t hlen, uint64_t file_size,
+                int32_t shard, fy_table *tb, fy_err *err);
+/* Both steps over a whole file held in memory (tests, fuzzers). */
+int fy_st_parse_buffer(const char *name, const uint8_t *buf, size_t n, fy_table *tb, fy_err *err);
+
+/* A sharded checkpoint's index (`*.safetensors.index.json`): fills names[i] ->
+ * shard file (files[shard_of[i]]), and the index's metadata into tb's metadata
+ * (non-string values as JSON text). Shard names must be plain relative paths
+ * (no absolute path, no '..'). Errors: FERRY_E_CORRUPT, -ENOMEM. */
+typedef struct fy_index {
+    const ferry_allocator *mem;
+    char **names;     /* n tensor names */
+    int32_t *shard_of;
+    int64_t n;
+    char **files;     /* nfiles distinct shard names, in first-seen order */
+    int32_t nfiles;
+} fy_index;
+int fy_index_parse(const char *name, const uint8_t *buf, size_t n, fy_index *ix, fy_table *meta,
+                   fy_err *err);
+void fy_index_free(fy_index *ix);
+
+#endif /* FERRY_FORMAT_H */

@@ -1,0 +1,56 @@
+/* main.c - the ferry command-line tool: dispatch to subcommands. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const cli_cmd *const cmds[] = {&cmd_inspect, &cmd_hash, &cmd_cat};
+#define NCMDS (sizeof cmds / sizeof cmds[0])
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "ferry %s - move model weights between disk, host RAM and GPU memory\n"
+            "\n"
+            "usage: ferry COMMAND [OPTIONS] ...\n"
+            "       ferry COMMAND --help     options of one command\n"
+            "       ferry --version\n"
+            "\n"
+            "commands:\n",
+            ferry_version_string());
+    for (size_t i = 0; i < NCMDS; i++) fprintf(out, "  %-10s %s\n", cmds[i]->name, cmds[i]->summary);
+    fprintf(out,
+            "\n"
+            "Checkpoints: .safetensors files, and sharded checkpoints opened through their\n"
+            "*.safetensors.index.json. Files are validated completely before use and mapped\n"
+            "read-only; nothing is ever written to them.\n"
+            "\n"
+            "Exit status: 0 success, 1 failure (message on stderr), 2 usage error.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    const char *c = argv[1];
+    if (cli_is_help(c) || strcmp(c, "help") == 0) {
+        if (strcmp(c, "help") == 0 && argc > 2) {
+            for (size_t i = 0; i < NCMDS; i++)
+                if (strcmp(argv[2], cmds[i]->name) == 0) return cli_help(cmds[i]);
+            fprintf(stderr, "ferry: no command '%s' (see 'ferry --help')\n", argv[2]);
+            return EXIT_USAGE;
+        }
+        usage(stdout);
+        return EXIT_OK;
+    }
+    if (strcmp(c, "--version") == 0 || strcmp(c, "-V") == 0) {
+        printf("ferry %s\n", ferry_version_string());
+        return EXIT_OK;
+    }
+    for (size_t i = 0; i < NCMDS; i++)
+        if (strcmp(c, cmds[i]->name) == 0) return cmds[i]->run(argc - 1, argv + 1);
+    fprintf(stderr, "ferry: no command '%s' (see 'ferry --help')\n", c);
+    return EXIT_USAGE;
+}
