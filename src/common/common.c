@@ -47,6 +47,10 @@ int fy_vseterr(fy_err *e, int code, const char *fmt, va_list ap)
 {
     char tmp[FY_ERRMSG_MAX];
     vsnprintf(tmp, sizeof tmp, fmt, ap);
+    /* A message is one line whatever a hostile file puts into it (jansson
+     * quotes raw input in its own messages). */
+    for (char *c = tmp; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7F) *c = '?';
     if (e) {
         pthread_mutex_lock(&e->lock);
         memcpy(e->msg, tmp, sizeof tmp);

@@ -26,6 +26,8 @@ void fy_index_free(fy_index *ix)
 static bool safe_relpath(const char *p)
 {
     if (!*p || p[0] == '/') return false;
+    for (const char *c = p; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7F) return false; /* messages name shards: keep them one line */
     for (const char *s = p; *s;) {
         const char *e = strchr(s, '/');
         size_t len = e ? (size_t)(e - s) : strlen(s);
@@ -103,7 +105,7 @@ int fy_index_parse(const char *name, const uint8_t *buf, size_t n, fy_index *ix,
         const char *file = json_string_value(v);
         if (!safe_relpath(file)) {
             rc = fy_seterr(err, FERRY_E_CORRUPT,
-                           "%s: weight_map[%s] = %s: shard files must be relative paths inside the index's folder",
+                           "%s: weight_map[%s] = %s: shard files must be relative paths inside the index's folder, without control characters",
                            name, Q(q1, k), Q(q2, file));
             goto out;
         }

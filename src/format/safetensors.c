@@ -118,7 +118,7 @@ static int parse_tensor(const char *name, const char *key, json_t *v, uint64_t d
     uint64_t nbytes;
     if (!fy_dtype_nbytes(t->dtype, nelem, &nbytes)) {
         uint64_t bits;
-        if (fy_mul_ovf(nelem, (uint64_t)ferry_dtype_bits(t->dtype), &bits))
+        if (ferry_dtype_bits(t->dtype) % 8 == 0 || fy_mul_ovf(nelem, (uint64_t)ferry_dtype_bits(t->dtype), &bits))
             return fy_seterr(err, FERRY_E_CORRUPT, "%s: tensor %s: shape %s of %s overflows 64-bit byte size",
                              name, qn, sb, ferry_dtype_name(t->dtype));
         return fy_seterr(err, FERRY_E_CORRUPT,

@@ -54,12 +54,14 @@ ferry_dtype fy_dtype_parse(const char *name)
 
 bool fy_dtype_nbytes(ferry_dtype dt, uint64_t nelem, uint64_t *nbytes)
 {
-    uint64_t bits;
-    int b = ferry_dtype_bits(dt);
-    if (b == 0 || fy_mul_ovf(nelem, (uint64_t)b, &bits)) return false;
-    if (bits % 8) return false;
-    *nbytes = bits / 8;
-    return true;
+    /* b bits per element: elements come in groups of 8/g that fill b/g whole
+     * bytes (g = gcd(b, 8)), so no intermediate count of bits can overflow. */
+    uint64_t b = (uint64_t)ferry_dtype_bits(dt);
+    if (b == 0) return false;
+    uint64_t g = b % 8 == 0 ? 8 : b % 4 == 0 ? 4 : b % 2 == 0 ? 2 : 1;
+    uint64_t per = 8 / g;
+    if (nelem % per) return false;
+    return !fy_mul_ovf(nelem / per, b / g, nbytes);
 }
 
 void fy_table_init(fy_table *tb, const ferry_allocator *mem)

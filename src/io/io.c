@@ -41,7 +41,9 @@ int fy_open_ro(const char *path, int *fd, uint64_t *size, fy_err *err)
 {
     int rc = fault();
     if (rc) return fy_seterr(err, rc, "%s: %s", path, ferry_strerror(rc));
-    int f = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused
+     * below. It changes nothing for regular files. */
+    int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (f < 0) {
         rc = -errno;
         return fy_seterr(err, rc, "%s: %s", path, ferry_strerror(rc));
