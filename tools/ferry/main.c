@@ -1,5 +1,6 @@
 /* main.c - the ferry command-line tool: dispatch to subcommands. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -15,6 +16,7 @@ static void usage(FILE *out)
             "usage: ferry COMMAND [OPTIONS] ...\n"
             "       ferry COMMAND --help     options of one command\n"
             "       ferry --version\n"
+            "       ferry --stats COMMAND ...  also print wall time and peak RSS (VmHWM) on stderr\n"
             "\n"
             "commands:\n",
             ferry_version_string());
@@ -28,7 +30,34 @@ static void usage(FILE *out)
             "Exit status: 0 success, 1 failure (message on stderr), 2 usage error.\n");
 }
 
+/* Peak RSS of this process: VmHWM is reset at exec, unlike ru_maxrss. */
+static long vmhwm_kib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "VmHWM:", 6) == 0) v = strtol(line + 6, NULL, 10);
+    if (f) fclose(f);
+    return v;
+}
+
+static int dispatch(int argc, char **argv);
+
 int main(int argc, char **argv)
+{
+    if (argc >= 2 && strcmp(argv[1], "--stats") == 0) {
+        double t0 = cli_now();
+        int ex = dispatch(argc - 1, argv + 1);
+        fflush(stdout);
+        fprintf(stderr, "ferry: %.1f ms, peak RSS (VmHWM) %.1f MiB, exit %d\n", (cli_now() - t0) * 1e3,
+                (double)vmhwm_kib() / 1024.0, ex);
+        return ex;
+    }
+    return dispatch(argc, argv);
+}
+
+static int dispatch(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# ferry's whole test suite on a fresh Debian machine (this is what CI runs):
+#   1. plain build (gcc, warnings as errors) + ctest
+#   2. the same suite under AddressSanitizer + UndefinedBehaviorSanitizer
+#   3. the libFuzzer targets (clang), each run fresh for FERRY_FUZZ_SECONDS (60)
+# Ends with one line "N passed, N failed" over all stages; exit 1 on any failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+./scripts/deps.sh || { echo "0 passed, 1 failed"; exit 1; }
+
+jobs=$(nproc 2>/dev/null || echo 2)
+fuzz_secs=${FERRY_FUZZ_SECONDS:-60}
+passed=0
+failed=0
+failures=()
+
+# run_ctest NAME BUILD_DIR: add ctest's counts to the totals
+run_ctest() {
+    local name=$1 dir=$2 log
+    log=$(mktemp)
+    (cd "$dir" && ctest --output-on-failure -j "$jobs" --timeout 600) 2>&1 | tee "$log"
+    local line total nfail
+    line=$(grep -E '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1)
+    if [ -z "$line" ]; then
+        failed=$((failed + 1)); failures+=("$name: ctest did not run")
+    else
+        nfail=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$line")
+        total=$(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<<"$line")
+        passed=$((passed + total - nfail)); failed=$((failed + nfail))
+        [ "$nfail" -eq 0 ] || failures+=("$name: $nfail ctest tests failed")
+    fi
+    rm -f "$log"
+}
+
+# build NAME DIR CMAKE-ARGS...: configure and build, counting a failure as one
+build() {
+    local name=$1 dir=$2
+    shift 2
+    echo "== [$name] configure + build"
+    if cmake -S . -B "$dir" -G Ninja "$@" >/dev/null && cmake --build "$dir" -j "$jobs"; then
+        return 0
+    fi
+    failed=$((failed + 1)); failures+=("$name: build failed")
+    return 1
+}
+
+if build plain build -DCMAKE_BUILD_TYPE=RelWithDebInfo; then
+    echo "== [plain] tests"
+    run_ctest plain build
+fi
+
+if build sanitize build-asan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=ON; then
+    echo "== [sanitize] tests under ASan+UBSan"
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+        run_ctest sanitize build-asan
+fi
+
+if CC=clang build fuzz build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_FUZZ=ON -DFERRY_SANITIZE=ON; then
+    echo "== [fuzz] each fuzzer fresh for ${fuzz_secs}s"
+    if tests/fuzz/run_fuzz.sh build-fuzz "$fuzz_secs"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1)); failures+=("fuzz: a fuzzer found a problem (reproducer in tests/fuzz/)")
+    fi
+fi
+
+echo
+for f in "${failures[@]}"; do echo "FAILED: $f"; done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
