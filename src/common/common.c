@@ -142,8 +142,9 @@ const char *fy_quote(char *buf, size_t n, const char *s)
     size_t o = 0, shown = 0;
     if (n < 8) { if (n) buf[0] = '\0'; return buf; }
     buf[o++] = '\'';
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (o + 8 >= n || shown >= 80) {
+    for (const unsigned char *p = (const unsigned char *)s; *p && o + 5 < n; p++) {
+        /* stop before a character that might not fit, never inside one */
+        if ((o + 8 >= n || shown >= 80) && (*p & 0xC0) != 0x80) {
             memcpy(buf + o, "...", 3);
             o += 3;
             break;

@@ -28,7 +28,7 @@ struct ferry_ctx {
 
 /* Record a message and return code. The message is formatted outside the lock. */
 int fy_seterr(fy_err *e, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-int fy_vseterr(fy_err *e, int code, const char *fmt, va_list ap);
+int fy_vseterr(fy_err *e, int code, const char *fmt, va_list ap) __attribute__((format(printf, 3, 0)));
 void fy_err_init(fy_err *e);
 void fy_err_destroy(fy_err *e);
 void fy_err_copy(fy_err *e, char *buf, size_t n);

@@ -117,11 +117,15 @@ int fy_index_parse(const char *name, const uint8_t *buf, size_t n, fy_index *ix,
         } else {
             s = ix->nfiles;
             ix->files[s] = fy_strndup(mem, file, strlen(file));
-            if (!ix->files[s] || json_object_set_new(seen, file, json_integer(s)) < 0) {
+            if (!ix->files[s]) {
                 rc = fy_seterr(err, -ENOMEM, "%s: out of memory", name);
                 goto out;
             }
-            ix->nfiles++;
+            ix->nfiles++; /* owned by ix from here, freed on any later failure */
+            if (json_object_set_new(seen, file, json_integer(s)) < 0) {
+                rc = fy_seterr(err, -ENOMEM, "%s: out of memory", name);
+                goto out;
+            }
         }
         ix->names[ix->n] = fy_strndup(mem, k, klen);
         if (!ix->names[ix->n]) { rc = fy_seterr(err, -ENOMEM, "%s: out of memory", name); goto out; }

@@ -160,9 +160,12 @@ int fy_st_parse(const char *name, const uint8_t *hdr, uint64_t hlen, uint64_t fi
                               JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &je);
     if (!root) {
         if (json_error_code(&je) == json_error_duplicate_key) {
+            /* jansson says: duplicate object key near '"name"' */
             const char *near = strstr(je.text, "near '");
-            return fy_seterr(err, FERRY_E_CORRUPT, "%s: header names a key twice (%s): tensor names must be unique",
-                             name, near ? near + 6 : je.text);
+            int len = near ? (int)strlen(near + 6) : 0;
+            if (len && near[6 + len - 1] == '\'') len--;
+            return fy_seterr(err, FERRY_E_CORRUPT, "%s: header names a key twice (%.*s): tensor names must be unique",
+                             name, near ? len : (int)strlen(je.text), near ? near + 6 : je.text);
         }
         if (json_error_code(&je) == json_error_out_of_memory) return fy_seterr(err, -ENOMEM, "%s: out of memory parsing the header", name);
         return fy_seterr(err, FERRY_E_CORRUPT, "%s: header is not valid JSON: %s (header offset %d)", name,

@@ -1,0 +1,262 @@
+/* fuzz_index.c - libFuzzer target for the sharded-checkpoint index reader.
+ *
+ * Feeds the input, taken as a *.safetensors.index.json, to fy_index_parse()
+ * and checks what comes back:
+ *  - on success: n > 0; tensor names non-NULL, valid UTF-8 and unique; every
+ *    shard_of in [0, nfiles); 1 <= nfiles <= n; shard files non-empty, valid
+ *    UTF-8, unique, relative (no leading '/') with no '..' component, each used
+ *    by some tensor, numbered in first-seen order; metadata keys and values
+ *    non-NULL and the keys unique;
+ *  - on failure: the code is FERRY_E_CORRUPT or -ENOMEM (the documented codes),
+ *    the message is non-empty and one line, and the index is left empty.
+ * Each input is parsed three times: cleanly, then with one of ferry's own
+ * allocations failing (the result must then be -ENOMEM), then with one of the
+ * allocations failing that ferry's own jansson calls make outside the parser
+ * (json_object, json_integer, json_object_set_new, json_dumps: any allowed
+ * result). A violated invariant calls __builtin_trap(); leaks are left to
+ * LeakSanitizer, so every run frees what it got.
+ *
+ * FERRY_FUZZ_SKIP=newline,ferry-oom,json-oom (any of them) leaves checks out,
+ * to keep fuzzing past a known bug. */
+#include "format/format.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define CHECK(cond)                                                                      \
+    do {                                                                                 \
+        if (!(cond)) {                                                                   \
+            fprintf(stderr, "fuzz_index: invariant violated at %s:%d: %s\n", __FILE__,  \
+                    __LINE__, #cond);                                                    \
+            if (g_err_shown) fprintf(stderr, "fuzz_index: message: %s\n", g_err_shown);  \
+            __builtin_trap();                                                            \
+        }                                                                                \
+    } while (0)
+
+static const char *g_err_shown;
+
+/* ---- allocation failure injection ---- */
+
+static long g_ferry_allocs, g_ferry_fail_at = -1, g_json_allocs, g_json_fail_at = -1;
+static int g_ferry_failed, g_json_failed;
+
+static bool ferry_should_fail(void)
+{
+    long k = g_ferry_allocs++;
+    if (k == g_ferry_fail_at) { g_ferry_failed = 1; return true; }
+    return false;
+}
+static void *fz_alloc(void *o, size_t n) { (void)o; return ferry_should_fail() ? NULL : malloc(n); }
+static void *fz_realloc(void *o, void *p, size_t n) { (void)o; return ferry_should_fail() ? NULL : realloc(p, n); }
+static void fz_free(void *o, void *p) { (void)o; free(p); }
+static const ferry_allocator fz_mem = {fz_alloc, fz_realloc, fz_free, NULL};
+
+/* jansson's parser itself is left out of the injection: it ignores some
+ * allocation failures (load.c: lex_save drops strbuffer_append_byte's error)
+ * and then reads past its token buffer, a bug of jansson's, not ferry's. So
+ * json_loadb is wrapped (linked with -Wl,--wrap=json_loadb: tests/fuzz/
+ * CMakeLists.txt) and only the jansson calls ferry makes itself fail. */
+json_t *__real_json_loadb(const char *buffer, size_t buflen, size_t flags, json_error_t *error);
+json_t *__wrap_json_loadb(const char *buffer, size_t buflen, size_t flags, json_error_t *error);
+static int g_in_json_load;
+json_t *__wrap_json_loadb(const char *buffer, size_t buflen, size_t flags, json_error_t *error)
+{
+    g_in_json_load++;
+    json_t *r = __real_json_loadb(buffer, buflen, flags, error);
+    g_in_json_load--;
+    return r;
+}
+
+static void *js_malloc(size_t n)
+{
+    if (g_in_json_load) return malloc(n);
+    long k = g_json_allocs++;
+    if (k == g_json_fail_at) { g_json_failed = 1; return NULL; }
+    return malloc(n);
+}
+static void js_free(void *p) { free(p); }
+
+/* ---- checks ---- */
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void check_unique(char **s, int64_t n)
+{
+    if (n < 2) return;
+    char **c = malloc((size_t)n * sizeof *c);
+    CHECK(c != NULL);
+    memcpy(c, s, (size_t)n * sizeof *c);
+    qsort(c, (size_t)n, sizeof *c, cmp_str);
+    for (int64_t i = 1; i < n; i++) CHECK(strcmp(c[i - 1], c[i]) != 0);
+    free(c);
+}
+
+static void check_utf8(const char *s)
+{
+    CHECK(s != NULL);
+    CHECK(fy_utf8_valid(s, strlen(s), NULL));
+}
+
+/* Independent restatement of the rule: non-empty, relative, no ".." component. */
+static bool relpath_ok(const char *p)
+{
+    size_t n = strlen(p);
+    if (n == 0 || p[0] == '/') return false;
+    size_t start = 0;
+    for (size_t i = 0; i <= n; i++) {
+        if (i == n || p[i] == '/') {
+            if (i - start == 2 && p[start] == '.' && p[start + 1] == '.') return false;
+            start = i + 1;
+        }
+    }
+    return true;
+}
+
+static void check_success(const fy_index *ix, const fy_table *meta)
+{
+    CHECK(ix->n > 0);
+    CHECK(ix->names != NULL && ix->shard_of != NULL && ix->files != NULL);
+    CHECK(ix->nfiles >= 1 && ix->nfiles <= ix->n);
+    for (int64_t i = 0; i < ix->n; i++) check_utf8(ix->names[i]);
+    check_unique(ix->names, ix->n);
+
+    char *used = calloc((size_t)ix->nfiles, 1);
+    CHECK(used != NULL);
+    int32_t next = 0; /* files are numbered in first-seen order */
+    for (int64_t i = 0; i < ix->n; i++) {
+        int32_t s = ix->shard_of[i];
+        CHECK(s >= 0 && s < ix->nfiles);
+        CHECK(s <= next);
+        if (s == next) next++;
+        used[s] = 1;
+    }
+    CHECK(next == ix->nfiles);
+    for (int32_t f = 0; f < ix->nfiles; f++) {
+        CHECK(used[f]);
+        check_utf8(ix->files[f]);
+        CHECK(ix->files[f][0] != '\0');
+        CHECK(relpath_ok(ix->files[f]));
+    }
+    free(used);
+    check_unique(ix->files, ix->nfiles);
+
+    CHECK(meta->n == 0);
+    CHECK(meta->nmeta >= 0 && meta->nmeta <= meta->meta_cap);
+    CHECK(meta->nmeta == 0 || (meta->meta_k != NULL && meta->meta_v != NULL));
+    for (int64_t i = 0; i < meta->nmeta; i++) {
+        check_utf8(meta->meta_k[i]);
+        check_utf8(meta->meta_v[i]);
+    }
+    check_unique(meta->meta_k, meta->nmeta);
+}
+
+/* FERRY_FUZZ_SKIP: comma-separated checks to leave out, to fuzz on past a
+ * known bug: "newline" (one-line messages), "ferry-oom", "json-oom". */
+static bool skip(const char *what)
+{
+    const char *e = getenv("FERRY_FUZZ_SKIP");
+    size_t n = strlen(what);
+    for (const char *p = e; p && *p;) {
+        const char *c = strchr(p, ',');
+        size_t len = c ? (size_t)(c - p) : strlen(p);
+        if (len == n && memcmp(p, what, n) == 0) return true;
+        p = c ? c + 1 : NULL;
+    }
+    return false;
+}
+
+static bool allow_newline(void)
+{
+    static int v = -1;
+    if (v < 0) v = skip("newline");
+    return v;
+}
+
+static void check_failure(int rc, const fy_err *err, const fy_index *ix)
+{
+    g_err_shown = err->msg;
+    CHECK(rc == FERRY_E_CORRUPT || rc == -ENOMEM);
+    CHECK(memchr(err->msg, '\0', sizeof err->msg) != NULL);
+    CHECK(err->msg[0] != '\0');
+    if (!allow_newline()) CHECK(strchr(err->msg, '\n') == NULL && strchr(err->msg, '\r') == NULL);
+    CHECK(ix->n == 0 && ix->nfiles == 0 && ix->names == NULL && ix->files == NULL &&
+          ix->shard_of == NULL);
+    g_err_shown = NULL;
+}
+
+static void parse_once(const uint8_t *data, size_t size, bool strict_oom)
+{
+    fy_index ix;
+    fy_table meta;
+    fy_err err;
+    memset(&ix, 0, sizeof ix);
+    ix.mem = &fz_mem;
+    fy_table_init(&meta, &fz_mem);
+    fy_err_init(&err);
+    int rc = fy_index_parse("fuzz.safetensors.index.json", data, size, &ix, &meta, &err);
+    CHECK(rc <= 0);
+    if (rc == 0) {
+        if (strict_oom) CHECK(!g_ferry_failed);
+        check_success(&ix, &meta);
+    } else {
+        check_failure(rc, &err, &ix);
+        if (strict_oom) CHECK(g_ferry_failed == (rc == -ENOMEM));
+    }
+    fy_index_free(&ix);
+    CHECK(ix.mem == &fz_mem && ix.n == 0 && ix.names == NULL);
+    fy_table_free(&meta);
+    fy_err_destroy(&err);
+}
+
+static uint64_t fnv1a(const uint8_t *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static bool init;
+    if (!init) {
+        json_set_alloc_funcs(js_malloc, js_free);
+        init = true;
+    }
+    g_ferry_allocs = g_json_allocs = 0;
+    g_ferry_fail_at = g_json_fail_at = -1;
+    g_ferry_failed = g_json_failed = 0;
+    parse_once(data, size, true);
+    long nferry = g_ferry_allocs, njson = g_json_allocs;
+    uint64_t h = fnv1a(data, size);
+
+    static int no_ferry_oom = -1, no_json_oom = -1;
+    if (no_ferry_oom < 0) {
+        no_ferry_oom = skip("ferry-oom");
+        no_json_oom = skip("json-oom");
+    }
+    if (nferry > 0 && !no_ferry_oom) {
+        g_ferry_allocs = g_json_allocs = 0;
+        g_ferry_fail_at = (long)(h % (uint64_t)nferry);
+        g_ferry_failed = 0;
+        parse_once(data, size, true);
+        CHECK(g_ferry_failed);
+        g_ferry_fail_at = -1;
+    }
+    if (njson > 0 && !no_json_oom) {
+        g_ferry_allocs = g_json_allocs = 0;
+        g_json_fail_at = (long)((h >> 32) % (uint64_t)njson);
+        g_json_failed = 0;
+        parse_once(data, size, false);
+        g_json_fail_at = -1;
+    }
+    return 0;
+}

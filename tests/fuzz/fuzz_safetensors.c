@@ -1,0 +1,286 @@
+/* fuzz_safetensors.c - libFuzzer target for the safetensors reader.
+ *
+ * Feeds the input, taken as a whole .safetensors file, to fy_st_parse_buffer()
+ * and checks what comes back:
+ *  - on success: every tensor lies inside the buffer, after the header; its byte
+ *    size is product(shape) * bits / 8 (bits from the spec, not from ferry); the
+ *    table is in offset order and tiles the data section exactly; names are
+ *    unique, valid UTF-8 and not "__metadata__"; metadata keys and values are
+ *    non-NULL valid UTF-8 and the keys unique;
+ *  - on failure: the code is FERRY_E_CORRUPT, FERRY_E_LIMIT or -ENOMEM, the
+ *    message is non-empty and one line, and the table is left empty.
+ * Each input is parsed three times: cleanly, then with one of ferry's own
+ * allocations failing (the result must then be -ENOMEM, with nothing leaked),
+ * then with one of the allocations failing that ferry's own jansson calls make
+ * outside the parser (any allowed result, nothing leaked). A violated invariant calls __builtin_trap(); leaks are left to
+ * LeakSanitizer, so every run frees what it got.
+ *
+ * FERRY_FUZZ_SKIP=newline,ferry-oom,json-oom (any of them) leaves checks out,
+ * to keep fuzzing past a known bug. */
+#include "format/format.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* Print what is wrong, then trap (libFuzzer saves the input). */
+#define CHECK(cond)                                                                      \
+    do {                                                                                 \
+        if (!(cond)) {                                                                   \
+            fprintf(stderr, "fuzz_safetensors: invariant violated at %s:%d: %s\n",        \
+                    __FILE__, __LINE__, #cond);                                          \
+            if (g_err_shown) fprintf(stderr, "fuzz_safetensors: message: %s\n", g_err_shown); \
+            __builtin_trap();                                                            \
+        }                                                                                \
+    } while (0)
+
+static const char *g_err_shown;
+
+/* ---- allocation failure injection ---- */
+
+static long g_ferry_allocs, g_ferry_fail_at = -1, g_json_allocs, g_json_fail_at = -1;
+static int g_ferry_failed, g_json_failed;
+
+static bool ferry_should_fail(void)
+{
+    long k = g_ferry_allocs++;
+    if (k == g_ferry_fail_at) { g_ferry_failed = 1; return true; }
+    return false;
+}
+static void *fz_alloc(void *o, size_t n) { (void)o; return ferry_should_fail() ? NULL : malloc(n); }
+static void *fz_realloc(void *o, void *p, size_t n) { (void)o; return ferry_should_fail() ? NULL : realloc(p, n); }
+static void fz_free(void *o, void *p) { (void)o; free(p); }
+static const ferry_allocator fz_mem = {fz_alloc, fz_realloc, fz_free, NULL};
+
+/* jansson's parser itself is left out of the injection: it ignores some
+ * allocation failures (load.c: lex_save drops strbuffer_append_byte's error)
+ * and then reads past its token buffer, a bug of jansson's, not ferry's. So
+ * json_loadb is wrapped (linked with -Wl,--wrap=json_loadb: tests/fuzz/
+ * CMakeLists.txt) and only the jansson calls ferry makes itself fail. */
+json_t *__real_json_loadb(const char *buffer, size_t buflen, size_t flags, json_error_t *error);
+json_t *__wrap_json_loadb(const char *buffer, size_t buflen, size_t flags, json_error_t *error);
+static int g_in_json_load;
+json_t *__wrap_json_loadb(const char *buffer, size_t buflen, size_t flags, json_error_t *error)
+{
+    g_in_json_load++;
+    json_t *r = __real_json_loadb(buffer, buflen, flags, error);
+    g_in_json_load--;
+    return r;
+}
+
+static void *js_malloc(size_t n)
+{
+    if (g_in_json_load) return malloc(n);
+    long k = g_json_allocs++;
+    if (k == g_json_fail_at) { g_json_failed = 1; return NULL; }
+    return malloc(n);
+}
+static void js_free(void *p) { free(p); }
+
+/* ---- checks ---- */
+
+/* Bits per element, from the safetensors spec (independent of ferry's table). */
+static int spec_bits(ferry_dtype dt)
+{
+    switch (dt) {
+    case FERRY_DTYPE_BOOL: case FERRY_DTYPE_U8: case FERRY_DTYPE_I8:
+    case FERRY_DTYPE_F8_E4M3: case FERRY_DTYPE_F8_E5M2: case FERRY_DTYPE_F8_E4M3FNUZ:
+    case FERRY_DTYPE_F8_E5M2FNUZ: case FERRY_DTYPE_F8_E8M0: return 8;
+    case FERRY_DTYPE_U16: case FERRY_DTYPE_I16: case FERRY_DTYPE_F16: case FERRY_DTYPE_BF16: return 16;
+    case FERRY_DTYPE_U32: case FERRY_DTYPE_I32: case FERRY_DTYPE_F32: return 32;
+    case FERRY_DTYPE_U64: case FERRY_DTYPE_I64: case FERRY_DTYPE_F64: case FERRY_DTYPE_C64: return 64;
+    case FERRY_DTYPE_F6_E2M3: case FERRY_DTYPE_F6_E3M2: return 6;
+    case FERRY_DTYPE_F4: return 4;
+    default: return 0;
+    }
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* No two of the n strings are equal. */
+static void check_unique(char **s, int64_t n)
+{
+    if (n < 2) return;
+    char **c = malloc((size_t)n * sizeof *c);
+    CHECK(c != NULL);
+    memcpy(c, s, (size_t)n * sizeof *c);
+    qsort(c, (size_t)n, sizeof *c, cmp_str);
+    for (int64_t i = 1; i < n; i++) CHECK(strcmp(c[i - 1], c[i]) != 0);
+    free(c);
+}
+
+static void check_utf8(const char *s)
+{
+    CHECK(s != NULL);
+    CHECK(fy_utf8_valid(s, strlen(s), NULL));
+}
+
+static void check_success(const uint8_t *data, size_t size, const fy_table *tb)
+{
+    CHECK(size >= 8);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | data[i];
+    CHECK(hlen > 0 && hlen <= FY_ST_MAX_HEADER && hlen <= size - 8);
+    const uint64_t data_start = 8 + hlen;
+
+    CHECK(tb->n >= 0 && tb->n <= tb->cap);
+    CHECK(tb->n == 0 || tb->t != NULL);
+    uint64_t pos = data_start;
+    for (int64_t i = 0; i < tb->n; i++) {
+        const fy_tensor *t = &tb->t[i];
+        check_utf8(t->name);
+        CHECK(strcmp(t->name, "__metadata__") != 0);
+        CHECK(t->dtype > FERRY_DTYPE_INVALID && t->dtype < FERRY_DTYPE_COUNT);
+        CHECK(fy_dtype_parse(ferry_dtype_name(t->dtype)) == t->dtype);
+        int bits = spec_bits(t->dtype);
+        CHECK(bits > 0 && ferry_dtype_bits(t->dtype) == bits);
+        CHECK(t->ndim >= 0);
+        CHECK(t->ndim == 0 || t->shape != NULL);
+        /* nbytes == product(shape) * bits / 8, exactly, computed without overflow:
+         * with nelem = 8q + r, that is q * bits + r * bits / 8. */
+        uint64_t nelem = 1;
+        bool zero = false, ovf = false;
+        for (int32_t d = 0; d < t->ndim; d++) {
+            CHECK(t->shape[d] >= 0);
+            if (t->shape[d] == 0) zero = true;
+            else if (!ovf && __builtin_mul_overflow(nelem, (uint64_t)t->shape[d], &nelem)) ovf = true;
+        }
+        if (zero) nelem = 0;
+        CHECK(!ovf); /* more than 2^64 elements cannot lie in the buffer */
+        uint64_t q = nelem / 8, r = nelem % 8, want;
+        CHECK(r * (uint64_t)bits % 8 == 0); /* a whole number of bytes */
+        CHECK(!__builtin_mul_overflow(q, (uint64_t)bits, &want));
+        CHECK(!__builtin_add_overflow(want, r * (uint64_t)bits / 8, &want));
+        CHECK(want == t->nbytes);
+        CHECK(t->offset >= data_start);
+        CHECK(t->offset == pos); /* sorted, no gap, no overlap; first at data_start */
+        CHECK(t->offset <= size && t->nbytes <= size - t->offset);
+        CHECK(t->shard == 0);
+        pos = t->offset + t->nbytes;
+    }
+    CHECK(pos == size); /* the last tensor ends at the end of the buffer */
+
+    char **names = malloc((size_t)(tb->n ? tb->n : 1) * sizeof *names);
+    CHECK(names != NULL);
+    for (int64_t i = 0; i < tb->n; i++) names[i] = tb->t[i].name;
+    check_unique(names, tb->n);
+    free(names);
+
+    CHECK(tb->nmeta >= 0 && tb->nmeta <= tb->meta_cap);
+    CHECK(tb->nmeta == 0 || (tb->meta_k != NULL && tb->meta_v != NULL));
+    for (int64_t i = 0; i < tb->nmeta; i++) {
+        check_utf8(tb->meta_k[i]);
+        check_utf8(tb->meta_v[i]);
+    }
+    check_unique(tb->meta_k, tb->nmeta);
+}
+
+/* FERRY_FUZZ_SKIP: comma-separated checks to leave out, to fuzz on past a
+ * known bug: "newline" (one-line messages), "ferry-oom", "json-oom". */
+static bool skip(const char *what)
+{
+    const char *e = getenv("FERRY_FUZZ_SKIP");
+    size_t n = strlen(what);
+    for (const char *p = e; p && *p;) {
+        const char *c = strchr(p, ',');
+        size_t len = c ? (size_t)(c - p) : strlen(p);
+        if (len == n && memcmp(p, what, n) == 0) return true;
+        p = c ? c + 1 : NULL;
+    }
+    return false;
+}
+
+static bool allow_newline(void)
+{
+    static int v = -1;
+    if (v < 0) v = skip("newline");
+    return v;
+}
+
+static void check_failure(int rc, const fy_err *err, const fy_table *tb)
+{
+    g_err_shown = err->msg;
+    CHECK(rc == FERRY_E_CORRUPT || rc == FERRY_E_LIMIT || rc == -ENOMEM);
+    CHECK(memchr(err->msg, '\0', sizeof err->msg) != NULL);
+    CHECK(err->msg[0] != '\0');
+    if (!allow_newline()) CHECK(strchr(err->msg, '\n') == NULL && strchr(err->msg, '\r') == NULL);
+    CHECK(tb->n == 0 && tb->nmeta == 0); /* "on failure tb is left empty" */
+    g_err_shown = NULL;
+}
+
+/* One parse; returns its code. */
+static int parse_once(const uint8_t *data, size_t size, const ferry_allocator *mem, bool strict_oom)
+{
+    fy_table tb;
+    fy_err err;
+    fy_table_init(&tb, mem);
+    fy_err_init(&err);
+    int rc = fy_st_parse_buffer("fuzz.safetensors", data, size, &tb, &err);
+    CHECK(rc <= 0);
+    if (rc == 0) {
+        if (strict_oom) CHECK(!g_ferry_failed); /* an allocation failed but nobody noticed */
+        check_success(data, size, &tb);
+    } else {
+        check_failure(rc, &err, &tb);
+        if (strict_oom) CHECK(g_ferry_failed == (rc == -ENOMEM));
+    }
+    fy_table_free(&tb);
+    CHECK(tb.n == 0 && tb.t == NULL && tb.nmeta == 0);
+    fy_err_destroy(&err);
+    return rc;
+}
+
+static uint64_t fnv1a(const uint8_t *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static bool init;
+    if (!init) {
+        json_set_alloc_funcs(js_malloc, js_free);
+        init = true;
+    }
+    /* 1: clean, counting allocations. */
+    g_ferry_allocs = g_json_allocs = 0;
+    g_ferry_fail_at = g_json_fail_at = -1;
+    g_ferry_failed = g_json_failed = 0;
+    parse_once(data, size, &fz_mem, true);
+    long nferry = g_ferry_allocs, njson = g_json_allocs;
+    uint64_t h = fnv1a(data, size);
+
+    /* 2: one of ferry's allocations fails: must give -ENOMEM. */
+    static int no_ferry_oom = -1, no_json_oom = -1;
+    if (no_ferry_oom < 0) {
+        no_ferry_oom = skip("ferry-oom");
+        no_json_oom = skip("json-oom");
+    }
+    if (nferry > 0 && !no_ferry_oom) {
+        g_ferry_allocs = g_json_allocs = 0;
+        g_ferry_fail_at = (long)(h % (uint64_t)nferry);
+        g_ferry_failed = 0;
+        parse_once(data, size, &fz_mem, true);
+        CHECK(g_ferry_failed);
+        g_ferry_fail_at = -1;
+    }
+    /* 3: one of jansson's allocations (outside json_loadb) fails: any allowed outcome, no leak. */
+    if (njson > 0 && !no_json_oom) {
+        g_ferry_allocs = g_json_allocs = 0;
+        g_json_fail_at = (long)((h >> 32) % (uint64_t)njson);
+        g_json_failed = 0;
+        parse_once(data, size, &fz_mem, false);
+        g_json_fail_at = -1;
+    }
+    return 0;
+}
