@@ -225,6 +225,101 @@ FERRY_API int ferry_file_hash(ferry_ctx *ctx, const ferry_file *f, uint64_t *per
 /* XXH3-64 (seed 0) of a buffer: the same checksum as `xxhsum -H3`. Thread-safe. */
 FERRY_API uint64_t ferry_xxh3(const void *data, size_t len);
 
+
+/* ---- devices ----------------------------------------------------------- */
+
+typedef struct ferry_device ferry_device;
+
+/* Open a device: "cuda:N" (the CUDA driver is loaded with dlopen at run time;
+ * ferry uses the device's primary context, so it shares memory and streams'
+ * device with PyTorch in the same process), or "sim:SIZE" ("sim:24GiB"), a GPU
+ * emulated on host memory with that capacity (tests, capacity planning).
+ * Errors: FERRY_E_NODEV (no driver, no GPU, no such device: the message says
+ * why), FERRY_E_INVAL (bad spec), -ENOMEM. A device may be used from several
+ * threads; close it after every load that uses it has returned. */
+FERRY_API int ferry_device_open(ferry_ctx *ctx, const char *spec, ferry_device **out);
+FERRY_API void ferry_device_close(ferry_device *dev);
+/* "NVIDIA H200 (cuda:0, 139.8 GiB)". Valid while dev is open. */
+FERRY_API const char *ferry_device_desc(const ferry_device *dev);
+FERRY_API int ferry_device_mem_info(ferry_device *dev, uint64_t *free_bytes, uint64_t *total_bytes);
+
+/* ---- loading ------------------------------------------------------------ */
+
+typedef enum ferry_path {
+    FERRY_PATH_AUTO = 0,  /* choose from page-cache residency (mincore) and budgets */
+    FERRY_PATH_RING,      /* threaded pread into a ring of pinned buffers, async copies */
+    FERRY_PATH_DIRECT,    /* the same ring filled with O_DIRECT reads (cold files) */
+    FERRY_PATH_REGISTER,  /* page-lock the read-only file mapping, copy from it directly */
+    FERRY_PATH_CUFILE,    /* GPUDirect Storage; only after a probe succeeds */
+    FERRY_PATH_COUNT
+} ferry_path;
+
+/* "auto", "ring", "direct", "register", "cufile"; and back (-1 if unknown). */
+FERRY_API const char *ferry_path_name(ferry_path p);
+FERRY_API int ferry_path_parse(const char *name);
+
+typedef struct ferry_load_opts {
+    uint32_t size;              /* sizeof(ferry_load_opts) */
+    ferry_path path;            /* FERRY_PATH_AUTO by default */
+    uint32_t threads;           /* reader threads; 0 = default (min(16, CPUs)) */
+    uint32_t streams;           /* copy streams; 0 = default (4), at least 2 are used */
+    uint32_t ring_buffers;      /* pinned staging buffers; 0 = default (2 x threads) */
+    uint64_t ring_buffer_bytes; /* bytes per staging buffer; 0 = default (16 MiB) */
+    uint64_t pinned_budget;     /* most bytes REGISTER may page-lock; 0 = no limit */
+    /* progress(opaque, bytes done, bytes total), from worker threads */
+    void (*progress)(void *opaque, uint64_t done, uint64_t total);
+    void *opaque;
+} ferry_load_opts;
+
+typedef struct ferry_load_stats {
+    ferry_path path;        /* the path actually used */
+    uint64_t bytes;         /* tensor bytes moved */
+    double seconds;         /* wall time of the load */
+    double resident;        /* fraction of the data in the page cache before the load */
+    char why[256];          /* why auto chose that path, or why a path was unavailable */
+} ferry_load_stats;
+
+typedef struct ferry_loaded ferry_loaded;
+
+/* Load every tensor of f into device memory that ferry allocates (one block per
+ * shard, tensors laid out as in the file). The call returns when all copies are
+ * complete. *out owns the memory until ferry_loaded_free(). stats may be NULL.
+ * Errors: any of ferry_load_into's; FERRY_E_BUDGET / -ENOMEM when the device
+ * lacks room (nothing stays allocated). */
+FERRY_API int ferry_load(ferry_device *dev, const ferry_file *f, const ferry_load_opts *opts,
+                         ferry_loaded **out, ferry_load_stats *stats);
+/* Device address of tensor i (0 when out of range). */
+FERRY_API uint64_t ferry_loaded_ptr(const ferry_loaded *l, int64_t i);
+/* Copy tensor i back from the device into buf (its nbytes). Synchronous. */
+FERRY_API int ferry_loaded_read(ferry_loaded *l, int64_t i, void *buf);
+FERRY_API void ferry_loaded_free(ferry_loaded *l);
+
+/* Fill caller-owned device memory: tensor idx[k] of f goes to dptrs[k] (each
+ * at least that tensor's nbytes, e.g. allocated by PyTorch), k < n. Returns when
+ * the copies are complete. Errors: FERRY_E_INVAL, FERRY_E_NODEV (cufile asked
+ * for but unavailable), FERRY_E_DEVICE, -errno of a failed read; on failure the
+ * destination contents are unspecified and nothing stays registered or
+ * allocated. Thread-safe for distinct destinations. */
+FERRY_API int ferry_load_into(ferry_device *dev, const ferry_file *f, const int64_t *idx,
+                              const uint64_t *dptrs, int64_t n, const ferry_load_opts *opts,
+                              ferry_load_stats *stats);
+
+/* Page-lock f's read-only mappings for dev (cuMemHostRegister READ_ONLY) so
+ * that loads with FERRY_PATH_REGISTER (and auto) copy from the page cache with
+ * no CPU copy and no registration cost. Registered pages cannot be reclaimed:
+ * they count against pinned_budget (0 = no limit; FERRY_E_BUDGET if over).
+ * Unregister before closing f; ferry_device_close() unregisters what is left. */
+FERRY_API int ferry_device_register_file(ferry_device *dev, const ferry_file *f, uint64_t pinned_budget);
+FERRY_API void ferry_device_unregister_file(ferry_device *dev, const ferry_file *f);
+
+/* The device's copy limits: bytes moved host->device and back through pinned
+ * memory (a 256 MiB buffer, repeated), on 2 streams. Either rate may be NULL.
+ * Allocates and frees its buffers. */
+FERRY_API int ferry_device_copy_rate(ferry_device *dev, uint64_t bytes, double *htod_gbps, double *dtoh_gbps);
+
+/* Fraction (0..1) of f's tensor data now in the page cache (mincore). */
+FERRY_API double ferry_file_resident(const ferry_file *f);
+
 #ifdef __cplusplus
 }
 #endif

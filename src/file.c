@@ -16,22 +16,7 @@
 #include "format/format.h"
 #include "io/io.h"
 
-typedef struct shard {
-    char *path;
-    int fd;
-    uint64_t size;
-    void *map;
-} shard;
-
-struct ferry_file {
-    ferry_ctx *ctx;
-    ferry_format fmt;
-    int32_t nshards;
-    shard *shards;
-    fy_table tb;
-    int64_t *by_name; /* tensor indices sorted by name */
-    uint64_t total;
-};
+#include "file_impl.h"
 
 #define Q(buf, s) fy_quote((buf), sizeof(buf), (s))
 

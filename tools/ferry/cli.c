@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -108,4 +109,35 @@ void cli_progress_update(void *arg, uint64_t done, uint64_t total)
 void cli_progress_end(cli_progress *p)
 {
     if (p->on) fprintf(stderr, "\r\033[K");
+}
+
+long cli_vmhwm_kib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "VmHWM:", 6) == 0) v = strtol(line + 6, NULL, 10);
+    if (f) fclose(f);
+    return v;
+}
+
+bool cli_parse_size(const char *s, uint64_t *out)
+{
+    char *e;
+    if (!s || !*s || *s == '-') return false;
+    double v = strtod(s, &e);
+    if (e == s || v < 0) return false;
+    static const struct { const char *u; double m; } units[] = {
+        {"", 1}, {"B", 1}, {"K", 1024.0}, {"KiB", 1024.0}, {"kB", 1e3}, {"KB", 1e3}, {"M", 1048576.0},
+        {"MiB", 1048576.0}, {"MB", 1e6}, {"G", 1073741824.0}, {"GiB", 1073741824.0}, {"GB", 1e9},
+        {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12}};
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (strcmp(e, units[i].u) == 0) {
+            double b = v * units[i].m;
+            if (b >= 18446744073709551615.0) return false;
+            *out = (uint64_t)b;
+            return true;
+        }
+    return false;
 }

@@ -18,7 +18,7 @@ typedef struct cli_cmd {
     int (*run)(int argc, char **argv);
 } cli_cmd;
 
-extern const cli_cmd cmd_inspect, cmd_cat, cmd_hash;
+extern const cli_cmd cmd_inspect, cmd_cat, cmd_hash, cmd_load, cmd_bench;
 
 /* Print "ferry CMD: message" and return EXIT_USAGE. */
 int cli_usage_error(const cli_cmd *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -49,5 +49,9 @@ void cli_progress_start(cli_progress *p, const char *label);
 void cli_progress_update(void *p, uint64_t done, uint64_t total);
 void cli_progress_end(cli_progress *p);
 double cli_now(void);
+/* Peak RSS of this process in KiB (VmHWM: reset at exec, unlike ru_maxrss). */
+long cli_vmhwm_kib(void);
+/* "16MiB", "1.5GB", "4096" -> bytes */
+bool cli_parse_size(const char *s, uint64_t *out);
 
 #endif

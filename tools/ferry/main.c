@@ -5,7 +5,7 @@
 
 #include "cli.h"
 
-static const cli_cmd *const cmds[] = {&cmd_inspect, &cmd_hash, &cmd_cat};
+static const cli_cmd *const cmds[] = {&cmd_inspect, &cmd_hash, &cmd_cat, &cmd_load, &cmd_bench};
 #define NCMDS (sizeof cmds / sizeof cmds[0])
 
 static void usage(FILE *out)
@@ -23,23 +23,14 @@ static void usage(FILE *out)
     for (size_t i = 0; i < NCMDS; i++) fprintf(out, "  %-10s %s\n", cmds[i]->name, cmds[i]->summary);
     fprintf(out,
             "\n"
+            "Devices: cuda:N (the CUDA driver is loaded at run time; no GPU needed to build)\n"
+            "or sim:SIZE, a GPU emulated in host memory (e.g. sim:24GiB).\n"
+            "\n"
             "Checkpoints: .safetensors files, and sharded checkpoints opened through their\n"
             "*.safetensors.index.json. Files are validated completely before use and mapped\n"
             "read-only; nothing is ever written to them.\n"
             "\n"
             "Exit status: 0 success, 1 failure (message on stderr), 2 usage error.\n");
-}
-
-/* Peak RSS of this process: VmHWM is reset at exec, unlike ru_maxrss. */
-static long vmhwm_kib(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long v = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (strncmp(line, "VmHWM:", 6) == 0) v = strtol(line + 6, NULL, 10);
-    if (f) fclose(f);
-    return v;
 }
 
 static int dispatch(int argc, char **argv);
@@ -51,7 +42,7 @@ int main(int argc, char **argv)
         int ex = dispatch(argc - 1, argv + 1);
         fflush(stdout);
         fprintf(stderr, "ferry: %.1f ms, peak RSS (VmHWM) %.1f MiB, exit %d\n", (cli_now() - t0) * 1e3,
-                (double)vmhwm_kib() / 1024.0, ex);
+                (double)cli_vmhwm_kib() / 1024.0, ex);
         return ex;
     }
     return dispatch(argc, argv);

@@ -1,0 +1,26 @@
+/* file_impl.h - the inside of ferry_file, shared with xfer/ (which reads the
+ * shards' descriptors and mappings). */
+#ifndef FERRY_FILE_IMPL_H
+#define FERRY_FILE_IMPL_H
+
+#include "common/common.h"
+#include "format/format.h"
+
+typedef struct shard {
+    char *path;
+    int fd;
+    uint64_t size;
+    void *map;
+} shard;
+
+struct ferry_file {
+    ferry_ctx *ctx;
+    ferry_format fmt;
+    int32_t nshards;
+    shard *shards;
+    fy_table tb;
+    int64_t *by_name; /* tensor indices sorted by name */
+    uint64_t total;
+};
+
+#endif

@@ -1,0 +1,824 @@
+/* xfer.c - the transfer engine: brings a checkpoint's tensors to a device.
+ *
+ * ring/direct: reader threads pread (or O_DIRECT-read) contiguous file ranges
+ * into a ring of pinned staging buffers and queue asynchronous host-to-device
+ * copies on several streams; an event recorded after a buffer's copies returns
+ * it to the ring. One CPU copy and one DMA per byte; extra host memory is the
+ * ring. register: the read-only MAP_SHARED mapping itself is page-locked and
+ * the device copies straight from the page cache. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../file_impl.h"
+#include "../gpu/gpu.h"
+#include "../io/io.h"
+
+#define ALIGN 4096u
+#define MAX_STREAMS 16
+#define MAX_THREADS 64
+#define REG_CHUNK (64ull << 20) /* copy size from a registered mapping */
+
+typedef struct reg_entry {
+    const ferry_file *f;
+    int32_t shard;
+    void *base;
+    uint64_t len;
+} reg_entry;
+
+typedef struct ring_buf {
+    uint8_t *p;
+    fy_event *ev;
+    int stream; /* stream its copies went to, -1 when free */
+} ring_buf;
+
+struct ferry_device {
+    ferry_ctx *ctx;
+    fy_gpu *g;
+    pthread_mutex_t lock; /* guards regs and the ring */
+    reg_entry *regs;
+    int nregs, cap_regs;
+    pthread_mutex_t ring_lock; /* one load at a time uses the cached ring */
+    ring_buf *ring;
+    uint32_t nring;
+    uint64_t ring_bytes;
+};
+
+struct ferry_loaded {
+    ferry_device *dev;
+    const ferry_file *f;
+    fy_dptr *block;   /* one device block per shard (0 if the shard holds no bytes) */
+    uint64_t *dptr;   /* per tensor */
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+FERRY_API const char *ferry_path_name(ferry_path p)
+{
+    static const char *const names[] = {"auto", "ring", "direct", "register", "cufile"};
+    return (unsigned)p < FERRY_PATH_COUNT ? names[p] : "unknown";
+}
+
+FERRY_API int ferry_path_parse(const char *name)
+{
+    for (int p = 0; p < FERRY_PATH_COUNT; p++)
+        if (name && strcmp(name, ferry_path_name((ferry_path)p)) == 0) return p;
+    return -1;
+}
+
+/* ---- devices ---- */
+
+FERRY_API int ferry_device_open(ferry_ctx *ctx, const char *spec, ferry_device **out)
+{
+    if (!ctx || !out) return FERRY_E_INVAL;
+    *out = NULL;
+    FY_RETURN_IF(!spec, &ctx->err, FERRY_E_INVAL, "ferry_device_open: no device given");
+    ferry_device *d = fy_calloc(&ctx->mem, 1, sizeof *d);
+    if (!d) return fy_seterr(&ctx->err, -ENOMEM, "out of memory");
+    d->ctx = ctx;
+    int rc = fy_gpu_open(spec, &ctx->mem, &ctx->err, &d->g);
+    if (rc < 0) {
+        fy_free(&ctx->mem, d);
+        return rc;
+    }
+    pthread_mutex_init(&d->lock, NULL);
+    pthread_mutex_init(&d->ring_lock, NULL);
+    *out = d;
+    return 0;
+}
+
+static void ring_free(ferry_device *d)
+{
+    for (uint32_t i = 0; i < d->nring; i++) {
+        if (d->ring[i].ev) d->g->ops->event_free(d->g, d->ring[i].ev);
+        if (d->ring[i].p) d->g->ops->host_free(d->g, d->ring[i].p);
+    }
+    fy_free(&d->ctx->mem, d->ring);
+    d->ring = NULL;
+    d->nring = 0;
+    d->ring_bytes = 0;
+}
+
+FERRY_API void ferry_device_close(ferry_device *d)
+{
+    if (!d) return;
+    for (int i = 0; i < d->nregs; i++) d->g->ops->host_unregister(d->g, d->regs[i].base);
+    fy_free(&d->ctx->mem, d->regs);
+    ring_free(d);
+    fy_gpu_close(d->g);
+    pthread_mutex_destroy(&d->lock);
+    pthread_mutex_destroy(&d->ring_lock);
+    fy_free(&d->ctx->mem, d);
+}
+
+FERRY_API const char *ferry_device_desc(const ferry_device *d) { return d ? d->g->desc : ""; }
+
+FERRY_API int ferry_device_mem_info(ferry_device *d, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+    if (!d) return FERRY_E_INVAL;
+    uint64_t f = 0, t = 0;
+    int rc = d->g->ops->mem_info(d->g, &f, &t);
+    if (free_bytes) *free_bytes = f;
+    if (total_bytes) *total_bytes = t;
+    return rc;
+}
+
+/* The ring: nbuf pinned buffers of bytes (+ slack for O_DIRECT alignment), kept
+ * on the device between loads so repeated loads do not pay for pinning again. */
+static int ring_get(ferry_device *d, uint32_t nbuf, uint64_t bytes)
+{
+    if (d->nring == nbuf && d->ring_bytes == bytes) return 0;
+    ring_free(d);
+    d->ring = fy_calloc(&d->ctx->mem, nbuf, sizeof *d->ring);
+    if (!d->ring) return fy_seterr(&d->ctx->err, -ENOMEM, "out of memory");
+    d->nring = nbuf;
+    d->ring_bytes = bytes;
+    for (uint32_t i = 0; i < nbuf; i++) {
+        d->ring[i].stream = -1;
+        int rc = d->g->ops->host_alloc(d->g, (size_t)bytes + 2 * ALIGN, (void **)&d->ring[i].p);
+        if (rc == 0) rc = d->g->ops->event_new(d->g, &d->ring[i].ev);
+        if (rc < 0) {
+            ring_free(d);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* ---- registration ---- */
+
+static reg_entry *reg_find(ferry_device *d, const ferry_file *f, int32_t s)
+{
+    for (int i = 0; i < d->nregs; i++)
+        if (d->regs[i].f == f && d->regs[i].shard == s) return &d->regs[i];
+    return NULL;
+}
+
+static uint64_t page_round(uint64_t n) { return (n + ALIGN - 1) & ~(uint64_t)(ALIGN - 1); }
+
+/* Page-lock shard s's read-only shared mapping (never a private one: see
+ * DESIGN.md §7, registering MAP_PRIVATE with READ_ONLY hung the driver). */
+static int reg_add(ferry_device *d, const ferry_file *f, int32_t s)
+{
+    if (reg_find(d, f, s) || f->shards[s].size == 0) return 0;
+    if (d->nregs == d->cap_regs) {
+        int cap = d->cap_regs ? d->cap_regs * 2 : 8;
+        reg_entry *n = fy_realloc(&d->ctx->mem, d->regs, (size_t)cap * sizeof *n);
+        if (!n) return fy_seterr(&d->ctx->err, -ENOMEM, "out of memory");
+        d->regs = n;
+        d->cap_regs = cap;
+    }
+    reg_entry *e = &d->regs[d->nregs];
+    e->f = f;
+    e->shard = s;
+    e->base = f->shards[s].map;
+    e->len = page_round(f->shards[s].size);
+    int rc = d->g->ops->host_register(d->g, e->base, (size_t)e->len, true);
+    if (rc < 0) return rc;
+    d->nregs++;
+    return 0;
+}
+
+static void reg_remove(ferry_device *d, const ferry_file *f, int32_t s)
+{
+    reg_entry *e = reg_find(d, f, s);
+    if (!e) return;
+    d->g->ops->host_unregister(d->g, e->base);
+    *e = d->regs[--d->nregs];
+}
+
+FERRY_API int ferry_device_register_file(ferry_device *d, const ferry_file *f, uint64_t pinned_budget)
+{
+    if (!d || !f) return FERRY_E_INVAL;
+    uint64_t need = 0;
+    for (int32_t s = 0; s < f->nshards; s++) need += page_round(f->shards[s].size);
+    FY_RETURN_IF(pinned_budget && need > pinned_budget, &d->ctx->err, FERRY_E_BUDGET,
+                 "%s: registering %" PRIu64 " bytes exceeds the pinned budget of %" PRIu64 " bytes",
+                 f->shards[0].path, need, pinned_budget);
+    pthread_mutex_lock(&d->lock);
+    int rc = 0;
+    int32_t s = 0;
+    for (; s < f->nshards && rc == 0; s++) rc = reg_add(d, f, s);
+    if (rc < 0)
+        for (int32_t k = 0; k < s; k++) reg_remove(d, f, k);
+    pthread_mutex_unlock(&d->lock);
+    return rc;
+}
+
+FERRY_API void ferry_device_unregister_file(ferry_device *d, const ferry_file *f)
+{
+    if (!d || !f) return;
+    pthread_mutex_lock(&d->lock);
+    for (int32_t s = 0; s < f->nshards; s++) reg_remove(d, f, s);
+    pthread_mutex_unlock(&d->lock);
+}
+
+static bool is_registered(ferry_device *d, const ferry_file *f)
+{
+    pthread_mutex_lock(&d->lock);
+    bool all = true;
+    for (int32_t s = 0; s < f->nshards; s++)
+        if (f->shards[s].size && !reg_find(d, f, s)) all = false;
+    pthread_mutex_unlock(&d->lock);
+    return all;
+}
+
+/* ---- residency ---- */
+
+FERRY_API double ferry_file_resident(const ferry_file *f)
+{
+    if (!f || f->total == 0) return 1.0;
+    uint64_t in = 0, all = 0;
+    unsigned char *vec = malloc(1u << 18); /* 1 GiB of pages per call */
+    if (!vec) return 0.0;
+    for (int32_t s = 0; s < f->nshards; s++) {
+        const shard *sh = &f->shards[s];
+        if (!sh->map) continue;
+        for (uint64_t off = 0; off < sh->size; off += (uint64_t)(1u << 18) * ALIGN) {
+            uint64_t len = sh->size - off;
+            if (len > (uint64_t)(1u << 18) * ALIGN) len = (uint64_t)(1u << 18) * ALIGN;
+            if (mincore((char *)sh->map + off, (size_t)len, vec) < 0) continue;
+            uint64_t pages = page_round(len) / ALIGN;
+            for (uint64_t p = 0; p < pages; p++) in += vec[p] & 1;
+            all += pages;
+        }
+    }
+    free(vec);
+    return all ? (double)in / (double)all : 1.0;
+}
+
+/* ---- the plan: file ranges (batches) and the copies out of them ---- */
+
+typedef struct piece {
+    uint64_t off, len; /* in the file */
+    fy_dptr dst;
+} piece;
+
+typedef struct batch {
+    int32_t shard;
+    uint64_t off, len;
+    int64_t first, count; /* pieces */
+} batch;
+
+typedef struct plan {
+    piece *pc;
+    int64_t npc;
+    batch *bt;
+    int64_t nbt;
+    uint64_t bytes;
+} plan;
+
+typedef struct item {
+    int64_t t;
+    fy_dptr dst;
+} item;
+
+static const ferry_file *sort_f;
+static int cmp_item(const void *a, const void *b)
+{
+    const fy_tensor *x = &sort_f->tb.t[((const item *)a)->t], *y = &sort_f->tb.t[((const item *)b)->t];
+    if (x->shard != y->shard) return x->shard < y->shard ? -1 : 1;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+static pthread_mutex_t sort_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void plan_free(const ferry_allocator *m, plan *p)
+{
+    fy_free(m, p->pc);
+    fy_free(m, p->bt);
+    memset(p, 0, sizeof *p);
+}
+
+/* Tensors in file order, cut into pieces of at most cap bytes, grouped into
+ * batches: contiguous file ranges of at most cap bytes in one shard. */
+static int plan_build(const ferry_allocator *m, const ferry_file *f, item *it, int64_t n, uint64_t cap, plan *p)
+{
+    memset(p, 0, sizeof *p);
+    pthread_mutex_lock(&sort_lock);
+    sort_f = f;
+    qsort(it, (size_t)n, sizeof *it, cmp_item);
+    pthread_mutex_unlock(&sort_lock);
+    int64_t maxpc = 0;
+    for (int64_t i = 0; i < n; i++) maxpc += (int64_t)((f->tb.t[it[i].t].nbytes + cap - 1) / cap);
+    p->pc = fy_calloc(m, (size_t)(maxpc ? maxpc : 1), sizeof *p->pc);
+    p->bt = fy_calloc(m, (size_t)(maxpc ? maxpc : 1), sizeof *p->bt);
+    if (!p->pc || !p->bt) {
+        plan_free(m, p);
+        return -ENOMEM;
+    }
+    batch *cur = NULL;
+    for (int64_t i = 0; i < n; i++) {
+        const fy_tensor *t = &f->tb.t[it[i].t];
+        for (uint64_t o = 0; o < t->nbytes; o += cap) {
+            uint64_t len = t->nbytes - o < cap ? t->nbytes - o : cap;
+            piece *pc = &p->pc[p->npc];
+            pc->off = t->offset + o;
+            pc->len = len;
+            pc->dst = it[i].dst + o;
+            if (!cur || cur->shard != t->shard || cur->off + cur->len != pc->off || cur->len + len > cap) {
+                cur = &p->bt[p->nbt++];
+                cur->shard = t->shard;
+                cur->off = pc->off;
+                cur->len = 0;
+                cur->first = p->npc;
+                cur->count = 0;
+            }
+            cur->len += len;
+            cur->count++;
+            p->npc++;
+            p->bytes += len;
+        }
+    }
+    return 0;
+}
+
+/* ---- the ring pipeline ---- */
+
+typedef struct job {
+    ferry_device *d;
+    const ferry_file *f;
+    const plan *p;
+    bool direct;
+    int *dfd; /* per shard O_DIRECT descriptors */
+    fy_stream **streams;
+    uint32_t nstreams;
+    atomic_llong next;
+    atomic_ullong done;
+    atomic_int rc;
+    /* ring state */
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    uint32_t *free_list, nfree;
+    uint32_t *inflight, nin, head; /* FIFO of buffers with copies queued */
+    const ferry_load_opts *o;
+} job;
+
+static void job_fail(job *j, int rc)
+{
+    int zero = 0;
+    atomic_compare_exchange_strong(&j->rc, &zero, rc);
+}
+
+/* A free buffer: one never used, else the oldest in flight once its copies are done. */
+static int ring_acquire(job *j, uint32_t *out)
+{
+    pthread_mutex_lock(&j->lock);
+    for (;;) {
+        if (j->nfree) {
+            *out = j->free_list[--j->nfree];
+            pthread_mutex_unlock(&j->lock);
+            return 0;
+        }
+        if (j->nin) {
+            uint32_t b = j->inflight[j->head];
+            j->head = (j->head + 1) % j->d->nring;
+            j->nin--;
+            pthread_mutex_unlock(&j->lock);
+            int rc = j->d->g->ops->event_sync(j->d->g, j->d->ring[b].ev);
+            if (rc < 0) {
+                pthread_mutex_lock(&j->lock);
+                j->free_list[j->nfree++] = b;
+                pthread_cond_broadcast(&j->cv);
+                pthread_mutex_unlock(&j->lock);
+                return rc;
+            }
+            *out = b;
+            return 0;
+        }
+        /* every buffer is being filled by another thread */
+        if (atomic_load(&j->rc) < 0) {
+            pthread_mutex_unlock(&j->lock);
+            return atomic_load(&j->rc);
+        }
+        pthread_cond_wait(&j->cv, &j->lock);
+    }
+}
+
+static void ring_inflight(job *j, uint32_t b)
+{
+    pthread_mutex_lock(&j->lock);
+    j->inflight[(j->head + j->nin) % j->d->nring] = b;
+    j->nin++;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->lock);
+}
+
+static void ring_return(job *j, uint32_t b)
+{
+    pthread_mutex_lock(&j->lock);
+    j->free_list[j->nfree++] = b;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->lock);
+}
+
+/* Read batch bt into buf; *skew = where the batch's first byte landed. */
+static int read_batch(job *j, const batch *bt, uint8_t *buf, uint64_t *skew)
+{
+    const shard *sh = &j->f->shards[bt->shard];
+    if (!j->direct) {
+        *skew = 0;
+        return fy_pread_full(sh->fd, buf, (size_t)bt->len, bt->off);
+    }
+    /* O_DIRECT: aligned offset and length; the file may end inside the last
+     * block, so a short read is fine once it covers the batch. */
+    uint64_t a = bt->off & ~(uint64_t)(ALIGN - 1);
+    uint64_t e = page_round(bt->off + bt->len);
+    *skew = bt->off - a;
+    uint64_t got = 0;
+    while (got < e - a) {
+        ssize_t r = pread(j->dfd[bt->shard], buf + got, (size_t)(e - a - got), (off_t)(a + got));
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        if (r == 0) break;
+        got += (uint64_t)r;
+        if (got % ALIGN) break; /* end of file */
+    }
+    return got >= *skew + bt->len ? 0 : FERRY_E_CORRUPT;
+}
+
+static void *ring_worker(void *arg)
+{
+    job *j = arg;
+    fy_gpu *g = j->d->g;
+    static atomic_uint wid;
+    uint32_t me = atomic_fetch_add(&wid, 1);
+    fy_stream *st = j->streams[me % j->nstreams];
+    if (g->ops->bind_thread(g) < 0) {
+        job_fail(j, FERRY_E_DEVICE);
+        return NULL;
+    }
+    for (;;) {
+        if (atomic_load(&j->rc) < 0) break;
+        long long k = atomic_fetch_add(&j->next, 1);
+        if (k >= j->p->nbt) break;
+        const batch *bt = &j->p->bt[k];
+        uint32_t b = 0;
+        int rc = ring_acquire(j, &b);
+        if (rc < 0) { job_fail(j, rc); break; }
+        uint8_t *buf = j->d->ring[b].p;
+        uint64_t skew;
+        rc = read_batch(j, bt, buf, &skew);
+        if (rc < 0) {
+            const char *path = j->f->shards[bt->shard].path;
+            if (rc == FERRY_E_CORRUPT)
+                fy_seterr(g->err, rc, "%s: the file ended early at byte %" PRIu64 " (truncated after it was opened?)",
+                          path, bt->off);
+            else
+                fy_seterr(g->err, rc, "%s: %sread of %" PRIu64 " bytes at %" PRIu64 ": %s", path,
+                          j->direct ? "O_DIRECT " : "", bt->len, bt->off, ferry_strerror(rc));
+            ring_return(j, b);
+            job_fail(j, rc);
+            break;
+        }
+        for (int64_t q = bt->first; q < bt->first + bt->count && rc == 0; q++) {
+            const piece *pc = &j->p->pc[q];
+            rc = g->ops->copy_htod(g, pc->dst, buf + skew + (pc->off - bt->off), (size_t)pc->len, st);
+        }
+        if (rc == 0) rc = g->ops->event_record(g, j->d->ring[b].ev, st);
+        if (rc < 0) {
+            /* copies may be queued: wait for the stream before reusing buf */
+            g->ops->stream_sync(g, st);
+            ring_return(j, b);
+            job_fail(j, rc);
+            break;
+        }
+        ring_inflight(j, b);
+        uint64_t d = atomic_fetch_add(&j->done, bt->len) + bt->len;
+        if (j->o->progress) j->o->progress(j->o->opaque, d, j->p->bytes);
+    }
+    pthread_mutex_lock(&j->lock);
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->lock);
+    return NULL;
+}
+
+static int run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, const ferry_load_opts *o,
+                    fy_stream **streams, uint32_t nstreams, uint32_t nthreads)
+{
+    const ferry_allocator *m = &d->ctx->mem;
+    job j = {.d = d, .f = f, .p = p, .direct = direct, .streams = streams, .nstreams = nstreams, .o = o};
+    int rc = 0;
+    atomic_init(&j.next, 0);
+    atomic_init(&j.done, 0);
+    atomic_init(&j.rc, 0);
+    pthread_mutex_init(&j.lock, NULL);
+    pthread_cond_init(&j.cv, NULL);
+    j.free_list = fy_calloc(m, d->nring, sizeof(uint32_t));
+    j.inflight = fy_calloc(m, d->nring, sizeof(uint32_t));
+    j.dfd = fy_calloc(m, (size_t)f->nshards, sizeof(int));
+    pthread_t *th = fy_calloc(m, nthreads, sizeof(pthread_t));
+    if (!j.free_list || !j.inflight || !j.dfd || !th) {
+        rc = fy_seterr(&d->ctx->err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    for (uint32_t i = 0; i < d->nring; i++) j.free_list[j.nfree++] = i;
+    for (int32_t s = 0; s < f->nshards; s++) j.dfd[s] = -1;
+    if (direct) {
+        for (int32_t s = 0; s < f->nshards; s++) {
+            j.dfd[s] = open(f->shards[s].path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+            if (j.dfd[s] < 0) {
+                rc = -errno;
+                fy_seterr(&d->ctx->err, rc, "%s: open with O_DIRECT: %s", f->shards[s].path, ferry_strerror(rc));
+                goto out;
+            }
+        }
+    }
+    uint32_t started = 0;
+    for (; started < nthreads; started++)
+        if (pthread_create(&th[started], NULL, ring_worker, &j) != 0) break;
+    if (started == 0) ring_worker(&j);
+    for (uint32_t t = 0; t < started; t++) pthread_join(th[t], NULL);
+    for (uint32_t s = 0; s < nstreams; s++) {
+        int r = d->g->ops->stream_sync(d->g, streams[s]);
+        if (r < 0) job_fail(&j, r);
+    }
+    rc = atomic_load(&j.rc);
+out:
+    if (j.dfd)
+        for (int32_t s = 0; s < f->nshards; s++)
+            if (j.dfd[s] >= 0) close(j.dfd[s]);
+    fy_free(m, j.free_list);
+    fy_free(m, j.inflight);
+    fy_free(m, j.dfd);
+    fy_free(m, th);
+    pthread_mutex_destroy(&j.lock);
+    pthread_cond_destroy(&j.cv);
+    return rc;
+}
+
+/* register: copies straight out of the page-locked mapping, round-robin over streams. */
+static int run_register(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o,
+                        fy_stream **streams, uint32_t nstreams)
+{
+    fy_gpu *g = d->g;
+    bool temp = !is_registered(d, f);
+    int rc = 0;
+    if (temp && (rc = ferry_device_register_file(d, f, o->pinned_budget)) < 0) return rc;
+    if ((rc = g->ops->bind_thread(g)) < 0) goto out;
+    uint64_t done = 0;
+    uint32_t s = 0;
+    /* pieces carry file offsets; find each piece's shard through its batch */
+    for (int64_t b = 0; b < p->nbt && rc == 0; b++) {
+        const batch *bt = &p->bt[b];
+        const uint8_t *base = f->shards[bt->shard].map;
+        for (int64_t q = bt->first; q < bt->first + bt->count && rc == 0; q++) {
+            const piece *pc = &p->pc[q];
+            for (uint64_t off = 0; off < pc->len && rc == 0; off += REG_CHUNK) {
+                uint64_t len = pc->len - off < REG_CHUNK ? pc->len - off : REG_CHUNK;
+                rc = g->ops->copy_htod(g, pc->dst + off, base + pc->off + off, (size_t)len, streams[s]);
+                s = (s + 1) % nstreams;
+                done += len;
+            }
+        }
+        if (o->progress && rc == 0) o->progress(o->opaque, done, p->bytes);
+    }
+    for (uint32_t k = 0; k < nstreams; k++) {
+        int r = g->ops->stream_sync(g, streams[k]);
+        if (rc == 0 && r < 0) rc = r;
+    }
+out:
+    if (temp) ferry_device_unregister_file(d, f);
+    return rc;
+}
+
+/* ---- choosing a path ---- */
+
+static int choose_path(ferry_device *d, const ferry_file *f, const ferry_load_opts *o, ferry_load_stats *st)
+{
+    ferry_path want = o->path;
+    st->resident = ferry_file_resident(f);
+    if (want == FERRY_PATH_CUFILE) {
+        return fy_seterr(&d->ctx->err, FERRY_E_NODEV,
+                         "cufile: GPUDirect Storage is not available through ferry yet (probe not implemented); "
+                         "use --path auto");
+    }
+    if (want != FERRY_PATH_AUTO) {
+        snprintf(st->why, sizeof st->why, "asked for");
+        return (int)want;
+    }
+    if (is_registered(d, f)) {
+        snprintf(st->why, sizeof st->why, "the file is registered with the device");
+        return FERRY_PATH_REGISTER;
+    }
+    if (st->resident >= 0.5) {
+        snprintf(st->why, sizeof st->why, "%.0f%% of the data is in the page cache; cufile not probed",
+                 st->resident * 100);
+        return FERRY_PATH_RING;
+    }
+    snprintf(st->why, sizeof st->why, "%.0f%% of the data is in the page cache: O_DIRECT reads; cufile not probed",
+             st->resident * 100);
+    return FERRY_PATH_DIRECT;
+}
+
+static int load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, const ferry_load_opts *opts,
+                      ferry_load_stats *stats)
+{
+    ferry_load_opts o = {0};
+    ferry_load_stats st = {0};
+    const ferry_allocator *m = &d->ctx->mem;
+    fy_err *err = &d->ctx->err;
+    if (opts) {
+        FY_RETURN_IF(opts->size < sizeof(uint32_t) || opts->size > sizeof o, err, FERRY_E_INVAL,
+                     "ferry_load: opts->size is %u, expected %zu", opts->size, sizeof o);
+        memcpy(&o, opts, opts->size);
+    }
+    FY_RETURN_IF((unsigned)o.path >= FERRY_PATH_COUNT, err, FERRY_E_INVAL, "ferry_load: unknown path %d", (int)o.path);
+    uint32_t cpus = fy_ncpu();
+    uint32_t nthreads = o.threads ? o.threads : (cpus < 16 ? cpus : 16);
+    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+    uint32_t nstreams = o.streams ? o.streams : 4;
+    if (nstreams < 2) nstreams = 2;
+    if (nstreams > MAX_STREAMS) nstreams = MAX_STREAMS;
+    uint64_t bufsz = o.ring_buffer_bytes ? page_round(o.ring_buffer_bytes) : 16ull << 20;
+    uint32_t nbuf = o.ring_buffers ? o.ring_buffers : 2 * nthreads;
+    if (nbuf < 2) nbuf = 2;
+
+    double t0 = now_s();
+    int rc = choose_path(d, f, &o, &st);
+    if (rc < 0) return rc;
+    st.path = (ferry_path)rc;
+    plan p;
+    rc = plan_build(m, f, it, n, st.path == FERRY_PATH_REGISTER ? UINT64_MAX / 2 : bufsz, &p);
+    if (rc < 0) return fy_seterr(err, rc, "out of memory");
+    fy_stream *streams[MAX_STREAMS] = {0};
+    rc = d->g->ops->bind_thread(d->g);
+    for (uint32_t s = 0; s < nstreams && rc == 0; s++) rc = d->g->ops->stream_new(d->g, &streams[s]);
+    if (rc == 0) {
+        if (st.path == FERRY_PATH_REGISTER) {
+            rc = run_register(d, f, &p, &o, streams, nstreams);
+        } else {
+            pthread_mutex_lock(&d->ring_lock);
+            rc = ring_get(d, nbuf, bufsz);
+            if (rc == 0) rc = run_ring(d, f, &p, st.path == FERRY_PATH_DIRECT, &o, streams, nstreams, nthreads);
+            pthread_mutex_unlock(&d->ring_lock);
+        }
+    }
+    for (uint32_t s = 0; s < nstreams; s++)
+        if (streams[s]) d->g->ops->stream_free(d->g, streams[s]);
+    st.bytes = p.bytes;
+    st.seconds = now_s() - t0;
+    plan_free(m, &p);
+    if (stats) *stats = st;
+    return rc;
+}
+
+FERRY_API int ferry_load_into(ferry_device *d, const ferry_file *f, const int64_t *idx, const uint64_t *dptrs,
+                              int64_t n, const ferry_load_opts *opts, ferry_load_stats *stats)
+{
+    if (!d || !f || n < 0 || (n && (!idx || !dptrs))) return FERRY_E_INVAL;
+    item *it = fy_calloc(&d->ctx->mem, (size_t)(n ? n : 1), sizeof *it);
+    if (!it) return fy_seterr(&d->ctx->err, -ENOMEM, "out of memory");
+    for (int64_t k = 0; k < n; k++) {
+        if (idx[k] < 0 || idx[k] >= f->tb.n) {
+            fy_free(&d->ctx->mem, it);
+            return fy_seterr(&d->ctx->err, FERRY_E_INVAL, "ferry_load_into: tensor index %" PRId64 " out of range",
+                             idx[k]);
+        }
+        it[k].t = idx[k];
+        it[k].dst = dptrs[k];
+    }
+    int rc = load_items(d, f, it, n, opts, stats);
+    fy_free(&d->ctx->mem, it);
+    return rc;
+}
+
+FERRY_API int ferry_load(ferry_device *d, const ferry_file *f, const ferry_load_opts *opts, ferry_loaded **out,
+                         ferry_load_stats *stats)
+{
+    if (!d || !f || !out) return FERRY_E_INVAL;
+    *out = NULL;
+    const ferry_allocator *m = &d->ctx->mem;
+    ferry_loaded *l = fy_calloc(m, 1, sizeof *l);
+    item *it = fy_calloc(m, (size_t)(f->tb.n ? f->tb.n : 1), sizeof *it);
+    int rc = 0;
+    if (l) l->dev = d, l->f = f;
+    if (!l || !it || !(l->block = fy_calloc(m, (size_t)f->nshards, sizeof(fy_dptr))) ||
+        !(l->dptr = fy_calloc(m, (size_t)(f->tb.n ? f->tb.n : 1), sizeof(uint64_t)))) {
+        rc = fy_seterr(&d->ctx->err, -ENOMEM, "out of memory");
+        goto fail;
+    }
+    /* one block per shard spanning its tensors, laid out as in the file */
+    rc = d->g->ops->bind_thread(d->g);
+    for (int32_t s = 0; s < f->nshards && rc == 0; s++) {
+        uint64_t lo = UINT64_MAX, hi = 0;
+        for (int64_t i = 0; i < f->tb.n; i++) {
+            const fy_tensor *t = &f->tb.t[i];
+            if (t->shard != s || t->nbytes == 0) continue;
+            if (t->offset < lo) lo = t->offset;
+            if (t->offset + t->nbytes > hi) hi = t->offset + t->nbytes;
+        }
+        if (hi == 0) continue;
+        rc = d->g->ops->mem_alloc(d->g, (size_t)(hi - lo), &l->block[s]);
+        if (rc < 0) break;
+        for (int64_t i = 0; i < f->tb.n; i++)
+            if (f->tb.t[i].shard == s) l->dptr[i] = l->block[s] + (f->tb.t[i].offset - lo);
+    }
+    if (rc < 0) goto fail;
+    for (int64_t i = 0; i < f->tb.n; i++) {
+        it[i].t = i;
+        it[i].dst = l->dptr[i];
+    }
+    rc = load_items(d, f, it, f->tb.n, opts, stats);
+    if (rc < 0) goto fail;
+    fy_free(m, it);
+    *out = l;
+    return 0;
+fail:
+    fy_free(m, it);
+    ferry_loaded_free(l);
+    return rc;
+}
+
+FERRY_API uint64_t ferry_loaded_ptr(const ferry_loaded *l, int64_t i)
+{
+    if (!l || i < 0 || i >= l->f->tb.n) return 0;
+    return l->dptr[i];
+}
+
+FERRY_API int ferry_loaded_read(ferry_loaded *l, int64_t i, void *buf)
+{
+    if (!l || !buf || i < 0 || i >= l->f->tb.n) return FERRY_E_INVAL;
+    fy_gpu *g = l->dev->g;
+    uint64_t n = l->f->tb.t[i].nbytes;
+    if (n == 0) return 0;
+    fy_stream *s = NULL;
+    int rc = g->ops->bind_thread(g);
+    if (rc == 0) rc = g->ops->stream_new(g, &s);
+    if (rc < 0) return rc;
+    rc = g->ops->copy_dtoh(g, buf, l->dptr[i], (size_t)n, s);
+    int r2 = g->ops->stream_sync(g, s);
+    g->ops->stream_free(g, s);
+    return rc < 0 ? rc : r2;
+}
+
+FERRY_API void ferry_loaded_free(ferry_loaded *l)
+{
+    if (!l) return;
+    const ferry_allocator *m = &l->dev->ctx->mem;
+    if (l->block) {
+        l->dev->g->ops->bind_thread(l->dev->g);
+        for (int32_t s = 0; s < l->f->nshards; s++)
+            if (l->block[s]) l->dev->g->ops->mem_free(l->dev->g, l->block[s]);
+    }
+    fy_free(m, l->block);
+    fy_free(m, l->dptr);
+    fy_free(m, l);
+}
+
+FERRY_API int ferry_device_copy_rate(ferry_device *d, uint64_t bytes, double *htod, double *dtoh)
+{
+    if (!d) return FERRY_E_INVAL;
+    fy_gpu *g = d->g;
+    const size_t chunk = 256u << 20;
+    void *h = NULL;
+    fy_dptr dp = 0;
+    fy_stream *s[2] = {0};
+    int rc = g->ops->bind_thread(g);
+    if (rc == 0) rc = g->ops->host_alloc(g, chunk, &h);
+    if (rc == 0) rc = g->ops->mem_alloc(g, chunk, &dp);
+    for (int k = 0; k < 2 && rc == 0; k++) rc = g->ops->stream_new(g, &s[k]);
+    if (rc == 0) memset(h, 0x5A, chunk);
+    for (int dir = 0; dir < 2 && rc == 0; dir++) {
+        /* one untimed copy per stream first: the first copy pays for setup */
+        for (int k = 0; k < 2 && rc == 0; k++)
+            rc = dir == 0 ? g->ops->copy_htod(g, dp, h, chunk / 2, s[k]) : g->ops->copy_dtoh(g, h, dp, chunk / 2, s[k]);
+        for (int k = 0; k < 2 && rc == 0; k++) rc = g->ops->stream_sync(g, s[k]);
+        double t0 = now_s();
+        uint64_t moved = 0;
+        for (int k = 0; moved < bytes && rc == 0; k ^= 1) {
+            /* two halves on two streams, like the ring's copies */
+            size_t half = chunk / 2;
+            rc = dir == 0 ? g->ops->copy_htod(g, dp + (fy_dptr)(k * half), (char *)h + k * half, half, s[k])
+                          : g->ops->copy_dtoh(g, (char *)h + k * half, dp + (fy_dptr)(k * half), half, s[k]);
+            moved += half;
+        }
+        for (int k = 0; k < 2; k++) {
+            int r = g->ops->stream_sync(g, s[k]);
+            if (rc == 0) rc = r;
+        }
+        double gbps = (double)moved / (now_s() - t0) / 1e9;
+        if (dir == 0 && htod) *htod = gbps;
+        if (dir == 1 && dtoh) *dtoh = gbps;
+    }
+    for (int k = 0; k < 2; k++)
+        if (s[k]) g->ops->stream_free(g, s[k]);
+    if (dp) g->ops->mem_free(g, dp);
+    if (h) g->ops->host_free(g, h);
+    return rc;
+}

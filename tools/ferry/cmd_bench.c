@@ -1,0 +1,273 @@
+/* cmd_bench.c - `ferry bench`: the raw limits and every transfer path, each
+ * figure as a ratio of its limit, in one run. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+static int run(int argc, char **argv);
+
+const cli_cmd cmd_bench = {
+    "bench", "measure the disk and copy limits and every load path against them",
+    "usage: ferry bench [--device DEV] [--cold] [--json] PATH\n"
+    "\n"
+    "In one run: the raw limits (an O_DIRECT read of the checkpoint with 8 threads,\n"
+    "and pinned host->device and device->host copies), then a load through each\n"
+    "path (ring, direct, register; register again once the file is registered),\n"
+    "each as GB/s and as a ratio of its limit: hot loads against the pinned copy\n"
+    "rate, cold loads against the O_DIRECT read rate.\n"
+    "\n"
+    "options:\n"
+    "  --device DEV  cuda:N (default cuda:0) or sim:SIZE. Without a GPU, bench says\n"
+    "                so and measures the disk and a simulated device instead.\n"
+    "  --cold        also run each path cold (the file dropped from the page cache\n"
+    "                with POSIX_FADV_DONTNEED before each run)\n"
+    "  --json        print one JSON object\n"
+    "  -h, --help    show this help\n",
+    run};
+
+typedef struct rd_job {
+    const char *path;
+    uint64_t size;
+    atomic_ullong next;
+    atomic_int rc;
+} rd_job;
+
+#define RD_CHUNK (16u << 20)
+
+static void *rd_worker(void *arg)
+{
+    rd_job *j = arg;
+    int fd = open(j->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+    void *buf = NULL;
+    if (fd < 0 || posix_memalign(&buf, 4096, RD_CHUNK) != 0) {
+        atomic_store(&j->rc, fd < 0 ? -errno : -ENOMEM);
+        if (fd >= 0) close(fd);
+        return NULL;
+    }
+    for (;;) {
+        uint64_t off = atomic_fetch_add(&j->next, RD_CHUNK);
+        if (off >= j->size) break;
+        if (pread(fd, buf, RD_CHUNK, (off_t)off) < 0) {
+            atomic_store(&j->rc, -errno);
+            break;
+        }
+    }
+    free(buf);
+    close(fd);
+    return NULL;
+}
+
+/* O_DIRECT read rate of one file, 8 threads of 16 MiB reads. */
+static double direct_read_rate(const char *path, int *err)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) { *err = -errno; return 0; }
+    off_t size = lseek(fd, 0, SEEK_END);
+    close(fd);
+    rd_job j = {.path = path, .size = (uint64_t)size};
+    atomic_init(&j.next, 0);
+    atomic_init(&j.rc, 0);
+    pthread_t th[8];
+    double t0 = cli_now();
+    int n = 0;
+    for (; n < 8; n++)
+        if (pthread_create(&th[n], NULL, rd_worker, &j) != 0) break;
+    for (int k = 0; k < n; k++) pthread_join(th[k], NULL);
+    *err = atomic_load(&j.rc);
+    return (double)size / (cli_now() - t0) / 1e9;
+}
+
+static void drop_cache(ferry_file *f)
+{
+    for (int s = 0; s < ferry_file_shard_count(f); s++) {
+        int fd = open(ferry_file_shard_path(f, s), O_RDONLY);
+        if (fd < 0) continue;
+        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        close(fd);
+    }
+}
+
+typedef struct row {
+    char name[48];
+    const char *cache;
+    double gbps, limit, seconds;
+    const char *limit_name;
+    char note[200];
+    bool ok;
+} row;
+
+static int load_once(ferry_ctx *ctx, ferry_device *dev, ferry_file *f, ferry_path p, row *r)
+{
+    ferry_load_opts o = {.size = sizeof o, .path = p};
+    ferry_loaded *l = NULL;
+    ferry_load_stats st;
+    int rc = ferry_load(dev, f, &o, &l, &st);
+    ferry_loaded_free(l);
+    if (rc < 0) {
+        snprintf(r->note, sizeof r->note, "%s", ferry_ctx_errmsg(ctx));
+        r->ok = false;
+        return rc;
+    }
+    r->ok = true;
+    r->seconds = st.seconds;
+    r->gbps = st.seconds > 0 ? (double)st.bytes / st.seconds / 1e9 : 0;
+    return 0;
+}
+
+static int run(int argc, char **argv)
+{
+    const char *path = NULL, *dev_spec = NULL;
+    bool json = false, cold = false;
+    for (int i = 1; i < argc; i++) {
+        if (cli_is_help(argv[i])) return cli_help(&cmd_bench);
+        if (strcmp(argv[i], "--json") == 0) json = true;
+        else if (strcmp(argv[i], "--cold") == 0) cold = true;
+        else if (strcmp(argv[i], "--device") == 0) {
+            if (i + 1 >= argc) return cli_usage_error(&cmd_bench, "--device needs a value");
+            dev_spec = argv[++i];
+        } else if (argv[i][0] == '-' && argv[i][1]) return cli_usage_error(&cmd_bench, "unknown option '%s'", argv[i]);
+        else if (!path) path = argv[i];
+        else return cli_usage_error(&cmd_bench, "one PATH only");
+    }
+    if (!path) return cli_usage_error(&cmd_bench, "missing PATH");
+    ferry_ctx *ctx;
+    ferry_file *f;
+    int ex = cli_open(path, 0, &ctx, &f);
+    if (ex) return ex;
+    ferry_device *dev = NULL;
+    char note[512] = "";
+    int rc = ferry_device_open(ctx, dev_spec ? dev_spec : "cuda:0", &dev);
+    if (rc < 0 && !dev_spec) {
+        /* no GPU: say so, and bench a simulated device of the file's size */
+        char spec[64];
+        snprintf(note, sizeof note, "no GPU (%s): benching a sim device instead", ferry_ctx_errmsg(ctx));
+        snprintf(spec, sizeof spec, "sim:%" PRIu64, (uint64_t)(ferry_file_total_bytes(f) + (512ull << 20) + (1ull << 30)));
+        rc = ferry_device_open(ctx, spec, &dev);
+        if (!json) fprintf(stderr, "ferry: %s\n", note);
+    }
+    if (rc < 0) {
+        ex = cli_fail_ctx(ctx, rc);
+        goto out;
+    }
+    int err = 0;
+    double disk = 0;
+    for (int s = 0; s < ferry_file_shard_count(f); s++) {
+        /* shards are read one after the other; rates combine by time */
+        double r = direct_read_rate(ferry_file_shard_path(f, s), &err);
+        if (err) break;
+        disk = disk == 0 ? r : disk; /* first shard's rate stands for the disk */
+    }
+    if (err) snprintf(note + strlen(note), sizeof note - strlen(note), "%sO_DIRECT read failed: %s", *note ? "; " : "",
+                      ferry_strerror(err));
+    double h2d = 0, d2h = 0;
+    if ((rc = ferry_device_copy_rate(dev, 4ull << 30, &h2d, &d2h)) < 0) {
+        ex = cli_fail_ctx(ctx, rc);
+        goto out;
+    }
+    row rows[16];
+    int nr = 0;
+    static const ferry_path paths[] = {FERRY_PATH_RING, FERRY_PATH_DIRECT, FERRY_PATH_REGISTER};
+    for (int c = cold ? 0 : 1; c < 2; c++) {
+        for (size_t k = 0; k < 3; k++) {
+            row *r = &rows[nr++];
+            memset(r, 0, sizeof *r);
+            snprintf(r->name, sizeof r->name, "%s", ferry_path_name(paths[k]));
+            r->cache = c == 0 ? "cold" : "hot";
+            if (c == 0) drop_cache(f);
+            else if (ferry_file_resident(f) < 0.99) {
+                row warm = {0};
+                load_once(ctx, dev, f, FERRY_PATH_RING, &warm); /* reads the file into the cache */
+            }
+            r->limit = c == 0 ? disk : h2d;
+            r->limit_name = c == 0 ? "O_DIRECT read" : "pinned copy";
+            load_once(ctx, dev, f, paths[k], r);
+        }
+    }
+    /* register once, then load from the registered mapping */
+    {
+        row *r = &rows[nr++];
+        memset(r, 0, sizeof *r);
+        snprintf(r->name, sizeof r->name, "register (pre-registered)");
+        r->cache = "hot";
+        r->limit = h2d;
+        r->limit_name = "pinned copy";
+        if (ferry_file_resident(f) < 0.99) {
+            row warm = {0};
+            load_once(ctx, dev, f, FERRY_PATH_RING, &warm);
+        }
+        double t0 = cli_now();
+        rc = ferry_device_register_file(dev, f, 0);
+        double treg = cli_now() - t0;
+        if (rc < 0) {
+            snprintf(r->note, sizeof r->note, "%s", ferry_ctx_errmsg(ctx));
+        } else {
+            row first = {0};
+            load_once(ctx, dev, f, FERRY_PATH_REGISTER, &first);
+            load_once(ctx, dev, f, FERRY_PATH_REGISTER, r);
+            snprintf(r->note, sizeof r->note, "registering took %.3f s; this is the second load", treg);
+            ferry_device_unregister_file(dev, f);
+        }
+    }
+    {
+        row *r = &rows[nr++];
+        memset(r, 0, sizeof *r);
+        snprintf(r->name, sizeof r->name, "cufile");
+        r->cache = "-";
+        r->limit_name = "-";
+        ferry_load_opts o = {.size = sizeof o, .path = FERRY_PATH_CUFILE};
+        ferry_loaded *l = NULL;
+        if (ferry_load(dev, f, &o, &l, NULL) < 0) snprintf(r->note, sizeof r->note, "unavailable: %s", ferry_ctx_errmsg(ctx));
+        ferry_loaded_free(l);
+    }
+    if (json) {
+        json_t *o = json_object(), *a = json_array();
+        json_object_set_new(o, "file", json_string(path));
+        json_object_set_new(o, "bytes", json_integer((json_int_t)ferry_file_total_bytes(f)));
+        json_object_set_new(o, "device", json_string(ferry_device_desc(dev)));
+        json_object_set_new(o, "note", json_string(note));
+        json_object_set_new(o, "limits", json_pack("{s:f,s:f,s:f}", "direct_read_gbps", disk, "pinned_htod_gbps", h2d,
+                                                   "pinned_dtoh_gbps", d2h));
+        for (int i = 0; i < nr; i++) {
+            json_t *x = json_pack("{s:s,s:s,s:b,s:f,s:f,s:s}", "path", rows[i].name, "cache", rows[i].cache, "ok",
+                                  rows[i].ok, "gbps", rows[i].gbps, "seconds", rows[i].seconds, "note", rows[i].note);
+            json_object_set_new(x, "ratio", rows[i].limit > 0 && rows[i].ok ? json_real(rows[i].gbps / rows[i].limit) : json_null());
+            json_object_set_new(x, "limit", json_string(rows[i].limit_name));
+            json_array_append_new(a, x);
+        }
+        json_object_set_new(o, "runs", a);
+        json_object_set_new(o, "peak_rss_bytes", json_integer((json_int_t)cli_vmhwm_kib() * 1024));
+        json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        fputc('\n', stdout);
+        json_decref(o);
+    } else {
+        char h[32];
+        printf("file:   %s (%s)\ndevice: %s\n", path, cli_human(h, sizeof h, ferry_file_total_bytes(f)), ferry_device_desc(dev));
+        if (*note) printf("note:   %s\n", note);
+        printf("limits: O_DIRECT read %.2f GB/s; pinned copy host->device %.2f GB/s, device->host %.2f GB/s\n\n", disk,
+               h2d, d2h);
+        printf("%-26s %-5s %9s %8s  %s\n", "PATH", "CACHE", "GB/s", "RATIO", "OF / NOTE");
+        for (int i = 0; i < nr; i++) {
+            row *r = &rows[i];
+            if (r->ok)
+                printf("%-26s %-5s %9.2f %8.2f  %s%s%s\n", r->name, r->cache, r->gbps, r->limit > 0 ? r->gbps / r->limit : 0,
+                       r->limit_name, *r->note ? "; " : "", r->note);
+            else
+                printf("%-26s %-5s %9s %8s  %s\n", r->name, r->cache, "-", "-", r->note);
+        }
+        printf("\npeak RSS (VmHWM): %.1f MiB\n", (double)cli_vmhwm_kib() / 1024.0);
+    }
+out:
+    ferry_device_close(dev);
+    ferry_file_close(f);
+    ferry_ctx_free(ctx);
+    return ex;
+}

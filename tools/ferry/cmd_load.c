@@ -1,0 +1,211 @@
+/* cmd_load.c - `ferry load`: bring checkpoints to a device and report the speed. */
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static int run(int argc, char **argv);
+
+const cli_cmd cmd_load = {
+    "load", "load checkpoints to a GPU (or a simulated one) and report GB/s and peak RSS",
+    "usage: ferry load [OPTIONS] PATH...\n"
+    "\n"
+    "Load every tensor of each checkpoint into device memory, then report bytes,\n"
+    "seconds, GB/s, the transfer path used (and why) and the process's peak RSS\n"
+    "(VmHWM). A progress bar is drawn when stderr is a terminal.\n"
+    "\n"
+    "options:\n"
+    "  --device DEV        cuda:N (default cuda:0) or sim:SIZE, e.g. sim:24GiB: a GPU\n"
+    "                      emulated in host memory (tests, capacity planning)\n"
+    "  --path P            auto (default), ring, direct, register or cufile:\n"
+    "                        ring      threaded pread from the page cache into pinned buffers\n"
+    "                        direct    the same with O_DIRECT reads (cold files)\n"
+    "                        register  page-lock the file mapping and copy from it directly\n"
+    "                        cufile    GPUDirect Storage (not available yet)\n"
+    "                      auto picks from page-cache residency: ring when mostly\n"
+    "                      cached, direct when cold, register when already registered\n"
+    "  --threads N         reader threads (default min(16, CPUs))\n"
+    "  --streams N         copy streams (default 4, at least 2)\n"
+    "  --buffers N         pinned staging buffers (default 2 x threads)\n"
+    "  --buffer-size SIZE  bytes per staging buffer (default 16MiB)\n"
+    "  --verify            copy every tensor back and compare its XXH3-64 with the file's\n"
+    "  --json              print one JSON object\n"
+    "  -h, --help          show this help\n",
+    run};
+
+static bool parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+    char *e;
+    long v = strtol(s, &e, 10);
+    if (*e || e == s || v < (long)lo || v > (long)hi) return false;
+    *out = (uint32_t)v;
+    return true;
+}
+
+/* Read back and compare every tensor; returns mismatches (or -1 on error). */
+static int64_t verify(ferry_ctx *ctx, ferry_file *f, ferry_loaded *l)
+{
+    int64_t n = ferry_file_tensor_count(f), bad = 0;
+    uint64_t *want = calloc((size_t)(n ? n : 1), sizeof *want), maxb = 1;
+    if (!want) return -1;
+    if (ferry_file_hash(ctx, f, want, NULL, NULL, NULL) < 0) {
+        free(want);
+        return -1;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        ferry_tensor_info ti;
+        ferry_file_tensor_info(f, i, &ti);
+        if (ti.nbytes > maxb) maxb = ti.nbytes;
+    }
+    void *buf = malloc((size_t)maxb);
+    if (!buf) {
+        free(want);
+        return -1;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        ferry_tensor_info ti;
+        ferry_file_tensor_info(f, i, &ti);
+        if (ferry_loaded_read(l, i, buf) < 0) {
+            bad = -1;
+            break;
+        }
+        if (ferry_xxh3(buf, (size_t)ti.nbytes) != want[i]) {
+            if (bad < 5) fprintf(stderr, "ferry: verify: tensor '%s' differs on the device\n", ti.name);
+            bad++;
+        }
+    }
+    free(buf);
+    free(want);
+    return bad;
+}
+
+static int run(int argc, char **argv)
+{
+    const char *dev_spec = "cuda:0";
+    const char **paths = calloc((size_t)argc, sizeof *paths);
+    int npaths = 0;
+    bool json = false, do_verify = false, opts = true;
+    ferry_load_opts lo = {.size = sizeof lo};
+    if (!paths) return cli_fail("out of memory");
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (opts && cli_is_help(a)) { free(paths); return cli_help(&cmd_load); }
+        if (opts && strcmp(a, "--json") == 0) json = true;
+        else if (opts && strcmp(a, "--verify") == 0) do_verify = true;
+        else if (opts && strcmp(a, "--") == 0) opts = false;
+        else if (opts && (strcmp(a, "--device") == 0 || strcmp(a, "--path") == 0 || strcmp(a, "--threads") == 0 ||
+                          strcmp(a, "--streams") == 0 || strcmp(a, "--buffers") == 0 || strcmp(a, "--buffer-size") == 0)) {
+            int ex = EXIT_OK;
+            if (!v) ex = cli_usage_error(&cmd_load, "%s needs a value", a);
+            else if (strcmp(a, "--device") == 0) dev_spec = v;
+            else if (strcmp(a, "--path") == 0) {
+                int p = ferry_path_parse(v);
+                if (p < 0) ex = cli_usage_error(&cmd_load, "--path takes auto, ring, direct, register or cufile, not '%s'", v);
+                else lo.path = (ferry_path)p;
+            } else if (strcmp(a, "--threads") == 0) {
+                if (!parse_u32(v, 1, 64, &lo.threads)) ex = cli_usage_error(&cmd_load, "--threads takes 1..64");
+            } else if (strcmp(a, "--streams") == 0) {
+                if (!parse_u32(v, 2, 16, &lo.streams)) ex = cli_usage_error(&cmd_load, "--streams takes 2..16");
+            } else if (strcmp(a, "--buffers") == 0) {
+                if (!parse_u32(v, 2, 4096, &lo.ring_buffers)) ex = cli_usage_error(&cmd_load, "--buffers takes 2..4096");
+            } else {
+                if (!cli_parse_size(v, &lo.ring_buffer_bytes) || lo.ring_buffer_bytes < 4096 ||
+                    lo.ring_buffer_bytes > (1ull << 32))
+                    ex = cli_usage_error(&cmd_load, "--buffer-size takes 4KiB..4GiB, e.g. 16MiB, not '%s'", v);
+            }
+            if (ex) { free(paths); return ex; }
+            i++;
+        } else if (opts && a[0] == '-' && a[1]) {
+            free(paths);
+            return cli_usage_error(&cmd_load, "unknown option '%s'", a);
+        } else paths[npaths++] = a;
+    }
+    if (!npaths) { free(paths); return cli_usage_error(&cmd_load, "missing PATH"); }
+
+    ferry_ctx *ctx;
+    ferry_device *dev = NULL;
+    int ex = EXIT_OK;
+    if (ferry_ctx_new(NULL, &ctx) < 0) { free(paths); return cli_fail("%s", ferry_ctx_errmsg(NULL)); }
+    int rc = ferry_device_open(ctx, dev_spec, &dev);
+    if (rc < 0) {
+        ex = cli_fail_ctx(ctx, rc);
+        goto out;
+    }
+    json_t *files = json_array();
+    uint64_t all_bytes = 0;
+    double all_secs = 0;
+    bool verified_all = true;
+    for (int k = 0; k < npaths && ex == EXIT_OK; k++) {
+        ferry_file *f;
+        if ((rc = ferry_file_open(ctx, paths[k], 0, &f)) < 0) { ex = cli_fail_ctx(ctx, rc); break; }
+        cli_progress p;
+        cli_progress_start(&p, "load");
+        lo.progress = cli_progress_update;
+        lo.opaque = &p;
+        ferry_loaded *l = NULL;
+        ferry_load_stats st;
+        rc = ferry_load(dev, f, &lo, &l, &st);
+        cli_progress_end(&p);
+        if (rc < 0) {
+            ex = cli_fail_ctx(ctx, rc);
+            ferry_file_close(f);
+            break;
+        }
+        int64_t bad = 0;
+        if (do_verify) {
+            bad = verify(ctx, f, l);
+            if (bad != 0) {
+                verified_all = false;
+                ex = bad < 0 ? cli_fail_ctx(ctx, -1) : cli_fail("%s: %" PRId64 " tensors differ on the device", paths[k], bad);
+            }
+        }
+        double gbps = st.seconds > 0 ? (double)st.bytes / st.seconds / 1e9 : 0;
+        all_bytes += st.bytes;
+        all_secs += st.seconds;
+        json_t *o = json_object();
+        json_object_set_new(o, "path", json_string(paths[k]));
+        json_object_set_new(o, "tensors", json_integer(ferry_file_tensor_count(f)));
+        json_object_set_new(o, "bytes", json_integer((json_int_t)st.bytes));
+        json_object_set_new(o, "seconds", json_real(st.seconds));
+        json_object_set_new(o, "gbps", json_real(gbps));
+        json_object_set_new(o, "path_used", json_string(ferry_path_name(st.path)));
+        json_object_set_new(o, "why", json_string(st.why));
+        json_object_set_new(o, "resident_before", json_real(st.resident));
+        if (do_verify) json_object_set_new(o, "verified", json_boolean(bad == 0));
+        json_array_append_new(files, o);
+        if (!json) {
+            char h[32];
+            printf("%s: %" PRId64 " tensors, %s in %.3f s = %.2f GB/s via %s (%s)%s\n", paths[k],
+                   ferry_file_tensor_count(f), cli_human(h, sizeof h, st.bytes), st.seconds, gbps,
+                   ferry_path_name(st.path), st.why, do_verify && bad == 0 ? "; verified bit-identical" : "");
+        }
+        ferry_loaded_free(l);
+        ferry_file_close(f);
+    }
+    long hwm = cli_vmhwm_kib();
+    if (json) {
+        json_t *o = json_object();
+        json_object_set_new(o, "device", json_string(ferry_device_desc(dev)));
+        json_object_set_new(o, "files", files);
+        json_object_set_new(o, "bytes", json_integer((json_int_t)all_bytes));
+        json_object_set_new(o, "seconds", json_real(all_secs));
+        json_object_set_new(o, "gbps", json_real(all_secs > 0 ? (double)all_bytes / all_secs / 1e9 : 0));
+        json_object_set_new(o, "peak_rss_bytes", json_integer((json_int_t)hwm * 1024));
+        if (do_verify) json_object_set_new(o, "verified", json_boolean(verified_all && ex == EXIT_OK));
+        json_object_set_new(o, "ok", json_boolean(ex == EXIT_OK));
+        json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        fputc('\n', stdout);
+        json_decref(o);
+    } else {
+        json_decref(files);
+        printf("device: %s; peak RSS (VmHWM): %.1f MiB\n", ferry_device_desc(dev), (double)hwm / 1024.0);
+    }
+out:
+    ferry_device_close(dev);
+    ferry_ctx_free(ctx);
+    free(paths);
+    return ex;
+}
