@@ -264,7 +264,7 @@ typedef struct ferry_load_opts {
     uint32_t threads;           /* reader threads; 0 = default (min(16, CPUs)) */
     uint32_t streams;           /* copy streams; 0 = default (4), at least 2 are used */
     uint32_t ring_buffers;      /* pinned staging buffers; 0 = default (2 x threads) */
-    uint64_t ring_buffer_bytes; /* bytes per staging buffer; 0 = default (16 MiB) */
+    uint64_t ring_buffer_bytes; /* bytes per staging buffer; 0 = default (8 MiB) */
     uint64_t pinned_budget;     /* most bytes REGISTER may page-lock; 0 = no limit */
     /* progress(opaque, bytes done, bytes total), from worker threads */
     void (*progress)(void *opaque, uint64_t done, uint64_t total);

@@ -38,8 +38,8 @@ static bool ends_with(const char *s, const char *suffix)
 /* Open, parse and map one safetensors file into sh and tb. */
 static int open_st(ferry_ctx *ctx, const char *path, int32_t idx, shard *sh, fy_table *tb)
 {
-    uint8_t prefix[8];
-    uint64_t hlen;
+    uint8_t prefix[8] = {0};
+    uint64_t hlen = 0;
     fy_err *err = &ctx->err;
     FY_TRY(fy_open_ro(path, &sh->fd, &sh->size, err));
     if (sh->size >= 8) {

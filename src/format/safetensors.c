@@ -290,7 +290,7 @@ out:
 
 int fy_st_parse_buffer(const char *name, const uint8_t *buf, size_t n, fy_table *tb, fy_err *err)
 {
-    uint64_t hlen;
+    uint64_t hlen = 0;
     FY_TRY(fy_st_header_len(buf, n, name, &hlen, err));
     return fy_st_parse(name, buf + 8, hlen, n, 0, tb, err);
 }

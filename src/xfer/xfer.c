@@ -383,6 +383,19 @@ static int ring_acquire(job *j, uint32_t *out)
             pthread_mutex_unlock(&j->lock);
             return 0;
         }
+        /* a buffer whose copies are already done, wherever it is in the queue
+         * (streams finish out of order), before waiting on the oldest */
+        for (uint32_t k = 0; k < j->nin; k++) {
+            uint32_t pos = (j->head + k) % j->d->nring, b = j->inflight[pos];
+            if (j->d->g->ops->event_query(j->d->g, j->d->ring[b].ev) == 1) {
+                for (uint32_t m = k; m + 1 < j->nin; m++)
+                    j->inflight[(j->head + m) % j->d->nring] = j->inflight[(j->head + m + 1) % j->d->nring];
+                j->nin--;
+                *out = b;
+                pthread_mutex_unlock(&j->lock);
+                return 0;
+            }
+        }
         if (j->nin) {
             uint32_t b = j->inflight[j->head];
             j->head = (j->head + 1) % j->d->nring;
@@ -645,7 +658,7 @@ static int load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n,
     uint32_t nstreams = o.streams ? o.streams : 4;
     if (nstreams < 2) nstreams = 2;
     if (nstreams > MAX_STREAMS) nstreams = MAX_STREAMS;
-    uint64_t bufsz = o.ring_buffer_bytes ? page_round(o.ring_buffer_bytes) : 16ull << 20;
+    uint64_t bufsz = o.ring_buffer_bytes ? page_round(o.ring_buffer_bytes) : 8ull << 20;
     uint32_t nbuf = o.ring_buffers ? o.ring_buffers : 2 * nthreads;
     if (nbuf < 2) nbuf = 2;
 

@@ -160,6 +160,7 @@ static int run(int argc, char **argv)
     }
     int err = 0;
     double disk = 0;
+    sync(); /* a checkpoint written just before must not be flushing while we measure the disk */
     for (int s = 0; s < ferry_file_shard_count(f); s++) {
         /* shards are read one after the other; rates combine by time */
         double r = direct_read_rate(ferry_file_shard_path(f, s), &err);

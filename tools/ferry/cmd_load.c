@@ -29,7 +29,9 @@ const cli_cmd cmd_load = {
     "  --threads N         reader threads (default min(16, CPUs))\n"
     "  --streams N         copy streams (default 4, at least 2)\n"
     "  --buffers N         pinned staging buffers (default 2 x threads)\n"
-    "  --buffer-size SIZE  bytes per staging buffer (default 16MiB)\n"
+    "  --buffer-size SIZE  bytes per staging buffer (default 8MiB)\n"
+    "  --repeat N          load each checkpoint N times in this process (the ring and\n"
+    "                      the CUDA context are set up once; shows the steady rate)\n"
     "  --verify            copy every tensor back and compare its XXH3-64 with the file's\n"
     "  --json              print one JSON object\n"
     "  -h, --help          show this help\n",
@@ -87,6 +89,7 @@ static int run(int argc, char **argv)
     const char **paths = calloc((size_t)argc, sizeof *paths);
     int npaths = 0;
     bool json = false, do_verify = false, opts = true;
+    uint32_t repeat = 1;
     ferry_load_opts lo = {.size = sizeof lo};
     if (!paths) return cli_fail("out of memory");
     for (int i = 1; i < argc; i++) {
@@ -97,7 +100,8 @@ static int run(int argc, char **argv)
         else if (opts && strcmp(a, "--verify") == 0) do_verify = true;
         else if (opts && strcmp(a, "--") == 0) opts = false;
         else if (opts && (strcmp(a, "--device") == 0 || strcmp(a, "--path") == 0 || strcmp(a, "--threads") == 0 ||
-                          strcmp(a, "--streams") == 0 || strcmp(a, "--buffers") == 0 || strcmp(a, "--buffer-size") == 0)) {
+                          strcmp(a, "--streams") == 0 || strcmp(a, "--buffers") == 0 || strcmp(a, "--buffer-size") == 0 ||
+                          strcmp(a, "--repeat") == 0)) {
             int ex = EXIT_OK;
             if (!v) ex = cli_usage_error(&cmd_load, "%s needs a value", a);
             else if (strcmp(a, "--device") == 0) dev_spec = v;
@@ -107,6 +111,8 @@ static int run(int argc, char **argv)
                 else lo.path = (ferry_path)p;
             } else if (strcmp(a, "--threads") == 0) {
                 if (!parse_u32(v, 1, 64, &lo.threads)) ex = cli_usage_error(&cmd_load, "--threads takes 1..64");
+            } else if (strcmp(a, "--repeat") == 0) {
+                if (!parse_u32(v, 1, 1000, &repeat)) ex = cli_usage_error(&cmd_load, "--repeat takes 1..1000");
             } else if (strcmp(a, "--streams") == 0) {
                 if (!parse_u32(v, 2, 16, &lo.streams)) ex = cli_usage_error(&cmd_load, "--streams takes 2..16");
             } else if (strcmp(a, "--buffers") == 0) {
@@ -138,7 +144,8 @@ static int run(int argc, char **argv)
     uint64_t all_bytes = 0;
     double all_secs = 0;
     bool verified_all = true;
-    for (int k = 0; k < npaths && ex == EXIT_OK; k++) {
+    for (int kk = 0; kk < npaths * (int)repeat && ex == EXIT_OK; kk++) {
+        int k = kk / (int)repeat;
         ferry_file *f;
         if ((rc = ferry_file_open(ctx, paths[k], 0, &f)) < 0) { ex = cli_fail_ctx(ctx, rc); break; }
         cli_progress p;
