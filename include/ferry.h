@@ -261,10 +261,10 @@ FERRY_API int ferry_path_parse(const char *name);
 typedef struct ferry_load_opts {
     uint32_t size;              /* sizeof(ferry_load_opts) */
     ferry_path path;            /* FERRY_PATH_AUTO by default */
-    uint32_t threads;           /* reader threads; 0 = default (min(16, CPUs)) */
+    uint32_t threads;           /* reader threads; 0 = default (min(12, CPUs)) */
     uint32_t streams;           /* copy streams; 0 = default (4), at least 2 are used */
     uint32_t ring_buffers;      /* pinned staging buffers; 0 = default (2 x threads) */
-    uint64_t ring_buffer_bytes; /* bytes per staging buffer; 0 = default (8 MiB) */
+    uint64_t ring_buffer_bytes; /* bytes per staging buffer; 0 = default (4 MiB) */
     uint64_t pinned_budget;     /* most bytes REGISTER may page-lock; 0 = no limit */
     /* progress(opaque, bytes done, bytes total), from worker threads */
     void (*progress)(void *opaque, uint64_t done, uint64_t total);
@@ -275,7 +275,8 @@ typedef struct ferry_load_stats {
     ferry_path path;        /* the path actually used */
     uint64_t bytes;         /* tensor bytes moved */
     double seconds;         /* wall time of the load */
-    double resident;        /* fraction of the data in the page cache before the load */
+    double resident;        /* fraction of the data in the page cache before the load
+                               (measured for FERRY_PATH_AUTO only; -1 otherwise) */
     char why[256];          /* why auto chose that path, or why a path was unavailable */
 } ferry_load_stats;
 

@@ -32,6 +32,7 @@ enum {
 #define CU_MEMHOSTREGISTER_READ_ONLY 0x08u
 #define CU_STREAM_NON_BLOCKING 0x01u
 #define CU_EVENT_DISABLE_TIMING 0x02u
+#define CU_EVENT_BLOCKING_SYNC 0x01u
 
 /* The dlopen'd function table: the one global, filled once under pthread_once.
  * The library handle is never closed: the driver keeps threads and state that
@@ -362,7 +363,9 @@ static int cu_event_new(fy_gpu *g, fy_event **out)
     fy_event *e = fy_malloc(g->mem, sizeof *e);
     if (!e) return fy_seterr(g->err, -ENOMEM, "cuda:%d: out of host memory for an event", g->ordinal);
     /* No timing: cheaper to record and query, and ferry only asks "done?". */
-    CUresult rc = cu.EventCreate(&e->e, CU_EVENT_DISABLE_TIMING);
+    /* blocking: up to 16 reader threads wait on events; spinning would take the
+     * cores that copy from the page cache */
+    CUresult rc = cu.EventCreate(&e->e, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC);
     if (rc != CUDA_SUCCESS) {
         fy_free(g->mem, e);
         return cu_fail(g, rc, "cuEventCreate");

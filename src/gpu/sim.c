@@ -696,8 +696,8 @@ static int sim_event_query(fy_gpu *gg, fy_event *e)
 
 /* ---- copies ---- */
 
-/* Check a copy and queue it (lock held). dev/n is the device side, host/n the
- * host side, to_dev the direction. */
+/* Check a copy and queue it (lock held): [d, d + n) on the device, [host,
+ * host + n) on the host, to_dev the direction. */
 static int copy_queue(sim_gpu *g, const char *name, bool to_dev, fy_dptr d, void *host, size_t n, fy_stream *s)
 {
     char a[32], b[32];
@@ -711,8 +711,8 @@ static int copy_queue(sim_gpu *g, const char *name, bool to_dev, fy_dptr d, void
 
     sim_range *dev = tab_containing(&g->dev, (uintptr_t)d);
     if (!dev)
-        return fy_seterr(err, FERRY_E_INVAL, "sim: %s: device address 0x%" PRIx64 " (%s) is not in any live allocation",
-                         name, d, fmt_size(a, sizeof a, n));
+        return fy_seterr(err, FERRY_E_INVAL, "sim: %s of %s: device address 0x%" PRIx64 " is not in any live allocation",
+                         name, fmt_size(a, sizeof a, n), d);
     if (d + n > dev->base + dev->n)
         return fy_seterr(err, FERRY_E_INVAL,
                          "sim: %s: device range 0x%" PRIx64 " + %zu runs %" PRIu64

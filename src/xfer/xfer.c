@@ -615,7 +615,7 @@ out:
 static int choose_path(ferry_device *d, const ferry_file *f, const ferry_load_opts *o, ferry_load_stats *st)
 {
     ferry_path want = o->path;
-    st->resident = ferry_file_resident(f);
+    st->resident = -1; /* measured only when auto needs it: mincore over 10 GB is not free */
     if (want == FERRY_PATH_CUFILE) {
         return fy_seterr(&d->ctx->err, FERRY_E_NODEV,
                          "cufile: GPUDirect Storage is not available through ferry yet (probe not implemented); "
@@ -629,6 +629,7 @@ static int choose_path(ferry_device *d, const ferry_file *f, const ferry_load_op
         snprintf(st->why, sizeof st->why, "the file is registered with the device");
         return FERRY_PATH_REGISTER;
     }
+    st->resident = ferry_file_resident(f);
     if (st->resident >= 0.5) {
         snprintf(st->why, sizeof st->why, "%.0f%% of the data is in the page cache; cufile not probed",
                  st->resident * 100);
@@ -653,12 +654,14 @@ static int load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n,
     }
     FY_RETURN_IF((unsigned)o.path >= FERRY_PATH_COUNT, err, FERRY_E_INVAL, "ferry_load: unknown path %d", (int)o.path);
     uint32_t cpus = fy_ncpu();
-    uint32_t nthreads = o.threads ? o.threads : (cpus < 16 ? cpus : 16);
+    /* defaults measured on the H200 host (bench/RESULTS.md, ring sweep): 12
+     * threads x 4 MiB buffers beat 8 and 16 threads and 8-32 MiB buffers */
+    uint32_t nthreads = o.threads ? o.threads : (cpus < 12 ? cpus : 12);
     if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
     uint32_t nstreams = o.streams ? o.streams : 4;
     if (nstreams < 2) nstreams = 2;
     if (nstreams > MAX_STREAMS) nstreams = MAX_STREAMS;
-    uint64_t bufsz = o.ring_buffer_bytes ? page_round(o.ring_buffer_bytes) : 8ull << 20;
+    uint64_t bufsz = o.ring_buffer_bytes ? page_round(o.ring_buffer_bytes) : 4ull << 20;
     uint32_t nbuf = o.ring_buffers ? o.ring_buffers : 2 * nthreads;
     if (nbuf < 2) nbuf = 2;
 
