@@ -88,6 +88,14 @@ int fy_pread_full(int fd, void *buf, size_t n, uint64_t off)
     return 0;
 }
 
+ssize_t fy_pread_some(int fd, void *buf, size_t n, uint64_t off)
+{
+    int rc = fault();
+    if (rc) return rc;
+    ssize_t r = pread(fd, buf, n, (off_t)off);
+    return r < 0 ? -errno : r;
+}
+
 int fy_map_ro(int fd, uint64_t size, void **out)
 {
     int rc = fault();

@@ -17,6 +17,8 @@ int fy_open_ro(const char *path, int *fd, uint64_t *size, fy_err *err);
 int fy_close(int fd);
 /* Read exactly n bytes at off; -errno, or FERRY_E_CORRUPT if the file ends first. */
 int fy_pread_full(int fd, void *buf, size_t n, uint64_t off);
+/* One pread (O_DIRECT callers handle short reads): bytes read, or -errno. */
+ssize_t fy_pread_some(int fd, void *buf, size_t n, uint64_t off);
 int fy_map_ro(int fd, uint64_t size, void **out);
 void fy_unmap(void *p, uint64_t size);
 

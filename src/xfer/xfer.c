@@ -21,6 +21,7 @@
 #include "../file_impl.h"
 #include "../gpu/gpu.h"
 #include "../io/io.h"
+#include "xfer.h"
 
 #define ALIGN 4096u
 #define MAX_STREAMS 16
@@ -123,6 +124,8 @@ FERRY_API void ferry_device_close(ferry_device *d)
     pthread_mutex_destroy(&d->ring_lock);
     fy_free(&d->ctx->mem, d);
 }
+
+fy_gpu *fy_device_gpu(ferry_device *d) { return d ? d->g : NULL; }
 
 FERRY_API const char *ferry_device_desc(const ferry_device *d) { return d ? d->g->desc : ""; }
 
@@ -453,11 +456,9 @@ static int read_batch(job *j, const batch *bt, uint8_t *buf, uint64_t *skew)
     *skew = bt->off - a;
     uint64_t got = 0;
     while (got < e - a) {
-        ssize_t r = pread(j->dfd[bt->shard], buf + got, (size_t)(e - a - got), (off_t)(a + got));
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            return -errno;
-        }
+        ssize_t r = fy_pread_some(j->dfd[bt->shard], buf + got, (size_t)(e - a - got), a + got);
+        if (r == -EINTR) continue;
+        if (r < 0) return (int)r;
         if (r == 0) break;
         got += (uint64_t)r;
         if (got % ALIGN) break; /* end of file */
