@@ -27,7 +27,6 @@ enum {
     CUDA_ERROR_NOT_READY = 600,
 };
 
-#define CU_MEMHOSTALLOC_PORTABLE 0x01u
 #define CU_MEMHOSTREGISTER_PORTABLE 0x01u
 #define CU_MEMHOSTREGISTER_READ_ONLY 0x08u
 #define CU_STREAM_NON_BLOCKING 0x01u
@@ -57,8 +56,6 @@ typedef struct cu_api {
     CUresult (*MemAlloc)(CUdeviceptr *p, size_t n);
     CUresult (*MemFree)(CUdeviceptr p);
     CUresult (*MemGetInfo)(size_t *free_bytes, size_t *total_bytes);
-    CUresult (*MemHostAlloc)(void **p, size_t n, unsigned flags);
-    CUresult (*MemFreeHost)(void *p);
     CUresult (*MemHostRegister)(void *p, size_t n, unsigned flags);
     CUresult (*MemHostUnregister)(void *p);
     CUresult (*StreamCreate)(CUstream *s, unsigned flags);
@@ -122,8 +119,6 @@ static void cu_load(void)
     CU_LOAD(MemAlloc, "cuMemAlloc_v2");
     CU_LOAD(MemFree, "cuMemFree_v2");
     CU_LOAD(MemGetInfo, "cuMemGetInfo_v2");
-    CU_LOAD(MemHostAlloc, "cuMemHostAlloc");
-    CU_LOAD(MemFreeHost, "cuMemFreeHost");
     CU_LOAD(MemHostRegister, "cuMemHostRegister_v2");
     CU_LOAD(MemHostUnregister, "cuMemHostUnregister");
     CU_LOAD(StreamCreate, "cuStreamCreate");
