@@ -245,7 +245,7 @@ FERRY_API double ferry_file_resident(const ferry_file *f)
 {
     if (!f || f->total == 0) return 1.0;
     uint64_t in = 0, all = 0;
-    unsigned char *vec = malloc(1u << 18); /* 1 GiB of pages per call */
+    unsigned char *vec = fy_malloc(&f->ctx->mem, 1u << 18); /* 1 GiB of pages per call */
     if (!vec) return 0.0;
     for (int32_t s = 0; s < f->nshards; s++) {
         const shard *sh = &f->shards[s];
@@ -259,7 +259,7 @@ FERRY_API double ferry_file_resident(const ferry_file *f)
             all += pages;
         }
     }
-    free(vec);
+    fy_free(&f->ctx->mem, vec);
     return all ? (double)in / (double)all : 1.0;
 }
 

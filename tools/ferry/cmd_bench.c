@@ -66,11 +66,12 @@ static void *rd_worker(void *arg)
     return NULL;
 }
 
-/* O_DIRECT read rate of one file, 8 threads of 16 MiB reads. */
-static double direct_read_rate(const char *path, int *err)
+/* O_DIRECT read of one file, 8 threads of 16 MiB reads: adds its bytes and
+ * seconds to *bytes and *secs; returns 0 or -errno. */
+static int direct_read(const char *path, uint64_t *bytes, double *secs)
 {
     int fd = open(path, O_RDONLY);
-    if (fd < 0) { *err = -errno; return 0; }
+    if (fd < 0) return -errno;
     off_t size = lseek(fd, 0, SEEK_END);
     close(fd);
     rd_job j = {.path = path, .size = (uint64_t)size};
@@ -81,9 +82,11 @@ static double direct_read_rate(const char *path, int *err)
     int n = 0;
     for (; n < 8; n++)
         if (pthread_create(&th[n], NULL, rd_worker, &j) != 0) break;
+    if (n == 0) rd_worker(&j);
     for (int k = 0; k < n; k++) pthread_join(th[k], NULL);
-    *err = atomic_load(&j.rc);
-    return (double)size / (cli_now() - t0) / 1e9;
+    *secs += cli_now() - t0;
+    *bytes += (uint64_t)size;
+    return atomic_load(&j.rc);
 }
 
 static void drop_cache(ferry_file *f)
@@ -159,14 +162,11 @@ static int run(int argc, char **argv)
         goto out;
     }
     int err = 0;
-    double disk = 0;
+    double disk = 0, rsecs = 0;
+    uint64_t rbytes = 0;
     sync(); /* a checkpoint written just before must not be flushing while we measure the disk */
-    for (int s = 0; s < ferry_file_shard_count(f); s++) {
-        /* shards are read one after the other; rates combine by time */
-        double r = direct_read_rate(ferry_file_shard_path(f, s), &err);
-        if (err) break;
-        disk = disk == 0 ? r : disk; /* first shard's rate stands for the disk */
-    }
+    for (int s = 0; s < ferry_file_shard_count(f) && !err; s++) err = direct_read(ferry_file_shard_path(f, s), &rbytes, &rsecs);
+    if (!err && rsecs > 0) disk = (double)rbytes / rsecs / 1e9;
     if (err) snprintf(note + strlen(note), sizeof note - strlen(note), "%sO_DIRECT read failed: %s", *note ? "; " : "",
                       ferry_strerror(err));
     double h2d = 0, d2h = 0;
