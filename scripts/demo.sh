@@ -18,10 +18,19 @@ else
     [ -f "$ckpt" ] || python3 scripts/make_sample.py "$ckpt"
 fi
 echo
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
 echo "== ferry inspect $ckpt"
-./build/ferry inspect "$ckpt" | head -40
+./build/ferry inspect "$ckpt" > "$out"
+head -40 "$out"
 n=$(./build/ferry inspect --json "$ckpt" | python3 -c 'import json,sys; print(json.load(sys.stdin)["tensor_count"])')
-[ "$n" -gt 27 ] && echo "... ($n tensors in all; 'ferry inspect --json' prints everything)"
+if [ "$n" -gt 27 ]; then echo "... ($n tensors in all; 'ferry inspect --json' prints everything)"; fi
 echo
 echo "== ferry hash $ckpt"
-./build/ferry hash "$ckpt" | tail -5
+./build/ferry hash "$ckpt" > "$out"
+tail -5 "$out"
+echo
+echo "== ferry load $ckpt (on a GPU if there is one, else on a simulated one)"
+if ./build/ferry load --verify "$ckpt" 2>/dev/null; then :; else
+    ./build/ferry load --device sim:1GiB --verify "$ckpt"
+fi
