@@ -23,7 +23,7 @@ trap 'rm -f "$out"' EXIT
 echo "== ferry inspect $ckpt"
 ./build/ferry inspect "$ckpt" > "$out"
 head -40 "$out"
-n=$(./build/ferry inspect --json "$ckpt" | python3 -c 'import json,sys; print(json.load(sys.stdin)["tensor_count"])')
+read -r n bytes < <(./build/ferry inspect --json "$ckpt" | python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["tensor_count"], j["total_bytes"])')
 if [ "$n" -gt 27 ]; then echo "... ($n tensors in all; 'ferry inspect --json' prints everything)"; fi
 echo
 echo "== ferry hash $ckpt"
@@ -32,5 +32,5 @@ tail -5 "$out"
 echo
 echo "== ferry load $ckpt (on a GPU if there is one, else on a simulated one)"
 if ./build/ferry load --verify "$ckpt" 2>/dev/null; then :; else
-    ./build/ferry load --device sim:1GiB --verify "$ckpt"
+    ./build/ferry load --device "sim:$((bytes + (1 << 30)))" --verify "$ckpt"
 fi
