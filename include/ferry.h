@@ -266,7 +266,8 @@ typedef struct ferry_load_opts {
     uint32_t ring_buffers;      /* pinned staging buffers; 0 = default (2 x threads) */
     uint64_t ring_buffer_bytes; /* bytes per staging buffer; 0 = default (4 MiB) */
     uint64_t pinned_budget;     /* most bytes REGISTER may page-lock; 0 = no limit */
-    /* progress(opaque, bytes done, bytes total), from worker threads */
+    /* progress(opaque, bytes done, bytes total), from worker threads, one call
+     * at a time, done never decreasing and ending at total */
     void (*progress)(void *opaque, uint64_t done, uint64_t total);
     void *opaque;
 } ferry_load_opts;
@@ -318,7 +319,8 @@ FERRY_API void ferry_device_unregister_file(ferry_device *dev, const ferry_file 
  * Allocates and frees its buffers. */
 FERRY_API int ferry_device_copy_rate(ferry_device *dev, uint64_t bytes, double *htod_gbps, double *dtoh_gbps);
 
-/* Fraction (0..1) of f's tensor data now in the page cache (mincore). */
+/* Fraction (0..1) of f's files now in the page cache (mincore), or -1 when it
+ * cannot be measured (no memory for the page vector). */
 FERRY_API double ferry_file_resident(const ferry_file *f);
 
 #ifdef __cplusplus

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -28,11 +29,15 @@
 #define MAX_THREADS 64
 #define REG_CHUNK (64ull << 20) /* copy size from a registered mapping */
 
+/* A registered shard mapping. held: registered by ferry_device_register_file;
+ * users: loads copying from it right now. It is unregistered once neither. */
 typedef struct reg_entry {
     const ferry_file *f;
     int32_t shard;
     void *base;
     uint64_t len;
+    int users;
+    bool held;
 } reg_entry;
 
 typedef struct ring_buf {
@@ -173,7 +178,8 @@ static reg_entry *reg_find(ferry_device *d, const ferry_file *f, int32_t s)
 static uint64_t page_round(uint64_t n) { return (n + ALIGN - 1) & ~(uint64_t)(ALIGN - 1); }
 
 /* Page-lock shard s's read-only shared mapping (never a private one: see
- * DESIGN.md §7, registering MAP_PRIVATE with READ_ONLY hung the driver). */
+ * DESIGN.md §7, registering MAP_PRIVATE with READ_ONLY hung the driver).
+ * A new entry starts neither held nor used. Under d->lock. */
 static int reg_add(ferry_device *d, const ferry_file *f, int32_t s)
 {
     if (reg_find(d, f, s) || f->shards[s].size == 0) return 0;
@@ -185,6 +191,7 @@ static int reg_add(ferry_device *d, const ferry_file *f, int32_t s)
         d->cap_regs = cap;
     }
     reg_entry *e = &d->regs[d->nregs];
+    memset(e, 0, sizeof *e);
     e->f = f;
     e->shard = s;
     e->base = f->shards[s].map;
@@ -195,12 +202,63 @@ static int reg_add(ferry_device *d, const ferry_file *f, int32_t s)
     return 0;
 }
 
-static void reg_remove(ferry_device *d, const ferry_file *f, int32_t s)
+/* Unregister f's entries nobody holds or uses any more. Under d->lock. */
+static void reg_release_unused(ferry_device *d, const ferry_file *f)
 {
-    reg_entry *e = reg_find(d, f, s);
-    if (!e) return;
-    d->g->ops->host_unregister(d->g, e->base);
-    *e = d->regs[--d->nregs];
+    for (int i = 0; i < d->nregs;) {
+        reg_entry *e = &d->regs[i];
+        if (e->f == f && !e->held && e->users == 0) {
+            d->g->ops->host_unregister(d->g, e->base);
+            *e = d->regs[--d->nregs];
+        } else {
+            i++;
+        }
+    }
+}
+
+/* A mapping that no longer covers its file (truncated after open) would be
+ * read past the end by the device: refuse before registering or copying. */
+static int check_size(ferry_device *d, const ferry_file *f)
+{
+    for (int32_t s = 0; s < f->nshards; s++) {
+        struct stat st;
+        if (fstat(f->shards[s].fd, &st) == 0 && (uint64_t)st.st_size < f->shards[s].size)
+            return fy_seterr(&d->ctx->err, FERRY_E_CORRUPT,
+                             "%s: the file shrank from %" PRIu64 " to %lld bytes since it was opened", f->shards[s].path,
+                             f->shards[s].size, (long long)st.st_size);
+    }
+    return 0;
+}
+
+/* Register every shard of f (those not registered yet), then mark them held
+ * (hold) or in use by one more load. On failure nothing changes. */
+static int reg_acquire(ferry_device *d, const ferry_file *f, bool hold)
+{
+    FY_TRY(check_size(d, f));
+    pthread_mutex_lock(&d->lock);
+    int rc = 0;
+    for (int32_t s = 0; s < f->nshards && rc == 0; s++) rc = reg_add(d, f, s);
+    if (rc == 0) {
+        for (int32_t s = 0; s < f->nshards; s++) {
+            reg_entry *e = reg_find(d, f, s);
+            if (!e) continue; /* empty shard */
+            if (hold) e->held = true;
+            else e->users++;
+        }
+    } else {
+        reg_release_unused(d, f); /* only what this call added */
+    }
+    pthread_mutex_unlock(&d->lock);
+    return rc;
+}
+
+static void reg_unuse(ferry_device *d, const ferry_file *f)
+{
+    pthread_mutex_lock(&d->lock);
+    for (int i = 0; i < d->nregs; i++)
+        if (d->regs[i].f == f && d->regs[i].users > 0) d->regs[i].users--;
+    reg_release_unused(d, f);
+    pthread_mutex_unlock(&d->lock);
 }
 
 FERRY_API int ferry_device_register_file(ferry_device *d, const ferry_file *f, uint64_t pinned_budget)
@@ -211,30 +269,28 @@ FERRY_API int ferry_device_register_file(ferry_device *d, const ferry_file *f, u
     FY_RETURN_IF(pinned_budget && need > pinned_budget, &d->ctx->err, FERRY_E_BUDGET,
                  "%s: registering %" PRIu64 " bytes exceeds the pinned budget of %" PRIu64 " bytes",
                  f->shards[0].path, need, pinned_budget);
-    pthread_mutex_lock(&d->lock);
-    int rc = 0;
-    int32_t s = 0;
-    for (; s < f->nshards && rc == 0; s++) rc = reg_add(d, f, s);
-    if (rc < 0)
-        for (int32_t k = 0; k < s; k++) reg_remove(d, f, k);
-    pthread_mutex_unlock(&d->lock);
-    return rc;
+    return reg_acquire(d, f, true);
 }
 
 FERRY_API void ferry_device_unregister_file(ferry_device *d, const ferry_file *f)
 {
     if (!d || !f) return;
     pthread_mutex_lock(&d->lock);
-    for (int32_t s = 0; s < f->nshards; s++) reg_remove(d, f, s);
+    for (int i = 0; i < d->nregs; i++)
+        if (d->regs[i].f == f) d->regs[i].held = false;
+    reg_release_unused(d, f); /* a load still copying keeps its shards until it ends */
     pthread_mutex_unlock(&d->lock);
 }
 
+/* Registered with ferry_device_register_file (all shards that hold bytes)? */
 static bool is_registered(ferry_device *d, const ferry_file *f)
 {
     pthread_mutex_lock(&d->lock);
     bool all = true;
-    for (int32_t s = 0; s < f->nshards; s++)
-        if (f->shards[s].size && !reg_find(d, f, s)) all = false;
+    for (int32_t s = 0; s < f->nshards; s++) {
+        reg_entry *e = reg_find(d, f, s);
+        if (f->shards[s].size && (!e || !e->held)) all = false;
+    }
     pthread_mutex_unlock(&d->lock);
     return all;
 }
@@ -246,7 +302,7 @@ FERRY_API double ferry_file_resident(const ferry_file *f)
     if (!f || f->total == 0) return 1.0;
     uint64_t in = 0, all = 0;
     unsigned char *vec = fy_malloc(&f->ctx->mem, 1u << 18); /* 1 GiB of pages per call */
-    if (!vec) return 0.0;
+    if (!vec) return -1.0; /* unknown */
     for (int32_t s = 0; s < f->nshards; s++) {
         const shard *sh = &f->shards[s];
         if (!sh->map) continue;
@@ -368,6 +424,8 @@ typedef struct job {
     uint32_t *free_list, nfree;
     uint32_t *inflight, nin, head; /* FIFO of buffers with copies queued */
     const ferry_load_opts *o;
+    pthread_mutex_t plock; /* progress calls */
+    uint64_t reported;
 } job;
 
 static void job_fail(job *j, int rc)
@@ -514,7 +572,14 @@ static void *ring_worker(void *arg)
         }
         ring_inflight(j, b);
         uint64_t d = atomic_fetch_add(&j->done, bt->len) + bt->len;
-        if (j->o->progress) j->o->progress(j->o->opaque, d, j->p->bytes);
+        if (j->o->progress) { /* in order, never backwards, ending at the total */
+            pthread_mutex_lock(&j->plock);
+            if (d > j->reported) {
+                j->reported = d;
+                j->o->progress(j->o->opaque, d, j->p->bytes);
+            }
+            pthread_mutex_unlock(&j->plock);
+        }
     }
     pthread_mutex_lock(&j->lock);
     pthread_cond_broadcast(&j->cv);
@@ -532,17 +597,19 @@ static int run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool di
     atomic_init(&j.done, 0);
     atomic_init(&j.rc, 0);
     pthread_mutex_init(&j.lock, NULL);
+    pthread_mutex_init(&j.plock, NULL);
     pthread_cond_init(&j.cv, NULL);
     j.free_list = fy_calloc(m, d->nring, sizeof(uint32_t));
     j.inflight = fy_calloc(m, d->nring, sizeof(uint32_t));
     j.dfd = fy_calloc(m, (size_t)f->nshards, sizeof(int));
+    if (j.dfd) /* before any failure path: the cleanup closes what is >= 0 */
+        for (int32_t s = 0; s < f->nshards; s++) j.dfd[s] = -1;
     pthread_t *th = fy_calloc(m, nthreads, sizeof(pthread_t));
     if (!j.free_list || !j.inflight || !j.dfd || !th) {
         rc = fy_seterr(&d->ctx->err, -ENOMEM, "out of memory");
         goto out;
     }
     for (uint32_t i = 0; i < d->nring; i++) j.free_list[j.nfree++] = i;
-    for (int32_t s = 0; s < f->nshards; s++) j.dfd[s] = -1;
     if (direct) {
         for (int32_t s = 0; s < f->nshards; s++) {
             j.dfd[s] = open(f->shards[s].path, O_RDONLY | O_DIRECT | O_CLOEXEC);
@@ -572,6 +639,7 @@ out:
     fy_free(m, j.dfd);
     fy_free(m, th);
     pthread_mutex_destroy(&j.lock);
+    pthread_mutex_destroy(&j.plock);
     pthread_cond_destroy(&j.cv);
     return rc;
 }
@@ -581,9 +649,17 @@ static int run_register(ferry_device *d, const ferry_file *f, const plan *p, con
                         fy_stream **streams, uint32_t nstreams)
 {
     fy_gpu *g = d->g;
-    bool temp = !is_registered(d, f);
+    /* use the registration if there is one, else register for this load only;
+     * either way the shards stay registered until this load is done with them */
     int rc = 0;
-    if (temp && (rc = ferry_device_register_file(d, f, o->pinned_budget)) < 0) return rc;
+    if (o->pinned_budget && !is_registered(d, f)) {
+        uint64_t need = 0;
+        for (int32_t k = 0; k < f->nshards; k++) need += page_round(f->shards[k].size);
+        FY_RETURN_IF(need > o->pinned_budget, &d->ctx->err, FERRY_E_BUDGET,
+                     "%s: registering %" PRIu64 " bytes exceeds the pinned budget of %" PRIu64 " bytes",
+                     f->shards[0].path, need, o->pinned_budget);
+    }
+    if ((rc = reg_acquire(d, f, false)) < 0) return rc;
     if ((rc = g->ops->bind_thread(g)) < 0) goto out;
     uint64_t done = 0;
     uint32_t s = 0;
@@ -607,7 +683,7 @@ static int run_register(ferry_device *d, const ferry_file *f, const plan *p, con
         if (rc == 0 && r < 0) rc = r;
     }
 out:
-    if (temp) ferry_device_unregister_file(d, f);
+    reg_unuse(d, f);
     return rc;
 }
 
@@ -631,6 +707,10 @@ static int choose_path(ferry_device *d, const ferry_file *f, const ferry_load_op
         return FERRY_PATH_REGISTER;
     }
     st->resident = ferry_file_resident(f);
+    if (st->resident < 0) {
+        snprintf(st->why, sizeof st->why, "page-cache residency unknown (out of memory for mincore): ring");
+        return FERRY_PATH_RING;
+    }
     if (st->resident >= 0.5) {
         snprintf(st->why, sizeof st->why, "%.0f%% of the data is in the page cache; cufile not probed",
                  st->resident * 100);
