@@ -230,7 +230,8 @@ FERRY_API uint64_t ferry_xxh3(const void *data, size_t len);
 
 typedef struct ferry_device ferry_device;
 
-/* Open a device: "cuda:N" (the CUDA driver is loaded with dlopen at run time;
+/* Open a device: "cpu" (pageable host memory; loads read straight into it,
+ * paths ring/auto only), "cuda:N" (the CUDA driver is loaded with dlopen at run time;
  * ferry uses the device's primary context, so it shares memory and streams'
  * device with PyTorch in the same process), or "sim:SIZE" ("sim:24GiB"), a GPU
  * emulated on host memory with that capacity (tests, capacity planning).

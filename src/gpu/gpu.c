@@ -3,7 +3,9 @@
 #include "gpu.h"
 
 #include <limits.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 static bool is_digit(char c) { return c >= '0' && c <= '9'; }
 static char lower(char c) { return (c >= 'A' && c <= 'Z') ? (char)(c - 'A' + 'a') : c; }
@@ -60,7 +62,7 @@ bool fy_parse_size(const char *s, uint64_t *out)
 
 int fy_gpu_open(const char *spec, const ferry_allocator *mem, fy_err *err, fy_gpu **out)
 {
-    static const char forms[] = "expected cuda, cuda:N (N = device number) or sim:SIZE (e.g. sim:24GiB)";
+    static const char forms[] = "expected cuda, cuda:N (N = device number), sim:SIZE (e.g. sim:24GiB) or cpu";
     char q[128];
     if (!out) return fy_seterr(err, FERRY_E_INVAL, "fy_gpu_open: no place for the device handle");
     *out = NULL;
@@ -92,6 +94,15 @@ int fy_gpu_open(const char *spec, const ferry_allocator *mem, fy_err *err, fy_gp
             return fy_seterr(err, FERRY_E_INVAL, "device %s: a sim device needs a capacity above 0 bytes",
                              fy_quote(q, sizeof q, spec));
         return fy_gpu_sim_open(cap, mem, err, out);
+    }
+    if (strcmp(spec, "cpu") == 0) {
+        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        uint64_t ram = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : (1ull << 34);
+        int rc = fy_gpu_sim_open(ram, mem, err, out);
+        if (rc < 0) return rc;
+        (*out)->host_visible = true;
+        snprintf((*out)->desc, sizeof (*out)->desc, "cpu (pageable host memory, %.1f GiB)", (double)ram / (1u << 30));
+        return 0;
     }
     if (strcmp(spec, "sim") == 0)
         return fy_seterr(err, FERRY_E_INVAL, "device 'sim' needs a capacity: %s", forms);

@@ -65,9 +65,13 @@ struct fy_gpu {
     fy_err *err;      /* where backend messages go (the owning context's) */
     int ordinal;      /* device number */
     char desc[128];   /* "NVIDIA H200 (cuda:0, 139.8 GiB)" / "sim (24.0 GiB)" */
+    bool host_visible; /* "cpu": device addresses are ordinary host memory that
+                          the transfer engine may read into directly */
 };
 
-/* Open "cuda:N", "sim:SIZE" (e.g. "sim:24GiB", "sim:512MiB", "sim:1000000").
+/* Open "cuda:N", "sim:SIZE" (e.g. "sim:24GiB", "sim:512MiB", "sim:1000000"), or
+ * "cpu": pageable host memory (the sim backend sized to the machine's RAM,
+ * marked host_visible so loads read straight into it).
  * Errors: FERRY_E_NODEV (no driver, no such device: the message says why),
  * FERRY_E_INVAL (bad spec), -ENOMEM. */
 int fy_gpu_open(const char *spec, const ferry_allocator *mem, fy_err *err, fy_gpu **out);

@@ -644,6 +644,75 @@ out:
     return rc;
 }
 
+/* cpu device: the destination is host memory, so threads pread straight
+ * into it: one copy, no ring. */
+typedef struct host_job {
+    const ferry_file *f;
+    const plan *p;
+    atomic_llong next;
+    atomic_ullong done;
+    atomic_int rc;
+    fy_err *err;
+    const ferry_load_opts *o;
+    pthread_mutex_t plock;
+    uint64_t reported;
+} host_job;
+
+static void *host_worker(void *arg)
+{
+    host_job *j = arg;
+    for (;;) {
+        if (atomic_load(&j->rc) < 0) break;
+        long long k = atomic_fetch_add(&j->next, 1);
+        if (k >= j->p->nbt) break;
+        const batch *bt = &j->p->bt[k];
+        const shard *sh = &j->f->shards[bt->shard];
+        int rc = 0;
+        for (int64_t q = bt->first; q < bt->first + bt->count && rc == 0; q++) {
+            const piece *pc = &j->p->pc[q];
+            rc = fy_pread_full(sh->fd, (void *)(uintptr_t)pc->dst, (size_t)pc->len, pc->off);
+        }
+        if (rc < 0) {
+            if (rc == FERRY_E_CORRUPT)
+                fy_seterr(j->err, rc, "%s: the file ended early at byte %" PRIu64 " (truncated after it was opened?)",
+                          sh->path, bt->off);
+            else
+                fy_seterr(j->err, rc, "%s: read of %" PRIu64 " bytes at %" PRIu64 ": %s", sh->path, bt->len, bt->off,
+                          ferry_strerror(rc));
+            int zero = 0;
+            atomic_compare_exchange_strong(&j->rc, &zero, rc);
+            break;
+        }
+        uint64_t d = atomic_fetch_add(&j->done, bt->len) + bt->len;
+        if (j->o->progress) {
+            pthread_mutex_lock(&j->plock);
+            if (d > j->reported) {
+                j->reported = d;
+                j->o->progress(j->o->opaque, d, j->p->bytes);
+            }
+            pthread_mutex_unlock(&j->plock);
+        }
+    }
+    return NULL;
+}
+
+static int run_host(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o, uint32_t nthreads)
+{
+    host_job j = {.f = f, .p = p, .err = &d->ctx->err, .o = o};
+    atomic_init(&j.next, 0);
+    atomic_init(&j.done, 0);
+    atomic_init(&j.rc, 0);
+    pthread_mutex_init(&j.plock, NULL);
+    pthread_t th[MAX_THREADS];
+    uint32_t started = 0;
+    for (; started < nthreads; started++)
+        if (pthread_create(&th[started], NULL, host_worker, &j) != 0) break;
+    if (started == 0) host_worker(&j);
+    for (uint32_t t = 0; t < started; t++) pthread_join(th[t], NULL);
+    pthread_mutex_destroy(&j.plock);
+    return atomic_load(&j.rc);
+}
+
 /* register: copies straight out of the page-locked mapping, round-robin over streams. */
 static int run_register(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o,
                         fy_stream **streams, uint32_t nstreams)
@@ -697,6 +766,13 @@ static int choose_path(ferry_device *d, const ferry_file *f, const ferry_load_op
         return fy_seterr(&d->ctx->err, FERRY_E_NODEV,
                          "cufile: GPUDirect Storage is not available through ferry yet (probe not implemented); "
                          "use --path auto");
+    }
+    if (d->g->host_visible) {
+        FY_RETURN_IF(want != FERRY_PATH_AUTO && want != FERRY_PATH_RING, &d->ctx->err, FERRY_E_UNSUPPORTED,
+                     "the cpu device reads straight into host memory: use --path ring or auto, not %s",
+                     ferry_path_name(want));
+        snprintf(st->why, sizeof st->why, "host memory: threaded pread straight into the destination");
+        return FERRY_PATH_RING;
     }
     if (want != FERRY_PATH_AUTO) {
         snprintf(st->why, sizeof st->why, "asked for");
@@ -757,7 +833,9 @@ static int load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n,
     rc = d->g->ops->bind_thread(d->g);
     for (uint32_t s = 0; s < nstreams && rc == 0; s++) rc = d->g->ops->stream_new(d->g, &streams[s]);
     if (rc == 0) {
-        if (st.path == FERRY_PATH_REGISTER) {
+        if (d->g->host_visible) {
+            rc = run_host(d, f, &p, &o, nthreads);
+        } else if (st.path == FERRY_PATH_REGISTER) {
             rc = run_register(d, f, &p, &o, streams, nstreams);
         } else {
             pthread_mutex_lock(&d->ring_lock);
