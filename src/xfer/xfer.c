@@ -763,9 +763,13 @@ static int choose_path(ferry_device *d, const ferry_file *f, const ferry_load_op
     ferry_path want = o->path;
     st->resident = -1; /* measured only when auto needs it: mincore over 10 GB is not free */
     if (want == FERRY_PATH_CUFILE) {
-        return fy_seterr(&d->ctx->err, FERRY_E_NODEV,
-                         "cufile: GPUDirect Storage is not available through ferry yet (probe not implemented); "
-                         "use --path auto");
+        char why[256];
+        FY_RETURN_IF(strcmp(d->g->ops->name, "cuda") != 0, &d->ctx->err, FERRY_E_NODEV,
+                     "cufile: GPUDirect Storage needs a cuda device, not %s", d->g->desc);
+        if (fy_cufile_probe(f->shards[0].fd, why, sizeof why) < 0)
+            return fy_seterr(&d->ctx->err, FERRY_E_NODEV, "cufile unavailable: %s (use --path auto)", why);
+        return fy_seterr(&d->ctx->err, FERRY_E_UNSUPPORTED,
+                         "cufile: the probe succeeded (%s), but ferry has no cuFile transfer yet (use --path auto)", why);
     }
     if (d->g->host_visible) {
         FY_RETURN_IF(want != FERRY_PATH_AUTO && want != FERRY_PATH_RING, &d->ctx->err, FERRY_E_UNSUPPORTED,
@@ -788,11 +792,11 @@ static int choose_path(ferry_device *d, const ferry_file *f, const ferry_load_op
         return FERRY_PATH_RING;
     }
     if (st->resident >= 0.5) {
-        snprintf(st->why, sizeof st->why, "%.0f%% of the data is in the page cache; cufile not probed",
+        snprintf(st->why, sizeof st->why, "%.0f%% of the data is in the page cache (cufile is probed only on request)",
                  st->resident * 100);
         return FERRY_PATH_RING;
     }
-    snprintf(st->why, sizeof st->why, "%.0f%% of the data is in the page cache: O_DIRECT reads; cufile not probed",
+    snprintf(st->why, sizeof st->why, "%.0f%% of the data is in the page cache: O_DIRECT reads (cufile is probed only on request)",
              st->resident * 100);
     return FERRY_PATH_DIRECT;
 }
