@@ -8,7 +8,9 @@
  *    System errors are passed through as -errno (-ENOENT, -ENOMEM, ...); ferry's
  *    own codes (FERRY_E_*) are all below -4096. ferry_strerror() names any code.
  *  - On failure a detailed, one-line message naming the file and the problem is
- *    left on the handle the call was made on (see ferry_ctx_errmsg()).
+ *    left on the handle the call was made on (see ferry_ctx_errmsg()). Pure
+ *    argument checks (a NULL handle, an index out of range, ferry_file_find's
+ *    FERRY_E_NOTFOUND) return the code alone: an earlier message may remain.
  *  - Nothing here aborts, exits or prints on bad input.
  *  - Destructors accept NULL.
  *  - Options structs start with `uint32_t size` (set it to sizeof the struct) so
@@ -151,8 +153,9 @@ FERRY_API const char *ferry_format_name(ferry_format fmt);
  *
  * Returns 0 and a handle in *out, or a negative code with a message on ctx:
  * -errno for system errors (-ENOENT, -EACCES, ...), FERRY_E_CORRUPT for a file
- * that breaks the format, FERRY_E_FORMAT for an unknown format, FERRY_E_LIMIT
- * for a header over 100 MB, FERRY_E_UNSUPPORTED for valid features ferry lacks.
+ * that breaks the format, FERRY_E_FORMAT for a file that is not safetensors at
+ * all (no JSON object after the 8-byte length), FERRY_E_LIMIT for a header over
+ * 100 MB, FERRY_E_UNSUPPORTED for formats ferry does not read yet (GGUF, zip).
  * The handle is immutable: any number of threads may read it at once. It must
  * be closed before ctx is freed. */
 FERRY_API int ferry_file_open(ferry_ctx *ctx, const char *path, uint32_t flags,
@@ -161,7 +164,7 @@ FERRY_API int ferry_file_open(ferry_ctx *ctx, const char *path, uint32_t flags,
 FERRY_API void ferry_file_close(ferry_file *f);
 
 FERRY_API ferry_format ferry_file_format(const ferry_file *f);
-/* Number of tensors (>= 0). */
+/* Number of tensors (>= 0; FERRY_E_INVAL for NULL, as for the counts below). */
 FERRY_API int64_t ferry_file_tensor_count(const ferry_file *f);
 /* Sum of all tensors' byte sizes. */
 FERRY_API uint64_t ferry_file_total_bytes(const ferry_file *f);
@@ -203,6 +206,11 @@ FERRY_API int ferry_file_tensor_data(const ferry_file *f, int64_t i, const void 
  * the file ends early. Thread-safe. Errors go to the ctx f was opened with. */
 FERRY_API int ferry_file_tensor_read(const ferry_file *f, int64_t i, uint64_t off, void *buf,
                                      size_t len);
+
+/* Parse a byte count: "4096", "16MiB"/"16M" (binary), "1.5GB" (decimal), units
+ * case-insensitive. Returns 0, or FERRY_E_INVAL for anything else (negative,
+ * garbage, over 2^64-1). Thread-safe. */
+FERRY_API int ferry_parse_size(const char *s, uint64_t *out);
 
 /* ---- hashing ----------------------------------------------------------- */
 
@@ -247,11 +255,12 @@ FERRY_API int ferry_device_mem_info(ferry_device *dev, uint64_t *free_bytes, uin
 /* ---- loading ------------------------------------------------------------ */
 
 typedef enum ferry_path {
-    FERRY_PATH_AUTO = 0,  /* choose from page-cache residency (mincore) and budgets */
+    FERRY_PATH_AUTO = 0,  /* choose: register if registered, ring if mostly cached, else direct */
     FERRY_PATH_RING,      /* threaded pread into a ring of pinned buffers, async copies */
     FERRY_PATH_DIRECT,    /* the same ring filled with O_DIRECT reads (cold files) */
     FERRY_PATH_REGISTER,  /* page-lock the read-only file mapping, copy from it directly */
-    FERRY_PATH_CUFILE,    /* GPUDirect Storage; only after a probe succeeds */
+    FERRY_PATH_CUFILE,    /* GPUDirect Storage: only probed so far (FERRY_E_NODEV with the
+                             reason; FERRY_E_UNSUPPORTED if the probe succeeds) */
     FERRY_PATH_COUNT
 } ferry_path;
 
@@ -266,7 +275,7 @@ typedef struct ferry_load_opts {
     uint32_t streams;           /* copy streams; 0 = default (4), at least 2 are used */
     uint32_t ring_buffers;      /* pinned staging buffers; 0 = default (2 x threads) */
     uint64_t ring_buffer_bytes; /* bytes per staging buffer; 0 = default (4 MiB) */
-    uint64_t pinned_budget;     /* most bytes REGISTER may page-lock; 0 = no limit */
+    uint64_t pinned_budget;     /* most bytes one REGISTER load may page-lock; 0 = no limit */
     /* progress(opaque, bytes done, bytes total), from worker threads, one call
      * at a time, done never decreasing and ending at total */
     void (*progress)(void *opaque, uint64_t done, uint64_t total);
@@ -279,16 +288,16 @@ typedef struct ferry_load_stats {
     double seconds;         /* wall time of the load */
     double resident;        /* fraction of the data in the page cache before the load
                                (measured for FERRY_PATH_AUTO only; -1 otherwise) */
-    char why[256];          /* why auto chose that path, or why a path was unavailable */
+    char why[256];          /* why that path (auto's reasoning, or "asked for") */
 } ferry_load_stats;
 
 typedef struct ferry_loaded ferry_loaded;
 
 /* Load every tensor of f into device memory that ferry allocates (one block per
  * shard, tensors laid out as in the file). The call returns when all copies are
- * complete. *out owns the memory until ferry_loaded_free(). stats may be NULL.
- * Errors: any of ferry_load_into's; FERRY_E_BUDGET / -ENOMEM when the device
- * lacks room (nothing stays allocated). */
+ * complete. *out owns the memory until ferry_loaded_free(); dev and f must stay
+ * open until then. stats may be NULL. Errors: any of ferry_load_into's;
+ * -ENOMEM when the device lacks room (nothing stays allocated). */
 FERRY_API int ferry_load(ferry_device *dev, const ferry_file *f, const ferry_load_opts *opts,
                          ferry_loaded **out, ferry_load_stats *stats);
 /* Device address of tensor i (0 when out of range). */
@@ -302,7 +311,9 @@ FERRY_API void ferry_loaded_free(ferry_loaded *l);
  * the copies are complete. Errors: FERRY_E_INVAL, FERRY_E_NODEV (cufile asked
  * for but unavailable), FERRY_E_DEVICE, -errno of a failed read; on failure the
  * destination contents are unspecified and nothing stays registered or
- * allocated. Thread-safe for distinct destinations. */
+ * allocated; FERRY_E_UNSUPPORTED for a path the device cannot take (cpu:
+ * direct/register; cufile after a successful probe). Thread-safe for
+ * distinct destinations. */
 FERRY_API int ferry_load_into(ferry_device *dev, const ferry_file *f, const int64_t *idx,
                               const uint64_t *dptrs, int64_t n, const ferry_load_opts *opts,
                               ferry_load_stats *stats);
@@ -310,7 +321,8 @@ FERRY_API int ferry_load_into(ferry_device *dev, const ferry_file *f, const int6
 /* Page-lock f's read-only mappings for dev (cuMemHostRegister READ_ONLY) so
  * that loads with FERRY_PATH_REGISTER (and auto) copy from the page cache with
  * no CPU copy and no registration cost. Registered pages cannot be reclaimed:
- * they count against pinned_budget (0 = no limit; FERRY_E_BUDGET if over).
+ * they count against pinned_budget (this file alone; 0 = no limit;
+ * FERRY_E_BUDGET if over).
  * Unregister before closing f; ferry_device_close() unregisters what is left. */
 FERRY_API int ferry_device_register_file(ferry_device *dev, const ferry_file *f, uint64_t pinned_budget);
 FERRY_API void ferry_device_unregister_file(ferry_device *dev, const ferry_file *f);

@@ -23,7 +23,8 @@ trap 'rm -f "$out"' EXIT
 echo "== ferry inspect $ckpt"
 ./build/ferry inspect "$ckpt" > "$out"
 head -40 "$out"
-read -r n bytes < <(./build/ferry inspect --json "$ckpt" | python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["tensor_count"], j["total_bytes"])')
+read -r n bytes < <(./build/ferry inspect --json "$ckpt" | python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["tensor_count"], j["total_bytes"])') ||
+    { echo "demo: ferry inspect --json $ckpt failed" >&2; exit 1; }
 if [ "$n" -gt 27 ]; then echo "... ($n tensors in all; 'ferry inspect --json' prints everything)"; fi
 echo
 echo "== ferry hash $ckpt"
@@ -31,6 +32,14 @@ echo "== ferry hash $ckpt"
 tail -5 "$out"
 echo
 echo "== ferry load $ckpt (on a GPU if there is one, else on a simulated one)"
-if ./build/ferry load --verify "$ckpt" 2>/dev/null; then :; else
+# a GPU when the driver finds one; a simulated GPU when there is none; any
+# other failure (a verify mismatch on a real GPU) is shown and fails the demo
+if out_load=$(./build/ferry load --device cuda:0 --verify "$ckpt" 2>&1); then
+    echo "$out_load"
+elif grep -q "cannot load the NVIDIA driver\|cuInit failed\|no such device" <<<"$out_load"; then
+    echo "(no GPU here: ${out_load#ferry: }; using a simulated GPU)"
     ./build/ferry load --device "sim:$((bytes + (1 << 30)))" --verify "$ckpt"
+else
+    echo "$out_load" >&2
+    exit 1
 fi

@@ -14,9 +14,9 @@ SUDO=""
 export DEBIAN_FRONTEND=noninteractive
 
 need=""
-for p in build-essential cmake ninja-build clang lld llvm libclang-rt-dev libxxhash-dev xxhash \
-         liburing-dev python3 python3-pip ca-certificates dpkg-dev; do
-    dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"
+for p in build-essential cmake ninja-build clang llvm libclang-rt-dev libxxhash-dev xxhash \
+         python3 ca-certificates dpkg-dev; do
+    [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || need="$need $p"
 done
 if [ -n "$need" ]; then
     echo "deps: installing$need"
@@ -37,7 +37,10 @@ if [ ! -f "$JANSSON_DIR/CMakeLists.txt" ]; then
        -o "Dir::State::Lists=$tmp/lists")
     $SUDO apt-get "${O[@]}" update -qq
     (cd "$tmp" && $SUDO apt-get "${O[@]}" source --download-only jansson >/dev/null 2>&1)
-    mkdir -p "$JANSSON_DIR"
-    tar -xzf "$tmp"/jansson_*.orig.tar.gz -C "$JANSSON_DIR" --strip-components=1
+    # unpack beside, then move into place: an interrupted run leaves no half tree
+    mkdir -p "$tmp/src" .deps
+    tar -xf "$tmp"/jansson_*.orig.tar.* -C "$tmp/src" --strip-components=1
+    rm -rf "$JANSSON_DIR"
+    mv "$tmp/src" "$JANSSON_DIR"
 fi
 echo "deps: ready"

@@ -12,6 +12,7 @@ jobs=$(nproc 2>/dev/null || echo 2)
 fuzz_secs=${FERRY_FUZZ_SECONDS:-60}
 passed=0
 failed=0
+skipped=0
 failures=()
 
 # run_ctest NAME BUILD_DIR: add ctest's counts to the totals
@@ -19,14 +20,15 @@ run_ctest() {
     local name=$1 dir=$2 log
     log=$(mktemp)
     (cd "$dir" && ctest --output-on-failure -j "$jobs" --timeout 600) 2>&1 | tee "$log"
-    local line total nfail
+    local line total nfail nskip
     line=$(grep -E '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1)
+    nskip=$(grep -cE 'Not Run|\*\*\*Skipped' "$log" || true)
     if [ -z "$line" ]; then
         failed=$((failed + 1)); failures+=("$name: ctest did not run")
     else
         nfail=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$line")
         total=$(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<<"$line")
-        passed=$((passed + total - nfail)); failed=$((failed + nfail))
+        passed=$((passed + total - nfail - nskip)); failed=$((failed + nfail)); skipped=$((skipped + nskip))
         [ "$nfail" -eq 0 ] || failures+=("$name: $nfail ctest tests failed")
     fi
     rm -f "$log"
@@ -66,5 +68,5 @@ fi
 
 echo
 for f in "${failures[@]}"; do echo "FAILED: $f"; done
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

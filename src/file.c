@@ -51,17 +51,24 @@ static int open_st(ferry_ctx *ctx, const char *path, int32_t idx, shard *sh, fy_
             return fy_seterr(err, FERRY_E_UNSUPPORTED,
                              "%s: PyTorch zip checkpoints are not supported yet (convert to safetensors)", path);
     }
-    FY_TRY(fy_st_header_len(prefix, sh->size, path, &hlen, err));
+    int rc = fy_st_header_len(prefix, sh->size, path, &hlen, err);
+    if (rc < 0) {
+        /* no '{' after the 8-byte length: not a safetensors file at all */
+        uint8_t brace = 0;
+        if (sh->size > 8 && fy_pread_full(sh->fd, &brace, 1, 8) == 0 && brace != '{') rc = FERRY_E_FORMAT;
+        return rc;
+    }
     uint8_t *hdr = fy_malloc(&ctx->mem, (size_t)hlen);
     if (!hdr) return fy_seterr(err, -ENOMEM, "%s: out of memory for a %" PRIu64 "-byte header", path, hlen);
-    int rc = fy_pread_full(sh->fd, hdr, (size_t)hlen, 8);
+    rc = fy_pread_full(sh->fd, hdr, (size_t)hlen, 8);
     if (rc < 0) {
         fy_free(&ctx->mem, hdr);
         return fy_seterr(err, rc, "%s: reading the header: %s", path, ferry_strerror(rc));
     }
     rc = fy_st_parse(path, hdr, hlen, sh->size, idx, tb, err);
+    bool brace = hdr[0] == '{';
     fy_free(&ctx->mem, hdr);
-    if (rc < 0) return rc;
+    if (rc < 0) return brace ? rc : FERRY_E_FORMAT;
     rc = fy_map_ro(sh->fd, sh->size, &sh->map);
     if (rc < 0) return fy_seterr(err, rc, "%s: mmap: %s", path, ferry_strerror(rc));
     return 0;
@@ -344,6 +351,8 @@ typedef struct hash_job {
     atomic_int rc;
     void (*progress)(void *, uint64_t, uint64_t);
     void *opaque;
+    pthread_mutex_t plock;
+    uint64_t reported;
 } hash_job;
 
 static void *hash_worker(void *arg)
@@ -375,7 +384,14 @@ static void *hash_worker(void *arg)
             XXH3_64bits_update(&st, buf, len);
             off += len;
             uint64_t d = atomic_fetch_add(&j->done, len) + len;
-            if (j->progress) j->progress(j->opaque, d, j->total);
+            if (j->progress) { /* one call at a time, never backwards */
+                pthread_mutex_lock(&j->plock);
+                if (d > j->reported) {
+                    j->reported = d;
+                    j->progress(j->opaque, d, j->total);
+                }
+                pthread_mutex_unlock(&j->plock);
+            }
         }
         j->out[i] = XXH3_64bits_digest(&st);
     }
@@ -416,6 +432,7 @@ FERRY_API int ferry_file_hash(ferry_ctx *ctx, const ferry_file *f, uint64_t *per
     atomic_init(&j.next, 0);
     atomic_init(&j.done, 0);
     atomic_init(&j.rc, 0);
+    pthread_mutex_init(&j.plock, NULL);
     for (size_t i = 0; i < n; i++) order[i] = (int64_t)i;
     qsort_r(order, n, sizeof(int64_t), cmp_size_desc, (void *)&f->tb);
     uint32_t nth = ctx->nthreads, started = 0;
@@ -424,10 +441,15 @@ FERRY_API int ferry_file_hash(ferry_ctx *ctx, const ferry_file *f, uint64_t *per
         if (pthread_create(&th[started], NULL, hash_worker, &j) != 0) break;
     if (started == 0) hash_worker(&j);
     for (uint32_t t = 0; t < started; t++) pthread_join(th[t], NULL);
+    pthread_mutex_destroy(&j.plock);
     rc = atomic_load(&j.rc);
     if (rc < 0) {
         if (rc == -ENOMEM) fy_seterr(&ctx->err, rc, "hash: out of memory");
-        /* else the failing read left its message on f's context */
+        else if (ctx != f->ctx) { /* the failing read left its message on f's context */
+            char msg[FY_ERRMSG_MAX];
+            fy_err_copy(&f->ctx->err, msg, sizeof msg);
+            fy_seterr(&ctx->err, rc, "%s", msg);
+        }
         goto out;
     }
     if (per_tensor) memcpy(per_tensor, hashes, n * sizeof(uint64_t));

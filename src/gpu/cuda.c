@@ -259,6 +259,7 @@ static int cu_host_alloc(fy_gpu *g, size_t n, void **out)
 {
     *out = NULL;
     FY_RETURN_IF(n == 0, g->err, FERRY_E_INVAL, "cuda:%d: pinned allocation of 0 bytes", g->ordinal);
+    FY_RETURN_IF(n > SIZE_MAX / 2, g->err, FERRY_E_INVAL, "cuda:%d: pinned allocation of %zu bytes", g->ordinal, n);
     FY_TRY(cu_enter(g));
     size_t len = HOST_HDR + ((n + 4095) & ~(size_t)4095);
     uint8_t *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);

@@ -60,6 +60,11 @@ bool fy_parse_size(const char *s, uint64_t *out)
     return true;
 }
 
+FERRY_API int ferry_parse_size(const char *s, uint64_t *out)
+{
+    return fy_parse_size(s, out) ? 0 : FERRY_E_INVAL;
+}
+
 int fy_gpu_open(const char *spec, const ferry_allocator *mem, fy_err *err, fy_gpu **out)
 {
     static const char forms[] = "expected cuda, cuda:N (N = device number), sim:SIZE (e.g. sim:24GiB) or cpu";

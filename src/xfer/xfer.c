@@ -49,7 +49,7 @@ typedef struct ring_buf {
 struct ferry_device {
     ferry_ctx *ctx;
     fy_gpu *g;
-    pthread_mutex_t lock; /* guards regs and the ring */
+    pthread_mutex_t lock; /* guards regs */
     reg_entry *regs;
     int nregs, cap_regs;
     pthread_mutex_t ring_lock; /* one load at a time uses the cached ring */
@@ -299,18 +299,20 @@ static bool is_registered(ferry_device *d, const ferry_file *f)
 
 FERRY_API double ferry_file_resident(const ferry_file *f)
 {
-    if (!f || f->total == 0) return 1.0;
+    if (!f) return -1.0;
+    if (f->total == 0) return 1.0;
     uint64_t in = 0, all = 0;
-    unsigned char *vec = fy_malloc(&f->ctx->mem, 1u << 18); /* 1 GiB of pages per call */
+    const uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE), per = 1u << 18; /* pages per mincore call */
+    unsigned char *vec = fy_malloc(&f->ctx->mem, per);
     if (!vec) return -1.0; /* unknown */
     for (int32_t s = 0; s < f->nshards; s++) {
         const shard *sh = &f->shards[s];
         if (!sh->map) continue;
-        for (uint64_t off = 0; off < sh->size; off += (uint64_t)(1u << 18) * ALIGN) {
+        for (uint64_t off = 0; off < sh->size; off += per * pg) {
             uint64_t len = sh->size - off;
-            if (len > (uint64_t)(1u << 18) * ALIGN) len = (uint64_t)(1u << 18) * ALIGN;
+            if (len > per * pg) len = per * pg;
             if (mincore((char *)sh->map + off, (size_t)len, vec) < 0) continue;
-            uint64_t pages = page_round(len) / ALIGN;
+            uint64_t pages = (len + pg - 1) / pg;
             for (uint64_t p = 0; p < pages; p++) in += vec[p] & 1;
             all += pages;
         }
@@ -345,15 +347,13 @@ typedef struct item {
     fy_dptr dst;
 } item;
 
-static const ferry_file *sort_f;
-static int cmp_item(const void *a, const void *b)
+static int cmp_item(const void *a, const void *b, void *arg)
 {
-    const fy_tensor *x = &sort_f->tb.t[((const item *)a)->t], *y = &sort_f->tb.t[((const item *)b)->t];
+    const ferry_file *f = arg;
+    const fy_tensor *x = &f->tb.t[((const item *)a)->t], *y = &f->tb.t[((const item *)b)->t];
     if (x->shard != y->shard) return x->shard < y->shard ? -1 : 1;
     return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
-
-static pthread_mutex_t sort_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void plan_free(const ferry_allocator *m, plan *p)
 {
@@ -367,10 +367,7 @@ static void plan_free(const ferry_allocator *m, plan *p)
 static int plan_build(const ferry_allocator *m, const ferry_file *f, item *it, int64_t n, uint64_t cap, plan *p)
 {
     memset(p, 0, sizeof *p);
-    pthread_mutex_lock(&sort_lock);
-    sort_f = f;
-    qsort(it, (size_t)n, sizeof *it, cmp_item);
-    pthread_mutex_unlock(&sort_lock);
+    qsort_r(it, (size_t)n, sizeof *it, cmp_item, (void *)f);
     int64_t maxpc = 0;
     for (int64_t i = 0; i < n; i++) maxpc += (int64_t)((f->tb.t[it[i].t].nbytes + cap - 1) / cap);
     p->pc = fy_calloc(m, (size_t)(maxpc ? maxpc : 1), sizeof *p->pc);
@@ -426,6 +423,7 @@ typedef struct job {
     const ferry_load_opts *o;
     pthread_mutex_t plock; /* progress calls */
     uint64_t reported;
+    atomic_uint wid; /* worker number -> its stream */
 } job;
 
 static void job_fail(job *j, int rc)
@@ -528,11 +526,11 @@ static void *ring_worker(void *arg)
 {
     job *j = arg;
     fy_gpu *g = j->d->g;
-    static atomic_uint wid;
-    uint32_t me = atomic_fetch_add(&wid, 1);
+    uint32_t me = atomic_fetch_add(&j->wid, 1);
     fy_stream *st = j->streams[me % j->nstreams];
-    if (g->ops->bind_thread(g) < 0) {
-        job_fail(j, FERRY_E_DEVICE);
+    int brc = g->ops->bind_thread(g);
+    if (brc < 0) {
+        job_fail(j, brc);
         return NULL;
     }
     for (;;) {
@@ -596,6 +594,7 @@ static int run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool di
     atomic_init(&j.next, 0);
     atomic_init(&j.done, 0);
     atomic_init(&j.rc, 0);
+    atomic_init(&j.wid, 0);
     pthread_mutex_init(&j.lock, NULL);
     pthread_mutex_init(&j.plock, NULL);
     pthread_cond_init(&j.cv, NULL);
@@ -615,7 +614,8 @@ static int run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool di
             j.dfd[s] = open(f->shards[s].path, O_RDONLY | O_DIRECT | O_CLOEXEC);
             if (j.dfd[s] < 0) {
                 rc = -errno;
-                fy_seterr(&d->ctx->err, rc, "%s: open with O_DIRECT: %s", f->shards[s].path, ferry_strerror(rc));
+                fy_seterr(&d->ctx->err, rc, "%s: open with O_DIRECT: %s%s", f->shards[s].path, ferry_strerror(rc),
+                          rc == -EINVAL ? " (this file system does not support O_DIRECT: use --path ring)" : "");
                 goto out;
             }
         }
@@ -822,9 +822,14 @@ static int load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n,
     uint32_t nstreams = o.streams ? o.streams : 4;
     if (nstreams < 2) nstreams = 2;
     if (nstreams > MAX_STREAMS) nstreams = MAX_STREAMS;
+    FY_RETURN_IF(o.ring_buffer_bytes > (4ull << 30) || o.ring_buffers > 4096, err, FERRY_E_INVAL,
+                 "ferry_load: a ring of %u buffers of %llu bytes is outside the limits (4096 buffers, 4 GiB each)",
+                 o.ring_buffers, (unsigned long long)o.ring_buffer_bytes);
     uint64_t bufsz = o.ring_buffer_bytes ? page_round(o.ring_buffer_bytes) : 4ull << 20;
     uint32_t nbuf = o.ring_buffers ? o.ring_buffers : 2 * nthreads;
     if (nbuf < 2) nbuf = 2;
+    FY_RETURN_IF((uint64_t)nbuf * bufsz > (64ull << 30), err, FERRY_E_LIMIT,
+                 "ferry_load: a ring of %u x %llu bytes would pin more than 64 GiB", nbuf, (unsigned long long)bufsz);
 
     double t0 = now_s();
     int rc = choose_path(d, f, &o, &st);
@@ -845,6 +850,12 @@ static int load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n,
             pthread_mutex_lock(&d->ring_lock);
             rc = ring_get(d, nbuf, bufsz);
             if (rc == 0) rc = run_ring(d, f, &p, st.path == FERRY_PATH_DIRECT, &o, streams, nstreams, nthreads);
+            if (rc == -EINVAL && st.path == FERRY_PATH_DIRECT && o.path == FERRY_PATH_AUTO) {
+                /* auto chose O_DIRECT on a file system without it (tmpfs, some FUSE): buffered reads */
+                st.path = FERRY_PATH_RING;
+                snprintf(st.why, sizeof st.why, "cold, but the file system refuses O_DIRECT: buffered reads");
+                rc = run_ring(d, f, &p, false, &o, streams, nstreams, nthreads);
+            }
             pthread_mutex_unlock(&d->ring_lock);
         }
     }

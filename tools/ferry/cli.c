@@ -92,9 +92,13 @@ void cli_progress_update(void *arg, uint64_t done, uint64_t total)
 {
     cli_progress *p = arg;
     if (!p->on) return;
+    /* the library calls this one call at a time; the lock keeps it so */
+    pthread_mutex_lock(&progress_lock);
     double now = cli_now();
-    if (done < total && now - p->last < 0.1) return;
-    if (pthread_mutex_trylock(&progress_lock) != 0) return;
+    if (done < total && now - p->last < 0.1) {
+        pthread_mutex_unlock(&progress_lock);
+        return;
+    }
     p->last = now;
     int width = 30, fill = total ? (int)((double)done / (double)total * width) : width;
     char bar[64], a[32], b[32];
@@ -122,22 +126,4 @@ long cli_vmhwm_kib(void)
     return v;
 }
 
-bool cli_parse_size(const char *s, uint64_t *out)
-{
-    char *e;
-    if (!s || !*s || *s == '-') return false;
-    double v = strtod(s, &e);
-    if (e == s || v < 0) return false;
-    static const struct { const char *u; double m; } units[] = {
-        {"", 1}, {"B", 1}, {"K", 1024.0}, {"KiB", 1024.0}, {"kB", 1e3}, {"KB", 1e3}, {"M", 1048576.0},
-        {"MiB", 1048576.0}, {"MB", 1e6}, {"G", 1073741824.0}, {"GiB", 1073741824.0}, {"GB", 1e9},
-        {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12}};
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
-        if (strcmp(e, units[i].u) == 0) {
-            double b = v * units[i].m;
-            if (b >= 18446744073709551615.0) return false;
-            *out = (uint64_t)b;
-            return true;
-        }
-    return false;
-}
+bool cli_parse_size(const char *s, uint64_t *out) { return ferry_parse_size(s, out) == 0; }

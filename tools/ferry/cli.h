@@ -27,8 +27,7 @@ int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Report a failed library call with the context's message. */
 int cli_fail_ctx(ferry_ctx *ctx, int rc);
 
-/* Common option parsing: returns 1 if argv[i] was a common flag it handled
- * (--help prints usage and sets *exit_now). */
+/* -h / --help? */
 bool cli_is_help(const char *arg);
 int cli_help(const cli_cmd *c);
 

@@ -167,7 +167,9 @@ static int run(int argc, char **argv)
             bad = verify(ctx, f, l);
             if (bad != 0) {
                 verified_all = false;
-                ex = bad < 0 ? cli_fail_ctx(ctx, -1) : cli_fail("%s: %" PRId64 " tensors differ on the device", paths[k], bad);
+                ex = bad < 0 ? cli_fail("%s: verify: could not read the tensors back (%s)", paths[k],
+                                        *ferry_ctx_errmsg(ctx) ? ferry_ctx_errmsg(ctx) : "out of memory")
+                             : cli_fail("%s: %" PRId64 " tensors differ on the device", paths[k], bad);
             }
         }
         double gbps = st.seconds > 0 ? (double)st.bytes / st.seconds / 1e9 : 0;
