@@ -139,7 +139,9 @@ typedef struct ferry_file ferry_file;
 typedef enum ferry_format {
     FERRY_FORMAT_UNKNOWN = 0,
     FERRY_FORMAT_SAFETENSORS = 1,
-    FERRY_FORMAT_SAFETENSORS_INDEX = 2 /* a sharded checkpoint's *.index.json */
+    FERRY_FORMAT_SAFETENSORS_INDEX = 2, /* a sharded checkpoint's *.index.json */
+    FERRY_FORMAT_GGUF = 3,              /* GGUF v2/v3 (llama.cpp, quantized diffusion models) */
+    FERRY_FORMAT_PYTORCH = 4            /* torch.save zip checkpoint (.pt, .pth, .ckpt, .bin) */
 } ferry_format;
 
 /* Name of a format ("safetensors", "safetensors-index"). Thread-safe. */
@@ -189,7 +191,14 @@ typedef struct ferry_tensor_info {
     uint64_t nbytes;       /* byte size of the data */
     uint64_t offset;       /* absolute byte offset of the data in its file */
     int32_t shard;         /* which file holds it (ferry_file_shard_path) */
+    const int64_t *strides; /* ndim element strides, or NULL when contiguous (row-major) */
+    uint32_t flags;        /* FERRY_TENSOR_* */
 } ferry_tensor_info;
+
+/* ferry_tensor_info.flags */
+#define FERRY_TENSOR_NONCONTIGUOUS 0x1u /* strides are not row-major: nbytes spans the elements'
+                                           extent in the storage, not numel x size */
+#define FERRY_TENSOR_SHARED_STORAGE 0x2u /* another tensor views the same storage (PyTorch) */
 
 /* Tensors are numbered 0..count-1 in the order their data lies in the file(s)
  * (shard by shard). Returns 0, or FERRY_E_INVAL when i is out of range. */

@@ -25,6 +25,8 @@ FERRY_API const char *ferry_format_name(ferry_format fmt)
     switch (fmt) {
     case FERRY_FORMAT_SAFETENSORS: return "safetensors";
     case FERRY_FORMAT_SAFETENSORS_INDEX: return "safetensors-index";
+    case FERRY_FORMAT_GGUF: return "gguf";
+    case FERRY_FORMAT_PYTORCH: return "pytorch";
     default: return "unknown";
     }
 }
@@ -35,8 +37,9 @@ static bool ends_with(const char *s, const char *suffix)
     return a >= b && strcmp(s + a - b, suffix) == 0;
 }
 
-/* Open, parse and map one safetensors file into sh and tb. */
-static int open_st(ferry_ctx *ctx, const char *path, int32_t idx, shard *sh, fy_table *tb)
+/* Open, parse and map one checkpoint file into sh and tb; *fmt says which
+ * format it was (safetensors unless GGUF or PyTorch zip magic is found). */
+static int open_st(ferry_ctx *ctx, const char *path, int32_t idx, shard *sh, fy_table *tb, ferry_format *fmt)
 {
     uint8_t prefix[8] = {0};
     uint64_t hlen = 0;
@@ -45,11 +48,21 @@ static int open_st(ferry_ctx *ctx, const char *path, int32_t idx, shard *sh, fy_
     if (sh->size >= 8) {
         int rc = fy_pread_full(sh->fd, prefix, 8, 0);
         if (rc < 0) return fy_seterr(err, rc, "%s: reading the header: %s", path, ferry_strerror(rc));
-        if (memcmp(prefix, "GGUF", 4) == 0)
-            return fy_seterr(err, FERRY_E_UNSUPPORTED, "%s: GGUF files are not supported yet", path);
-        if (memcmp(prefix, "PK\x03\x04", 4) == 0)
+        int (*parse)(const char *, const uint8_t *, uint64_t, fy_table *, fy_err *) = NULL;
+        if (memcmp(prefix, "GGUF", 4) == 0) parse = fy_gguf_parse, *fmt = FERRY_FORMAT_GGUF;
+        else if (memcmp(prefix, "PK\x03\x04", 4) == 0) parse = fy_pt_parse, *fmt = FERRY_FORMAT_PYTORCH;
+        else if (prefix[0] == 0x80 && prefix[1] <= 5 && prefix[2] == 0x8a)
             return fy_seterr(err, FERRY_E_UNSUPPORTED,
-                             "%s: PyTorch zip checkpoints are not supported yet (convert to safetensors)", path);
+                             "%s: a legacy (pre-1.6, non-zip) PyTorch checkpoint: not supported; re-save it with "
+                             "torch.save in a current PyTorch", path);
+        if (parse) {
+            /* these formats are parsed from the mapping: only the header pages are touched */
+            rc = fy_map_ro(sh->fd, sh->size, &sh->map);
+            if (rc < 0) return fy_seterr(err, rc, "%s: mmap: %s", path, ferry_strerror(rc));
+            rc = parse(path, sh->map, sh->size, tb, err);
+            for (int64_t i = 0; rc == 0 && i < tb->n; i++) tb->t[i].shard = idx;
+            return rc;
+        }
     }
     int rc = fy_st_header_len(prefix, sh->size, path, &hlen, err);
     if (rc < 0) {
@@ -187,14 +200,18 @@ static int open_index(ferry_file *f, const char *path)
         if (!f->shards[s].path) { rc = fy_seterr(err, -ENOMEM, "out of memory"); goto out; }
         fy_table part;
         fy_table_init(&part, &ctx->mem);
-        rc = open_st(ctx, f->shards[s].path, s, &f->shards[s], &part);
+        ferry_format sf = FERRY_FORMAT_SAFETENSORS;
+        rc = open_st(ctx, f->shards[s].path, s, &f->shards[s], &part, &sf);
+        if (rc == 0 && sf != FERRY_FORMAT_SAFETENSORS)
+            rc = fy_seterr(err, FERRY_E_CORRUPT, "%s: shard %s is %s, not safetensors", path, f->shards[s].path,
+                           ferry_format_name(sf));
         if (rc < 0) {
             fy_table_free(&part);
             goto out;
         }
         for (int64_t k = 0; k < part.n && rc == 0; k++) {
             rc = fy_table_push(&f->tb, &part.t[k]);
-            if (rc == 0) part.t[k].name = NULL, part.t[k].shape = NULL;
+            if (rc == 0) part.t[k].name = NULL, part.t[k].shape = NULL, part.t[k].strides = NULL;
         }
         fy_table_free(&part);
         if (rc < 0) { fy_seterr(err, rc, "out of memory"); goto out; }
@@ -229,7 +246,7 @@ FERRY_API int ferry_file_open(ferry_ctx *ctx, const char *path, uint32_t flags, 
             f->nshards = 1;
             f->shards[0].fd = -1;
             f->shards[0].path = fy_strndup(&ctx->mem, path, strlen(path));
-            rc = f->shards[0].path ? open_st(ctx, path, 0, &f->shards[0], &f->tb)
+            rc = f->shards[0].path ? open_st(ctx, path, 0, &f->shards[0], &f->tb, &f->fmt)
                                    : fy_seterr(&ctx->err, -ENOMEM, "out of memory");
             if (rc == 0) rc = build_name_index(f);
         }
@@ -290,6 +307,8 @@ FERRY_API int ferry_file_tensor_info(const ferry_file *f, int64_t i, ferry_tenso
     out->nbytes = t->nbytes;
     out->offset = t->offset;
     out->shard = t->shard;
+    out->strides = t->strides;
+    out->flags = t->flags;
     return 0;
 }
 

@@ -17,6 +17,8 @@ typedef struct fy_tensor {
     uint64_t offset; /* absolute, in its file */
     uint64_t nbytes;
     int32_t shard;
+    int64_t *strides; /* NULL: contiguous; else ndim element strides (owned) */
+    uint32_t flags;   /* FERRY_TENSOR_* */
 } fy_tensor;
 
 typedef struct fy_table {
@@ -66,5 +68,21 @@ typedef struct fy_index {
 int fy_index_parse(const char *name, const uint8_t *buf, size_t n, fy_index *ix, fy_table *meta,
                    fy_err *err);
 void fy_index_free(fy_index *ix);
+
+/* GGUF v2/v3. buf holds the whole file (a read-only mapping: only the header
+ * is touched). Tensors get absolute offsets; metadata key/values become string
+ * metadata (strings as they are, numbers and booleans as text, arrays as
+ * "[TYPE x N]" unless they are short). Errors: FERRY_E_CORRUPT, FERRY_E_LIMIT,
+ * FERRY_E_UNSUPPORTED (other versions), -ENOMEM. On failure tb is empty. */
+int fy_gguf_parse(const char *name, const uint8_t *buf, uint64_t size, fy_table *tb, fy_err *err);
+
+/* PyTorch zip checkpoint (torch.save since 1.6). buf holds the whole file (a
+ * read-only mapping). A restricted unpickler that executes nothing builds the
+ * tensor table: tensors are views of stored (uncompressed) zip entries with
+ * absolute offsets; nested dicts give dotted names; strides are kept when not
+ * row-major (flags FERRY_TENSOR_NONCONTIGUOUS). Errors: FERRY_E_CORRUPT,
+ * FERRY_E_UNSUPPORTED (compressed entries, legacy format, a global outside the
+ * allowed set: the message names it), -ENOMEM. On failure tb is empty. */
+int fy_pt_parse(const char *name, const uint8_t *buf, uint64_t size, fy_table *tb, fy_err *err);
 
 #endif /* FERRY_FORMAT_H */

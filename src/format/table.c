@@ -75,6 +75,7 @@ void fy_table_free(fy_table *tb)
     for (int64_t i = 0; i < tb->n; i++) {
         fy_free(tb->mem, tb->t[i].name);
         fy_free(tb->mem, tb->t[i].shape);
+        fy_free(tb->mem, tb->t[i].strides);
     }
     fy_free(tb->mem, tb->t);
     for (int64_t i = 0; i < tb->nmeta; i++) {

@@ -1,0 +1,8 @@
+/* gguf.c - GGUF reader (placeholder until the reader lands). */
+#include "format.h"
+
+int fy_gguf_parse(const char *name, const uint8_t *buf, uint64_t size, fy_table *tb, fy_err *err)
+{
+    (void)buf, (void)size, (void)tb;
+    return fy_seterr(err, FERRY_E_UNSUPPORTED, "%s: GGUF files are not supported yet", name);
+}
