@@ -221,6 +221,18 @@ FERRY_API int ferry_file_tensor_read(const ferry_file *f, int64_t i, uint64_t of
  * garbage, over 2^64-1). Thread-safe. */
 FERRY_API int ferry_parse_size(const char *s, uint64_t *out);
 
+/* Write f as a safetensors file at out_path, streaming (one 8 MiB buffer).
+ * The data section starts at a multiple of align (a power of two up to 1 MiB;
+ * 0 = 8) because the header is padded with spaces, and tensors whose size is a
+ * multiple of align come first so that each of them starts aligned too. Strided
+ * tensors are written contiguous. f's string metadata becomes __metadata__.
+ * The file is written beside out_path and renamed into place once complete and
+ * synced: out_path is never left half-written. Errors: FERRY_E_UNSUPPORTED (a
+ * dtype safetensors lacks, e.g. GGUF Q4_K), FERRY_E_INVAL, -errno of a failed
+ * write (e.g. -ENOSPC). progress as in ferry_file_hash. */
+FERRY_API int ferry_file_convert(ferry_ctx *ctx, const ferry_file *f, const char *out_path, uint64_t align,
+                                 void (*progress)(void *opaque, uint64_t done, uint64_t total), void *opaque);
+
 /* ---- hashing ----------------------------------------------------------- */
 
 /* XXH3-64 (seed 0) of every tensor's bytes, into per_tensor[count] (may be NULL),

@@ -43,4 +43,10 @@ if [ ! -f "$JANSSON_DIR/CMakeLists.txt" ]; then
     rm -rf "$JANSSON_DIR"
     mv "$tmp/src" "$JANSSON_DIR"
 fi
+# The reference safetensors package (and numpy), for the convert cross-check;
+# small wheels from PyPI. Tests that need it say so and check less without it.
+if ! python3 -c "import safetensors, numpy" 2>/dev/null; then
+    python3 -m pip install --quiet --disable-pip-version-check safetensors numpy 2>/dev/null ||
+        echo "deps: could not install safetensors/numpy from PyPI; the convert test will check less"
+fi
 echo "deps: ready"

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""`ferry convert` on every valid golden checkpoint: the output must open, hold
+the same tensors (equal model hash: names, dtypes, shapes and bytes), start
+its data section at the alignment, and put every tensor whose size is a
+multiple of the alignment at an aligned offset. With the reference
+`safetensors` package installed, it must load the output with identical bytes.
+
+    run_convert.py FERRY GOLDEN_DIR
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+
+def ferry(*args):
+    return subprocess.run([sys.argv[1], *args], capture_output=True, text=True, timeout=120)
+
+
+def main():
+    golden = sys.argv[2]
+    with open(os.path.join(golden, "manifest.json")) as f:
+        cases = json.load(f)["cases"]
+    try:
+        from safetensors import safe_open  # noqa: F401
+        have_ref = True
+    except ImportError:
+        have_ref = False
+    passed = failed = 0
+    checked = [0]
+    out_dir = tempfile.mkdtemp(prefix="ferry-convert-")
+    for c in (c for c in cases if c.get("valid")):
+        src = os.path.join(golden, c["file"])
+        for align in (8, 4096):
+            out = os.path.join(out_dir, "out.safetensors")
+            r = ferry("convert", "--force", "--align", str(align), src, out)
+            problems = []
+            if r.returncode != 0:
+                problems.append(f"convert exit {r.returncode}: {r.stderr.strip()}")
+            else:
+                h1 = json.loads(ferry("hash", "--json", src).stdout)["model"]
+                h2 = json.loads(ferry("hash", "--json", out).stdout)["model"]
+                if h1 != h2:
+                    problems.append(f"model hash {h1} != {h2}")
+                with open(out, "rb") as f:
+                    n = struct.unpack("<Q", f.read(8))[0]
+                if (8 + n) % align:
+                    problems.append(f"data starts at {8 + n}, not a multiple of {align}")
+                info = json.loads(ferry("inspect", "--json", out).stdout)
+                for t in info["tensors"]:
+                    if t["nbytes"] % align == 0 and t["offset"] % align:
+                        problems.append(f"{t['name']}: {t['nbytes']} bytes at unaligned offset {t['offset']}")
+                        break
+                if have_ref and not problems:
+                    from safetensors import safe_open
+                    with safe_open(out, framework="numpy") as sf:
+                        keys = set(sf.keys())
+                        if keys != {t["name"] for t in info["tensors"]}:
+                            problems.append("the safetensors package sees other tensor names")
+                        for t in info["tensors"][:200]:
+                            try:
+                                ref = sf.get_tensor(t["name"]).tobytes()
+                            except Exception:  # dtypes numpy lacks (BF16, F8, F4...): names only
+                                continue
+                            mine = subprocess.run([sys.argv[1], "cat", "--", out, t["name"]], capture_output=True,
+                                                  timeout=60).stdout
+                            if ref != mine:
+                                problems.append(f"{t['name']}: bytes differ from the safetensors package's")
+                                break
+                            checked[0] += 1
+            if problems:
+                failed += 1
+                print(f"FAIL {c['file']} --align {align}: {'; '.join(problems)}")
+            else:
+                passed += 1
+    if have_ref:
+        print(f"{checked[0]} tensors compared byte for byte with the safetensors package")
+    else:
+        print("the safetensors package is not installed: names and bytes checked through ferry only")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
