@@ -986,8 +986,9 @@ FERRY_API int ferry_device_copy_rate(ferry_device *d, uint64_t bytes, double *ht
     if (rc == 0) memset(h, 0x5A, chunk);
     for (int dir = 0; dir < 2 && rc == 0; dir++) {
         /* one untimed copy per stream first: the first copy pays for setup */
-        for (int k = 0; k < 2 && rc == 0; k++)
-            rc = dir == 0 ? g->ops->copy_htod(g, dp, h, chunk / 2, s[k]) : g->ops->copy_dtoh(g, h, dp, chunk / 2, s[k]);
+        for (int k = 0; k < 2 && rc == 0; k++) /* each stream its own half: no two copies write one byte */
+            rc = dir == 0 ? g->ops->copy_htod(g, dp + (fy_dptr)(k * (chunk / 2)), (char *)h + k * (chunk / 2), chunk / 2, s[k])
+                          : g->ops->copy_dtoh(g, (char *)h + k * (chunk / 2), dp + (fy_dptr)(k * (chunk / 2)), chunk / 2, s[k]);
         for (int k = 0; k < 2 && rc == 0; k++) rc = g->ops->stream_sync(g, s[k]);
         double t0 = now_s();
         uint64_t moved = 0;
