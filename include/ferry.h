@@ -124,13 +124,52 @@ typedef enum ferry_dtype {
     FERRY_DTYPE_F6_E2M3,
     FERRY_DTYPE_F6_E3M2,
     FERRY_DTYPE_F4,
+    /* ggml's block-quantized types (GGUF files): elements come in blocks of a
+     * fixed byte size along the innermost dimension (ferry_dtype_block) */
+    FERRY_DTYPE_Q4_0,
+    FERRY_DTYPE_Q4_1,
+    FERRY_DTYPE_Q5_0,
+    FERRY_DTYPE_Q5_1,
+    FERRY_DTYPE_Q8_0,
+    FERRY_DTYPE_Q8_1,
+    FERRY_DTYPE_Q2_K,
+    FERRY_DTYPE_Q3_K,
+    FERRY_DTYPE_Q4_K,
+    FERRY_DTYPE_Q5_K,
+    FERRY_DTYPE_Q6_K,
+    FERRY_DTYPE_Q8_K,
+    FERRY_DTYPE_IQ2_XXS,
+    FERRY_DTYPE_IQ2_XS,
+    FERRY_DTYPE_IQ3_XXS,
+    FERRY_DTYPE_IQ1_S,
+    FERRY_DTYPE_IQ4_NL,
+    FERRY_DTYPE_IQ3_S,
+    FERRY_DTYPE_IQ2_S,
+    FERRY_DTYPE_IQ4_XS,
+    FERRY_DTYPE_IQ1_M,
+    FERRY_DTYPE_TQ1_0,
+    FERRY_DTYPE_TQ2_0,
+    FERRY_DTYPE_MXFP4,
+    FERRY_DTYPE_NVFP4,
+    FERRY_DTYPE_Q1_0,
+    FERRY_DTYPE_Q2_0,
     FERRY_DTYPE_COUNT
 } ferry_dtype;
 
-/* The dtype's name as safetensors spells it ("BF16"), or "INVALID". Thread-safe. */
+/* The dtype's name as safetensors spells it ("BF16"), as ggml does for its
+ * block-quantized types ("Q4_K", "IQ2_XXS"), or "INVALID". Thread-safe. */
 FERRY_API const char *ferry_dtype_name(ferry_dtype dt);
-/* Bits per element (4 for F4, 6 for F6_*), 0 for an invalid dtype. Thread-safe. */
+/* Bits per element (4 for F4, 6 for F6_*); 0 for an invalid dtype and for the
+ * block-quantized types, whose elements are not a whole number of bits each
+ * (Q4_0: 18 bytes per 32 elements): see ferry_dtype_block(). Thread-safe. */
 FERRY_API int ferry_dtype_bits(ferry_dtype dt);
+/* The smallest group of elements that fills whole bytes: *block_elems elements
+ * take *block_bytes bytes (F32: 1 and 4; F4: 2 and 1; F6_E2M3: 4 and 3; Q4_0:
+ * 32 and 18; Q4_K: 256 and 144). A tensor's byte size is nelem / block_elems *
+ * block_bytes, and for the block-quantized types each row (the innermost
+ * dimension) holds whole blocks. Either pointer may be NULL. Returns 0, or
+ * FERRY_E_INVAL for an invalid dtype. Thread-safe. */
+FERRY_API int ferry_dtype_block(ferry_dtype dt, int *block_elems, int *block_bytes);
 
 /* ---- files (checkpoints) ----------------------------------------------- */
 
@@ -147,17 +186,34 @@ typedef enum ferry_format {
 /* Name of a format ("safetensors", "safetensors-index"). Thread-safe. */
 FERRY_API const char *ferry_format_name(ferry_format fmt);
 
-/* Open a checkpoint: a .safetensors file, or a sharded checkpoint's
+/* Open a checkpoint: a .safetensors file, a GGUF file (versions 2 and 3,
+ * little-endian; known by its "GGUF" magic whatever its name; tensors report
+ * their shape outermost-first, i.e. GGUF's ne reversed, and ggml's
+ * block-quantized types as FERRY_DTYPE_Q4_K etc.), or a sharded checkpoint's
  * *.safetensors.index.json whose weight_map names the shard files (resolved
  * relative to the index's folder). The header is read and validated
  * completely; each file is then mapped MAP_SHARED, PROT_READ. No tensor data is
  * read. flags must be 0 (reserved).
  *
+ * A PyTorch checkpoint (torch.save since 1.6: a zip archive, known by its
+ * "PK\3\4" magic) is read by a restricted unpickler that runs nothing: besides
+ * plain values, only tensors, storages, dtypes and OrderedDict are accepted,
+ * and any other global is refused (FERRY_E_UNSUPPORTED, naming it). Nested
+ * dicts, lists and tuples name the tensors with dots ("state_dict.layer.0.w",
+ * list items by index); other values (epoch, hyper-parameters) are skipped.
+ * Each tensor is a view into its storage's zip entry, which must be stored
+ * (not compressed); a view that is not row-major keeps its strides and flags
+ * FERRY_TENSOR_NONCONTIGUOUS, views of one storage flag
+ * FERRY_TENSOR_SHARED_STORAGE.
+ *
  * Returns 0 and a handle in *out, or a negative code with a message on ctx:
  * -errno for system errors (-ENOENT, -EACCES, ...), FERRY_E_CORRUPT for a file
  * that breaks the format, FERRY_E_FORMAT for a file that is not safetensors at
  * all (no JSON object after the 8-byte length), FERRY_E_LIMIT for a header over
- * 100 MB, FERRY_E_UNSUPPORTED for formats ferry does not read yet (GGUF, zip).
+ * 100 MB, FERRY_E_UNSUPPORTED for legacy (pre-1.6, non-zip) PyTorch files,
+ * compressed zip entries, refused pickle globals or opcodes (the message names
+ * them), and for GGUF versions other than 2 and 3, big-endian GGUF and ggml
+ * types ferry does not know (the message names the version or type number).
  * The handle is immutable: any number of threads may read it at once. It must
  * be closed before ctx is freed. */
 FERRY_API int ferry_file_open(ferry_ctx *ctx, const char *path, uint32_t flags,
@@ -176,7 +232,11 @@ FERRY_API int ferry_file_shard_count(const ferry_file *f);
 FERRY_API const char *ferry_file_shard_path(const ferry_file *f, int i);
 
 /* Metadata: string -> string pairs (safetensors `__metadata__`, or the index's
- * `metadata`, whose non-string values are given as their JSON text).
+ * `metadata`, whose non-string values are given as their JSON text, or GGUF's
+ * key/values as text: strings as they are, integers in decimal, booleans as
+ * true/false, floats with the fewest digits that read back the same (NaN,
+ * Infinity, -Infinity), arrays of up to 16 items as compact JSON, longer ones
+ * as "[TYPE x N]", e.g. "[STRING x 151936]" for a vocabulary).
  * Pointers stay valid while f is open. Returns 0, or FERRY_E_INVAL if i is out
  * of range. */
 FERRY_API int64_t ferry_file_metadata_count(const ferry_file *f);

@@ -49,4 +49,20 @@ if ! python3 -c "import safetensors, numpy" 2>/dev/null; then
     python3 -m pip install --quiet --disable-pip-version-check safetensors numpy 2>/dev/null ||
         echo "deps: could not install safetensors/numpy from PyPI; the convert test will check less"
 fi
+# The reference gguf package (llama.cpp's gguf-py, pure Python, needs numpy), for
+# the GGUF cross-check (ctest gguf_crosscheck skips itself without it).
+if ! python3 -c "import gguf, numpy" 2>/dev/null; then
+    python3 -m pip install --quiet --disable-pip-version-check gguf numpy 2>/dev/null ||
+        echo "deps: could not install gguf/numpy from PyPI; the GGUF cross-check will be skipped"
+fi
+# Real torch, for the PyTorch cross-check (ctest pytorch_crosscheck re-runs itself
+# under /usr/bin/python3 and skips itself without it). Debian's python3-torch
+# (1.13, CPU only): about 35 s on this machine, from Debian's mirror like the
+# rest. PyPI's torch wheel is not used: on Linux it pulls ~2.5 GB of CUDA
+# libraries. Optional: a failure here only skips that test.
+if [ "$(dpkg-query -W -f='${Status}' python3-torch 2>/dev/null)" != "install ok installed" ]; then
+    echo "deps: installing python3-torch (for the PyTorch cross-check)"
+    { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends python3-torch >/dev/null; } ||
+        echo "deps: could not install python3-torch; the PyTorch cross-check will be skipped"
+fi
 echo "deps: ready"

@@ -29,12 +29,23 @@ typedef struct conv_order {
     uint64_t align;
 } conv_order;
 
+/* Bytes a tensor takes in the output: a strided view (PyTorch) is gathered
+ * into numel x element size, not copied as its span in the storage. */
+static uint64_t out_bytes(const fy_tensor *t)
+{
+    uint64_t numel = 1, nb = t->nbytes;
+    if (!t->strides) return nb;
+    for (int32_t d = 0; d < t->ndim; d++) numel *= (uint64_t)t->shape[d];
+    fy_dtype_nbytes(t->dtype, numel, &nb);
+    return nb;
+}
+
 static int cmp_conv(const void *a, const void *b, void *arg)
 {
     const conv_order *c = arg;
     int64_t i = *(const int64_t *)a, j = *(const int64_t *)b;
     const fy_tensor *x = &c->f->tb.t[i], *y = &c->f->tb.t[j];
-    bool ax = x->nbytes % c->align == 0, ay = y->nbytes % c->align == 0;
+    bool ax = out_bytes(x) % c->align == 0, ay = out_bytes(y) % c->align == 0;
     if (ax != ay) return ax ? -1 : 1; /* whole multiples first: they all start aligned */
     return i < j ? -1 : i > j;        /* otherwise the source's order */
 }
@@ -120,17 +131,12 @@ FERRY_API int ferry_file_convert(ferry_ctx *ctx, const ferry_file *f, const char
     /* the header: __metadata__ (the source's string metadata), then the tensors */
     for (int64_t i = 0; i < f->tb.nmeta; i++) json_object_set_new(meta, f->tb.meta_k[i], json_string(f->tb.meta_v[i]));
     if (json_object_size(meta)) json_object_set(hdr, "__metadata__", meta);
-    uint64_t pos = 0, numel;
+    uint64_t pos = 0;
     for (size_t k = 0; k < n; k++) {
         const fy_tensor *t = &f->tb.t[order[k]];
-        numel = 1;
         json_t *shape = json_array();
-        for (int32_t d = 0; d < t->ndim; d++) {
-            json_array_append_new(shape, json_integer(t->shape[d]));
-            numel *= (uint64_t)t->shape[d];
-        }
-        uint64_t nb = t->nbytes;
-        if (t->strides) fy_dtype_nbytes(t->dtype, numel, &nb); /* gathered: numel x size */
+        for (int32_t d = 0; d < t->ndim; d++) json_array_append_new(shape, json_integer(t->shape[d]));
+        uint64_t nb = out_bytes(t); /* gathered: numel x size */
         json_t *e = json_pack("{s:s,s:o,s:[I,I]}", "dtype", ferry_dtype_name(t->dtype), "shape", shape, "data_offsets",
                               (json_int_t)pos, (json_int_t)(pos + nb));
         if (e && (json_object_get(hdr, t->name) || strcmp(t->name, "__metadata__") == 0)) {

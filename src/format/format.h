@@ -35,10 +35,12 @@ void fy_table_free(fy_table *tb);
 int fy_table_push(fy_table *tb, const fy_tensor *t);
 int fy_table_push_meta(fy_table *tb, const char *k, size_t klen, const char *v, size_t vlen);
 
-/* dtype by safetensors name, FERRY_DTYPE_INVALID if unknown. */
+/* dtype by safetensors name (none of ggml's block types), FERRY_DTYPE_INVALID
+ * if unknown. */
 ferry_dtype fy_dtype_parse(const char *name);
-/* Byte size of nelem elements; false on overflow or a sub-byte count that is
- * not a whole number of bytes (*bits gets the bit count when it fits). */
+/* Byte size of nelem elements; false on overflow or when nelem is not a whole
+ * number of the dtype's blocks (ferry_dtype_block: 2 F4 elements per byte, 32
+ * Q4_0 elements per 18 bytes). */
 bool fy_dtype_nbytes(ferry_dtype dt, uint64_t nelem, uint64_t *nbytes);
 
 /* safetensors. `name` prefixes every message ("model.safetensors: ...").
@@ -69,20 +71,29 @@ int fy_index_parse(const char *name, const uint8_t *buf, size_t n, fy_index *ix,
                    fy_err *err);
 void fy_index_free(fy_index *ix);
 
-/* GGUF v2/v3. buf holds the whole file (a read-only mapping: only the header
- * is touched). Tensors get absolute offsets; metadata key/values become string
- * metadata (strings as they are, numbers and booleans as text, arrays as
- * "[TYPE x N]" unless they are short). Errors: FERRY_E_CORRUPT, FERRY_E_LIMIT,
- * FERRY_E_UNSUPPORTED (other versions), -ENOMEM. On failure tb is empty. */
+/* GGUF v2/v3, little-endian. buf holds the whole file (a read-only mapping:
+ * only the header is touched). Tensors go into tb in file order with absolute
+ * offsets, the shape outermost-first (GGUF's ne reversed), strides NULL, flags
+ * 0; metadata key/values become string metadata (strings as they are, numbers
+ * and booleans as text, arrays of up to 16 items as compact JSON, longer ones
+ * as "[TYPE x N]"). Errors: FERRY_E_CORRUPT, FERRY_E_LIMIT (arrays nested
+ * deeper than 32), FERRY_E_UNSUPPORTED (other versions, big-endian files,
+ * unknown ggml types), -ENOMEM. On failure tb is empty. */
 int fy_gguf_parse(const char *name, const uint8_t *buf, uint64_t size, fy_table *tb, fy_err *err);
 
 /* PyTorch zip checkpoint (torch.save since 1.6). buf holds the whole file (a
- * read-only mapping). A restricted unpickler that executes nothing builds the
- * tensor table: tensors are views of stored (uncompressed) zip entries with
- * absolute offsets; nested dicts give dotted names; strides are kept when not
- * row-major (flags FERRY_TENSOR_NONCONTIGUOUS). Errors: FERRY_E_CORRUPT,
- * FERRY_E_UNSUPPORTED (compressed entries, legacy format, a global outside the
- * allowed set: the message names it), -ENOMEM. On failure tb is empty. */
+ * read-only mapping; the directory, local headers and data.pkl are touched,
+ * no tensor data). A restricted unpickler that executes nothing (pickle.h)
+ * builds the tensor table from <archive>/data.pkl: tensors are views of the
+ * stored (uncompressed) entries <archive>/data/<key> (zip.h) with absolute
+ * offsets, checked to lie inside them; nested dicts give dotted names, lists
+ * and tuples indices; strides are kept when not row-major (flags
+ * FERRY_TENSOR_NONCONTIGUOUS, nbytes = the span from the first to one past the
+ * last element); views of one storage get FERRY_TENSOR_SHARED_STORAGE. The
+ * table is in offset order (ties: the order the pickle names them); no
+ * metadata. Errors: FERRY_E_CORRUPT, FERRY_E_UNSUPPORTED (compressed entries,
+ * big-endian data, a global, opcode or call outside the allowed set: the
+ * message names it), FERRY_E_LIMIT, -ENOMEM. On failure tb is empty. */
 int fy_pt_parse(const char *name, const uint8_t *buf, uint64_t size, fy_table *tb, fy_err *err);
 
 #endif /* FERRY_FORMAT_H */

@@ -4,33 +4,67 @@
 #include <errno.h>
 #include <string.h>
 
+/* Every dtype as the smallest group of elements that fills whole bytes:
+ * `block` elements take `bytes` bytes. safetensors' dtypes are whole bytes per
+ * element except F4 (2 in a byte) and F6_* (4 in 3 bytes); ggml's quantized
+ * types are blocks of 32 to 256 elements (sizes from ggml-common.h's block_*
+ * structs). `st` marks the dtypes safetensors may name. */
 static const struct {
     const char *name;
-    int bits;
+    int bits; /* per element; 0 when not a whole number */
+    int block, bytes;
+    bool st;
 } dtypes[FERRY_DTYPE_COUNT] = {
-    [FERRY_DTYPE_INVALID] = {"INVALID", 0},
-    [FERRY_DTYPE_BOOL] = {"BOOL", 8},
-    [FERRY_DTYPE_U8] = {"U8", 8},
-    [FERRY_DTYPE_I8] = {"I8", 8},
-    [FERRY_DTYPE_U16] = {"U16", 16},
-    [FERRY_DTYPE_I16] = {"I16", 16},
-    [FERRY_DTYPE_U32] = {"U32", 32},
-    [FERRY_DTYPE_I32] = {"I32", 32},
-    [FERRY_DTYPE_U64] = {"U64", 64},
-    [FERRY_DTYPE_I64] = {"I64", 64},
-    [FERRY_DTYPE_F16] = {"F16", 16},
-    [FERRY_DTYPE_BF16] = {"BF16", 16},
-    [FERRY_DTYPE_F32] = {"F32", 32},
-    [FERRY_DTYPE_F64] = {"F64", 64},
-    [FERRY_DTYPE_C64] = {"C64", 64},
-    [FERRY_DTYPE_F8_E4M3] = {"F8_E4M3", 8},
-    [FERRY_DTYPE_F8_E5M2] = {"F8_E5M2", 8},
-    [FERRY_DTYPE_F8_E4M3FNUZ] = {"F8_E4M3FNUZ", 8},
-    [FERRY_DTYPE_F8_E5M2FNUZ] = {"F8_E5M2FNUZ", 8},
-    [FERRY_DTYPE_F8_E8M0] = {"F8_E8M0", 8},
-    [FERRY_DTYPE_F6_E2M3] = {"F6_E2M3", 6},
-    [FERRY_DTYPE_F6_E3M2] = {"F6_E3M2", 6},
-    [FERRY_DTYPE_F4] = {"F4", 4},
+    [FERRY_DTYPE_INVALID] = {"INVALID", 0, 0, 0, false},
+    [FERRY_DTYPE_BOOL] = {"BOOL", 8, 1, 1, true},
+    [FERRY_DTYPE_U8] = {"U8", 8, 1, 1, true},
+    [FERRY_DTYPE_I8] = {"I8", 8, 1, 1, true},
+    [FERRY_DTYPE_U16] = {"U16", 16, 1, 2, true},
+    [FERRY_DTYPE_I16] = {"I16", 16, 1, 2, true},
+    [FERRY_DTYPE_U32] = {"U32", 32, 1, 4, true},
+    [FERRY_DTYPE_I32] = {"I32", 32, 1, 4, true},
+    [FERRY_DTYPE_U64] = {"U64", 64, 1, 8, true},
+    [FERRY_DTYPE_I64] = {"I64", 64, 1, 8, true},
+    [FERRY_DTYPE_F16] = {"F16", 16, 1, 2, true},
+    [FERRY_DTYPE_BF16] = {"BF16", 16, 1, 2, true},
+    [FERRY_DTYPE_F32] = {"F32", 32, 1, 4, true},
+    [FERRY_DTYPE_F64] = {"F64", 64, 1, 8, true},
+    [FERRY_DTYPE_C64] = {"C64", 64, 1, 8, true},
+    [FERRY_DTYPE_F8_E4M3] = {"F8_E4M3", 8, 1, 1, true},
+    [FERRY_DTYPE_F8_E5M2] = {"F8_E5M2", 8, 1, 1, true},
+    [FERRY_DTYPE_F8_E4M3FNUZ] = {"F8_E4M3FNUZ", 8, 1, 1, true},
+    [FERRY_DTYPE_F8_E5M2FNUZ] = {"F8_E5M2FNUZ", 8, 1, 1, true},
+    [FERRY_DTYPE_F8_E8M0] = {"F8_E8M0", 8, 1, 1, true},
+    [FERRY_DTYPE_F6_E2M3] = {"F6_E2M3", 6, 4, 3, true},
+    [FERRY_DTYPE_F6_E3M2] = {"F6_E3M2", 6, 4, 3, true},
+    [FERRY_DTYPE_F4] = {"F4", 4, 2, 1, true},
+    [FERRY_DTYPE_Q4_0] = {"Q4_0", 0, 32, 18, false},
+    [FERRY_DTYPE_Q4_1] = {"Q4_1", 0, 32, 20, false},
+    [FERRY_DTYPE_Q5_0] = {"Q5_0", 0, 32, 22, false},
+    [FERRY_DTYPE_Q5_1] = {"Q5_1", 0, 32, 24, false},
+    [FERRY_DTYPE_Q8_0] = {"Q8_0", 0, 32, 34, false},
+    [FERRY_DTYPE_Q8_1] = {"Q8_1", 0, 32, 36, false},
+    [FERRY_DTYPE_Q2_K] = {"Q2_K", 0, 256, 84, false},
+    [FERRY_DTYPE_Q3_K] = {"Q3_K", 0, 256, 110, false},
+    [FERRY_DTYPE_Q4_K] = {"Q4_K", 0, 256, 144, false},
+    [FERRY_DTYPE_Q5_K] = {"Q5_K", 0, 256, 176, false},
+    [FERRY_DTYPE_Q6_K] = {"Q6_K", 0, 256, 210, false},
+    [FERRY_DTYPE_Q8_K] = {"Q8_K", 0, 256, 292, false},
+    [FERRY_DTYPE_IQ2_XXS] = {"IQ2_XXS", 0, 256, 66, false},
+    [FERRY_DTYPE_IQ2_XS] = {"IQ2_XS", 0, 256, 74, false},
+    [FERRY_DTYPE_IQ3_XXS] = {"IQ3_XXS", 0, 256, 98, false},
+    [FERRY_DTYPE_IQ1_S] = {"IQ1_S", 0, 256, 50, false},
+    [FERRY_DTYPE_IQ4_NL] = {"IQ4_NL", 0, 32, 18, false},
+    [FERRY_DTYPE_IQ3_S] = {"IQ3_S", 0, 256, 110, false},
+    [FERRY_DTYPE_IQ2_S] = {"IQ2_S", 0, 256, 82, false},
+    [FERRY_DTYPE_IQ4_XS] = {"IQ4_XS", 0, 256, 136, false},
+    [FERRY_DTYPE_IQ1_M] = {"IQ1_M", 0, 256, 56, false},
+    [FERRY_DTYPE_TQ1_0] = {"TQ1_0", 0, 256, 54, false},
+    [FERRY_DTYPE_TQ2_0] = {"TQ2_0", 0, 256, 66, false},
+    [FERRY_DTYPE_MXFP4] = {"MXFP4", 0, 32, 17, false},
+    [FERRY_DTYPE_NVFP4] = {"NVFP4", 0, 64, 36, false},
+    [FERRY_DTYPE_Q1_0] = {"Q1_0", 0, 128, 18, false},
+    [FERRY_DTYPE_Q2_0] = {"Q2_0", 0, 64, 18, false},
 };
 
 FERRY_API const char *ferry_dtype_name(ferry_dtype dt)
@@ -45,23 +79,28 @@ FERRY_API int ferry_dtype_bits(ferry_dtype dt)
     return dtypes[dt].bits;
 }
 
+FERRY_API int ferry_dtype_block(ferry_dtype dt, int *block_elems, int *block_bytes)
+{
+    if ((unsigned)dt >= FERRY_DTYPE_COUNT || dt == FERRY_DTYPE_INVALID) return FERRY_E_INVAL;
+    if (block_elems) *block_elems = dtypes[dt].block;
+    if (block_bytes) *block_bytes = dtypes[dt].bytes;
+    return 0;
+}
+
 ferry_dtype fy_dtype_parse(const char *name)
 {
     for (int i = 1; i < FERRY_DTYPE_COUNT; i++)
-        if (strcmp(dtypes[i].name, name) == 0) return (ferry_dtype)i;
+        if (dtypes[i].st && strcmp(dtypes[i].name, name) == 0) return (ferry_dtype)i;
     return FERRY_DTYPE_INVALID;
 }
 
 bool fy_dtype_nbytes(ferry_dtype dt, uint64_t nelem, uint64_t *nbytes)
 {
-    /* b bits per element: elements come in groups of 8/g that fill b/g whole
-     * bytes (g = gcd(b, 8)), so no intermediate count of bits can overflow. */
-    uint64_t b = (uint64_t)ferry_dtype_bits(dt);
-    if (b == 0) return false;
-    uint64_t g = b % 8 == 0 ? 8 : b % 4 == 0 ? 4 : b % 2 == 0 ? 2 : 1;
-    uint64_t per = 8 / g;
+    /* whole blocks only; no intermediate product larger than the result */
+    if ((unsigned)dt >= FERRY_DTYPE_COUNT || dtypes[dt].block == 0) return false;
+    uint64_t per = (uint64_t)dtypes[dt].block;
     if (nelem % per) return false;
-    return !fy_mul_ovf(nelem / per, b / g, nbytes);
+    return !fy_mul_ovf(nelem / per, (uint64_t)dtypes[dt].bytes, nbytes);
 }
 
 void fy_table_init(fy_table *tb, const ferry_allocator *mem)

@@ -10,6 +10,12 @@ writes into OUTDIR:
     pretty-printed headers, JSON order != data order, thousands of tensors, the
     1024-dimension limit, a tensor bigger than ferry's I/O chunks) and sharded
     checkpoints (*.safetensors.index.json + shards);
+  * valid GGUF files (v3 and v2, every ggml tensor type including the
+    block-quantized ones, metadata of every value type including nested and
+    huge arrays, custom alignments, padding gaps, tensor infos out of data
+    order, no tensors at all), written with gguf_writer.py;
+  * PyTorch zip checkpoints built by hand with ptwriter.py (no torch): valid
+    ones and one invalid file per class of damage (golden_pt.py);
   * invalid files, one per corruption class, each with a substring that ferry's
     one-line error message must contain;
   * manifest.json describing every case:
@@ -19,10 +25,12 @@ writes into OUTDIR:
        "valid": bool, "exit": 0 or 1, "expect": substring or null,
        "msg_path": path (relative to OUTDIR) the message must contain; defaults to file,
        -- valid cases only --
-       "format": "safetensors" | "safetensors-index",
+       "format": "safetensors" | "safetensors-index" | "gguf" | "pytorch",
        "metadata": {str: str}, "tensor_count": n, "total_bytes": n,
        "files": [shard paths relative to the checkpoint's folder, in shard order],
        "tensors": [{"name", "dtype", "shape", "nbytes", "offset", "file", "sha256"}]
+                  (pytorch adds "strides": null or element strides, and
+                  "flags": ["noncontiguous", "shared_storage"] or fewer)
                   (in ferry's order: by data position, shard by shard; "file" is
                   the shard path relative to the checkpoint's folder, "" for a
                   single-file checkpoint),
@@ -43,6 +51,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import stwriter  # noqa: E402
+import gguf_writer as gw  # noqa: E402
+import golden_pt  # noqa: E402
 
 ALL_DTYPES = list(stwriter.DTYPE_BITS)
 BYTE_DTYPES = [d for d in ALL_DTYPES if stwriter.DTYPE_BITS[d] % 8 == 0]
@@ -387,10 +397,12 @@ class Gen:
                   full[:8 + len(hdr) // 2])
         self.blob("bad/truncated_data.safetensors", "truncated in the data", "run past the end of the data",
                   full[:-3])
-        self.blob("bad/gguf.safetensors", "a GGUF file", "GGUF files are not supported",
-                  b"GGUF\x03\0\0\0" + b"\0" * 16)
-        self.blob("bad/zip.safetensors", "a PyTorch zip", "PyTorch zip checkpoints are not supported",
-                  b"PK\x03\x04" + b"\0" * 60)
+        # A GGUF file is read as GGUF whatever its name says (routing by magic).
+        with open(self.path("bad/gguf.safetensors"), "wb") as f:
+            f.write(gw.pack_header(3, 0, 0))
+        self.valid("bad/gguf.safetensors", "a GGUF file named .safetensors (read as GGUF)", [], fmt="gguf")
+        self.blob("bad/zip.safetensors", "zip magic then zeros (read as a PyTorch zip)",
+                  "no zip end of central directory record", b"PK\x03\x04" + b"\0" * 60)
 
         # First byte, encoding, JSON syntax.
         R("bad/array_header.safetensors", "header is a JSON array", "does not start with '{'", b"[]")
@@ -661,6 +673,284 @@ class Gen:
            {"weight_map": {"w0": "/no\nsuch"}})
         self.invalid(d + "no_such.safetensors.index.json", "index: missing index file", "No such file")
 
+    # ---- GGUF --------------------------------------------------------------
+
+    def gguf_t(self, name, tname, shape):
+        return (name, tname, list(shape), self.data(gw.nbytes(tname, shape)))
+
+    def gguf_file(self, rel, cls, tensors, kvs=(), **kw):
+        """Write a valid GGUF file and its case; kw goes to gguf_writer.write
+        (version, alignment, info_order, gaps) or to the case (cat_sample, same_model_as)."""
+        wkw = {k: kw.pop(k) for k in ("version", "alignment", "info_order", "gaps") if k in kw}
+        exp = gw.write(self.path(rel), tensors, kvs, **wkw)
+        # ferry's order: by offset, then size, then the tensor infos' order
+        pos = {k: i for i, k in enumerate(wkw.get("info_order") or range(len(tensors)))}
+        idx = sorted(range(len(exp)), key=lambda k: (exp[k]["offset"], exp[k]["nbytes"], pos[k]))
+        out = []
+        for k in idx:
+            e = dict(exp[k])
+            e["sha256"] = hashlib.sha256(e.pop("data")).hexdigest()
+            e["file"] = ""
+            out.append(e)
+        md = {key: gw.value_text(vt, v) for key, vt, v in kvs}
+        if "alignment" in wkw:
+            md["general.alignment"] = str(wkw["alignment"])
+        self.valid(rel, cls, out, md, fmt="gguf", **kw)
+
+    def gen_gguf(self):
+        S, A = gw.STRING, gw.ARRAY
+        arch = [("general.architecture", S, "llama"), ("general.quantization_version", gw.UINT32, 2)]
+
+        # Every ggml type ferry knows, 2-D, plus 1-D, 3-D and 4-D shapes.
+        ts = []
+        for tname, (_, block, _) in gw.GGML_TYPES.items():
+            ts.append(self.gguf_t(f"t.{tname.lower()}", tname, [2, 2 * block] if block > 1 else [3, 2]))
+        ts += [self.gguf_t("v.q4_k.1d", "Q4_K", [512]), self.gguf_t("v.q8_0.3d", "Q8_0", [2, 3, 64]),
+               self.gguf_t("v.f16.4d", "F16", [2, 1, 3, 4]), self.gguf_t("v.mxfp4.4d", "MXFP4", [1, 2, 2, 32])]
+        self.gguf_file("gguf/types.gguf", "GGUF: every ggml type (random block bytes)", ts, arch)
+        ts = [self.gguf_t("a", "F32", [4, 4]), self.gguf_t("b", "Q6_K", [256]), self.gguf_t("c", "I32", [7])]
+        self.gguf_file("gguf/v2.gguf", "GGUF version 2", ts, arch, version=2)
+
+        # Metadata of every value type: limits, floats that print shortest,
+        # strings with escapes, arrays short (shown) and long (summarised), nested.
+        tokens = [f"tok{i}" if i % 5 else f"<0x{i & 0xFF:02X}>" for i in range(30000)]
+        kvs = [
+            ("u8", gw.UINT8, 255), ("i8", gw.INT8, -128), ("u16", gw.UINT16, 65535), ("i16", gw.INT16, -32768),
+            ("u32", gw.UINT32, 4294967295), ("i32", gw.INT32, -2147483648),
+            ("u64", gw.UINT64, (1 << 64) - 1), ("i64", gw.INT64, -(1 << 63)), ("u64.zero", gw.UINT64, 0),
+            ("f32.tenth", gw.FLOAT32, 0.1), ("f32.eps", gw.FLOAT32, 1e-5), ("f32.neg0", gw.FLOAT32, -0.0),
+            ("f32.max", gw.FLOAT32, 3.4028234663852886e38), ("f32.tiny", gw.FLOAT32, 1.401298464324817e-45),
+            ("f32.int", gw.FLOAT32, 10000.0), ("f32.big", gw.FLOAT32, 1e10), ("f32.rope", gw.FLOAT32, 500000.0),
+            ("f32.nan", gw.FLOAT32, float("nan")), ("f32.inf", gw.FLOAT32, float("inf")),
+            ("f32.ninf", gw.FLOAT32, float("-inf")),
+            ("f64.third", gw.FLOAT64, 1 / 3), ("f64.big", gw.FLOAT64, 1e300), ("f64.min", gw.FLOAT64, 5e-324),
+            ("f64.neg", gw.FLOAT64, -2.5), ("f64.nan", gw.FLOAT64, float("nan")),
+            ("bool.t", gw.BOOL, True), ("bool.f", gw.BOOL, False),
+            ("str.empty", S, ""), ("str.unicode", S, "名前 🙂 ñ"),
+            ("tokenizer.chat_template", S, "{% for m in messages %}\n\t{{ m['content'] }}\"\\{% endfor %}"),
+            ("arr.empty", A, (gw.UINT8, [])), ("arr.u8", A, (gw.UINT8, [1, 2, 3])),
+            ("arr.i32.16", A, (gw.INT32, list(range(-8, 8)))), ("arr.i32.17", A, (gw.INT32, list(range(17)))),
+            ("arr.f32", A, (gw.FLOAT32, [0.5, -1.25, 1e-6, float("inf")])),
+            ("arr.f64", A, (gw.FLOAT64, [0.1, 2.0])),
+            ("arr.bool", A, (gw.BOOL, [True, False, True])),
+            ("arr.u64", A, (gw.UINT64, [0, (1 << 64) - 1])), ("arr.i8", A, (gw.INT8, [-1, 127])),
+            ("arr.str", A, (S, ["a", "", 'q"b\\s', "nl\ntab\t", "\x01\x1f\x7f", "名前", "🙂"])),
+            ("arr.nested", A, (A, [(gw.INT32, [1, 2]), (gw.INT32, [3]), (S, ["x"]), (gw.UINT8, [])])),
+            ("arr.nested.big", A, (A, [(gw.INT16, [1]), (gw.INT16, list(range(100)))])),
+            ("arr.arrays", A, (A, [(gw.UINT8, [i]) for i in range(20)])),
+            ("arr.deep", A, (A, [(A, [(A, [(A, [(A, [(gw.BOOL, [True])])])])])])),
+            ("tokenizer.ggml.tokens", A, (S, tokens)),
+            ("tokenizer.ggml.scores", A, (gw.FLOAT32, [float(-i) for i in range(30000)])),
+            ("tokenizer.ggml.token_type", A, (gw.INT32, [1] * 30000)),
+            ("tokenizer.ggml.bools", A, (gw.BOOL, [False, True] * 100)),
+        ]
+        # Random bit patterns: the shortest round-trip text must agree digit for digit.
+        for i in range(64):
+            f32 = struct.unpack("<f", self.rng.randbytes(4))[0]
+            f64 = struct.unpack("<d", self.rng.randbytes(8))[0]
+            if i % 4 == 0:  # typical magnitudes too
+                f32 = struct.unpack("<f", struct.pack("<f", self.rng.uniform(-10, 10)))[0]
+                f64 = self.rng.uniform(-1e6, 1e6) * 10 ** self.rng.randint(-20, 20)
+            kvs += [(f"rand.f32.{i}", gw.FLOAT32, f32), (f"rand.f64.{i}", gw.FLOAT64, f64)]
+        ts = [self.gguf_t("token_embd.weight", "Q4_K", [4, 256]), self.gguf_t("output_norm.weight", "F32", [256])]
+        self.gguf_file("gguf/metadata.gguf", "GGUF: metadata of every value type, nested and huge arrays", ts,
+                       arch + kvs)
+
+        # Alignment: custom, 1 (no padding at all), large.
+        for a in (64, 1, 4096):
+            ts = [self.gguf_t("x", "F32", [3]), self.gguf_t("y", "Q8_0", [32]), self.gguf_t("z", "I8", [5])]
+            self.gguf_file(f"gguf/align_{a}.gguf", f"GGUF: general.alignment = {a}", ts, arch, alignment=a)
+
+        # No tensors: metadata only; nothing at all.
+        self.gguf_file("gguf/no_tensors.gguf", "GGUF: metadata, no tensors", [], arch)
+        self.gguf_file("gguf/empty.gguf", "GGUF: no metadata, no tensors (24 bytes)", [])
+
+        # Tensor infos listed out of data order, extra padding gaps, empty
+        # tensors (sharing an offset with the next one), a scalar (n_dims 0).
+        ts = [self.gguf_t("e.first", "F32", [0]), self.gguf_t("a", "F32", [3, 5]), self.gguf_t("e.mid", "Q4_0", [0, 32]),
+              self.gguf_t("s.scalar", "F32", []), self.gguf_t("b", "Q2_K", [1, 256]), self.gguf_t("e.zero0", "Q4_K", [3, 0]),
+              self.gguf_t("c", "BF16", [9]), self.gguf_t("e.last", "I64", [0])]
+        self.gguf_file("gguf/order.gguf", "GGUF: infos out of data order, gaps, empty tensors, a scalar", ts, arch,
+                       info_order=[6, 2, 7, 0, 4, 1, 5, 3], gaps=[0, 2, 0, 1, 0, 0, 3, 0])
+
+        # Odd tensor names: unicode, exactly 64 bytes, empty, a leading dash.
+        names = ["模型.层.0.权重", "emoji.🙂", "n" * 64, "", "-dash", "tab\tnl\n", "quote'\"\\"]
+        ts = [self.gguf_t(n, "F16", [i + 1]) for i, n in enumerate(names)]
+        self.gguf_file("gguf/names.gguf", "GGUF: odd tensor names", ts, arch, info_order=[3, 1, 0, 6, 5, 2, 4])
+
+        # Many tiny tensors, listed shuffled.
+        ts = [self.gguf_t(f"blk.{i // 10}.p{i % 10}", self.rng.choice(["F32", "F16", "Q8_0", "I8"]),
+                          [self.rng.choice([0, 1, 2]), 32]) for i in range(2000)]
+        order = list(range(len(ts)))
+        self.rng.shuffle(order)
+        sample = [ts[0][0], ts[-1][0]] + [t[0] for t in self.rng.sample(ts, 30)]
+        self.gguf_file("gguf/many.gguf", "GGUF: 2000 tiny tensors", ts, arch, info_order=order,
+                       cat_sample=list(dict.fromkeys(sample)))
+
+        # The same tensors as a safetensors file: the model hash must agree.
+        ts = [self.gguf_t(f"w.{d.lower()}", d, [3, 4]) for d in ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64")]
+        self.gguf_file("gguf/same.gguf", "GGUF: the same tensors as a safetensors file", ts, arch,
+                       same_model_as="gguf/same.safetensors")
+        self.valid("gguf/same.safetensors", "safetensors: the same tensors as a GGUF file",
+                   self.st_file("gguf/same.safetensors", list(reversed(ts))), same_model_as="gguf/same.gguf")
+
+    def gen_invalid_gguf(self):
+        H, KV, TI, S = gw.pack_header, gw.pack_kv, gw.pack_tensor_info, gw.pack_string
+        T = gw.GGML_TYPES
+        d = "gguf_bad/"
+
+        def bad(name, cls, expect, content):
+            self.blob(d + name + ".gguf", cls, expect, content)
+
+        def pad(head, align=32):
+            return head + bytes(gw.align_up(len(head), align) - len(head))
+
+        def one(ne, tname="F32", offset=0, name="t", data=None, kvs=(), align=32):
+            """one tensor info (ne innermost-first) and its data (zeros by default)"""
+            head = H(3, 1, len(kvs)) + b"".join(KV(*kv) for kv in kvs) + TI(name, ne, T[tname][0], offset)
+            return pad(head, align) + (data if data is not None else bytes(64))
+
+        kv_ok = KV("general.architecture", gw.STRING, "llama")
+        # The header.
+        bad("v1", "GGUF version 1", "GGUF version 1 is not supported", b"GGUF" + struct.pack("<II", 1, 0) + bytes(8))
+        bad("v4", "GGUF version 4", "GGUF version 4 is not supported", H(4, 0, 0))
+        bad("v0", "GGUF version 0", "GGUF version 0 is not supported", H(0, 0, 0))
+        bad("v_huge", "GGUF version 0xdeadbeef", "GGUF version 3735928559 is not supported", H(0xDEADBEEF, 0, 0))
+        bad("big_endian", "a big-endian GGUF v3 file", "big-endian",
+            b"GGUF" + struct.pack(">IQQ", 3, 0, 1) + struct.pack(">Q", 1) + b"k" + struct.pack(">II", 4, 7))
+        bad("big_endian_v2", "a big-endian GGUF v2 file", "big-endian", b"GGUF" + struct.pack(">IQQ", 2, 0, 0))
+        bad("short", "12-byte file", "too short for the 24-byte GGUF header", H(3, 0, 0)[:12])
+        bad("short23", "23-byte file", "too short for the 24-byte GGUF header", H(3, 0, 0)[:23])
+        bad("kv_count_huge", "metadata_kv_count 2^40", "metadata_kv_count 1099511627776 is impossible",
+            H(3, 0, 1 << 40) + kv_ok)
+        bad("kv_count_max", "metadata_kv_count 2^64-1", "is impossible", H(3, 0, (1 << 64) - 1))
+        bad("tensor_count_huge", "tensor_count 10^6", "tensor_count 1000000 is impossible",
+            H(3, 10 ** 6, 0) + bytes(100))
+        bad("tensor_count_max", "tensor_count 2^64-1", "tensor_count 18446744073709551615 is impossible",
+            H(3, (1 << 64) - 1, 1) + kv_ok)
+        bad("kv_count_lie", "2 key/values announced, 1 there", "metadata key 'x': the value type at offset",
+            H(3, 0, 2) + kv_ok + S("x") + b"\0\0")
+        # Key/values.
+        bad("key_past_end", "key length past the end", "the key of 1000 bytes at offset 32 runs past the end",
+            H(3, 0, 1) + struct.pack("<Q", 1000) + b"abcdefgh")
+        bad("value_past_end", "a UINT64 value cut short", "metadata key 'k': a UINT64 value at offset 37 runs past",
+            H(3, 0, 1) + S("k") + struct.pack("<I", gw.UINT64) + bytes(4))
+        bad("string_past_end", "a STRING value past the end", "a STRING value of 4096 bytes",
+            H(3, 0, 1) + S("k") + struct.pack("<IQ", gw.STRING, 4096) + b"abc")
+        bad("vtype_unknown", "value type 13", "metadata key 'k': unknown value type 13",
+            H(3, 0, 1) + S("k") + struct.pack("<I", 13) + bytes(8))
+        bad("vtype_huge", "value type 2^32-1", "unknown value type 4294967295",
+            H(3, 0, 1) + S("k") + struct.pack("<I", 0xFFFFFFFF) + bytes(8))
+        bad("array_etype_unknown", "array of element type 99", "has unknown element type 99",
+            H(3, 0, 1) + S("k") + struct.pack("<IIQ", gw.ARRAY, 99, 1) + bytes(8))
+        bad("array_count_huge", "array of 2^40 strings", "needs at least 8 bytes per item",
+            H(3, 0, 1) + S("k") + struct.pack("<IIQ", gw.ARRAY, gw.STRING, 1 << 40) + S("x"))
+        bad("array_count_max_u32", "array of 2^64-1 UINT32", "needs at least 4 bytes per item",
+            H(3, 0, 1) + S("k") + struct.pack("<IIQ", gw.ARRAY, gw.UINT32, (1 << 64) - 1) + bytes(8))
+        bad("array_string_past_end", "a string in an array runs past the end", "a STRING value of 999 bytes",
+            H(3, 0, 1) + S("k") + struct.pack("<IIQ", gw.ARRAY, gw.STRING, 2) + S("a") + struct.pack("<Q", 999) + b"x")
+        bad("bool_2", "BOOL value 2", "BOOL value 2 at offset 37 is neither 0 nor 1",
+            H(3, 0, 1) + S("k") + struct.pack("<IB", gw.BOOL, 2) + bytes(8))
+        bad("bool_in_array", "BOOL 255 in an array of 1000", "BOOL value 255",
+            H(3, 0, 1) + S("k") + struct.pack("<IIQ", gw.ARRAY, gw.BOOL, 1000) + bytes(500) + b"\xff" + bytes(499))
+        deep = struct.pack("<IQ", gw.ARRAY, 1) * 40 + struct.pack("<IQ", gw.UINT8, 0)
+        bad("array_deep", "arrays nested 40 deep", "nested deeper than 32 levels",
+            H(3, 0, 1) + S("k") + struct.pack("<I", gw.ARRAY) + deep)
+        bad("key_utf8", "key with byte 0xff", "the key is not valid UTF-8 (byte 0xff",
+            H(3, 0, 1) + S(b"a\xffb") + struct.pack("<IB", gw.UINT8, 1))
+        bad("key_surrogate", "key with an encoded surrogate", "the key is not valid UTF-8",
+            H(3, 0, 1) + S(b"a\xed\xa0\x80") + struct.pack("<IB", gw.UINT8, 1))
+        bad("key_nul", "key with a NUL byte", "the key holds a NUL byte",
+            H(3, 0, 1) + S(b"a\0b") + struct.pack("<IB", gw.UINT8, 1))
+        bad("key_empty", "empty key", "metadata key/value 1 of 1: the key is empty",
+            H(3, 0, 1) + S("") + struct.pack("<IB", gw.UINT8, 1) + bytes(4))
+        bad("key_too_long", "key of 65536 bytes", "the key is 65536 bytes long (GGUF allows at most 65535)",
+            H(3, 0, 1) + S("k" * 65536) + struct.pack("<IB", gw.UINT8, 1))
+        bad("value_utf8", "STRING value with byte 0xc0", "metadata key 'k': the STRING value is not valid UTF-8",
+            H(3, 0, 1) + KV("k", gw.STRING, b"ab\xc0\xafc"))
+        bad("value_nul", "STRING value with a NUL byte", "the STRING value holds a NUL byte",
+            H(3, 0, 1) + KV("k", gw.STRING, b"ab\0c"))
+        bad("dup_key", "a key twice", "metadata key 'general.architecture' appears twice (key/values 1 and 3)",
+            H(3, 0, 3) + kv_ok + KV("x", gw.UINT8, 1) + kv_ok)
+        bad("align_zero", "general.alignment 0", "the alignment 0 is not a power of two",
+            H(3, 0, 1) + KV("general.alignment", gw.UINT32, 0))
+        bad("align_48", "general.alignment 48", "the alignment 48 is not a power of two",
+            H(3, 0, 1) + KV("general.alignment", gw.UINT32, 48))
+        bad("align_u64", "general.alignment as UINT64", "the alignment must be a UINT32, not UINT64",
+            H(3, 0, 1) + KV("general.alignment", gw.UINT64, 64))
+        bad("align_string", "general.alignment as STRING", "the alignment must be a UINT32, not STRING",
+            H(3, 0, 1) + KV("general.alignment", gw.STRING, "32"))
+        bad("key_newline_error", "error on a key holding a newline", "metadata key 'a\\x0ab\\x1b[2J': unknown value type",
+            H(3, 0, 1) + S("a\nb\x1b[2J") + struct.pack("<I", 77) + bytes(8))
+        # Tensor infos.
+        bad("name_65", "a 65-byte tensor name", "tensor info 1 of 1: the name is 65 bytes long (GGUF allows at most 64)",
+            H(3, 1, 0) + TI("n" * 65, [4], 0, 0) + bytes(64))
+        bad("name_utf8", "tensor name with byte 0x80", "the name is not valid UTF-8",
+            H(3, 1, 0) + TI(b"w\x80", [4], 0, 0) + bytes(64))
+        bad("name_nul", "tensor name with a NUL byte", "the name holds a NUL byte",
+            H(3, 1, 0) + TI(b"w\0x", [4], 0, 0) + bytes(64))
+        bad("dup_name", "a tensor name twice", "tensor 'w' is listed twice (tensor infos 1 and 2)",
+            pad(H(3, 2, 0) + TI("w", [4], 0, 0) + TI("w", [4], 0, 32)) + bytes(64))
+        bad("n_dims_5", "n_dims 5", "tensor 'w': n_dims is 5 (GGUF allows at most 4)",
+            H(3, 1, 0) + TI("w", [1, 1, 1, 1, 1], 0, 0) + bytes(64))
+        bad("n_dims_huge", "n_dims 2^32-1", "n_dims is 4294967295",
+            H(3, 1, 0) + S("w") + struct.pack("<I", 0xFFFFFFFF) + bytes(64))
+        bad("dim_negative", "ne[1] = 2^63", "ne[1] = 9223372036854775808 is negative",
+            H(3, 1, 0) + TI("w", [4, 1 << 63], 0, 0) + bytes(64))
+        bad("type_unknown", "ggml type 99", "tensor 'w': ggml type 99 is not one ferry knows",
+            H(3, 1, 0) + S("w") + struct.pack("<IQIQ", 1, 4, 99, 0) + bytes(64))
+        bad("type_43", "ggml type 43 (past Q2_0)", "ggml type 43 is not one ferry knows",
+            H(3, 1, 0) + S("w") + struct.pack("<IQIQ", 1, 4, 43, 0) + bytes(64))
+        bad("type_q4_2", "ggml type 4 (Q4_2, removed)", "ggml type 4 (Q4_2) was removed from GGUF files",
+            H(3, 1, 0) + S("w") + struct.pack("<IQIQ", 1, 32, 4, 0) + bytes(64))
+        bad("type_q4_0_4_4", "ggml type 31 (Q4_0_4_4, removed)", "(Q4_0_4_4) was removed",
+            H(3, 1, 0) + S("w") + struct.pack("<IQIQ", 1, 32, 31, 0) + bytes(64))
+        bad("block_q4_0", "Q4_0 with ne[0] = 33", "ne[0] = 33 is not a multiple of the Q4_0 block (32 elements)",
+            one([33, 2], "Q4_0"))
+        bad("block_q4_k", "Q4_K with ne[0] = 32", "ne[0] = 32 is not a multiple of the Q4_K block (256 elements)",
+            one([32, 8], "Q4_K", data=bytes(200)))
+        bad("block_scalar", "a Q8_0 scalar (n_dims 0)", "ne [] of Q8_0: ne[0] = 1 is not a multiple", one([], "Q8_0"))
+        bad("block_inner_only", "Q4_0 with ne = [2, 32] (rows of 2)", "ne[0] = 2 is not a multiple",
+            one([2, 32], "Q4_0"))
+        bad("elements_overflow", "2^32 x 2^32 x 2 I8 elements", "has more than 2^64 elements",
+            one([1 << 32, 1 << 32, 2], "I8"))
+        bad("bytes_overflow", "2^62 F64 elements", "of F64 overflows 64-bit byte size", one([1 << 62], "F64"))
+        bad("bytes_overflow_q", "31 x 2^59 Q8_0 elements", "of Q8_0 overflows 64-bit byte size",
+            one([1 << 59, 31], "Q8_0"))
+        bad("offset_unaligned", "offset 8 with alignment 32", "tensor 't': offset 8 is not a multiple of the alignment (32)",
+            one([4], offset=8))
+        bad("offset_unaligned_64", "offset 32 with alignment 64", "offset 32 is not a multiple of the alignment (64)",
+            one([4], offset=32, kvs=[("general.alignment", gw.UINT32, 64)], align=64))
+        bad("past_end", "data past the end of the file", "run past the end of the file", one([32], data=bytes(100)))
+        bad("past_end_offset", "offset past the end of the file", "run past the end of the file",
+            one([4], offset=1 << 20))
+        bad("offset_overflow", "offset 2^64-32", "run past the end of the file", one([4], offset=(1 << 64) - 32))
+        bad("past_end_empty", "an empty tensor beyond the end", "run past the end of the file",
+            one([0], offset=4096))
+        bad("no_padding", "data section missing (file ends at the header)", "run past the end of the file",
+            (H(3, 1, 0) + TI("w", [1], 0, 0)))
+        two = H(3, 2, 0) + TI("a", [16], 0, 0) + TI("b", [16], 0, 32)
+        bad("overlap", "two tensors overlapping", "tensor 'b': bytes [32, 96) of the data section overlap tensor 'a' [0, 64)",
+            pad(two) + bytes(128))
+        same = H(3, 2, 0) + TI("a", [8], 0, 0) + TI("b", [8], 0, 0)
+        bad("overlap_same", "two tensors at one offset", "overlap tensor", pad(same) + bytes(64))
+        inside = H(3, 3, 0) + TI("big", [64], 0, 0) + TI("e", [0], 0, 64) + TI("in", [8], 0, 128)
+        bad("overlap_inside", "a tensor inside another (an empty one between is fine)", "tensor 'in': bytes [128, 160) "
+            "of the data section overlap tensor 'big' [0, 256)", pad(inside) + bytes(256))
+        bad("name_newline_error", "error on a tensor name holding a newline", "tensor 'evil\\x0aname': offset 1",
+            one([4], offset=1, name="evil\nname"))
+        # A valid file cut short.
+        full = gw.pack_header(3, 1, 1) + kv_ok + TI("w", [64], T["Q8_0"][0], 0)
+        full = pad(full) + bytes(34 * 2)
+        bad("truncated_data", "cut in the data", "run past the end of the file", full[:-1])
+        cut = len(gw.pack_header(3, 1, 1) + kv_ok) + 5
+        bad("truncated_infos", "cut at the start of the tensor infos",
+            "tensor info 1 of 1: the length of the name at offset 69 runs past the end of the file", full[:cut])
+        bad("truncated_infos2", "cut in a tensor info", "tensor 'w': the type and offset at offset",
+            full[:cut + 25])
+        bad("truncated_kv", "cut in a key/value", "runs past the end of the file",
+            (gw.pack_header(3, 0, 1) + kv_ok)[:-2])
+
 
 def main(argv):
     if len(argv) != 2 or argv[1].startswith("-"):
@@ -680,6 +970,9 @@ def main(argv):
     g.gen_valid()
     g.gen_invalid()
     g.gen_invalid_index()
+    g.gen_gguf()
+    g.gen_invalid_gguf()
+    golden_pt.gen(g)
     files = [c["file"] for c in g.cases]
     assert len(set(files)) == len(files), "two cases share a file"
     with open(os.path.join(out, "manifest.json"), "w", encoding="utf-8") as f:

@@ -5,10 +5,12 @@
 #
 # BUILD_DIR is a build configured with
 #     CC=clang cmake -S . -B BUILD_DIR -G Ninja -DFERRY_FUZZ=ON -DFERRY_SANITIZE=ON
-# and built (ninja -C BUILD_DIR fuzz_safetensors fuzz_index). TARGETs default to
-# "safetensors index". Each fuzzer starts fresh from a copy of its seed corpus
-# (tests/fuzz/corpus/TARGET, in a temporary folder) plus tests/fuzz/crashes, with
-# tests/fuzz/safetensors.dict, and runs for SECONDS. Exits 1 if any fuzzer found
+# and built (ninja -C BUILD_DIR fuzz_safetensors fuzz_index fuzz_gguf fuzz_zip
+# fuzz_pickle). TARGETs default to "safetensors index gguf zip pickle". Each
+# fuzzer starts fresh from a copy of its seed corpus (tests/fuzz/corpus/TARGET,
+# in a temporary folder) plus
+# tests/fuzz/crashes, with tests/fuzz/TARGET.dict (safetensors.dict when there is
+# none), and runs for SECONDS. Exits 1 if any fuzzer found
 # a crash, leak, timeout or out-of-memory; the reproducer is left in
 # tests/fuzz/{crash,leak,timeout,oom}-* (replay it with
 # BUILD_DIR/tests/fuzz/fuzz_TARGET FILE). Exits 2 on a usage or setup error.
@@ -25,7 +27,7 @@ fi
 build=$1
 secs=$2
 shift 2
-targets=${*:-safetensors index}
+targets=${*:-safetensors index gguf zip pickle}
 case $secs in '' | *[!0-9]*) echo "$0: SECONDS must be a whole number" >&2; exit 2 ;; esac
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -56,11 +58,13 @@ for t in $targets; do
     nseed=$(find "$corpus" -type f | wc -l)
     artifacts >"$work/before"
     log=$work/$t.log
+    dict=$here/$t.dict
+    [ -f "$dict" ] || dict=$here/safetensors.dict
     echo "run_fuzz: fuzz_$t for ${secs}s from $nseed seeds + $here/crashes (log: $log)"
     # The first corpus folder gets the new inputs; crashes/ is only read.
     # shellcheck disable=SC2086
     "$bin" "$corpus" "$here/crashes" \
-        -dict="$here/safetensors.dict" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
+        -dict="$dict" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
         -max_total_time="$secs" -print_final_stats=1 -artifact_prefix="$here/" \
         ${FERRY_FUZZ_ARGS:-} >"$log" 2>&1
     rc=$?

@@ -1,18 +1,25 @@
 #!/usr/bin/env python3
 """`ferry convert` on every valid golden checkpoint: the output must open, hold
-the same tensors (equal model hash: names, dtypes, shapes and bytes), start
+the same tensors (equal model hash: names, dtypes, shapes and bytes; for
+PyTorch's strided views, whose source hash covers their span in the storage,
+each tensor's bytes are its elements gathered in row-major order), start
 its data section at the alignment, and put every tensor whose size is a
 multiple of the alignment at an aligned offset. With the reference
 `safetensors` package installed, it must load the output with identical bytes.
 
     run_convert.py FERRY GOLDEN_DIR
 """
+import hashlib
 import json
 import os
 import struct
 import subprocess
 import sys
 import tempfile
+
+# dtypes a safetensors file can hold (GGUF's block-quantized ones it cannot)
+ST_DTYPES = {"BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64", "F16", "BF16", "F32", "F64", "C64",
+             "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4"}
 
 
 def ferry(*args):
@@ -37,12 +44,26 @@ def main():
             out = os.path.join(out_dir, "out.safetensors")
             r = ferry("convert", "--force", "--align", str(align), src, out)
             problems = []
-            if r.returncode != 0:
+            no_st = sorted({t["dtype"] for t in c["tensors"]} - ST_DTYPES)
+            if no_st:  # GGUF's block-quantized types: refused, with a one-line reason
+                if r.returncode != 1 or "which safetensors has no dtype for" not in r.stderr:
+                    problems.append(f"{no_st[0]} tensors: convert exit {r.returncode} ({r.stderr.strip()}), "
+                                    "expected 1 with 'which safetensors has no dtype for'")
+            elif r.returncode != 0:
                 problems.append(f"convert exit {r.returncode}: {r.stderr.strip()}")
             else:
                 h1 = json.loads(ferry("hash", "--json", src).stdout)["model"]
                 h2 = json.loads(ferry("hash", "--json", out).stdout)["model"]
-                if h1 != h2:
+                if any("gathered_sha256" in t for t in c["tensors"]):
+                    # strided views (PyTorch): the source hashes each view's span in its
+                    # storage, the output its gathered elements; compare those bytes
+                    for t in c["tensors"]:
+                        got = subprocess.run([sys.argv[1], "cat", "--", out, t["name"]], capture_output=True,
+                                             timeout=60).stdout
+                        if hashlib.sha256(got).hexdigest() != t.get("gathered_sha256", t["sha256"]):
+                            problems.append(f"{t['name']}: converted bytes are not its elements in row-major order")
+                            break
+                elif h1 != h2:
                     problems.append(f"model hash {h1} != {h2}")
                 with open(out, "rb") as f:
                     n = struct.unpack("<Q", f.read(8))[0]

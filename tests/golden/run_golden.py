@@ -8,10 +8,11 @@ corpus there). Then, for each case of GOLDEN_DIR/manifest.json:
 
   valid:   `ferry inspect --json` exits 0 with nothing on stderr and reports the
            format, path, files, metadata, tensor_count, total_bytes and every
-           tensor's name, dtype, shape, nbytes, offset and file exactly;
-           `ferry inspect` (text) exits 0; `ferry cat FILE NAME` of every tensor
-           (or the case's cat_sample) exits 0 and writes the bytes whose sha256
-           the manifest gives; `ferry hash --json` exits 0 with one entry per
+           tensor's name, dtype, shape, nbytes, offset and file exactly (and,
+           where the manifest gives them, a strided view's "strides" and its
+           "flags"); `ferry inspect` (text) exits 0; `ferry cat FILE NAME` of
+           every tensor (or the case's cat_sample) exits 0 and writes the bytes
+           whose sha256 the manifest gives; `ferry hash --json` exits 0 with one entry per
            tensor, consistent with the data (equal bytes, equal checksums; empty
            tensors have XXH3's empty-input value) and, where the manifest says
            so, the same model hash as another layout of the same tensors.
@@ -116,6 +117,11 @@ class Runner:
             want = {"name": e["name"], "dtype": e["dtype"], "shape": e["shape"], "nbytes": e["nbytes"],
                     "offset": e["offset"], "file": tfile(e)}
             have = {k: g.get(k) for k in want}
+            # strided views (pytorch): "strides" only when not row-major, "flags" only when any
+            if "strides" in e or "strides" in g:
+                want["strides"], have["strides"] = e.get("strides"), g.get("strides")
+            if "flags" in e or "flags" in g:
+                want["flags"], have["flags"] = e.get("flags") or [], g.get("flags") or []
             if have != want:
                 bad += 1
                 if bad <= 5:

@@ -16,13 +16,17 @@ const cli_cmd cmd_inspect = {
     "byte offset in its file. Only the header is read, so this takes milliseconds\n"
     "even for checkpoints of tens of GB.\n"
     "\n"
-    "PATH is a .safetensors file or a sharded checkpoint's *.safetensors.index.json.\n"
+    "PATH is a .safetensors file, a sharded checkpoint's *.safetensors.index.json,\n"
+    "a GGUF file, or a PyTorch torch.save zip checkpoint (.pt, .pth, .ckpt, .bin).\n"
     "\n"
     "options:\n"
     "  --json      print one JSON object:\n"
     "              {\"format\", \"path\", \"metadata\": {...}, \"tensor_count\", \"total_bytes\",\n"
     "               \"files\": [...], \"tensors\": [{\"name\", \"dtype\", \"shape\", \"nbytes\",\n"
-    "               \"offset\", \"file\"}, ...]}  (tensors in file order)\n"
+    "               \"offset\", \"file\"}, ...]}  (tensors in file order); a strided view\n"
+    "              (PyTorch) adds \"strides\" (in elements) and \"flags\": [\"noncontiguous\"],\n"
+    "              its nbytes spanning first to last element; views of one storage\n"
+    "              add \"shared_storage\" to \"flags\"\n"
     "  -h, --help  show this help\n"
     "\n"
     "Exit status: 0 valid, 1 invalid or unreadable (message on stderr), 2 usage error.\n",
@@ -56,6 +60,17 @@ static int print_json(ferry_file *f, const char *path)
         json_object_set_new(t, "nbytes", json_integer((json_int_t)ti.nbytes));
         json_object_set_new(t, "offset", json_integer((json_int_t)ti.offset));
         json_object_set_new(t, "file", json_string(ferry_file_shard_path(f, ti.shard)));
+        if (ti.strides) {
+            json_t *st = json_array();
+            for (int d = 0; d < ti.ndim; d++) json_array_append_new(st, json_integer(ti.strides[d]));
+            json_object_set_new(t, "strides", st);
+        }
+        if (ti.flags) {
+            json_t *fl = json_array();
+            if (ti.flags & FERRY_TENSOR_NONCONTIGUOUS) json_array_append_new(fl, json_string("noncontiguous"));
+            if (ti.flags & FERRY_TENSOR_SHARED_STORAGE) json_array_append_new(fl, json_string("shared_storage"));
+            json_object_set_new(t, "flags", fl);
+        }
         json_array_append_new(ts, t);
     }
     json_object_set_new(o, "tensors", ts);
@@ -114,6 +129,11 @@ static void print_text(ferry_file *f, const char *path)
         printf("%-*s  %-11s  %-24s  %14" PRIu64 "  %14" PRIu64, (int)w, ti.name, ferry_dtype_name(ti.dtype), shape,
                ti.nbytes, ti.offset);
         if (ferry_file_shard_count(f) > 1) printf("  %s", ferry_file_shard_path(f, ti.shard));
+        if (ti.strides) { /* a strided view (PyTorch): BYTES is its span in the storage */
+            printf("  strides [");
+            for (int d = 0; d < ti.ndim && d < 16; d++) printf("%s%" PRId64, d ? ", " : "", ti.strides[d]);
+            printf("%s]", ti.ndim > 16 ? ", ..." : "");
+        }
         printf("\n");
     }
 }
