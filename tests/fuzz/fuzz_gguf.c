@@ -44,6 +44,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static const char *g_err_shown;
 
 #include "fuzz_alloc.h"
+#include "fuzz_check.h"
 
 #define NAME "fuzz.gguf"
 
@@ -74,25 +75,6 @@ static bool spec_block(ferry_dtype dt, uint64_t *block, uint64_t *bytes)
             return true;
         }
     return false;
-}
-
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-static void check_unique(char **s, int64_t n)
-{
-    if (n < 2) return;
-    char **c = malloc((size_t)n * sizeof *c);
-    CHECK(c != NULL);
-    memcpy(c, s, (size_t)n * sizeof *c);
-    qsort(c, (size_t)n, sizeof *c, cmp_str);
-    for (int64_t i = 1; i < n; i++) CHECK(strcmp(c[i - 1], c[i]) != 0);
-    free(c);
-}
-
-static void check_utf8(const char *s)
-{
-    CHECK(s != NULL);
-    CHECK(fy_utf8_valid(s, strlen(s), NULL));
 }
 
 static void check_success(const uint8_t *data, size_t size, const fy_table *tb)
@@ -160,19 +142,6 @@ static void check_success(const uint8_t *data, size_t size, const fy_table *tb)
     free(names);
 }
 
-static bool skip(const char *what)
-{
-    const char *e = getenv("FERRY_FUZZ_SKIP");
-    size_t n = strlen(what);
-    for (const char *p = e; p && *p;) {
-        const char *c = strchr(p, ',');
-        size_t len = c ? (size_t)(c - p) : strlen(p);
-        if (len == n && memcmp(p, what, n) == 0) return true;
-        p = c ? c + 1 : NULL;
-    }
-    return false;
-}
-
 static void check_failure(int rc, const fy_err *err, const fy_table *tb)
 {
     static int allow_newline = -1;
@@ -205,13 +174,6 @@ static int parse_once(const uint8_t *data, size_t size, bool strict_oom)
     CHECK(tb.n == 0 && tb.t == NULL && tb.nmeta == 0);
     fy_err_destroy(&err);
     return rc;
-}
-
-static uint64_t fnv1a(const uint8_t *p, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

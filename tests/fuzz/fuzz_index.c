@@ -42,30 +42,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static const char *g_err_shown;
 
 #include "fuzz_alloc.h"
+#include "fuzz_check.h"
 
 /* ---- checks ---- */
-
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-static void check_unique(char **s, int64_t n)
-{
-    if (n < 2) return;
-    char **c = malloc((size_t)n * sizeof *c);
-    CHECK(c != NULL);
-    memcpy(c, s, (size_t)n * sizeof *c);
-    qsort(c, (size_t)n, sizeof *c, cmp_str);
-    for (int64_t i = 1; i < n; i++) CHECK(strcmp(c[i - 1], c[i]) != 0);
-    free(c);
-}
-
-static void check_utf8(const char *s)
-{
-    CHECK(s != NULL);
-    CHECK(fy_utf8_valid(s, strlen(s), NULL));
-}
 
 /* Independent restatement of the rule: non-empty, relative, no ".." component. */
 static bool relpath_ok(const char *p)
@@ -120,28 +99,6 @@ static void check_success(const fy_index *ix, const fy_table *meta)
     check_unique(meta->meta_k, meta->nmeta);
 }
 
-/* FERRY_FUZZ_SKIP: comma-separated checks to leave out, to fuzz on past a
- * known bug: "newline" (one-line messages), "ferry-oom", "json-oom". */
-static bool skip(const char *what)
-{
-    const char *e = getenv("FERRY_FUZZ_SKIP");
-    size_t n = strlen(what);
-    for (const char *p = e; p && *p;) {
-        const char *c = strchr(p, ',');
-        size_t len = c ? (size_t)(c - p) : strlen(p);
-        if (len == n && memcmp(p, what, n) == 0) return true;
-        p = c ? c + 1 : NULL;
-    }
-    return false;
-}
-
-static bool allow_newline(void)
-{
-    static int v = -1;
-    if (v < 0) v = skip("newline");
-    return v;
-}
-
 static void check_failure(int rc, const fy_err *err, const fy_index *ix)
 {
     g_err_shown = err->msg;
@@ -176,13 +133,6 @@ static void parse_once(const uint8_t *data, size_t size, bool strict_oom)
     CHECK(ix.mem == &fz_mem && ix.n == 0 && ix.names == NULL);
     fy_table_free(&meta);
     fy_err_destroy(&err);
-}
-
-static uint64_t fnv1a(const uint8_t *p, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
