@@ -364,14 +364,9 @@ typedef struct hash_job {
     const ferry_file *f;
     int64_t *order; /* tensors, largest first, so threads finish together */
     atomic_llong next;
-    atomic_ullong done;
-    uint64_t total;
     uint64_t *out;
     atomic_int rc;
-    void (*progress)(void *, uint64_t, uint64_t);
-    void *opaque;
-    pthread_mutex_t plock;
-    uint64_t reported;
+    fy_progress prog;
 } hash_job;
 
 static void *hash_worker(void *arg)
@@ -402,15 +397,7 @@ static void *hash_worker(void *arg)
             }
             XXH3_64bits_update(&st, buf, len);
             off += len;
-            uint64_t d = atomic_fetch_add(&j->done, len) + len;
-            if (j->progress) { /* one call at a time, never backwards */
-                pthread_mutex_lock(&j->plock);
-                if (d > j->reported) {
-                    j->reported = d;
-                    j->progress(j->opaque, d, j->total);
-                }
-                pthread_mutex_unlock(&j->plock);
-            }
+            fy_progress_add(&j->prog, len);
         }
         j->out[i] = XXH3_64bits_digest(&st);
     }
@@ -447,11 +434,10 @@ FERRY_API int ferry_file_hash(ferry_ctx *ctx, const ferry_file *f, uint64_t *per
         rc = fy_seterr(&ctx->err, -ENOMEM, "hash: out of memory");
         goto out;
     }
-    hash_job j = {.f = f, .order = order, .total = f->total, .out = hashes, .progress = progress, .opaque = opaque};
+    hash_job j = {.f = f, .order = order, .out = hashes};
     atomic_init(&j.next, 0);
-    atomic_init(&j.done, 0);
     atomic_init(&j.rc, 0);
-    pthread_mutex_init(&j.plock, NULL);
+    fy_progress_init(&j.prog, progress, opaque, f->total);
     for (size_t i = 0; i < n; i++) order[i] = (int64_t)i;
     qsort_r(order, n, sizeof(int64_t), cmp_size_desc, (void *)&f->tb);
     uint32_t nth = ctx->nthreads, started = 0;
@@ -460,7 +446,7 @@ FERRY_API int ferry_file_hash(ferry_ctx *ctx, const ferry_file *f, uint64_t *per
         if (pthread_create(&th[started], NULL, hash_worker, &j) != 0) break;
     if (started == 0) hash_worker(&j);
     for (uint32_t t = 0; t < started; t++) pthread_join(th[t], NULL);
-    pthread_mutex_destroy(&j.plock);
+    fy_progress_destroy(&j.prog);
     rc = atomic_load(&j.rc);
     if (rc < 0) {
         if (rc == -ENOMEM) fy_seterr(&ctx->err, rc, "hash: out of memory");

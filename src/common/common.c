@@ -162,6 +162,30 @@ const char *fy_quote(char *buf, size_t n, const char *s)
     return buf;
 }
 
+void fy_progress_init(fy_progress *p, void (*fn)(void *, uint64_t, uint64_t), void *opaque, uint64_t total)
+{
+    p->fn = fn;
+    p->opaque = opaque;
+    p->total = total;
+    atomic_init(&p->done, 0);
+    pthread_mutex_init(&p->lock, NULL);
+    p->reported = 0;
+}
+
+void fy_progress_add(fy_progress *p, uint64_t n)
+{
+    uint64_t d = atomic_fetch_add(&p->done, n) + n;
+    if (!p->fn) return;
+    pthread_mutex_lock(&p->lock);
+    if (d > p->reported) { /* counts computed out of order by other threads are skipped */
+        p->reported = d;
+        p->fn(p->opaque, d, p->total);
+    }
+    pthread_mutex_unlock(&p->lock);
+}
+
+void fy_progress_destroy(fy_progress *p) { pthread_mutex_destroy(&p->lock); }
+
 uint32_t fy_ncpu(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);

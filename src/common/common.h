@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "ferry.h"
 
@@ -63,6 +64,21 @@ bool fy_utf8_valid(const char *s, size_t n, size_t *bad);
 /* Write s into buf (size n) as a JSON-style quoted, escaped, possibly shortened
  * string for messages: hostile names must not break a one-line message. */
 const char *fy_quote(char *buf, size_t n, const char *s);
+
+/* Progress from worker threads: bytes are added from any thread; the callback
+ * is called one call at a time, never with a smaller count than before, and the
+ * last call carries the total. fn may be NULL (then only counting). */
+typedef struct fy_progress {
+    void (*fn)(void *opaque, uint64_t done, uint64_t total);
+    void *opaque;
+    uint64_t total;
+    atomic_ullong done;
+    pthread_mutex_t lock;
+    uint64_t reported;
+} fy_progress;
+void fy_progress_init(fy_progress *p, void (*fn)(void *, uint64_t, uint64_t), void *opaque, uint64_t total);
+void fy_progress_add(fy_progress *p, uint64_t n);
+void fy_progress_destroy(fy_progress *p);
 
 /* Number of online CPUs, at least 1. */
 uint32_t fy_ncpu(void);

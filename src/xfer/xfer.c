@@ -413,7 +413,6 @@ typedef struct job {
     fy_stream **streams;
     uint32_t nstreams;
     atomic_llong next;
-    atomic_ullong done;
     atomic_int rc;
     /* ring state */
     pthread_mutex_t lock;
@@ -421,8 +420,7 @@ typedef struct job {
     uint32_t *free_list, nfree;
     uint32_t *inflight, nin, head; /* FIFO of buffers with copies queued */
     const ferry_load_opts *o;
-    pthread_mutex_t plock; /* progress calls */
-    uint64_t reported;
+    fy_progress prog;
     atomic_uint wid; /* worker number -> its stream */
 } job;
 
@@ -569,15 +567,7 @@ static void *ring_worker(void *arg)
             break;
         }
         ring_inflight(j, b);
-        uint64_t d = atomic_fetch_add(&j->done, bt->len) + bt->len;
-        if (j->o->progress) { /* in order, never backwards, ending at the total */
-            pthread_mutex_lock(&j->plock);
-            if (d > j->reported) {
-                j->reported = d;
-                j->o->progress(j->o->opaque, d, j->p->bytes);
-            }
-            pthread_mutex_unlock(&j->plock);
-        }
+        fy_progress_add(&j->prog, bt->len);
     }
     pthread_mutex_lock(&j->lock);
     pthread_cond_broadcast(&j->cv);
@@ -592,11 +582,10 @@ static int run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool di
     job j = {.d = d, .f = f, .p = p, .direct = direct, .streams = streams, .nstreams = nstreams, .o = o};
     int rc = 0;
     atomic_init(&j.next, 0);
-    atomic_init(&j.done, 0);
     atomic_init(&j.rc, 0);
     atomic_init(&j.wid, 0);
     pthread_mutex_init(&j.lock, NULL);
-    pthread_mutex_init(&j.plock, NULL);
+    fy_progress_init(&j.prog, o->progress, o->opaque, p->bytes);
     pthread_cond_init(&j.cv, NULL);
     j.free_list = fy_calloc(m, d->nring, sizeof(uint32_t));
     j.inflight = fy_calloc(m, d->nring, sizeof(uint32_t));
@@ -639,7 +628,7 @@ out:
     fy_free(m, j.dfd);
     fy_free(m, th);
     pthread_mutex_destroy(&j.lock);
-    pthread_mutex_destroy(&j.plock);
+    fy_progress_destroy(&j.prog);
     pthread_cond_destroy(&j.cv);
     return rc;
 }
@@ -650,12 +639,10 @@ typedef struct host_job {
     const ferry_file *f;
     const plan *p;
     atomic_llong next;
-    atomic_ullong done;
     atomic_int rc;
     fy_err *err;
     const ferry_load_opts *o;
-    pthread_mutex_t plock;
-    uint64_t reported;
+    fy_progress prog;
 } host_job;
 
 static void *host_worker(void *arg)
@@ -683,15 +670,7 @@ static void *host_worker(void *arg)
             atomic_compare_exchange_strong(&j->rc, &zero, rc);
             break;
         }
-        uint64_t d = atomic_fetch_add(&j->done, bt->len) + bt->len;
-        if (j->o->progress) {
-            pthread_mutex_lock(&j->plock);
-            if (d > j->reported) {
-                j->reported = d;
-                j->o->progress(j->o->opaque, d, j->p->bytes);
-            }
-            pthread_mutex_unlock(&j->plock);
-        }
+        fy_progress_add(&j->prog, bt->len);
     }
     return NULL;
 }
@@ -700,16 +679,15 @@ static int run_host(ferry_device *d, const ferry_file *f, const plan *p, const f
 {
     host_job j = {.f = f, .p = p, .err = &d->ctx->err, .o = o};
     atomic_init(&j.next, 0);
-    atomic_init(&j.done, 0);
     atomic_init(&j.rc, 0);
-    pthread_mutex_init(&j.plock, NULL);
+    fy_progress_init(&j.prog, o->progress, o->opaque, p->bytes);
     pthread_t th[MAX_THREADS];
     uint32_t started = 0;
     for (; started < nthreads; started++)
         if (pthread_create(&th[started], NULL, host_worker, &j) != 0) break;
     if (started == 0) host_worker(&j);
     for (uint32_t t = 0; t < started; t++) pthread_join(th[t], NULL);
-    pthread_mutex_destroy(&j.plock);
+    fy_progress_destroy(&j.prog);
     return atomic_load(&j.rc);
 }
 
