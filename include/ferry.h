@@ -193,7 +193,7 @@ FERRY_API const char *ferry_format_name(ferry_format fmt);
  * *.safetensors.index.json whose weight_map names the shard files (resolved
  * relative to the index's folder). The header is read and validated
  * completely; each file is then mapped MAP_SHARED, PROT_READ. No tensor data is
- * read. flags must be 0 (reserved).
+ * read. flags: 0, or FERRY_OPEN_PRIVATE.
  *
  * A PyTorch checkpoint (torch.save since 1.6: a zip archive, known by its
  * "PK\3\4" magic) is read by a restricted unpickler that runs nothing: besides
@@ -218,6 +218,13 @@ FERRY_API const char *ferry_format_name(ferry_format fmt);
  * be closed before ctx is freed. */
 FERRY_API int ferry_file_open(ferry_ctx *ctx, const char *path, uint32_t flags,
                               ferry_file **out);
+/* ferry_file_open flags */
+#define FERRY_OPEN_PRIVATE 0x1u /* map the files MAP_PRIVATE, PROT_READ | PROT_WRITE: the
+                                   views of ferry_file_tensor_data may be written, and a write
+                                   lands in a private copy of the touched page (copy-on-write):
+                                   the file never changes and other processes never see it.
+                                   Such a file cannot be page-locked: FERRY_PATH_REGISTER and
+                                   ferry_device_register_file refuse it (FERRY_E_UNSUPPORTED). */
 /* Close a file: unmaps it. Every pointer obtained from it becomes invalid. */
 FERRY_API void ferry_file_close(ferry_file *f);
 
@@ -265,8 +272,9 @@ typedef struct ferry_tensor_info {
 FERRY_API int ferry_file_tensor_info(const ferry_file *f, int64_t i, ferry_tensor_info *out);
 /* Index of the tensor called name, or FERRY_E_NOTFOUND. O(log n). */
 FERRY_API int64_t ferry_file_find(const ferry_file *f, const char *name);
-/* Zero-copy view of tensor i's bytes inside the read-only mapping: *out points
- * at nbytes readable (never writable) bytes, valid while f is open. Touching
+/* Zero-copy view of tensor i's bytes inside the file mapping: *out points at
+ * nbytes readable bytes, valid while f is open, writable only when f was opened
+ * with FERRY_OPEN_PRIVATE (copy-on-write). Touching
  * them reads the file through the page cache. Returns 0 or FERRY_E_INVAL. */
 FERRY_API int ferry_file_tensor_data(const ferry_file *f, int64_t i, const void **out);
 /* Copy len bytes of tensor i starting at byte off into buf with pread (no
@@ -416,6 +424,168 @@ FERRY_API int ferry_device_copy_rate(ferry_device *dev, uint64_t bytes, double *
 /* Fraction (0..1) of f's files now in the page cache (mincore), or -1 when it
  * cannot be measured (no memory for the page vector). */
 FERRY_API double ferry_file_resident(const ferry_file *f);
+
+/* ---- residency store ------------------------------------------------------
+ * Keeps several models in play across the tiers of one device under budgets.
+ * A model is a group of tensors (every tensor of one or more checkpoints).
+ * Each tensor's bytes live in one tier at a time (DESIGN.md §2):
+ *   DEVICE  device memory (its source or saved copy may also remain)
+ *   PINNED  page-locked host RAM (a dirty tensor evicted from the device)
+ *   HOST    pageable host RAM (the same, when the pinned budget is spent)
+ *   SOURCE  only in the checkpoint (a clean tensor not on the device)
+ *   SPILL   in the store's unnamed spill file (a dirty tensor, host RAM short)
+ * Clean tensors leaving the device are dropped (nothing is written); dirty ones
+ * go to PINNED/HOST while the host budget and the host's real free memory
+ * allow, else to the spill file. Every call is thread-safe (one lock per store;
+ * transfers run under it). A model's tensors are numbered file by file, each
+ * file in its own order (ferry_file_tensor_info). */
+
+typedef struct ferry_store ferry_store;
+typedef struct ferry_model ferry_model;
+
+typedef enum ferry_tier {
+    FERRY_TIER_DEVICE = 0,
+    FERRY_TIER_PINNED,
+    FERRY_TIER_HOST,
+    FERRY_TIER_SOURCE,
+    FERRY_TIER_SPILL,
+    FERRY_TIER_COUNT
+} ferry_tier;
+
+/* "device", "pinned", "host", "source", "spill". Thread-safe. */
+FERRY_API const char *ferry_tier_name(ferry_tier t);
+
+typedef struct ferry_store_opts {
+    uint32_t size;              /* sizeof(ferry_store_opts) */
+    uint64_t device_budget;     /* device bytes the store may hold; 0 = the device's free
+                                   memory when the store is made, minus device_reserve */
+    uint64_t device_reserve;    /* 0 = 512 MiB */
+    uint64_t host_budget;       /* host RAM (pinned + pageable) for dirty tensors; 0 = what the
+                                   system allows now (the cgroup's limit when the process is in
+                                   a limited cgroup v2, else MemAvailable) minus host_reserve */
+    uint64_t pinned_budget;     /* the pinned part of host_budget; 0 = a quarter of it */
+    uint64_t host_reserve;      /* 0 = 1 GiB */
+    uint64_t spill_below;       /* dirty evictions spill to disk while the host's available
+                                   memory is below this (0 = 2 x host_reserve) ... */
+    uint64_t spill_above;       /* ... and go back to RAM once it is above this again
+                                   (hysteresis; 0 = spill_below + 1 GiB) */
+    const char *spill_dir;      /* where the unnamed spill file lives (NULL: $FERRY_SPILL_DIR,
+                                   else /var/tmp); tmpfs and ramfs are refused */
+    ferry_load_opts load;       /* ring geometry for every move (size 0 = defaults) */
+} ferry_store_opts;
+
+/* Make a store on dev (which must outlive it). The spill file is created only
+ * when the first spill happens. Errors: FERRY_E_INVAL, -ENOMEM, the device's. */
+FERRY_API int ferry_store_new(ferry_device *dev, const ferry_store_opts *opts, ferry_store **out);
+/* Free every byte the store holds (device, pinned, host); the spill file
+ * vanishes. Files added must be closed after this. */
+FERRY_API void ferry_store_free(ferry_store *s);
+
+/* Add a model called name (unique) holding every tensor of files[0..nfiles-1],
+ * all starting in SOURCE (clean). Tensors of one module (names equal up to the
+ * last '.') form a group that always moves together, like a quantized weight
+ * and its scales; ferry_model_group() adds groups. Higher priority models are
+ * evicted later. The files must stay open while the model exists. */
+FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *const *files, int nfiles,
+                              int priority, ferry_model **out);
+/* Remove a model: frees whatever it holds. FERRY_E_INVAL while a tensor is pinned. */
+FERRY_API int ferry_store_remove(ferry_model *m);
+/* The model called name, or NULL. */
+FERRY_API ferry_model *ferry_store_find(ferry_store *s, const char *name);
+
+FERRY_API const char *ferry_model_name(const ferry_model *m);
+FERRY_API int64_t ferry_model_tensor_count(const ferry_model *m);
+/* Index of the tensor called name, or FERRY_E_NOTFOUND (the first file that has it). */
+FERRY_API int64_t ferry_model_find(const ferry_model *m, const char *name);
+/* Join tensors[0..n-1] (and the groups they are in) into one group. */
+FERRY_API int ferry_model_group(ferry_model *m, const int64_t *tensors, int64_t n);
+FERRY_API int ferry_model_set_priority(ferry_model *m, int priority);
+
+/* Bring tensors[0..n-1] (tensors NULL: all) and their groups to the device,
+ * first making room by evicting others as the policy decides (least recently
+ * used, lowest priority first, never a pinned tensor, never one of these).
+ * Marks the model used now. When even evicting everything allowed cannot make
+ * room: FERRY_E_BUDGET, with the bytes needed and the bytes that could be
+ * freed in the message, and nothing evicted or moved. */
+FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int64_t n);
+/* Take tensors[0..n-1] (NULL: all) and their groups off the device: clean
+ * ones are dropped (0 bytes written), dirty ones saved to PINNED, HOST or
+ * SPILL. On failure (spill file full, I/O error) the tensors that could not
+ * be saved stay on the device; nothing is lost. Pinned tensors: FERRY_E_INVAL. */
+FERRY_API int ferry_model_evict(ferry_model *m, const int64_t *tensors, int64_t n);
+/* The caller changed tensor t on the device: from now on it is dirty and is
+ * saved, not dropped, when it leaves. FERRY_E_INVAL unless t is on the device. */
+FERRY_API int ferry_model_mark_dirty(ferry_model *m, int64_t t);
+/* Pin tensor t (t < 0: all) in its tier, e.g. while a kernel uses it: it is
+ * never evicted until unpinned. Pins count; unpin as often as pinned. */
+FERRY_API int ferry_model_pin(ferry_model *m, int64_t t);
+FERRY_API int ferry_model_unpin(ferry_model *m, int64_t t);
+
+typedef struct ferry_tensor_state {
+    const char *name;   /* valid while the model exists */
+    uint64_t nbytes;
+    ferry_tier tier;
+    int dirty;          /* differs from the checkpoint */
+    int pins;
+    int64_t group;      /* tensors with the same group move together */
+    uint64_t dptr;      /* device address while tier == DEVICE, else 0 */
+} ferry_tensor_state;
+FERRY_API int ferry_model_tensor_state(ferry_model *m, int64_t t, ferry_tensor_state *out);
+
+/* Copy tensor t's current bytes (nbytes, from whichever tier holds them) into
+ * buf. Synchronous. */
+FERRY_API int ferry_model_read(ferry_model *m, int64_t t, void *buf);
+/* Overwrite tensor t on the device with buf (nbytes) and mark it dirty; the
+ * tensor must be on the device. Synchronous. */
+FERRY_API int ferry_model_write(ferry_model *m, int64_t t, const void *buf);
+
+/* Free at least bytes of device memory held by the store, if possible at all:
+ * least recently used, lowest priority first, whole groups at a time, pinned
+ * tensors never. Returns the bytes freed (>= bytes; more when whole groups
+ * overshoot). bytes = UINT64_MAX frees everything evictable. When it is not
+ * possible: FERRY_E_BUDGET, nothing evicted, and *could (may be NULL) = how
+ * much could have been freed. "Free" means the store's device bytes in use:
+ * the budget minus those is what the caller may then use. */
+FERRY_API int64_t ferry_store_make_room(ferry_store *s, uint64_t bytes, uint64_t *could);
+
+typedef struct ferry_store_stats {
+    uint64_t tier_bytes[FERRY_TIER_COUNT]; /* bytes of tensors now in each tier */
+    uint64_t device_budget, pinned_budget, host_budget;
+    uint64_t host_available;  /* the host's available memory now (cgroup-aware) */
+    char host_source[96];     /* where host_available came from ("cgroup /a/b: memory.max" ...) */
+    int spilling;             /* dirty evictions currently go to disk (hysteresis state) */
+    char spill_path[256];     /* spill directory ("" before the first spill) */
+    uint64_t spill_file_bytes; /* spill file's allocated size */
+    uint64_t bytes_htod, bytes_dtoh;  /* moved to / from the device since the store was made */
+    double seconds_htod, seconds_dtoh;
+    uint64_t bytes_written;   /* written to the spill file */
+    uint64_t bytes_read;      /* read from checkpoints and the spill file */
+    uint64_t evicted;         /* tensors that left the device */
+    uint64_t dropped;         /* of which clean (nothing written) */
+    int64_t models, tensors;
+} ferry_store_stats;
+FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out);
+
+/* Per-job memory statistics: between job_begin and job_end the process's
+ * RSS, USS and PSS (/proc/self/smaps_rollup) are sampled (every 10 ms) for
+ * their peak, with the cgroup's memory.current/memory.peak where available. */
+typedef struct ferry_mem_range {
+    uint64_t start, end, peak;
+} ferry_mem_range;
+typedef struct ferry_job_stats {
+    char job[64];
+    double seconds;
+    ferry_mem_range rss, uss, pss;
+    ferry_mem_range cgroup;   /* memory.current (peak: memory.peak when the kernel has it,
+                                 else sampled); all 0 when not in a cgroup v2 */
+    uint64_t device_bytes, pinned_bytes, host_bytes, spill_bytes; /* tiers at the end */
+    uint64_t bytes_htod, bytes_dtoh, bytes_written, bytes_read;   /* during the job */
+    double seconds_htod, seconds_dtoh;
+    uint64_t evicted, dropped;
+} ferry_job_stats;
+/* One job at a time per store: FERRY_E_INVAL if one is open. */
+FERRY_API int ferry_store_job_begin(ferry_store *s, const char *name);
+FERRY_API int ferry_store_job_end(ferry_store *s, ferry_job_stats *out);
 
 #ifdef __cplusplus
 }

@@ -228,7 +228,8 @@ FERRY_API int ferry_file_open(ferry_ctx *ctx, const char *path, uint32_t flags, 
     if (!ctx || !out) return FERRY_E_INVAL;
     *out = NULL;
     FY_RETURN_IF(!path || !*path, &ctx->err, FERRY_E_INVAL, "ferry_file_open: empty path");
-    FY_RETURN_IF(flags != 0, &ctx->err, FERRY_E_INVAL, "ferry_file_open: flags must be 0");
+    FY_RETURN_IF(flags & ~(uint32_t)FERRY_OPEN_PRIVATE, &ctx->err, FERRY_E_INVAL,
+                 "ferry_file_open: unknown flags 0x%x", (unsigned)(flags & ~(uint32_t)FERRY_OPEN_PRIVATE));
     ferry_file *f = fy_calloc(&ctx->mem, 1, sizeof *f);
     if (!f) return fy_seterr(&ctx->err, -ENOMEM, "%s: out of memory", path);
     f->ctx = ctx;
@@ -254,6 +255,26 @@ FERRY_API int ferry_file_open(ferry_ctx *ctx, const char *path, uint32_t flags, 
     if (rc < 0) {
         ferry_file_close(f);
         return rc;
+    }
+    if (flags & FERRY_OPEN_PRIVATE) {
+        /* parsed through the shared mapping; the views get a copy-on-write one */
+        for (int32_t s = 0; s < f->nshards && rc == 0; s++) {
+            shard *sh = &f->shards[s];
+            if (!sh->map) continue;
+            void *p = NULL;
+            rc = fy_map_private(sh->fd, sh->size, &p);
+            if (rc < 0) {
+                fy_seterr(&ctx->err, rc, "%s: private mmap: %s", sh->path, ferry_strerror(rc));
+                break;
+            }
+            fy_unmap(sh->map, sh->size);
+            sh->map = p;
+        }
+        if (rc < 0) {
+            ferry_file_close(f);
+            return rc;
+        }
+        f->private_map = true;
     }
     for (int64_t i = 0; i < f->tb.n; i++) f->total += f->tb.t[i].nbytes;
     *out = f;

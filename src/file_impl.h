@@ -21,6 +21,7 @@ struct ferry_file {
     fy_table tb;
     int64_t *by_name; /* tensor indices sorted by name */
     uint64_t total;
+    bool private_map; /* FERRY_OPEN_PRIVATE: copy-on-write mappings, never registered */
 };
 
 #endif

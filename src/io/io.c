@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 /* Test machinery only: the production path costs one relaxed atomic load. */
@@ -110,4 +111,69 @@ int fy_map_ro(int fd, uint64_t size, void **out)
 void fy_unmap(void *p, uint64_t size)
 {
     if (p && size) munmap(p, (size_t)size);
+}
+
+int fy_map_private(int fd, uint64_t size, void **out)
+{
+    int rc = fault();
+    if (rc) return rc;
+    if (size == 0) { *out = NULL; return 0; }
+    void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) return -errno;
+    *out = p;
+    return 0;
+}
+
+int fy_pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
+{
+    const char *p = buf;
+    while (n) {
+        int rc = fault();
+        if (rc) return rc;
+        ssize_t r = pwrite(fd, p, n > (1u << 30) ? (1u << 30) : n, (off_t)off);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        if (r == 0) return -EIO;
+        p += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return 0;
+}
+
+int fy_fallocate(int fd, int mode, uint64_t off, uint64_t len)
+{
+    int rc = fault();
+    if (rc) return rc;
+    return fallocate(fd, mode, (off_t)off, (off_t)len) < 0 ? -errno : 0;
+}
+
+int fy_ftruncate(int fd, uint64_t len)
+{
+    int rc = fault();
+    if (rc) return rc;
+    return ftruncate(fd, (off_t)len) < 0 ? -errno : 0;
+}
+
+int fy_fs_info(int fd, uint64_t *free_bytes, long *fs_type)
+{
+    int rc = fault();
+    if (rc) return rc;
+    struct statfs sf;
+    if (fstatfs(fd, &sf) < 0) return -errno;
+    if (free_bytes) *free_bytes = (uint64_t)sf.f_bavail * (uint64_t)sf.f_bsize;
+    if (fs_type) *fs_type = (long)sf.f_type;
+    return 0;
+}
+
+int fy_open_tmpfile(const char *dir, int *fd)
+{
+    int rc = fault();
+    if (rc) return rc;
+    int f = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (f < 0) return -errno;
+    *fd = f;
+    return 0;
 }

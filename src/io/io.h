@@ -21,5 +21,23 @@ int fy_pread_full(int fd, void *buf, size_t n, uint64_t off);
 ssize_t fy_pread_some(int fd, void *buf, size_t n, uint64_t off);
 int fy_map_ro(int fd, uint64_t size, void **out);
 void fy_unmap(void *p, uint64_t size);
+/* A private, writable mapping of the file (copy-on-write: writes land in
+ * private anonymous pages, the file never changes). Never register one with
+ * the device (DESIGN.md §7). */
+int fy_map_private(int fd, uint64_t size, void **out);
+
+/* Writing (the spill file). Each is a fault-injection point. */
+/* Write exactly n bytes at off; -errno (e.g. -ENOSPC, -EIO). */
+int fy_pwrite_full(int fd, const void *buf, size_t n, uint64_t off);
+/* fallocate(2): 0 or -errno. */
+int fy_fallocate(int fd, int mode, uint64_t off, uint64_t len);
+int fy_ftruncate(int fd, uint64_t len);
+/* Free bytes for an unprivileged user (f_bavail * f_bsize) and the file
+ * system's magic number (statfs f_type) of the file system holding fd. */
+int fy_fs_info(int fd, uint64_t *free_bytes, long *fs_type);
+/* An unnamed file in dir (O_TMPFILE | O_RDWR, mode 0600): gone when its last
+ * descriptor closes, however the process ends. 0 and *fd, or -errno
+ * (-EOPNOTSUPP/-EISDIR where the file system lacks O_TMPFILE). */
+int fy_open_tmpfile(const char *dir, int *fd);
 
 #endif

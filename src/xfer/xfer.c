@@ -234,6 +234,9 @@ static int check_size(ferry_device *d, const ferry_file *f)
  * (hold) or in use by one more load. On failure nothing changes. */
 static int reg_acquire(ferry_device *d, const ferry_file *f, bool hold)
 {
+    FY_RETURN_IF(f->private_map, &d->ctx->err, FERRY_E_UNSUPPORTED,
+                 "%s: opened with FERRY_OPEN_PRIVATE (a copy-on-write mapping), which must never be "
+                 "page-locked: use the ring path", f->shards[0].path);
     FY_TRY(check_size(d, f));
     pthread_mutex_lock(&d->lock);
     int rc = 0;
@@ -760,7 +763,7 @@ static int choose_path(ferry_device *d, const ferry_file *f, const ferry_load_op
         snprintf(st->why, sizeof st->why, "asked for");
         return (int)want;
     }
-    if (is_registered(d, f)) {
+    if (!f->private_map && is_registered(d, f)) {
         snprintf(st->why, sizeof st->why, "the file is registered with the device");
         return FERRY_PATH_REGISTER;
     }

@@ -1,0 +1,2 @@
+/* memstat.c - see memstat.h */
+#include "memstat.h"

@@ -1,0 +1,2 @@
+/* spill.c - see spill.h */
+#include "spill.h"
