@@ -1,3 +1,3 @@
-/* test_spill.c */
+/* test_spill.c - placeholder until the suite lands */
 #include "check.h"
-int main(void) { return 77; }
+int main(void) { (void)check_summary; return 77; }
