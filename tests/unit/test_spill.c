@@ -1,3 +1,882 @@
-/* test_spill.c - placeholder until the suite lands */
+/* test_spill.c - the spill file on a real disk: reservation, best-fit reuse,
+ * merging, tail truncation, hole punching, tmpfs refusal, free-space checks,
+ * fault loops over every system call and allocation, and kill -9 leaving
+ * nothing behind. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/vfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "check.h"
-int main(void) { (void)check_summary; return 77; }
+#include "common/common.h"
+#include "io/io.h"
+#include "resid/spill.h"
+
+#define K 4096ull
+#define MiB (1024ull * 1024ull)
+#define TMPFS_MAGIC_ 0x01021994L
+#define RAMFS_MAGIC_ 0x858458f6L
+
+/* ---- helpers ------------------------------------------------------------ */
+
+/* Counting allocator that can fail its nth allocation (0 = never). */
+static atomic_long live, nallocs, fail_at;
+static atomic_int alloc_failed;
+static bool take_alloc(void)
+{
+    long n = atomic_fetch_add(&nallocs, 1) + 1;
+    if (atomic_load(&fail_at) && n == atomic_load(&fail_at)) {
+        atomic_store(&alloc_failed, 1);
+        return false;
+    }
+    return true;
+}
+static void *c_alloc(void *o, size_t n)
+{
+    (void)o;
+    if (!take_alloc()) return NULL;
+    void *p = malloc(n);
+    if (p) atomic_fetch_add(&live, 1);
+    return p;
+}
+static void *c_realloc(void *o, void *p, size_t n)
+{
+    (void)o;
+    if (!take_alloc()) return NULL;
+    void *q = realloc(p, n);
+    if (q && !p) atomic_fetch_add(&live, 1);
+    return q;
+}
+static void c_free(void *o, void *p)
+{
+    (void)o;
+    if (p) atomic_fetch_sub(&live, 1);
+    free(p);
+}
+static const ferry_allocator counting = {c_alloc, c_realloc, c_free, NULL};
+static void alloc_arm(long n)
+{
+    atomic_store(&nallocs, 0);
+    atomic_store(&alloc_failed, 0);
+    atomic_store(&fail_at, n);
+}
+
+static fy_err err;
+static char base[PATH_MAX]; /* a disk-backed directory for the test's own temp dirs */
+
+static const char *msg(void) { return err.msg; }
+
+static int count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.') n++;
+    closedir(d);
+    return n - 1; /* the DIR's own descriptor */
+}
+
+static bool dir_empty(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d) return false;
+    bool empty = true;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = false;
+    closedir(d);
+    return empty;
+}
+
+static void make_dir(char *out, size_t n, const char *parent)
+{
+    snprintf(out, n, "%s/ferry-spill-XXXXXX", parent);
+    if (!mkdtemp(out)) {
+        perror(out);
+        exit(1);
+    }
+}
+
+static bool on_ram_fs(const char *path)
+{
+    struct statfs sf;
+    if (statfs(path, &sf) < 0) return true;
+    return (long)sf.f_type == TMPFS_MAGIC_ || (long)sf.f_type == RAMFS_MAGIC_;
+}
+
+static struct stat fst(int fd)
+{
+    struct stat st;
+    memset(&st, 0, sizeof st);
+    if (fstat(fd, &st) < 0) perror("fstat");
+    return st;
+}
+
+static uint64_t used(const fy_spill *s)
+{
+    uint64_t r;
+    fy_spill_usage(s, &r, NULL);
+    return r;
+}
+static uint64_t fsize(const fy_spill *s)
+{
+    uint64_t z;
+    fy_spill_usage(s, NULL, &z);
+    return z;
+}
+
+/* Fill [off, off+len) with bytes derived from seed, and check them. */
+static void fill(int fd, uint64_t off, uint64_t len, unsigned seed)
+{
+    unsigned char *b = malloc(len);
+    for (uint64_t i = 0; i < len; i++) b[i] = (unsigned char)(seed * 131u + i * 7u + (i >> 12));
+    CHECK_EQ(fy_pwrite_full(fd, b, len, off), 0);
+    free(b);
+}
+static bool holds(int fd, uint64_t off, uint64_t len, unsigned seed)
+{
+    unsigned char *b = malloc(len);
+    bool ok = pread(fd, b, len, (off_t)off) == (ssize_t)len;
+    for (uint64_t i = 0; ok && i < len; i++) ok = b[i] == (unsigned char)(seed * 131u + i * 7u + (i >> 12));
+    free(b);
+    return ok;
+}
+
+static fy_spill *open_in(const char *d)
+{
+    fy_spill *s = NULL;
+    int rc = fy_spill_open(d, &counting, &err, &s);
+    CHECK_EQ(rc, 0);
+    if (rc) fprintf(stderr, "open %s: %s\n", d, msg());
+    return s;
+}
+
+/* ---- tests -------------------------------------------------------------- */
+
+static void test_basic(void)
+{
+    char d[PATH_MAX];
+    make_dir(d, sizeof d, base);
+    int fds = count_fds();
+    fy_spill *s = open_in(d);
+    if (!s) return;
+    CHECK(dir_empty(d)); /* unnamed from the start */
+    CHECK(strcmp(fy_spill_dir(s), d) == 0);
+    CHECK(fy_spill_fd(s) >= 0);
+    CHECK_EQ(used(s), 0);
+    CHECK_EQ(fsize(s), 0);
+    CHECK_EQ(fst(fy_spill_fd(s)).st_size, 0);
+
+    /* Alignment: lengths round up, offsets stay aligned. */
+    static const uint64_t lens[] = {1, 4095, 4096, 4097, 5000, 3 * 4096 + 1, 1 * MiB, 12345};
+    uint64_t offs[8], total = 0;
+    for (int i = 0; i < 8; i++) {
+        CHECK_EQ(fy_spill_reserve(s, lens[i], &offs[i]), 0);
+        uint64_t r = (lens[i] + K - 1) / K * K;
+        CHECK_EQ(offs[i] % FY_SPILL_ALIGN, 0);
+        CHECK_EQ(offs[i], total); /* nothing free yet: the file grows */
+        total += r;
+        CHECK_EQ(used(s), total);
+        CHECK_EQ(fsize(s), total);
+        CHECK_EQ(fst(fy_spill_fd(s)).st_size, (long long)total);
+    }
+    /* Reserved means allocated: the blocks exist before anything is written. */
+    CHECK((uint64_t)fst(fy_spill_fd(s)).st_blocks * 512 >= total);
+
+    for (int i = 0; i < 8; i++) fill(fy_spill_fd(s), offs[i], lens[i], (unsigned)i + 1);
+    for (int i = 0; i < 8; i++) CHECK(holds(fy_spill_fd(s), offs[i], lens[i], (unsigned)i + 1));
+
+    /* Invalid requests and releases change nothing. */
+    uint64_t o = 77;
+    CHECK_EQ(fy_spill_reserve(s, 0, &o), FERRY_E_INVAL);
+    CHECK_STR_HAS(msg(), d);
+    CHECK_EQ(o, 77);
+    CHECK_EQ(fy_spill_reserve(s, UINT64_MAX, &o), -EFBIG);
+    CHECK_EQ(fy_spill_reserve(s, (uint64_t)INT64_MAX, &o), -EFBIG); /* rounds up past the limit */
+    fy_spill_release(s, offs[1] + 1, K);   /* unaligned */
+    fy_spill_release(s, total, K);         /* past the end */
+    fy_spill_release(s, total - K, 2 * K); /* runs past the end */
+    CHECK_EQ(used(s), total);
+    CHECK_EQ(fsize(s), total);
+    fy_spill_release(s, offs[2], lens[2]);
+    fy_spill_release(s, offs[2], lens[2]); /* twice: ignored */
+    CHECK_EQ(used(s), total - K);
+    fy_spill_release(s, offs[1], 2 * K); /* overlaps the free range: ignored */
+    CHECK_EQ(used(s), total - K);
+    CHECK(holds(fy_spill_fd(s), offs[3], lens[3], 4)); /* neighbours untouched */
+    CHECK(holds(fy_spill_fd(s), offs[1], lens[1], 2));
+
+    for (int i = 0; i < 8; i++)
+        if (i != 2) fy_spill_release(s, offs[i], lens[i]);
+    CHECK_EQ(used(s), 0);
+    CHECK_EQ(fsize(s), 0);
+    CHECK_EQ(fst(fy_spill_fd(s)).st_size, 0);
+    fy_spill_close(s);
+    fy_spill_close(NULL);
+    CHECK_EQ(atomic_load(&live), 0);
+    CHECK_EQ(count_fds(), fds);
+    CHECK(dir_empty(d));
+    CHECK_EQ(rmdir(d), 0);
+}
+
+static void test_reuse_merge_truncate(void)
+{
+    char d[PATH_MAX];
+    make_dir(d, sizeof d, base);
+    fy_spill *s = open_in(d);
+    if (!s) return;
+    int fd = fy_spill_fd(s);
+    /*        A     B      C      D     E      F   */
+    static const uint64_t len[] = {16 * K, 64 * K, 32 * K, 16 * K, 64 * K, 4 * K};
+    uint64_t off[6];
+    for (int i = 0; i < 6; i++) {
+        CHECK_EQ(fy_spill_reserve(s, len[i], &off[i]), 0);
+        fill(fd, off[i], len[i], (unsigned)i + 10);
+    }
+    CHECK_EQ(off[5], 192 * K);
+    CHECK_EQ(fsize(s), 196 * K);
+
+    /* Holes: B [16K,80K) and D [112K,128K). */
+    fy_spill_release(s, off[1], len[1]);
+    fy_spill_release(s, off[3], len[3]);
+    CHECK_EQ(used(s), 196 * K - 80 * K);
+    CHECK_EQ(fsize(s), 196 * K); /* holes inside the file do not shrink it */
+    CHECK_EQ(fst(fd).st_size, (long long)(196 * K));
+
+    /* Best fit: 12K goes into D's 16K hole, not B's 64K one (first fit would). */
+    uint64_t x, y, z;
+    CHECK_EQ(fy_spill_reserve(s, 12 * K, &x), 0);
+    CHECK_EQ(x, 112 * K);
+    /* The 4K left of D's hole is the best fit for 4K. */
+    CHECK_EQ(fy_spill_reserve(s, 4 * K, &y), 0);
+    CHECK_EQ(y, 124 * K);
+    /* 8K now only fits in B's hole, at its start. */
+    CHECK_EQ(fy_spill_reserve(s, 8 * K, &z), 0);
+    CHECK_EQ(z, 16 * K);
+    CHECK_EQ(fsize(s), 196 * K); /* all reused, no growth */
+    fill(fd, x, 12 * K, 20);
+    fill(fd, y, 4 * K, 21);
+    fill(fd, z, 8 * K, 22);
+    /* 80K fits in no hole: the file grows. */
+    uint64_t g;
+    CHECK_EQ(fy_spill_reserve(s, 80 * K, &g), 0);
+    CHECK_EQ(g, 196 * K);
+    CHECK_EQ(fsize(s), 276 * K);
+    fy_spill_release(s, g, 80 * K); /* a tail: cut off again */
+    CHECK_EQ(fsize(s), 196 * K);
+    CHECK_EQ(fst(fd).st_size, (long long)(196 * K));
+
+    /* Merging: z with the rest of B's hole, then A before it, then C after:
+     * one free range [0,112K), which a 112K request must get whole. */
+    fy_spill_release(s, z, 8 * K);
+    fy_spill_release(s, off[0], len[0]);
+    fy_spill_release(s, off[2], len[2]);
+    CHECK_EQ(fsize(s), 196 * K);
+    uint64_t m;
+    CHECK_EQ(fy_spill_reserve(s, 112 * K, &m), 0);
+    CHECK_EQ(m, 0);
+    CHECK_EQ(fsize(s), 196 * K);
+    fill(fd, m, 112 * K, 30);
+    fy_spill_release(s, m, 112 * K);
+
+    /* Tail truncation: F alone, then E, then x and y which join the free
+     * range [0,112K) and the tail: the file goes back to nothing. */
+    CHECK(holds(fd, off[4], len[4], 14));
+    fy_spill_release(s, off[5], len[5]);
+    CHECK_EQ(fsize(s), 192 * K);
+    CHECK_EQ(fst(fd).st_size, (long long)(192 * K));
+    fy_spill_release(s, off[4], len[4]);
+    CHECK_EQ(fsize(s), 128 * K);
+    CHECK_EQ(fst(fd).st_size, (long long)(128 * K));
+    CHECK(holds(fd, x, 12 * K, 20));
+    CHECK(holds(fd, y, 4 * K, 21));
+    fy_spill_release(s, x, 12 * K); /* merges with [0,112K); y still holds the end */
+    CHECK_EQ(fsize(s), 128 * K);
+    fy_spill_release(s, y, 4 * K);
+    CHECK_EQ(fsize(s), 0);
+    CHECK_EQ(used(s), 0);
+    CHECK_EQ(fst(fd).st_size, 0);
+    CHECK_EQ(fst(fd).st_blocks, 0);
+    fy_spill_close(s);
+    CHECK_EQ(atomic_load(&live), 0);
+    CHECK_EQ(rmdir(d), 0);
+}
+
+static void test_punch(void)
+{
+    char d[PATH_MAX];
+    make_dir(d, sizeof d, base);
+    fy_spill *s = open_in(d);
+    if (!s) return;
+    int fd = fy_spill_fd(s);
+    uint64_t o[3];
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ(fy_spill_reserve(s, 4 * MiB, &o[i]), 0);
+        fill(fd, o[i], 4 * MiB, (unsigned)i + 40);
+    }
+    long long before = (long long)fst(fd).st_blocks * 512;
+    CHECK(before >= (long long)(12 * MiB));
+    fy_spill_release(s, o[1], 4 * MiB);
+    long long after = (long long)fst(fd).st_blocks * 512;
+    CHECK(before - after >= (long long)(4 * MiB)); /* the middle range's blocks are gone */
+    CHECK_EQ(fst(fd).st_size, (long long)(12 * MiB)); /* but the file keeps its size */
+    /* The hole reads as zeros, its neighbours as written. */
+    unsigned char *z = malloc(4 * MiB), *zero = calloc(1, 4 * MiB);
+    CHECK(pread(fd, z, 4 * MiB, (off_t)o[1]) == (ssize_t)(4 * MiB) && memcmp(z, zero, 4 * MiB) == 0);
+    free(z);
+    free(zero);
+    CHECK(holds(fd, o[0], 4 * MiB, 40));
+    CHECK(holds(fd, o[2], 4 * MiB, 42));
+    /* Reuse takes the blocks back before anything is written. */
+    uint64_t r;
+    CHECK_EQ(fy_spill_reserve(s, 4 * MiB, &r), 0);
+    CHECK_EQ(r, o[1]);
+    CHECK((long long)fst(fd).st_blocks * 512 >= after + (long long)(4 * MiB));
+    fill(fd, r, 4 * MiB, 50);
+    CHECK(holds(fd, r, 4 * MiB, 50));
+    fy_spill_close(s);
+    CHECK_EQ(atomic_load(&live), 0);
+    CHECK_EQ(rmdir(d), 0);
+}
+
+/* Random reserves and releases against a page map: every offset must be the
+ * best fit the contract describes, ranges never overlap, data survives, and
+ * the file ends where the last reserved range ends. */
+#define MODEL_PAGES 16384
+static void test_model(void)
+{
+    char d[PATH_MAX];
+    make_dir(d, sizeof d, base);
+    fy_spill *s = open_in(d);
+    if (!s) return;
+    int fd = fy_spill_fd(s);
+    static unsigned char page[MODEL_PAGES]; /* 0 free, else 1 */
+    struct { uint64_t off, len; unsigned seed; } live_r[256];
+    int nl = 0;
+    uint64_t reserved = 0, size = 0;
+    unsigned rng = 12345;
+    int bad_fit = 0, bad_data = 0, bad_usage = 0;
+    for (int step = 0; step < 1500; step++) {
+        rng = rng * 1103515245u + 12345u;
+        bool add = nl == 0 || (nl < 256 && (rng >> 16) % 100 < 55);
+        if (add) {
+            rng = rng * 1103515245u + 12345u;
+            uint64_t pages = 1 + (rng >> 16) % 24;
+            uint64_t bytes = pages * K - ((rng >> 8) % 2 ? (rng >> 20) % K : 0);
+            /* expected: smallest free run inside the file that fits, lowest first */
+            uint64_t best_off = size / K, best_len = UINT64_MAX;
+            for (uint64_t p = 0; p < size / K;) {
+                if (page[p]) { p++; continue; }
+                uint64_t q = p;
+                while (q < size / K && !page[q]) q++;
+                if (q - p >= pages && q - p < best_len) { best_len = q - p; best_off = p; }
+                p = q;
+            }
+            uint64_t off;
+            int rc = fy_spill_reserve(s, bytes, &off);
+            CHECK_EQ(rc, 0);
+            if (rc) break;
+            if (off != best_off * K) bad_fit++;
+            for (uint64_t p = off / K; p < off / K + pages; p++) {
+                if (p >= MODEL_PAGES || page[p]) { bad_fit++; break; }
+                page[p] = 1;
+            }
+            if (off + pages * K > size) size = off + pages * K;
+            reserved += pages * K;
+            unsigned seed = (unsigned)step;
+            fill(fd, off, bytes, seed);
+            live_r[nl].off = off;
+            live_r[nl].len = bytes;
+            live_r[nl].seed = seed;
+            nl++;
+        } else {
+            rng = rng * 1103515245u + 12345u;
+            int i = (int)((rng >> 16) % (unsigned)nl);
+            if (!holds(fd, live_r[i].off, live_r[i].len, live_r[i].seed)) bad_data++;
+            uint64_t pages = (live_r[i].len + K - 1) / K;
+            fy_spill_release(s, live_r[i].off, live_r[i].len);
+            for (uint64_t p = live_r[i].off / K; p < live_r[i].off / K + pages; p++) page[p] = 0;
+            reserved -= pages * K;
+            while (size && !page[size / K - 1]) size -= K;
+            live_r[i] = live_r[--nl];
+        }
+        if (used(s) != reserved || fsize(s) != size || (uint64_t)fst(fd).st_size != size) bad_usage++;
+    }
+    CHECK_EQ(bad_fit, 0);
+    CHECK_EQ(bad_data, 0);
+    CHECK_EQ(bad_usage, 0);
+    while (nl) {
+        nl--;
+        CHECK(holds(fd, live_r[nl].off, live_r[nl].len, live_r[nl].seed));
+        fy_spill_release(s, live_r[nl].off, live_r[nl].len);
+    }
+    CHECK_EQ(used(s), 0);
+    CHECK_EQ(fsize(s), 0);
+    CHECK_EQ(fst(fd).st_size, 0);
+    fy_spill_close(s);
+    CHECK_EQ(atomic_load(&live), 0);
+    CHECK_EQ(rmdir(d), 0);
+}
+
+static void test_refusals(void)
+{
+    /* tmpfs */
+    struct statfs sf;
+    if (statfs("/dev/shm", &sf) == 0 && (long)sf.f_type == TMPFS_MAGIC_) {
+        char d[PATH_MAX];
+        make_dir(d, sizeof d, "/dev/shm");
+        fy_spill *s = (fy_spill *)&err; /* must be reset */
+        int fds = count_fds();
+        CHECK_EQ(fy_spill_open(d, &counting, &err, &s), FERRY_E_INVAL);
+        CHECK(s == NULL);
+        CHECK_STR_HAS(msg(), d);
+        CHECK_STR_HAS(msg(), "tmpfs");
+        CHECK_STR_HAS(msg(), "RAM");
+        CHECK_EQ(atomic_load(&live), 0);
+        CHECK_EQ(count_fds(), fds);
+        CHECK(dir_empty(d));
+        CHECK_EQ(rmdir(d), 0);
+    } else {
+        printf("note: /dev/shm missing or not tmpfs: tmpfs refusal not checked\n");
+    }
+
+    /* A directory that does not exist. */
+    char d[PATH_MAX + 32];
+    snprintf(d, sizeof d, "%s/no-such-dir-%d/deeper", base, (int)getpid());
+    fy_spill *s = NULL;
+    CHECK_EQ(fy_spill_open(d, &counting, &err, &s), -ENOENT);
+    CHECK(s == NULL);
+    CHECK_STR_HAS(msg(), d);
+    CHECK_EQ(atomic_load(&live), 0);
+
+    /* A regular file, not a directory. */
+    snprintf(d, sizeof d, "%s/not-a-dir-%d", base, (int)getpid());
+    int f = open(d, O_CREAT | O_WRONLY | O_EXCL, 0600);
+    CHECK(f >= 0);
+    close(f);
+    int rc = fy_spill_open(d, &counting, &err, &s);
+    CHECK(rc < 0);
+    CHECK(s == NULL);
+    CHECK_STR_HAS(msg(), d);
+    CHECK_EQ(atomic_load(&live), 0);
+    unlink(d);
+
+    /* Bad arguments. */
+    CHECK_EQ(fy_spill_open(NULL, NULL, &err, &s), FERRY_E_INVAL);
+    CHECK_EQ(fy_spill_open("", NULL, &err, &s), FERRY_E_INVAL);
+    CHECK_EQ(fy_spill_open(base, NULL, &err, NULL), FERRY_E_INVAL);
+}
+
+/* Where O_TMPFILE is refused the file is named for an instant and unlinked. */
+static void test_fallback(void)
+{
+    char d[PATH_MAX];
+    make_dir(d, sizeof d, base);
+    fy_spill *s = NULL;
+    fy_fault_arm(1, EOPNOTSUPP);
+    int rc = fy_spill_open(d, &counting, &err, &s);
+    bool fired = fy_fault_fired();
+    fy_fault_arm(0, 0);
+    CHECK_EQ(rc, 0);
+    CHECK(fired);
+    CHECK(dir_empty(d));
+    if (s) {
+        uint64_t o;
+        CHECK_EQ(fy_spill_reserve(s, 3 * K, &o), 0);
+        fill(fy_spill_fd(s), o, 3 * K, 7);
+        CHECK(holds(fy_spill_fd(s), o, 3 * K, 7));
+        CHECK(dir_empty(d));
+        fy_spill_close(s);
+    }
+    /* Older kernels answer EISDIR for an unknown O_TMPFILE. */
+    fy_fault_arm(1, EISDIR);
+    rc = fy_spill_open(d, &counting, &err, &s);
+    fy_fault_arm(0, 0);
+    CHECK_EQ(rc, 0);
+    fy_spill_close(s);
+    CHECK(dir_empty(d));
+    CHECK_EQ(atomic_load(&live), 0);
+    CHECK_EQ(rmdir(d), 0);
+}
+
+static void test_enospc(void)
+{
+    char d[PATH_MAX];
+    make_dir(d, sizeof d, base);
+    fy_spill *s = open_in(d);
+    if (!s) return;
+    uint64_t o;
+    CHECK_EQ(fy_spill_reserve(s, 8 * K, &o), 0);
+    struct stat st0 = fst(fy_spill_fd(s));
+    struct statvfs sv;
+    CHECK_EQ(statvfs(d, &sv), 0);
+    uint64_t avail = (uint64_t)sv.f_bavail * sv.f_frsize;
+    uint64_t ask = avail + 1024 * MiB;
+    err.msg[0] = '\0';
+    CHECK_EQ(fy_spill_reserve(s, ask, &o), -ENOSPC);
+    CHECK_STR_HAS(msg(), d);
+    char num[32];
+    snprintf(num, sizeof num, "%llu", (unsigned long long)((ask + K - 1) / K * K));
+    CHECK_STR_HAS(msg(), num); /* the bytes needed */
+    CHECK_STR_HAS(msg(), "free");
+    CHECK_EQ(used(s), 8 * K);
+    CHECK_EQ(fsize(s), 8 * K);
+    struct stat st1 = fst(fy_spill_fd(s));
+    CHECK_EQ(st1.st_size, st0.st_size);
+    CHECK_EQ(st1.st_blocks, st0.st_blocks);
+    /* A request the disk can hold still works afterwards. */
+    CHECK_EQ(fy_spill_reserve(s, 8 * K, &o), 0);
+    CHECK_EQ(o, 8 * K);
+    fy_spill_close(s);
+    CHECK_EQ(atomic_load(&live), 0);
+    CHECK_EQ(rmdir(d), 0);
+}
+
+/* Fail each faultable call of fy_spill_open in turn. */
+static void test_fault_open(void)
+{
+    char d[PATH_MAX];
+    make_dir(d, sizeof d, base);
+    int fds = count_fds();
+    int n, failed = 0;
+    for (n = 1; n < 100; n++) {
+        fy_spill *s = (fy_spill *)&err;
+        err.msg[0] = '\0';
+        fy_fault_arm(n, EIO);
+        int rc = fy_spill_open(d, &counting, &err, &s);
+        bool fired = fy_fault_fired();
+        fy_fault_arm(0, 0);
+        if (!fired) {
+            CHECK_EQ(rc, 0);
+            fy_spill_close(s);
+            break;
+        }
+        failed++;
+        CHECK_EQ(rc, -EIO);
+        CHECK(s == NULL);
+        CHECK_STR_HAS(msg(), d);
+        CHECK(strchr(msg(), '\n') == NULL);
+        CHECK_EQ(atomic_load(&live), 0);
+        CHECK_EQ(count_fds(), fds);
+        CHECK(dir_empty(d));
+    }
+    CHECK_EQ(failed, 2); /* O_TMPFILE open, fstatfs */
+    CHECK_EQ(atomic_load(&live), 0);
+    CHECK_EQ(count_fds(), fds);
+    CHECK(dir_empty(d));
+    CHECK_EQ(rmdir(d), 0);
+}
+
+/* Fail each allocation of open and of reserve in turn. */
+static void test_fault_alloc(void)
+{
+    char d[PATH_MAX];
+    make_dir(d, sizeof d, base);
+    int fds = count_fds();
+    int n, failed = 0;
+    for (int fallback = 0; fallback < 2; fallback++) {
+        for (n = 1; n < 100; n++) {
+            fy_spill *s = NULL;
+            if (fallback) fy_fault_arm(1, EOPNOTSUPP);
+            alloc_arm(n);
+            int rc = fy_spill_open(d, &counting, &err, &s);
+            bool hit = atomic_load(&alloc_failed);
+            alloc_arm(0);
+            fy_fault_arm(0, 0);
+            if (!hit) {
+                CHECK_EQ(rc, 0);
+                fy_spill_close(s);
+                break;
+            }
+            failed++;
+            CHECK_EQ(rc, -ENOMEM);
+            CHECK(s == NULL);
+            CHECK_STR_HAS(msg(), d);
+            CHECK_EQ(atomic_load(&live), 0);
+            CHECK_EQ(count_fds(), fds);
+            CHECK(dir_empty(d));
+        }
+    }
+    CHECK_EQ(failed, 2 + 3); /* struct, dir copy; and the fallback's path */
+
+    fy_spill *s = open_in(d);
+    if (!s) return;
+    uint64_t o[40];
+    failed = 0;
+    for (int i = 0; i < 40; i++) {
+        for (n = 1; n < 10; n++) {
+            alloc_arm(n);
+            uint64_t before = used(s), sz = fsize(s);
+            int rc = fy_spill_reserve(s, K, &o[i]);
+            bool hit = atomic_load(&alloc_failed);
+            alloc_arm(0);
+            if (!hit) {
+                CHECK_EQ(rc, 0);
+                break;
+            }
+            failed++;
+            CHECK_EQ(rc, -ENOMEM);
+            CHECK_EQ(used(s), before);
+            CHECK_EQ(fsize(s), sz);
+            CHECK_EQ(fst(fy_spill_fd(s)).st_size, (long long)sz);
+        }
+    }
+    CHECK(failed >= 2); /* the free list's first allocation and at least one growth */
+    /* Releasing every other range needs no memory, even with allocation failing. */
+    alloc_arm(1);
+    for (int i = 0; i < 40; i += 2) fy_spill_release(s, o[i], K);
+    CHECK(!atomic_load(&alloc_failed));
+    alloc_arm(0);
+    CHECK_EQ(used(s), 20 * K);
+    for (int i = 1; i < 40; i += 2) fy_spill_release(s, o[i], K);
+    CHECK_EQ(fsize(s), 0);
+    /* Reserving and releasing over and over does not keep growing the books. */
+    alloc_arm(0);
+    for (int i = 0; i < 1000; i++) {
+        uint64_t a, b;
+        CHECK_EQ(fy_spill_reserve(s, K, &a), 0);
+        CHECK_EQ(fy_spill_reserve(s, K, &b), 0);
+        fy_spill_release(s, a, K);
+        fy_spill_release(s, b, K);
+    }
+    CHECK_EQ(atomic_load(&nallocs), 0);
+    fy_spill_close(s);
+    CHECK_EQ(atomic_load(&live), 0);
+    CHECK_EQ(count_fds(), fds);
+    CHECK_EQ(rmdir(d), 0);
+}
+
+/* Fail each faultable call of fy_spill_reserve in turn, growing and reusing:
+ * a clean error, nothing reserved, the file as it was. */
+static void fault_reserve_loop(fy_spill *s, uint64_t len, uint64_t expect_off, int errnum, const char *dir)
+{
+    int fd = fy_spill_fd(s);
+    int n, failed = 0;
+    for (n = 1; n < 100; n++) {
+        uint64_t r0 = used(s), z0 = fsize(s);
+        struct stat st0 = fst(fd);
+        long a0 = atomic_load(&live);
+        uint64_t off = 12345;
+        err.msg[0] = '\0';
+        fy_fault_arm(n, errnum);
+        int rc = fy_spill_reserve(s, len, &off);
+        bool fired = fy_fault_fired();
+        fy_fault_arm(0, 0);
+        if (!fired) {
+            CHECK_EQ(rc, 0);
+            CHECK_EQ(off, expect_off);
+            CHECK_EQ(used(s), r0 + len);
+            fill(fd, off, len, 99);
+            CHECK(holds(fd, off, len, 99));
+            fy_spill_release(s, off, len);
+            CHECK_EQ(used(s), r0);
+            CHECK_EQ(fsize(s), z0);
+            break;
+        }
+        failed++;
+        CHECK_EQ(rc, -errnum);
+        CHECK_EQ(off, 12345);
+        CHECK_STR_HAS(msg(), dir);
+        CHECK_EQ(used(s), r0);
+        CHECK_EQ(fsize(s), z0);
+        struct stat st1 = fst(fd);
+        CHECK_EQ(st1.st_size, st0.st_size);
+        CHECK_EQ(st1.st_blocks, st0.st_blocks);
+        CHECK_EQ(atomic_load(&live), a0);
+    }
+    CHECK_EQ(failed, 2); /* fstatfs, fallocate */
+}
+
+static void test_fault_reserve(void)
+{
+    char d[PATH_MAX];
+    make_dir(d, sizeof d, base);
+    fy_spill *s = open_in(d);
+    if (!s) return;
+    uint64_t a, b, c;
+    CHECK_EQ(fy_spill_reserve(s, 64 * K, &a), 0);
+    CHECK_EQ(fy_spill_reserve(s, 256 * K, &b), 0);
+    CHECK_EQ(fy_spill_reserve(s, 64 * K, &c), 0);
+    fy_spill_release(s, b, 256 * K); /* a hole to reuse */
+    static const int errs[] = {EIO, ENOSPC, EDQUOT};
+    for (int e = 0; e < 3; e++) {
+        fault_reserve_loop(s, 128 * K, b, errs[e], d);      /* into the hole */
+        fault_reserve_loop(s, 2 * MiB, 384 * K, errs[e], d); /* growing: larger than the hole */
+    }
+    /* Everything is still consistent: the hole is whole, the tail goes. */
+    uint64_t h;
+    CHECK_EQ(fy_spill_reserve(s, 256 * K, &h), 0);
+    CHECK_EQ(h, b);
+    fy_spill_release(s, h, 256 * K);
+    fy_spill_release(s, a, 64 * K);
+    fy_spill_release(s, c, 64 * K);
+    CHECK_EQ(used(s), 0);
+    CHECK_EQ(fsize(s), 0);
+    CHECK_EQ(fst(fy_spill_fd(s)).st_size, 0);
+    fy_spill_close(s);
+    CHECK_EQ(atomic_load(&live), 0);
+    CHECK(dir_empty(d));
+    CHECK_EQ(rmdir(d), 0);
+}
+
+/* Release never fails, but its punch and truncate can: the range must still
+ * come back free and the bookkeeping stay true to the file. */
+static void test_fault_release(void)
+{
+    char d[PATH_MAX];
+    make_dir(d, sizeof d, base);
+    int n;
+    for (int tail = 0; tail < 2; tail++) {
+        for (n = 1; n < 100; n++) {
+            fy_spill *s = open_in(d);
+            if (!s) return;
+            int fd = fy_spill_fd(s);
+            uint64_t a, b, c = 0;
+            CHECK_EQ(fy_spill_reserve(s, 8 * K, &a), 0);
+            CHECK_EQ(fy_spill_reserve(s, 8 * K, &b), 0);
+            if (!tail) CHECK_EQ(fy_spill_reserve(s, 8 * K, &c), 0);
+            fill(fd, b, 8 * K, 3);
+            uint64_t r0 = used(s);
+            fy_fault_arm(n, EIO);
+            fy_spill_release(s, b, 8 * K);
+            bool fired = fy_fault_fired();
+            fy_fault_arm(0, 0);
+            CHECK_EQ(used(s), r0 - 8 * K);
+            CHECK_EQ(fsize(s), (uint64_t)fst(fd).st_size);
+            if (tail && !fired) CHECK_EQ(fsize(s), 8 * K);
+            if (tail && fired && n == 1) {
+                /* truncate failed: the tail stays, its blocks punched instead */
+                CHECK_EQ(fsize(s), 16 * K);
+                CHECK((uint64_t)fst(fd).st_blocks * 512 <= 8 * K + 4 * K);
+            }
+            /* The freed range is reused; then everything goes. */
+            uint64_t r;
+            CHECK_EQ(fy_spill_reserve(s, 8 * K, &r), 0);
+            CHECK_EQ(r, b);
+            fy_spill_release(s, r, 8 * K);
+            fy_spill_release(s, a, 8 * K);
+            if (!tail) fy_spill_release(s, c, 8 * K);
+            CHECK_EQ(used(s), 0);
+            CHECK_EQ(fsize(s), 0);
+            CHECK_EQ(fst(fd).st_size, 0);
+            fy_spill_close(s);
+            if (!fired) break;
+        }
+        CHECK_EQ(n, 2); /* tail: truncate (then a punch, not counted once truncate fails); middle: punch */
+    }
+    CHECK_EQ(atomic_load(&live), 0);
+    CHECK_EQ(rmdir(d), 0);
+}
+
+/* kill -9 of a process holding a spill file with data in it leaves nothing. */
+static void test_kill9(int fallback)
+{
+    char d[PATH_MAX];
+    make_dir(d, sizeof d, base);
+    int p[2];
+    CHECK_EQ(pipe(p), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        perror("fork");
+        CHECK(0);
+        return;
+    }
+    if (pid == 0) {
+        close(p[0]);
+        alarm(60); /* never outlive a parent that died */
+        fy_err e;
+        fy_err_init(&e);
+        fy_spill *s = NULL;
+        int fd = -1;
+        if (fallback) fy_fault_arm(1, EOPNOTSUPP);
+        int rc = fy_spill_open(d, NULL, &e, &s);
+        fy_fault_arm(0, 0);
+        uint64_t off = 0;
+        if (rc == 0) rc = fy_spill_reserve(s, 8 * MiB, &off);
+        char *buf = malloc(8 * MiB);
+        if (rc == 0 && buf) {
+            memset(buf, 0xA5, 8 * MiB);
+            rc = fy_pwrite_full(fy_spill_fd(s), buf, 8 * MiB, off);
+        }
+        if (rc == 0) rc = fdatasync(fy_spill_fd(s)) < 0 ? -errno : 0;
+        if (rc == 0) fd = fy_spill_fd(s);
+        else fprintf(stderr, "child: %d %s\n", rc, e.msg);
+        if (write(p[1], &fd, sizeof fd) != sizeof fd) _exit(2);
+        for (;;) pause();
+    }
+    close(p[1]);
+    int fd = -1;
+    CHECK(read(p[0], &fd, sizeof fd) == sizeof fd);
+    close(p[0]);
+    CHECK(fd >= 0);
+    if (fd >= 0) {
+        /* The child's file is real and lives in d, though d shows nothing. */
+        char link[64], target[PATH_MAX];
+        snprintf(link, sizeof link, "/proc/%d/fd/%d", (int)pid, fd);
+        struct stat st;
+        CHECK_EQ(stat(link, &st), 0);
+        CHECK_EQ(st.st_size, (long long)(8 * MiB));
+        CHECK((uint64_t)st.st_blocks * 512 >= 8 * MiB);
+        ssize_t n = readlink(link, target, sizeof target - 1);
+        CHECK(n > 0);
+        if (n > 0) {
+            target[n] = '\0';
+            CHECK(strncmp(target, d, strlen(d)) == 0);
+            CHECK_STR_HAS(target, "(deleted)");
+        }
+        CHECK(dir_empty(d));
+    }
+    CHECK_EQ(kill(pid, SIGKILL), 0);
+    int status = 0;
+    CHECK_EQ(waitpid(pid, &status, 0), pid);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    CHECK(dir_empty(d));
+    CHECK_EQ(rmdir(d), 0);
+}
+
+int main(void)
+{
+    fy_err_init(&err);
+    const char *t = getenv("TMPDIR");
+    const char *cand[] = {t && *t ? t : NULL, "/var/tmp"};
+    base[0] = '\0';
+    for (int i = 0; i < 2; i++)
+        if (cand[i] && !on_ram_fs(cand[i])) {
+            snprintf(base, sizeof base, "%s", cand[i]);
+            break;
+        }
+    if (!base[0]) {
+        printf("skip: neither $TMPDIR nor /var/tmp is on a disk-backed file system\n");
+        return 77;
+    }
+    test_basic();
+    test_reuse_merge_truncate();
+    test_punch();
+    test_model();
+    test_refusals();
+    test_fallback();
+    test_enospc();
+    test_fault_open();
+    test_fault_alloc();
+    test_fault_reserve();
+    test_fault_release();
+    test_kill9(0);
+    test_kill9(1);
+    fy_err_destroy(&err);
+    return check_summary();
+}
