@@ -1,0 +1,409 @@
+"""_core - handles over ferry's C objects: open files, devices, loads.
+
+Lifetimes: a _Handle owns one ferry_ctx and one ferry_file and closes them
+when the last Python reference goes; every zero-copy view (torch tensor, numpy
+array) holds a reference to it through its buffer, so the mapping outlives
+every view. Devices are opened once per spec and per process (their pinned
+ring is reused by every load) and stay open until the process exits.
+"""
+import collections
+import ctypes
+import os
+import threading
+
+from . import _lib
+from ._lib import lib
+from .errors import check, error
+
+TensorInfo = collections.namedtuple(
+    "TensorInfo", "index name dtype shape nbytes offset shard strides flags")
+TensorInfo.__doc__ = """One tensor of a checkpoint, as ferry_tensor_info reports it: dtype is
+ferry's name ("BF16", "Q4_K"), shape a tuple outermost-first, strides a tuple of
+element strides for non-row-major PyTorch views (else None), flags FERRY_TENSOR_*."""
+
+
+def _fspath(path):
+    return os.fsencode(os.fspath(path))
+
+
+class _Handle:
+    """A ferry_ctx and a ferry_file opened on it; freed with the last reference."""
+
+    __slots__ = ("ctx", "f", "path", "flags", "__weakref__")
+
+    # bound here so that __del__ still works while the interpreter shuts down
+    _file_close = lib.ferry_file_close
+    _ctx_free = lib.ferry_ctx_free
+
+    def __init__(self, path, flags=0):
+        self.ctx = self.f = None
+        self.path = os.fspath(path)
+        self.flags = flags
+        ctx = ctypes.c_void_p()
+        check(lib.ferry_ctx_new(None, ctypes.byref(ctx)), None, self.path)
+        self.ctx = ctx
+        f = ctypes.c_void_p()
+        rc = lib.ferry_file_open(ctx, _fspath(path), flags, ctypes.byref(f))
+        if rc < 0:
+            check(rc, ctx, self.path)
+        self.f = f
+
+    def __del__(self):
+        if self.f is not None:
+            self._file_close(self.f)
+            self.f = None
+        if self.ctx is not None:
+            self._ctx_free(self.ctx)
+            self.ctx = None
+
+    def count(self):
+        return lib.ferry_file_tensor_count(self.f)
+
+    def info(self, i):
+        ti = _lib.TensorInfo()
+        check(lib.ferry_file_tensor_info(self.f, i, ctypes.byref(ti)), self.ctx, self.path)
+        shape = tuple(ti.shape[k] for k in range(ti.ndim))
+        strides = tuple(ti.strides[k] for k in range(ti.ndim)) if ti.strides else None
+        dt = _lib.DTYPE_NAMES[ti.dtype] if 0 <= ti.dtype < len(_lib.DTYPE_NAMES) else \
+            lib.ferry_dtype_name(ti.dtype).decode()
+        return TensorInfo(i, ti.name.decode("utf-8"), dt, shape, ti.nbytes, ti.offset, ti.shard,
+                          strides, ti.flags)
+
+    def infos(self):
+        return [self.info(i) for i in range(self.count())]
+
+    def data(self, i):
+        """Address of tensor i's bytes in the mapping."""
+        p = ctypes.c_void_p()
+        check(lib.ferry_file_tensor_data(self.f, i, ctypes.byref(p)), self.ctx, self.path)
+        return p.value or 0
+
+    def buffer(self, address, nbytes):
+        """A writable ctypes array over [address, address + nbytes) of the
+        mapping that keeps this handle (so the mapping) alive."""
+        buf = (ctypes.c_ubyte * nbytes).from_address(address)
+        buf._ferry_owner = self
+        return buf
+
+
+class File:
+    """An open checkpoint (safetensors, *.safetensors.index.json, GGUF, PyTorch
+    zip): its tensor table and metadata, without reading any tensor data.
+
+    private=True maps it copy-on-write (FERRY_OPEN_PRIVATE): views may then be
+    written, and writes change only this process's copy. close() (or leaving a
+    with block) drops this object's hold on the mapping; views made from it
+    keep it mapped until they are gone too."""
+
+    def __init__(self, path, *, private=False):
+        self._h = _Handle(path, _lib.OPEN_PRIVATE if private else 0)
+        self.path = self._h.path
+        self._infos = None
+        self._names = None
+
+    def _handle(self):
+        if self._h is None:
+            raise ValueError(f"{self.path}: file is closed")
+        return self._h
+
+    def close(self):
+        self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def format(self):
+        """"safetensors", "safetensors-index", "gguf" or "pytorch"."""
+        h = self._handle()
+        return lib.ferry_format_name(lib.ferry_file_format(h.f)).decode()
+
+    @property
+    def total_bytes(self):
+        return lib.ferry_file_total_bytes(self._handle().f)
+
+    @property
+    def shards(self):
+        h = self._handle()
+        return [lib.ferry_file_shard_path(h.f, i).decode("utf-8", "surrogateescape")
+                for i in range(lib.ferry_file_shard_count(h.f))]
+
+    @property
+    def metadata(self):
+        h = self._handle()
+        out = {}
+        k, v = ctypes.c_char_p(), ctypes.c_char_p()
+        for i in range(lib.ferry_file_metadata_count(h.f)):
+            check(lib.ferry_file_metadata(h.f, i, ctypes.byref(k), ctypes.byref(v)), h.ctx, self.path)
+            out[k.value.decode("utf-8")] = v.value.decode("utf-8")
+        return out
+
+    @property
+    def tensors(self):
+        """TensorInfo of every tensor, in file order."""
+        if self._infos is None:
+            self._infos = self._handle().infos()
+        return list(self._infos)
+
+    def keys(self):
+        return [t.name for t in self.tensors]
+
+    def __len__(self):
+        return lib.ferry_file_tensor_count(self._handle().f)
+
+    def __contains__(self, name):
+        return self.find(name) is not None
+
+    def find(self, name):
+        """Index of the tensor called name, or None."""
+        h = self._handle()
+        i = lib.ferry_file_find(h.f, name.encode("utf-8"))
+        if i == _lib.E_NOTFOUND:
+            return None
+        return check(i, h.ctx, self.path)
+
+    def info(self, key):
+        """TensorInfo of a tensor, by name or index (KeyError if absent)."""
+        if isinstance(key, str):
+            i = self.find(key)
+            if i is None:
+                raise KeyError(f"{self.path}: no tensor '{key}'")
+            key = i
+        return self._handle().info(key)
+
+    def read(self, key):
+        """A copy of a tensor's bytes (read with pread, not through the mapping)."""
+        h = self._handle()
+        t = self.info(key)
+        buf = ctypes.create_string_buffer(t.nbytes)
+        if t.nbytes:
+            check(lib.ferry_file_tensor_read(h.f, t.index, 0, buf, t.nbytes), h.ctx, self.path)
+        return buf.raw
+
+    def resident(self):
+        """Fraction (0..1) of the file's pages in the page cache, or -1."""
+        return lib.ferry_file_resident(self._handle().f)
+
+    def __repr__(self):
+        state = "closed" if self._h is None else f"{self.format}, {len(self)} tensors"
+        return f"<ferry.File {self.path!r} ({state})>"
+
+
+class Device:
+    """An open ferry device ("cuda:N", "cpu", "sim:SIZE"). Get one with
+    ferry.device(spec): devices are cached per spec for the process's life."""
+
+    def __init__(self, spec, filename=None):
+        self.spec = spec
+        ctx = ctypes.c_void_p()
+        check(lib.ferry_ctx_new(None, ctypes.byref(ctx)), None, filename or spec)
+        self.ctx = ctx
+        d = ctypes.c_void_p()
+        rc = lib.ferry_device_open(ctx, spec.encode(), ctypes.byref(d))
+        if rc < 0:
+            msg = _lib.errmsg(ctx)
+            lib.ferry_ctx_free(ctx)
+            raise error(rc, msg, filename or spec)
+        self.dev = d
+
+    @property
+    def description(self):
+        return lib.ferry_device_desc(self.dev).decode("utf-8", "replace")
+
+    def mem_info(self):
+        """(free bytes, total bytes)."""
+        free, total = ctypes.c_uint64(), ctypes.c_uint64()
+        check(lib.ferry_device_mem_info(self.dev, ctypes.byref(free), ctypes.byref(total)), self.ctx,
+              self.spec)
+        return free.value, total.value
+
+    def __repr__(self):
+        return f"<ferry.Device {self.description!r}>"
+
+
+_devices = {}
+_devices_lock = threading.Lock()
+
+
+def device(spec, filename=None):
+    """The process's ferry device for spec ("cuda:0", "cpu", "sim:24GiB"),
+    opened on first use and kept open (with its pinned ring) until exit.
+    filename: the file a failure to open it is reported against (the message
+    then reads "FILE: cuda:0: why")."""
+    with _devices_lock:
+        d = _devices.get(spec)
+        if d is None:
+            d = _devices[spec] = Device(spec, filename)
+        return d
+
+
+def parse_size(s):
+    """Bytes in "16MiB", "1.5GB", "4096" (ferry_parse_size); ints pass through."""
+    if isinstance(s, int):
+        if s < 0:
+            raise ValueError(f"negative size {s}")
+        return s
+    out = ctypes.c_uint64()
+    rc = lib.ferry_parse_size(str(s).encode(), ctypes.byref(out))
+    if rc < 0:
+        raise ValueError(f"not a byte count: {s!r}")
+    return out.value
+
+
+class LoadOptions:
+    """ferry_load_opts from the keyword options, plus the progress callback's
+    bookkeeping: the ctypes trampoline must live as long as the load, and an
+    exception raised by the Python callback (in a worker thread) is kept and
+    raised again when the load returns."""
+
+    def __init__(self, path_kind="auto", threads=None, ring_buffers=None, ring_buffer_bytes=None,
+                 progress=None, offset=0, total=None):
+        o = _lib.LoadOpts()
+        o.size = ctypes.sizeof(_lib.LoadOpts)
+        if path_kind is None:
+            path_kind = "auto"
+        p = lib.ferry_path_parse(str(path_kind).encode())
+        if p < 0:
+            raise ValueError(f"path_kind must be one of {', '.join(_lib.PATHS)}, not {path_kind!r}")
+        o.path = p
+        if threads is not None:
+            if threads < 0:
+                raise ValueError("threads must be >= 0")
+            o.threads = threads
+        if ring_buffers is not None:
+            if ring_buffers < 0:
+                raise ValueError("ring_buffers must be >= 0")
+            o.ring_buffers = ring_buffers
+        if ring_buffer_bytes is not None:
+            o.ring_buffer_bytes = parse_size(ring_buffer_bytes)
+        self.errors = []
+        self._fn = None
+        if progress is not None:
+            if not callable(progress):
+                raise TypeError("progress must be callable(done, total)")
+
+            def trampoline(_opaque, done, tot):
+                try:
+                    progress(offset + done, tot if total is None else total)
+                except BaseException as e:  # noqa: B902 - kept and raised in the caller's thread
+                    if not self.errors:
+                        self.errors.append(e)
+
+            self._fn = _lib.PROGRESS_FN(trampoline)
+            o.progress = self._fn
+        self.opts = o
+
+    def raise_pending(self):
+        if self.errors:
+            e = self.errors[0]
+            self.errors = []
+            raise e
+
+
+def stats_dict(st):
+    return {"path": _lib.PATHS[st.path] if 0 <= st.path < len(_lib.PATHS) else str(st.path),
+            "bytes": st.bytes, "seconds": st.seconds,
+            "resident": st.resident, "why": st.why.decode("utf-8", "replace")}
+
+
+def load_into(dev, handle, idx, ptrs, opts):
+    """ferry_load_into: tensor idx[k] of handle's file into address ptrs[k].
+    Returns the load's statistics as a dict."""
+    n = len(idx)
+    st = _lib.LoadStats()
+    if n:
+        ia = (ctypes.c_int64 * n)(*idx)
+        pa = (ctypes.c_uint64 * n)(*ptrs)
+        rc = lib.ferry_load_into(dev.dev, handle.f, ia, pa, n, ctypes.byref(opts.opts), ctypes.byref(st))
+        if rc < 0:
+            opts.errors = []
+            check(rc, dev.ctx, handle.path)
+    opts.raise_pending()
+    return stats_dict(st)
+
+
+class Loaded:
+    """A ferry_load: device memory ferry allocated and fills, freed (and the
+    file released) when the last reference goes. Exported tensors hold one."""
+
+    _free = lib.ferry_loaded_free
+
+    def __init__(self, dev, handle, opts):
+        self.dev = dev
+        self.handle = handle
+        self.l = None
+        out = ctypes.c_void_p()
+        st = _lib.LoadStats()
+        rc = lib.ferry_load(dev.dev, handle.f, ctypes.byref(opts.opts), ctypes.byref(out), ctypes.byref(st))
+        if rc < 0:
+            opts.errors = []
+            check(rc, dev.ctx, handle.path)
+        self.l = out
+        self.stats = stats_dict(st)
+        opts.raise_pending()
+
+    def ptr(self, i):
+        return lib.ferry_loaded_ptr(self.l, i)
+
+    def read(self, i, nbytes):
+        """A copy of tensor i's bytes, read back from the device."""
+        buf = ctypes.create_string_buffer(max(nbytes, 1))
+        check(lib.ferry_loaded_read(self.l, i, buf), self.dev.ctx, self.handle.path)
+        return buf.raw[:nbytes]
+
+    def __del__(self):
+        if self.l is not None:
+            self._free(self.l)
+            self.l = None
+
+
+def plan_views(infos, shared_ok=True):
+    """Group the tensors whose bytes overlap (views of one PyTorch storage,
+    flagged FERRY_TENSOR_SHARED_STORAGE, of one dtype) so that each group gets
+    one buffer and its tensors stay views of one storage, as torch.load gives.
+
+    Returns (bases, where): bases is a list of (shard, start offset, end
+    offset, index of the tensor that starts it); where[i] = (base number, byte
+    offset of tensor i in that base) for every tensor with bytes."""
+    bases, where = [], {}
+    shared = []
+    for t in infos:
+        if not t.nbytes:
+            continue
+        if shared_ok and t.flags & _lib.TENSOR_SHARED_STORAGE:
+            shared.append(t)
+        else:
+            where[t.index] = (len(bases), 0)
+            bases.append((t.shard, t.offset, t.offset + t.nbytes, t.index))
+    shared.sort(key=lambda t: (t.shard, t.dtype, t.offset))
+    cur = None
+    for t in shared:
+        if cur is not None and (t.shard, t.dtype) == cur[0] and t.offset < cur[2]:
+            cur[2] = max(cur[2], t.offset + t.nbytes)
+        else:
+            if cur is not None:
+                bases.append((cur[0][0], cur[1], cur[2], cur[3]))
+            cur = [(t.shard, t.dtype), t.offset, t.offset + t.nbytes, t.index]
+        where[t.index] = (len(bases), t.offset - cur[1])
+    if cur is not None:
+        bases.append((cur[0][0], cur[1], cur[2], cur[3]))
+    return bases, where
+
+
+def contiguous_strides(shape):
+    st, acc = [], 1
+    for d in reversed(shape):
+        st.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(st))
+
+
+def is_block_type(dtype_name):
+    """ggml's block-quantized types (Q4_K, IQ2_XXS, ...): no framework has them."""
+    try:
+        return _lib.DTYPE_NAMES.index(dtype_name) >= _lib.DTYPE_FIRST_BLOCK
+    except ValueError:
+        return False
