@@ -14,7 +14,7 @@ SUDO=""
 export DEBIAN_FRONTEND=noninteractive
 
 need=""
-for p in build-essential cmake ninja-build clang llvm libclang-rt-dev libxxhash-dev xxhash \
+for p in build-essential cmake ninja-build clang llvm libclang-rt-dev libxxhash-dev xxhash python3-pytest \
          python3 ca-certificates dpkg-dev; do
     [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || need="$need $p"
 done

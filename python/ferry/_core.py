@@ -144,8 +144,9 @@ class File:
     @property
     def tensors(self):
         """TensorInfo of every tensor, in file order."""
+        h = self._handle()
         if self._infos is None:
-            self._infos = self._handle().infos()
+            self._infos = h.infos()
         return list(self._infos)
 
     def keys(self):

@@ -134,10 +134,15 @@ def _by_name(tensors):
 def _parse_device(device, owner):
     if isinstance(device, int) and not isinstance(device, bool):
         device = torch.device("cuda", device)
-    if owner == "ferry" and isinstance(device, str) and device.startswith("sim:"):
+    if isinstance(device, str) and device.startswith("sim:"):
+        if owner != "ferry":
+            raise ValueError(f"device {device!r} (ferry's simulated GPU) needs owner='ferry'")
         return device
     if isinstance(device, str):
-        device = torch.device(device)
+        try:
+            device = torch.device(device)
+        except RuntimeError as e:
+            raise ValueError(f"ferry.torch: bad device {device!r}: {e}") from None
     if not isinstance(device, torch.device):
         raise TypeError(f"device must be a str, int or torch.device, not {type(device).__name__}")
     if device.type not in ("cpu", "cuda"):
@@ -250,11 +255,17 @@ def _module_entries(module):
     return out
 
 
-def _assign(m, name, is_param, old, new):
-    if is_param:
-        m._parameters[name] = torch.nn.Parameter(new, requires_grad=old.requires_grad)
-    else:
-        m._buffers[name] = new
+def _assign(entries, new):
+    """Put new in place of the tensor every entry names (a tied tensor's names
+    all get the same new Parameter), keeping requires_grad."""
+    param = None
+    for key, m, name, is_param, old in entries:
+        if is_param:
+            if param is None:
+                param = torch.nn.Parameter(new, requires_grad=old.requires_grad)
+            m._parameters[name] = param
+        else:
+            m._buffers[name] = new
 
 
 class _Progress:
@@ -359,6 +370,7 @@ def load_into(module, path, *, strict=True, device=None, path_kind="auto", ring_
                 views.append((es, info, dt))
                 continue
             tdev = torch.device("cuda", _cuda_index(target_dev))
+            _core.device(f"cuda:{tdev.index}", h.path)  # no GPU: say so before allocating
             dest = new = _empty(info, dt, tdev)
         else:
             dest, new = cur, None
@@ -394,13 +406,11 @@ def load_into(module, path, *, strict=True, device=None, path_kind="auto", ring_
             if prog is not None:
                 prog.add(nbytes)
             for es, new in assigns:
-                for key, m, name, is_param, old in es:
-                    _assign(m, name, is_param, old, new)
+                _assign(es, new)
         if views:
             made = _views(h, [i for _, i, _ in views], {i.index: dt for _, i, dt in views})
             for es, info, dt in views:
-                for key, m, name, is_param, old in es:
-                    _assign(m, name, is_param, old, made[info.name])
+                _assign(es, made[info.name])
         if copies:
             # views of the mapping used only as the source of one copy each
             src = _views(h, [i for _, i, _ in copies], {i.index: dt for _, i, dt in copies})
