@@ -196,7 +196,28 @@ static void test_open(ferry_ctx *ctx)
     CHECK_EQ(rc, -EISDIR);
     CHECK_EQ(ferry_file_open(ctx, "/dev/null", 0, &f), FERRY_E_INVAL);
     CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "not a regular file");
-    CHECK_EQ(ferry_file_open(ctx, p, 1, &f), FERRY_E_INVAL);
+    CHECK_EQ(ferry_file_open(ctx, p, 0x80, &f), FERRY_E_INVAL);
+    CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "unknown flags 0x80");
+    /* FERRY_OPEN_PRIVATE: the views are writable copy-on-write pages; the
+     * file itself never changes */
+    f = NULL;
+    CHECK_EQ(ferry_file_open(ctx, p, FERRY_OPEN_PRIVATE, &f), 0);
+    if (f) {
+        ferry_tensor_info pti;
+        void *v = NULL;
+        CHECK_EQ(ferry_file_tensor_info(f, 0, &pti), 0);
+        CHECK_EQ(ferry_file_tensor_data(f, 0, (const void **)&v), 0);
+        CHECK(pti.nbytes > 0 && v != NULL);
+        if (v && pti.nbytes) {
+            unsigned char before = 0, after = 0;
+            CHECK_EQ(ferry_file_tensor_read(f, 0, 0, &before, 1), 0);
+            ((unsigned char *)v)[0] = (unsigned char)(before ^ 0xFF);
+            CHECK_EQ(((unsigned char *)v)[0], before ^ 0xFF); /* the view sees the write */
+            CHECK_EQ(ferry_file_tensor_read(f, 0, 0, &after, 1), 0); /* pread: the file does not */
+            CHECK_EQ(after, before);
+        }
+        ferry_file_close(f);
+    }
     CHECK_EQ(ferry_file_open(ctx, "", 0, &f), FERRY_E_INVAL);
     CHECK_EQ(ferry_file_open(NULL, p, 0, &f), FERRY_E_INVAL);
     ferry_file_close(NULL);
