@@ -29,7 +29,7 @@ def _fspath(path):
 class _Handle:
     """A ferry_ctx and a ferry_file opened on it; freed with the last reference."""
 
-    __slots__ = ("ctx", "f", "path", "flags", "__weakref__")
+    __slots__ = ("ctx", "f", "path", "flags", "users", "finalized", "__weakref__")
 
     # bound here so that __del__ still works while the interpreter shuts down
     _file_close = lib.ferry_file_close
@@ -37,6 +37,8 @@ class _Handle:
 
     def __init__(self, path, flags=0):
         self.ctx = self.f = None
+        self.users = 0          # C objects that need the file open (a Loaded)
+        self.finalized = False
         self.path = os.fspath(path)
         self.flags = flags
         ctx = ctypes.c_void_p()
@@ -49,12 +51,28 @@ class _Handle:
         self.f = f
 
     def __del__(self):
+        # In a garbage cycle Python runs the finalizers in no set order: a
+        # Loaded of this file may still need it, and then closes it itself.
+        if self.users:
+            self.finalized = True
+            return
+        self._close()
+
+    def _close(self):
         if self.f is not None:
             self._file_close(self.f)
             self.f = None
         if self.ctx is not None:
             self._ctx_free(self.ctx)
             self.ctx = None
+
+    def acquire(self):
+        self.users += 1
+
+    def release(self):
+        self.users -= 1
+        if not self.users and self.finalized:
+            self._close()
 
     def count(self):
         return lib.ferry_file_tensor_count(self.f)
@@ -343,6 +361,7 @@ class Loaded:
             opts.errors = []
             check(rc, dev.ctx, handle.path)
         self.l = out
+        handle.acquire()
         self.stats = stats_dict(st)
         opts.raise_pending()
 
@@ -359,6 +378,7 @@ class Loaded:
         if self.l is not None:
             self._free(self.l)
             self.l = None
+            self.handle.release()
 
 
 def plan_views(infos, shared_ok=True):

@@ -168,6 +168,7 @@ def _load():
 
 
 lib, path = _load()
+path = os.path.abspath(path)
 for _name, (_res, _args) in _SIGNATURES.items():
     _fn = getattr(lib, _name)
     _fn.restype = _res

@@ -46,8 +46,14 @@ def dtype_for(info, path=None):
         path)
 
 
+_ELEMENT_SIZE = {}
+
+
 def _element_size(dt):
-    return torch.empty((), dtype=dt).element_size()
+    n = _ELEMENT_SIZE.get(dt)
+    if n is None:
+        n = _ELEMENT_SIZE[dt] = torch.empty((), dtype=dt).element_size()
+    return n
 
 
 def _frombuffer(buf, dt):
@@ -94,10 +100,7 @@ def _alloc(infos, dts, device):
     """Empty device tensors for infos, and the (index, address) pairs ferry
     fills: name -> tensor, [index], [address]."""
     bases, where = _core.plan_views(infos)
-    base_tensors = []
-    for shard, start, end, first in bases:
-        dt = dts[first] or torch.uint8
-        base_tensors.append(torch.empty((end - start) // _element_size(dt), dtype=dt, device=device))
+    base_tensors = [None] * len(bases)  # made on first use
     out, idx, ptrs = {}, [], []
     for t in infos:
         dt = dts[t.index]
@@ -105,9 +108,20 @@ def _alloc(infos, dts, device):
             out[t.name] = _empty(t, dt, device)
             continue
         b, off = where[t.index]
-        out[t.name] = _shape_view(base_tensors[b], t, dt, off)
+        base = base_tensors[b]
+        if base is None:
+            shard, start, end, first = bases[b]
+            if first == t.index and end - start == t.nbytes and t.strides is None and dt is not None:
+                # the common case, a tensor alone in its storage: allocate it as it is
+                out[t.name] = torch.empty(t.shape, dtype=dt, device=device)
+                idx.append(t.index)
+                ptrs.append(out[t.name].data_ptr())
+                continue
+            bdt = dts[first] or torch.uint8
+            base = base_tensors[b] = torch.empty((end - start) // _element_size(bdt), dtype=bdt, device=device)
+        out[t.name] = _shape_view(base, t, dt, off)
         idx.append(t.index)
-        ptrs.append(base_tensors[b].data_ptr() + off)
+        ptrs.append(base.data_ptr() + off)
     return out, idx, ptrs
 
 

@@ -18,7 +18,9 @@ ran=0
 failed=0
 for py in /usr/bin/python3 $(command -v python3) $(command -v python) $FERRY_TEST_PYTHONS; do
     [ -x "$py" ] || continue
-    exe=$("$py" -c 'import os, sys; print(os.path.realpath(sys.executable))' 2>/dev/null) || continue
+    # one run per installation: a venv shares its interpreter binary with the
+    # system Python but not its packages, so tell them apart by prefix
+    exe=$("$py" -c 'import sys; print("%s:%d.%d" % ((sys.prefix,) + sys.version_info[:2]))' 2>/dev/null) || continue
     case " $seen " in *" $exe "*) continue ;; esac
     seen="$seen $exe"
     ver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
@@ -33,7 +35,7 @@ print(" ".join(m for m in ("numpy", "torch", "safetensors", "ml_dtypes") if u.fi
     # no bytecode or pytest cache in the source tree; the library under test
     # comes from $FERRY_LIBRARY, the package from python/ of this checkout
     if PYTHONDONTWRITEBYTECODE=1 FERRY_LIBRARY="$lib" PYTHONPATH="$root/python" \
-        "$py" -m pytest -q -p no:cacheprovider -rs "$here"/test_binding*.py; then
+        "$py" -m pytest -q -p no:cacheprovider -p no:hypothesispytest -rs "$here"/test_binding*.py; then
         ran=$((ran + 1))
     else
         rc=$?

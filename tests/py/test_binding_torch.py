@@ -382,3 +382,19 @@ def test_load_options_checked(tmp_path):
     got = ft.load_file(p, "sim:1GiB", owner="ferry", path_kind="ring", ring_buffers=2,
                        ring_buffer_bytes="64KiB", threads=1)
     assert got["a"].numel() == 4096
+
+
+def test_loaded_outlives_its_file_handle_finalizer(tmp_path):
+    """In a garbage cycle Python finalizes objects in any order: a ferry load
+    whose file handle was finalized first must still free before the close."""
+    from ferry import _core
+    p = tmp_path / "cycle.safetensors"
+    st_file(p, [("a", "F32", [1024], 1)])
+    h = _core._Handle(p)
+    loaded = _core.Loaded(ferry.device("sim:1GiB"), h, _core.LoadOptions())
+    h.__del__()  # as the cycle collector may do first
+    assert h.f is not None and mapped(p)
+    del loaded
+    gc.collect()
+    assert h.f is None and not mapped(p)
+    del h
