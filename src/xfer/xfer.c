@@ -132,6 +132,7 @@ FERRY_API void ferry_device_close(ferry_device *d)
 }
 
 fy_gpu *fy_device_gpu(ferry_device *d) { return d ? d->g : NULL; }
+ferry_ctx *fy_device_ctx(ferry_device *d) { return d ? d->ctx : NULL; }
 
 FERRY_API const char *ferry_device_desc(const ferry_device *d) { return d ? d->g->desc : ""; }
 
@@ -1045,3 +1046,138 @@ FERRY_API int ferry_device_copy_rate(ferry_device *d, uint64_t bytes, double *ht
     if (h) g->ops->host_free(g, h);
     return rc;
 }
+
+/* ---- moves for the residency store ---- */
+
+/* A stand-in ferry_file whose one "shard" is fd, and whose tensors are the
+ * ranges: the ring pipeline then reads any file (the spill file) unchanged. */
+int fy_xfer_fd_to_device(ferry_device *d, int fd, const char *path, const fy_fdrange *r, int64_t n,
+                         const ferry_load_opts *o, ferry_load_stats *st)
+{
+    if (!d || fd < 0 || n < 0 || (n && !r)) return FERRY_E_INVAL;
+    if (n == 0) return 0;
+    const ferry_allocator *m = &d->ctx->mem;
+    shard sh = {.path = (char *)(uintptr_t)path, .fd = fd, .size = 0, .map = NULL};
+    ferry_file f = {.ctx = d->ctx, .fmt = FERRY_FORMAT_UNKNOWN, .nshards = 1, .shards = &sh};
+    f.tb.mem = m;
+    f.tb.t = fy_calloc(m, (size_t)n, sizeof *f.tb.t);
+    item *it = fy_calloc(m, (size_t)n, sizeof *it);
+    int rc = 0;
+    if (!f.tb.t || !it) {
+        rc = fy_seterr(&d->ctx->err, -ENOMEM, "out of memory");
+    } else {
+        f.tb.n = n;
+        for (int64_t k = 0; k < n; k++) {
+            f.tb.t[k].name = (char *)"";
+            f.tb.t[k].offset = r[k].off;
+            f.tb.t[k].nbytes = r[k].len;
+            it[k].t = k;
+            it[k].dst = r[k].dev;
+        }
+        ferry_load_opts lo = {0};
+        if (o) memcpy(&lo, o, o->size && o->size <= sizeof lo ? o->size : 0);
+        lo.size = sizeof lo;
+        lo.path = FERRY_PATH_RING;
+        rc = load_items(d, &f, it, n, &lo, st);
+    }
+    fy_free(m, f.tb.t);
+    fy_free(m, it);
+    return rc;
+}
+
+int fy_xfer_device_to_fd(ferry_device *d, int fd, const char *path, const fy_fdrange *r, int64_t n,
+                         const ferry_load_opts *o)
+{
+    if (!d || fd < 0 || n < 0 || (n && !r)) return FERRY_E_INVAL;
+    if (n == 0) return 0;
+    fy_gpu *g = d->g;
+    uint32_t nbuf = o && o->ring_buffers ? o->ring_buffers : 2 * (fy_ncpu() < 12 ? fy_ncpu() : 12);
+    uint64_t bufsz = o && o->ring_buffer_bytes ? page_round(o->ring_buffer_bytes) : 4ull << 20;
+    if (nbuf < 2) nbuf = 2;
+    fy_stream *st[4] = {0};
+    int rc = g->ops->bind_thread(g);
+    for (int k = 0; k < 4 && rc == 0; k++) rc = g->ops->stream_new(g, &st[k]);
+    if (rc < 0) goto out_streams;
+    pthread_mutex_lock(&d->ring_lock);
+    rc = ring_get(d, nbuf, bufsz);
+    if (rc < 0) goto out;
+    /* pending[b]: what buffer b holds once its event fires */
+    struct pend {
+        bool busy;
+        uint64_t off, len;
+    } pending[4096];
+    uint32_t nb = d->nring < 4096 ? d->nring : 4096;
+    memset(pending, 0, sizeof pending);
+    uint32_t b = 0, s = 0;
+    for (int64_t k = 0; k < n && rc == 0; k++) {
+        for (uint64_t done = 0; done < r[k].len && rc == 0; done += bufsz) {
+            uint64_t len = r[k].len - done < bufsz ? r[k].len - done : bufsz;
+            ring_buf *rb = &d->ring[b];
+            if (pending[b].busy) { /* the oldest buffer: wait for its copy, write it out */
+                rc = g->ops->event_sync(g, rb->ev);
+                if (rc == 0) {
+                    rc = fy_pwrite_full(fd, rb->p, (size_t)pending[b].len, pending[b].off);
+                    if (rc < 0)
+                        fy_seterr(&d->ctx->err, rc, "%s: writing %" PRIu64 " bytes at %" PRIu64 ": %s", path,
+                                  pending[b].len, pending[b].off, ferry_strerror(rc));
+                }
+                pending[b].busy = false;
+                if (rc < 0) break;
+            }
+            rc = g->ops->copy_dtoh(g, rb->p, r[k].dev + done, (size_t)len, st[s]);
+            if (rc == 0) rc = g->ops->event_record(g, rb->ev, st[s]);
+            if (rc < 0) break;
+            pending[b] = (struct pend){true, r[k].off + done, len};
+            b = (b + 1) % nb;
+            s = (s + 1) % 4;
+        }
+    }
+    /* drain in order (on failure: still wait, so no copy lands in a reused buffer) */
+    for (uint32_t k = 0; k < nb; k++) {
+        uint32_t q = (b + k) % nb;
+        if (!pending[q].busy) continue;
+        int r2 = g->ops->event_sync(g, d->ring[q].ev);
+        if (rc == 0 && r2 < 0) rc = r2;
+        if (rc == 0) {
+            rc = fy_pwrite_full(fd, d->ring[q].p, (size_t)pending[q].len, pending[q].off);
+            if (rc < 0)
+                fy_seterr(&d->ctx->err, rc, "%s: writing %" PRIu64 " bytes at %" PRIu64 ": %s", path, pending[q].len,
+                          pending[q].off, ferry_strerror(rc));
+        }
+    }
+out:
+    pthread_mutex_unlock(&d->ring_lock);
+out_streams:
+    for (int k = 0; k < 4; k++) {
+        if (!st[k]) continue;
+        g->ops->stream_sync(g, st[k]);
+        g->ops->stream_free(g, st[k]);
+    }
+    return rc;
+}
+
+static int host_copies(ferry_device *d, const fy_hostrange *r, int64_t n, bool to_device)
+{
+    if (!d || n < 0 || (n && !r)) return FERRY_E_INVAL;
+    fy_gpu *g = d->g;
+    fy_stream *st[4] = {0};
+    int rc = g->ops->bind_thread(g);
+    for (int k = 0; k < 4 && rc == 0; k++) rc = g->ops->stream_new(g, &st[k]);
+    for (int64_t k = 0, s = 0; k < n && rc == 0; k++) {
+        for (uint64_t off = 0; off < r[k].len && rc == 0; off += REG_CHUNK, s = (s + 1) % 4) {
+            size_t len = (size_t)(r[k].len - off < REG_CHUNK ? r[k].len - off : REG_CHUNK);
+            rc = to_device ? g->ops->copy_htod(g, r[k].dev + off, (uint8_t *)r[k].host + off, len, st[s])
+                           : g->ops->copy_dtoh(g, (uint8_t *)r[k].host + off, r[k].dev + off, len, st[s]);
+        }
+    }
+    for (int k = 0; k < 4; k++) {
+        if (!st[k]) continue;
+        int r2 = g->ops->stream_sync(g, st[k]);
+        if (rc == 0 && r2 < 0) rc = r2;
+        g->ops->stream_free(g, st[k]);
+    }
+    return rc;
+}
+
+int fy_xfer_host_to_device(ferry_device *d, const fy_hostrange *r, int64_t n) { return host_copies(d, r, n, true); }
+int fy_xfer_device_to_host(ferry_device *d, const fy_hostrange *r, int64_t n) { return host_copies(d, r, n, false); }

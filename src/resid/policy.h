@@ -1,0 +1,46 @@
+/* policy.h - which groups leave the device: a pure function of the store's
+ * state and the request (DESIGN.md §6), unit-tested with tables. */
+#ifndef FERRY_POLICY_H
+#define FERRY_POLICY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* One group of tensors now on the device (all its device bytes). */
+typedef struct fy_cand {
+    int priority;      /* lower leaves first */
+    uint64_t last_use; /* older (smaller) leaves first */
+    uint64_t bytes;    /* device bytes the group frees */
+    bool protect;      /* pinned by a caller, or needed by the request itself */
+    int64_t id;        /* caller's handle; ties broken by it, so the order is total */
+} fy_cand;
+
+/* Choose groups to evict so that at least need bytes are freed: evictable
+ * candidates in order (priority, last_use, id), taken until need is met.
+ * need = UINT64_MAX: every evictable candidate. On success returns the count
+ * chosen, their indices (into c) in out[0..count-1] in eviction order, and the
+ * bytes they free in *freed. When even every evictable group falls short:
+ * returns -1, chooses nothing, and *freed = what they would have freed. out
+ * must have room for n entries; c is not modified. need 0 chooses nothing. */
+int64_t fy_policy_choose(const fy_cand *c, int64_t n, uint64_t need, int64_t *out, uint64_t *freed);
+
+/* Where a dirty tensor leaving the device goes. */
+typedef enum fy_dest { FY_DEST_PINNED, FY_DEST_HOST, FY_DEST_SPILL } fy_dest;
+
+/* Host-side state for fy_policy_dest. */
+typedef struct fy_hoststate {
+    uint64_t host_budget, host_used;     /* pinned + pageable bytes ferry holds */
+    uint64_t pinned_budget, pinned_used;
+    uint64_t available;                  /* the host's real available memory now */
+    uint64_t spill_below, spill_above;   /* hysteresis thresholds */
+    bool spilling;                       /* state from the previous decision */
+} fy_hoststate;
+
+/* Destination of a dirty tensor of nbytes, updating h->spilling with the
+ * hysteresis: spilling starts when available < spill_below and stops only when
+ * available > spill_above. RAM is chosen only when not spilling and the host
+ * budget has room (and available memory too): pinned while the pinned budget
+ * has room, else pageable. */
+fy_dest fy_policy_dest(fy_hoststate *h, uint64_t nbytes);
+
+#endif
