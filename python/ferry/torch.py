@@ -111,7 +111,8 @@ def _alloc(infos, dts, device):
         base = base_tensors[b]
         if base is None:
             shard, start, end, first = bases[b]
-            if first == t.index and end - start == t.nbytes and t.strides is None and dt is not None:
+            if (first == t.index and end - start == t.nbytes and t.strides is None and dt is not None
+                    and not t.flags & _lib.TENSOR_SHARED_STORAGE):
                 # the common case, a tensor alone in its storage: allocate it as it is
                 out[t.name] = torch.empty(t.shape, dtype=dt, device=device)
                 idx.append(t.index)
@@ -166,7 +167,7 @@ def _parse_device(device, owner):
 
 
 def load_file(path, device="cpu", *, path_kind="auto", ring_buffers=None, ring_buffer_bytes=None,
-              threads=None, progress=None, owner="torch"):
+              threads=None, progress=None, owner="torch", stats=None):
     """Load every tensor of a checkpoint (safetensors, *.safetensors.index.json,
     GGUF, PyTorch zip) as a dict name -> torch.Tensor, sorted by name, with the
     same dtypes, shapes and bytes as safetensors.torch.load_file.
@@ -195,14 +196,18 @@ def load_file(path, device="cpu", *, path_kind="auto", ring_buffers=None, ring_b
     views keep their strides; views of one storage stay views of one storage
     where they overlap. Errors: OSError (with errno and filename) for system
     errors, ferry.FormatError / UnsupportedError / NoDeviceError / ... for the
-    library's."""
+    library's.
+
+    stats: a dict to fill with the load's ferry_load_stats (path used, bytes,
+    seconds of the transfer itself, resident fraction, why that path); on cpu
+    path is "view" and nothing is read."""
     path = os.fspath(path)
     if owner not in ("torch", "ferry"):
         raise ValueError(f"owner must be 'torch' or 'ferry', not {owner!r}")
     device = _parse_device(device, owner)
     opts = _core.LoadOptions(path_kind, threads, ring_buffers, ring_buffer_bytes, progress)
     if owner == "ferry":
-        return _load_owned(path, device, opts)
+        return _load_owned(path, device, opts, stats)
     if device.type == "cpu":
         h = _core._Handle(path, _lib.OPEN_PRIVATE)
         infos = h.infos()
@@ -211,6 +216,9 @@ def load_file(path, device="cpu", *, path_kind="auto", ring_buffers=None, ring_b
         if progress is not None:
             total = sum(t.nbytes for t in infos)
             progress(total, total)
+        if stats is not None:
+            stats.update(path="view", bytes=0, seconds=0.0, resident=-1.0,
+                         why="zero-copy views of a private mapping: nothing read")
         return _by_name(out)
     index = _cuda_index(device)
     fdev = _core.device(f"cuda:{index}", path)
@@ -220,11 +228,13 @@ def load_file(path, device="cpu", *, path_kind="auto", ring_buffers=None, ring_b
     tdev = torch.device("cuda", index)
     out, idx, ptrs = _alloc(infos, dts, tdev)
     _sync(tdev)
-    _core.load_into(fdev, h, idx, ptrs, opts)
+    st = _core.load_into(fdev, h, idx, ptrs, opts)
+    if stats is not None:
+        stats.update(st)
     return _by_name(out)
 
 
-def _load_owned(path, device, opts):
+def _load_owned(path, device, opts, stats):
     if isinstance(device, str):  # sim:SIZE: host memory behind a GPU's interface
         spec, dl, tdev = device, (_dlpack.KDL_CPU, 0), torch.device("cpu")
     elif device.type == "cpu":
@@ -237,6 +247,8 @@ def _load_owned(path, device, opts):
     infos = h.infos()
     dts = {t.index: dtype_for(t, h.path) for t in infos}
     loaded = _core.Loaded(fdev, h, opts)
+    if stats is not None:
+        stats.update(loaded.stats)
     out = {}
     for t in infos:
         dt = dts[t.index]

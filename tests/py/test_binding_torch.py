@@ -103,9 +103,11 @@ def test_torch_save_views_and_shared_storage(tmp_path):
         assert same(got[k], v), k
         assert got[k].stride() == v.stride(), k
     # views of one storage share one storage here too (where they overlap)
-    base = got["x"].storage().data_ptr()
+    def storage_ptr(t):
+        return t.untyped_storage().data_ptr() if hasattr(t, "untyped_storage") else t.storage().data_ptr()
+    base = storage_ptr(got["x"])
     for k in ("t", "sl", "step", "row"):
-        assert got[k].storage().data_ptr() == base, k
+        assert storage_ptr(got[k]) == base, k
     assert got["sl"].storage_offset() == 2 and got["row"].storage_offset() == 24
     got["x"][0, 3] = 1234.0
     assert got["t"][3, 0] == 1234.0 and got["sl"][0, 1] == 1234.0
@@ -398,3 +400,41 @@ def test_loaded_outlives_its_file_handle_finalizer(tmp_path):
     gc.collect()
     assert h.f is None and not mapped(p)
     del h
+
+
+def test_stats(tmp_path):
+    p = tmp_path / "s.safetensors"
+    st_file(p, [("a", "F32", [4096], 1)])
+    st = {}
+    ft.load_file(p, "sim:1GiB", owner="ferry", path_kind="ring", stats=st)
+    assert st["path"] == "ring" and st["bytes"] == 16384 and st["seconds"] >= 0 and st["why"]
+    st = {}
+    ft.load_file(p, stats=st)
+    assert st["path"] == "view" and st["bytes"] == 0
+
+
+def test_device_path_on_ferry_cpu_device(tmp_path):
+    """The cuda path's allocation and single ferry_load_into, run with host
+    memory and ferry's cpu device: views, shared storages, strides, dtypes."""
+    from ferry import _core
+    x = rand(torch.float32, (6, 8), 1)
+    obj = {"x": x, "t": x.t(), "sl": x[:, 2:5], "lone": rand(torch.bfloat16, (3, 7), 2),
+           "b": rand(torch.bool, (5,), 3), "e": torch.empty(0, 2), "s": torch.tensor(3, dtype=torch.int16)}
+    p = tmp_path / "dev.pt"
+    torch.save(obj, p)
+    ref = flatten(torch.load(p))
+    h = _core._Handle(p)
+    infos = h.infos()
+    dts = {t.index: ft.dtype_for(t, h.path) for t in infos}
+    out, idx, ptrs = ft._alloc(infos, dts, torch.device("cpu"))
+    assert len(idx) == len(ptrs) == sum(1 for t in infos if t.nbytes)
+    calls = []
+    _core.load_into(ferry.device("cpu"), h, idx, ptrs,
+                    _core.LoadOptions(progress=lambda d, t: calls.append((d, t))))
+    for k, v in ref.items():
+        assert same(out[k], v), k
+        assert out[k].stride() == v.stride(), k
+    assert out["t"].data_ptr() == out["x"].data_ptr() and out["sl"].storage_offset() == 2
+    out["x"][1, 0] = -5.0
+    assert out["t"][0, 1] == -5.0
+    assert calls[-1][0] == calls[-1][1]
