@@ -231,6 +231,7 @@ FERRY_API int ferry_store_new(ferry_device *dev, const ferry_store_opts *opts, f
         memcpy(&o, opts, opts->size);
     }
     o.size = sizeof o;
+    if (o.load.size == 0) o.load.size = sizeof o.load; /* all defaults */
     o.device_reserve = or_default(o.device_reserve, 512ull << 20);
     o.host_reserve = or_default(o.host_reserve, 1ull << 30);
     if (!o.device_budget) {

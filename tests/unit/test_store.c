@@ -1,3 +1,589 @@
-/* test_store.c - placeholder until the suite lands */
+/* test_store.c - the residency store on the sim device: the policy's tables,
+ * tiers and budgets, clean drops and dirty saves (pinned, host, spill), make
+ * room (possible, impossible, free all), groups, pins, faults (device
+ * allocation, copies, fallocate, pwrite), job statistics, kill -9 during a
+ * spill, and several threads at once. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "check.h"
-int main(void) { (void)check_summary; return 77; }
+#include "ferry.h"
+#include "io/io.h"
+#include "resid/policy.h"
+#include "xfer/xfer.h"
+
+static char dir[256], spill_dir[300];
+
+static uint8_t byte_at(uint32_t seed, int t, uint64_t j) { return (uint8_t)((seed * 131u + (uint32_t)t * 7919u + j * 31u) >> 3); }
+
+/* A safetensors file of nblk modules "blk.K" with a weight (wbytes) and a bias
+ * (16 bytes), U8. */
+static void write_model(const char *name, int nblk, uint64_t wbytes, uint32_t seed)
+{
+    char hdr[65536], path[512];
+    size_t h = 0;
+    uint64_t off = 0;
+    h += (size_t)snprintf(hdr + h, sizeof hdr - h, "{");
+    for (int k = 0; k < nblk; k++) {
+        h += (size_t)snprintf(hdr + h, sizeof hdr - h,
+                              "%s\"blk.%d.w\":{\"dtype\":\"U8\",\"shape\":[%" PRIu64 "],\"data_offsets\":[%" PRIu64
+                              ",%" PRIu64 "]},\"blk.%d.b\":{\"dtype\":\"U8\",\"shape\":[16],\"data_offsets\":[%" PRIu64
+                              ",%" PRIu64 "]}",
+                              k ? "," : "", k, wbytes, off, off + wbytes, k, off + wbytes, off + wbytes + 16);
+        off += wbytes + 16;
+    }
+    h += (size_t)snprintf(hdr + h, sizeof hdr - h, "}");
+    while (h % 8) hdr[h++] = ' ';
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    uint64_t hl = h;
+    fwrite(&hl, 8, 1, f);
+    fwrite(hdr, 1, h, f);
+    for (int k = 0; k < 2 * nblk; k++) {
+        uint64_t n = k % 2 ? 16 : wbytes;
+        for (uint64_t j = 0; j < n; j++) fputc(byte_at(seed, k, j), f);
+    }
+    fclose(f);
+}
+
+static ferry_file *open_model(ferry_ctx *ctx, const char *name)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    ferry_file *f = NULL;
+    CHECK_EQ(ferry_file_open(ctx, p, 0, &f), 0);
+    return f;
+}
+
+/* every tensor of m reads back as expected: the file's bytes, or, for tensor
+ * `mod` (>= 0), the file's XOR x */
+static int verify(ferry_model *m, ferry_file *f, int64_t mod, uint8_t x)
+{
+    int bad = 0;
+    for (int64_t i = 0; i < ferry_model_tensor_count(m); i++) {
+        ferry_tensor_state st;
+        ferry_model_tensor_state(m, i, &st);
+        uint8_t *a = malloc(st.nbytes + 1), *b = malloc(st.nbytes + 1);
+        int r1 = ferry_model_read(m, i, a), r2 = ferry_file_tensor_read(f, i, 0, b, st.nbytes);
+        if (i == mod)
+            for (uint64_t j = 0; j < st.nbytes; j++) b[j] ^= x;
+        if (r1 || r2 || memcmp(a, b, st.nbytes) != 0) {
+            fprintf(stderr, "verify: %s (tier %s) differs (%d %d)\n", st.name, ferry_tier_name(st.tier), r1, r2);
+            bad++;
+        }
+        free(a);
+        free(b);
+    }
+    return bad;
+}
+
+static uint64_t tier_bytes(ferry_store *s, ferry_tier t)
+{
+    ferry_store_stats st;
+    ferry_store_get_stats(s, &st);
+    return st.tier_bytes[t];
+}
+
+static int modify(ferry_model *m, int64_t t, uint8_t x)
+{
+    ferry_tensor_state st;
+    ferry_model_tensor_state(m, t, &st);
+    uint8_t *b = malloc(st.nbytes);
+    int rc = ferry_model_read(m, t, b);
+    for (uint64_t j = 0; j < st.nbytes; j++) b[j] ^= x;
+    if (rc == 0) rc = ferry_model_write(m, t, b);
+    free(b);
+    return rc;
+}
+
+/* ---- the policy, as tables ---- */
+
+static void test_policy(void)
+{
+    /* priority first, then least recently used, then id */
+    fy_cand c[] = {
+        {.priority = 1, .last_use = 5, .bytes = 100, .id = 0},
+        {.priority = 0, .last_use = 9, .bytes = 50, .id = 1},
+        {.priority = 0, .last_use = 2, .bytes = 30, .id = 2},
+        {.priority = 0, .last_use = 1, .bytes = 500, .protect = true, .id = 3},
+        {.priority = 2, .last_use = 0, .bytes = 0, .id = 4},
+    };
+    int64_t out[5];
+    uint64_t freed = 0;
+    struct {
+        uint64_t need;
+        int64_t count;
+        uint64_t freed;
+        int64_t first[3];
+    } rows[] = {
+        {0, 0, 0, {-1}},                /* nothing asked: nothing evicted */
+        {1, 1, 30, {2}},                /* lowest priority, oldest */
+        {30, 1, 30, {2}},
+        {31, 2, 80, {2, 1}},            /* whole groups: overshoot allowed */
+        {81, 3, 180, {2, 1, 0}},
+        {180, 3, 180, {2, 1, 0}},
+        {181, -1, 180, {-1}},           /* impossible: nothing, says what could be */
+        {UINT64_MAX, 3, 180, {2, 1, 0}}, /* free all: everything evictable, protected stays */
+    };
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        int64_t k = fy_policy_choose(c, 5, rows[r].need, out, &freed);
+        CHECK_EQ(k, rows[r].count);
+        CHECK_EQ(freed, rows[r].freed);
+        for (int64_t q = 0; q < k && q < 3; q++) CHECK_EQ(out[q], rows[r].first[q]);
+        /* the same request again gives the same answer: no loop, no drift */
+        int64_t k2 = fy_policy_choose(c, 5, rows[r].need, out, &freed);
+        CHECK_EQ(k2, k);
+    }
+    /* nothing evictable at all, and a request: impossible with 0 */
+    fy_cand p[] = {{.bytes = 10, .protect = true}};
+    CHECK_EQ(fy_policy_choose(p, 1, 5, out, &freed), -1);
+    CHECK_EQ(freed, 0);
+    CHECK_EQ(fy_policy_choose(p, 1, UINT64_MAX, out, &freed), 0);
+    CHECK_EQ(fy_policy_choose(NULL, 0, UINT64_MAX, out, &freed), 0);
+
+    /* dirty destinations with hysteresis */
+    const uint64_t G = 1ull << 30;
+    fy_hoststate h = {.host_budget = 4 * G, .pinned_budget = G, .available = 10 * G, .spill_below = 2 * G,
+                      .spill_above = 3 * G};
+    CHECK_EQ(fy_policy_dest(&h, G / 2), FY_DEST_PINNED);
+    h.pinned_used = G;
+    CHECK_EQ(fy_policy_dest(&h, G / 2), FY_DEST_HOST); /* pinned budget spent: pageable */
+    h.host_used = 4 * G;
+    CHECK_EQ(fy_policy_dest(&h, 1), FY_DEST_SPILL); /* host budget spent */
+    h.host_used = 0, h.pinned_used = 0;
+    h.available = 2 * G - 1; /* below spill_below: spilling starts */
+    CHECK_EQ(fy_policy_dest(&h, 1), FY_DEST_SPILL);
+    CHECK(h.spilling);
+    h.available = 2 * G + G / 2; /* between the thresholds: still spilling */
+    CHECK_EQ(fy_policy_dest(&h, 1), FY_DEST_SPILL);
+    h.available = 3 * G + 1; /* above spill_above: back to RAM */
+    CHECK_EQ(fy_policy_dest(&h, 1), FY_DEST_PINNED);
+    CHECK(!h.spilling);
+    h.available = 2 * G + G / 2; /* between again, coming from RAM: stays RAM */
+    CHECK_EQ(fy_policy_dest(&h, 1), FY_DEST_PINNED);
+    h.available = G / 4; /* the tensor itself does not fit in what is available */
+    CHECK_EQ(fy_policy_dest(&h, G / 2), FY_DEST_SPILL);
+}
+
+/* ---- the store on sim ---- */
+
+static ferry_store *mk_store(ferry_device *d, uint64_t dev_budget, uint64_t host_budget, uint64_t pinned_budget)
+{
+    ferry_store_opts o = {.size = sizeof o, .device_budget = dev_budget, .host_budget = host_budget,
+                          .pinned_budget = pinned_budget, .spill_dir = spill_dir,
+                          .spill_below = 1, .spill_above = 2}; /* the host's real free memory does not decide here */
+    o.load.size = sizeof o.load;
+    o.load.ring_buffers = 4;
+    o.load.ring_buffer_bytes = 64 << 10;
+    ferry_store *s = NULL;
+    CHECK_EQ(ferry_store_new(d, &o, &s), 0);
+    return s;
+}
+
+static void test_tiers(ferry_ctx *ctx)
+{
+    ferry_device *d = NULL;
+    CHECK_EQ(ferry_device_open(ctx, "sim:1GiB", &d), 0);
+    ferry_file *fa = open_model(ctx, "a.safetensors"), *fb = open_model(ctx, "b.safetensors");
+    if (!d || !fa || !fb) goto out;
+    const uint64_t A = ferry_file_total_bytes(fa), B = ferry_file_total_bytes(fb);
+    /* the device holds either model, not both */
+    ferry_store *s = mk_store(d, A + B - 1, 64 << 20, 32 << 20);
+    if (!s) goto out;
+    ferry_model *ma = NULL, *mb = NULL, *dup = NULL;
+    CHECK_EQ(ferry_store_add(s, "a", &fa, 1, 0, &ma), 0);
+    CHECK_EQ(ferry_store_add(s, "b", &fb, 1, 0, &mb), 0);
+    CHECK_EQ(ferry_store_add(s, "a", &fb, 1, 0, &dup), FERRY_E_INVAL);
+    CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "already");
+    CHECK(ferry_store_find(s, "b") == mb);
+    CHECK(ferry_store_find(s, "zz") == NULL);
+    CHECK_EQ(ferry_model_find(ma, "blk.3.b"), 7);
+    CHECK_EQ(ferry_model_find(ma, "nope"), FERRY_E_NOTFOUND);
+    CHECK_EQ(tier_bytes(s, FERRY_TIER_SOURCE), A + B);
+
+    /* groups: a weight and its bias */
+    ferry_tensor_state w, b;
+    ferry_model_tensor_state(ma, 2, &w);
+    ferry_model_tensor_state(ma, 3, &b);
+    CHECK_EQ(w.group, b.group);
+    ferry_model_tensor_state(ma, 4, &b);
+    CHECK(w.group != b.group);
+
+    CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+    CHECK_EQ(tier_bytes(s, FERRY_TIER_DEVICE), A);
+    CHECK_EQ(verify(ma, fa, -1, 0), 0);
+    /* one tensor of b: its group comes with it */
+    int64_t one = 0;
+    CHECK_EQ(ferry_model_to_device(mb, &one, 1), 0);
+    ferry_model_tensor_state(mb, 1, &b);
+    CHECK_EQ(b.tier, FERRY_TIER_DEVICE);
+    /* all of b: a (least recently used) must make room; clean: dropped, 0 written */
+    CHECK_EQ(ferry_model_to_device(mb, NULL, 0), 0);
+    ferry_store_stats st;
+    ferry_store_get_stats(s, &st);
+    CHECK_EQ(st.bytes_written, 0);
+    CHECK(st.dropped > 0);
+    CHECK_EQ(st.tier_bytes[FERRY_TIER_DEVICE] >= B, 1);
+    CHECK(st.tier_bytes[FERRY_TIER_DEVICE] <= A + B - 1);
+    CHECK_EQ(verify(mb, fb, -1, 0), 0);
+    CHECK_EQ(verify(ma, fa, -1, 0), 0);
+
+    /* dirty: modified on the device, evicted to pinned RAM, back, still modified */
+    CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+    CHECK_EQ(ferry_model_mark_dirty(mb, 0), FERRY_E_INVAL); /* b was evicted for a */
+    CHECK_EQ(modify(ma, 2, 0x5A), 0);
+    ferry_model_tensor_state(ma, 2, &w);
+    CHECK(w.dirty);
+    CHECK_EQ(ferry_model_evict(ma, NULL, 0), 0);
+    ferry_model_tensor_state(ma, 2, &w);
+    CHECK_EQ(w.tier, FERRY_TIER_PINNED);
+    ferry_model_tensor_state(ma, 4, &w);
+    CHECK_EQ(w.tier, FERRY_TIER_SOURCE);
+    CHECK_EQ(verify(ma, fa, 2, 0x5A), 0);
+    ferry_store_get_stats(s, &st);
+    CHECK_EQ(st.bytes_written, 0); /* pinned RAM, not disk */
+    CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+    CHECK_EQ(verify(ma, fa, 2, 0x5A), 0);
+    CHECK_EQ(tier_bytes(s, FERRY_TIER_PINNED), 0);
+
+    /* pins: never evicted; free-all frees the rest; impossible requests evict nothing */
+    CHECK_EQ(ferry_model_pin(ma, 0), 0);
+    uint64_t could = 0;
+    int64_t r = ferry_store_make_room(s, A + B + 1, &could);
+    CHECK_EQ(r, FERRY_E_BUDGET);
+    CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "nothing was evicted");
+    CHECK(could > 0 && could <= A + B);
+    CHECK_EQ(tier_bytes(s, FERRY_TIER_DEVICE) >= A, 1);
+    r = ferry_store_make_room(s, UINT64_MAX, NULL);
+    CHECK(r > 0);
+    ferry_model_tensor_state(ma, 0, &w);
+    CHECK_EQ(w.tier, FERRY_TIER_DEVICE);
+    ferry_model_tensor_state(ma, 1, &b);
+    CHECK_EQ(b.tier, FERRY_TIER_DEVICE); /* same group as the pinned one */
+    CHECK_EQ(tier_bytes(s, FERRY_TIER_DEVICE), w.nbytes + b.nbytes);
+    /* again: nothing more to free, no loop */
+    CHECK_EQ(ferry_store_make_room(s, UINT64_MAX, NULL), 0);
+    CHECK_EQ(ferry_model_evict(ma, NULL, 0), FERRY_E_INVAL); /* pinned */
+    CHECK_EQ(ferry_store_remove(ma), FERRY_E_INVAL);
+    CHECK_EQ(ferry_model_unpin(ma, 0), 0);
+    CHECK_EQ(ferry_model_unpin(ma, 0), FERRY_E_INVAL);
+    /* possible room: just enough, least recently used first */
+    CHECK_EQ(ferry_model_to_device(mb, NULL, 0), 0);
+    r = ferry_store_make_room(s, (A + B - 1) - tier_bytes(s, FERRY_TIER_DEVICE) + 1, NULL);
+    CHECK(r > 0 && (uint64_t)r < B);
+    CHECK_EQ(verify(ma, fa, 2, 0x5A), 0);
+    CHECK_EQ(verify(mb, fb, -1, 0), 0);
+    CHECK_EQ(ferry_store_remove(mb), 0);
+    ferry_store_free(s);
+    uint64_t dev = 1, pin = 1, reg = 1;
+    fy_gpu_sim_usage(fy_device_gpu(d), &dev, &pin, &reg);
+    CHECK_EQ(dev, 0);
+    CHECK_EQ(reg, 0);
+out:
+    ferry_file_close(fa);
+    ferry_file_close(fb);
+    ferry_device_close(d);
+}
+
+static int files_in(const char *path)
+{
+    DIR *dd = opendir(path);
+    if (!dd) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dd)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+    closedir(dd);
+    return n;
+}
+
+static void test_spill(ferry_ctx *ctx)
+{
+    ferry_device *d = NULL;
+    CHECK_EQ(ferry_device_open(ctx, "sim:1GiB", &d), 0);
+    ferry_file *fa = open_model(ctx, "a.safetensors");
+    if (!d || !fa) goto out;
+    /* a host budget of 1 byte: dirty tensors must spill */
+    ferry_store *s = mk_store(d, 0, 1, 1);
+    ferry_model *ma = NULL;
+    CHECK_EQ(ferry_store_add(s, "a", &fa, 1, 0, &ma), 0);
+    if (!ma) goto free_store;
+    CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+    CHECK_EQ(modify(ma, 2, 0x33), 0);
+    CHECK_EQ(modify(ma, 3, 0x33 ^ 0x33), 0); /* written with equal bytes: still dirty */
+
+    /* faults while spilling: fallocate (no space) then pwrite (I/O error): nothing is lost */
+    int errs[] = {ENOSPC, EIO};
+    for (int e = 0; e < 2; e++) {
+        for (long nth = 1; nth < 40; nth++) {
+            fy_fault_arm(nth, errs[e]);
+            int rc = ferry_model_evict(ma, NULL, 0);
+            bool fired = fy_fault_fired();
+            fy_fault_arm(0, 0);
+            if (!fired) {
+                CHECK_EQ(rc, 0);
+                break;
+            }
+            CHECK(rc < 0);
+            ferry_tensor_state w;
+            ferry_model_tensor_state(ma, 2, &w);
+            CHECK_EQ(w.tier, FERRY_TIER_DEVICE); /* the dirty tensor stayed */
+            CHECK_EQ(verify(ma, fa, 2, 0x33), 0);
+            CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+        }
+        ferry_tensor_state w;
+        ferry_model_tensor_state(ma, 2, &w);
+        CHECK_EQ(w.tier, FERRY_TIER_SPILL);
+        CHECK_EQ(verify(ma, fa, 2, 0x33), 0);
+        ferry_store_stats st;
+        ferry_store_get_stats(s, &st);
+        CHECK(st.bytes_written >= w.nbytes);
+        CHECK(st.spill_file_bytes >= w.nbytes);
+        CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0); /* back from the spill file */
+        CHECK_EQ(verify(ma, fa, 2, 0x33), 0);
+    }
+    CHECK_EQ(files_in(spill_dir), 0); /* the spill file has no name */
+free_store:
+    ferry_store_free(s);
+out:
+    ferry_file_close(fa);
+    ferry_device_close(d);
+}
+
+static void test_refused_tmpfs(ferry_ctx *ctx)
+{
+    if (access("/dev/shm", W_OK) != 0) return;
+    ferry_device *d = NULL;
+    CHECK_EQ(ferry_device_open(ctx, "sim:1GiB", &d), 0);
+    ferry_file *fa = open_model(ctx, "a.safetensors");
+    ferry_store_opts o = {.size = sizeof o, .host_budget = 1, .pinned_budget = 1, .spill_dir = "/dev/shm",
+                          .spill_below = 1, .spill_above = 2};
+    ferry_store *s = NULL;
+    ferry_model *ma = NULL;
+    if (d && fa && ferry_store_new(d, &o, &s) == 0 && ferry_store_add(s, "a", &fa, 1, 0, &ma) == 0) {
+        CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+        CHECK_EQ(modify(ma, 0, 0x11), 0);
+        CHECK(ferry_model_evict(ma, NULL, 0) < 0);
+        CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "tmpfs");
+        ferry_tensor_state w;
+        ferry_model_tensor_state(ma, 0, &w);
+        CHECK_EQ(w.tier, FERRY_TIER_DEVICE);
+        CHECK_EQ(verify(ma, fa, 0, 0x11), 0);
+    }
+    ferry_store_free(s);
+    ferry_file_close(fa);
+    ferry_device_close(d);
+}
+
+static void test_device_faults(ferry_ctx *ctx)
+{
+    ferry_device *d = NULL;
+    CHECK_EQ(ferry_device_open(ctx, "sim:1GiB", &d), 0);
+    ferry_file *fa = open_model(ctx, "a.safetensors");
+    if (!d || !fa) goto out;
+    ferry_store *s = mk_store(d, 0, 64 << 20, 32 << 20);
+    ferry_model *ma = NULL;
+    CHECK_EQ(ferry_store_add(s, "a", &fa, 1, 0, &ma), 0);
+    fy_gpu *g = fy_device_gpu(d);
+    /* allocation and copy failures while loading: clean error, nothing left */
+    fy_gpu_op ops[] = {FY_OP_MEM_ALLOC, FY_OP_COPY, FY_OP_EVENT};
+    for (int o = 0; o < 3; o++)
+        for (long nth = 1; nth < 64; nth++) {
+            fy_gpu_sim_fault(g, ops[o], nth);
+            int rc = ferry_model_to_device(ma, NULL, 0);
+            int armed = fy_gpu_sim_fault(g, ops[o], 0); /* 0 when it fired? reset either way */
+            (void)armed;
+            if (rc == 0) {
+                CHECK_EQ(verify(ma, fa, -1, 0), 0);
+                CHECK_EQ(ferry_model_evict(ma, NULL, 0), 0);
+                break;
+            }
+            CHECK_EQ(tier_bytes(s, FERRY_TIER_DEVICE), 0);
+            uint64_t dev = 1;
+            fy_gpu_sim_usage(g, &dev, NULL, NULL);
+            CHECK_EQ(dev, 0);
+        }
+    /* a copy failure while saving a dirty tensor: it stays on the device */
+    CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+    CHECK_EQ(modify(ma, 4, 0x77), 0);
+    fy_gpu_sim_fault(g, FY_OP_COPY, 1);
+    CHECK(ferry_model_evict(ma, NULL, 0) < 0);
+    fy_gpu_sim_fault(g, FY_OP_COPY, 0);
+    ferry_tensor_state w;
+    ferry_model_tensor_state(ma, 4, &w);
+    CHECK_EQ(w.tier, FERRY_TIER_DEVICE);
+    CHECK_EQ(verify(ma, fa, 4, 0x77), 0);
+    CHECK_EQ(tier_bytes(s, FERRY_TIER_PINNED) + tier_bytes(s, FERRY_TIER_HOST), 0);
+    CHECK_EQ(ferry_model_evict(ma, NULL, 0), 0);
+    CHECK_EQ(verify(ma, fa, 4, 0x77), 0);
+    ferry_store_free(s);
+out:
+    ferry_file_close(fa);
+    ferry_device_close(d);
+}
+
+static void test_jobs(ferry_ctx *ctx)
+{
+    ferry_device *d = NULL;
+    CHECK_EQ(ferry_device_open(ctx, "sim:1GiB", &d), 0);
+    ferry_file *fa = open_model(ctx, "a.safetensors");
+    if (!d || !fa) goto out;
+    ferry_store *s = mk_store(d, 0, 64 << 20, 32 << 20);
+    ferry_model *ma = NULL;
+    CHECK_EQ(ferry_store_add(s, "a", &fa, 1, 0, &ma), 0);
+    ferry_job_stats js;
+    CHECK_EQ(ferry_store_job_end(s, &js), FERRY_E_INVAL);
+    CHECK_EQ(ferry_store_job_begin(s, "load"), 0);
+    CHECK_EQ(ferry_store_job_begin(s, "again"), FERRY_E_INVAL);
+    CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+    CHECK_EQ(ferry_store_job_end(s, &js), 0);
+    CHECK(strcmp(js.job, "load") == 0);
+    CHECK(js.seconds > 0);
+    CHECK(js.rss.peak >= js.rss.start && js.rss.peak >= js.rss.end && js.rss.start > 0);
+    CHECK(js.pss.peak > 0 && js.uss.peak > 0);
+    CHECK_EQ(js.device_bytes, ferry_file_total_bytes(fa));
+    CHECK_EQ(js.bytes_htod, ferry_file_total_bytes(fa));
+    CHECK_EQ(js.bytes_read, ferry_file_total_bytes(fa));
+    CHECK_EQ(js.bytes_written, 0);
+    CHECK_EQ(ferry_store_job_begin(s, "drop"), 0);
+    CHECK_EQ(ferry_model_evict(ma, NULL, 0), 0);
+    CHECK_EQ(ferry_store_job_end(s, &js), 0);
+    CHECK_EQ(js.evicted, (uint64_t)ferry_model_tensor_count(ma));
+    CHECK_EQ(js.dropped, js.evicted);
+    CHECK_EQ(js.bytes_dtoh, 0);
+    CHECK_EQ(js.device_bytes, 0);
+    ferry_store_free(s);
+out:
+    ferry_file_close(fa);
+    ferry_device_close(d);
+}
+
+/* kill -9 in the middle of spilling: no file is left in the spill directory */
+static void test_kill9(ferry_ctx *ctx)
+{
+    (void)ctx;
+    int p[2];
+    if (pipe(p) != 0) return;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(p[0]);
+        ferry_ctx *c2 = NULL;
+        ferry_device *d = NULL;
+        ferry_file *f = NULL;
+        ferry_store *s = NULL;
+        ferry_model *m = NULL;
+        char path[512];
+        snprintf(path, sizeof path, "%s/big.safetensors", dir);
+        if (ferry_ctx_new(NULL, &c2) || ferry_device_open(c2, "sim:1GiB", &d) || ferry_file_open(c2, path, 0, &f))
+            _exit(3);
+        ferry_store_opts o = {.size = sizeof o, .host_budget = 1, .pinned_budget = 1, .spill_dir = spill_dir,
+                              .spill_below = 1, .spill_above = 2};
+        if (ferry_store_new(d, &o, &s) || ferry_store_add(s, "big", &f, 1, 0, &m)) _exit(3);
+        for (int round = 0;; round++) { /* spill and reload until killed */
+            if (ferry_model_to_device(m, NULL, 0)) _exit(4);
+            for (int64_t i = 0; i < ferry_model_tensor_count(m); i++) ferry_model_mark_dirty(m, i);
+            if (round == 1 && write(p[1], "x", 1) != 1) _exit(5);
+            if (ferry_model_evict(m, NULL, 0)) _exit(6);
+        }
+    }
+    close(p[1]);
+    char x;
+    bool started = read(p[0], &x, 1) == 1;
+    CHECK(started);
+    usleep(20000);
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    close(p[0]);
+    CHECK_EQ(files_in(spill_dir), 0);
+}
+
+typedef struct targ {
+    ferry_store *s;
+    ferry_model *m;
+    ferry_file *f;
+    int bad;
+} targ;
+
+static void *worker(void *a)
+{
+    targ *t = a;
+    for (int i = 0; i < 20; i++) {
+        int rc = ferry_model_to_device(t->m, NULL, 0);
+        if (rc == 0 && verify(t->m, t->f, -1, 0) != 0) t->bad++;
+        if (i % 3 == 0) ferry_store_make_room(t->s, 1 << 20, NULL);
+        ferry_model_evict(t->m, NULL, 0);
+    }
+    return NULL;
+}
+
+static void test_threads(ferry_ctx *ctx)
+{
+    ferry_device *d = NULL;
+    CHECK_EQ(ferry_device_open(ctx, "sim:1GiB", &d), 0);
+    ferry_file *fa = open_model(ctx, "a.safetensors"), *fb = open_model(ctx, "b.safetensors");
+    if (!d || !fa || !fb) goto out;
+    ferry_store *s = mk_store(d, ferry_file_total_bytes(fa) + ferry_file_total_bytes(fb) / 2, 64 << 20, 32 << 20);
+    targ t[4] = {{0}};
+    CHECK_EQ(ferry_store_add(s, "a", &fa, 1, 0, &t[0].m), 0);
+    CHECK_EQ(ferry_store_add(s, "b", &fb, 1, 1, &t[1].m), 0);
+    t[0].f = t[2].f = fa;
+    t[1].f = t[3].f = fb;
+    for (int i = 0; i < 4; i++) t[i].s = s;
+    t[2].m = t[0].m;
+    t[3].m = t[1].m;
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) pthread_create(&th[i], NULL, worker, &t[i]);
+    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 4; i++) CHECK_EQ(t[i].bad, 0);
+    CHECK_EQ(verify(t[0].m, fa, -1, 0), 0);
+    CHECK_EQ(verify(t[1].m, fb, -1, 0), 0);
+    ferry_store_free(s);
+out:
+    ferry_file_close(fa);
+    ferry_file_close(fb);
+    ferry_device_close(d);
+}
+
+int main(void)
+{
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/ferry-store-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    snprintf(spill_dir, sizeof spill_dir, "%s/spill", dir);
+    if (mkdir(spill_dir, 0700) != 0) return 1;
+    write_model("a.safetensors", 6, 100000, 1);
+    write_model("b.safetensors", 5, 130001, 2);
+    write_model("big.safetensors", 16, 4 << 20, 3);
+    test_policy();
+    ferry_ctx *ctx = NULL;
+    CHECK_EQ(ferry_ctx_new(NULL, &ctx), 0);
+    if (ctx) {
+        test_tiers(ctx);
+        test_spill(ctx);
+        test_refused_tmpfs(ctx);
+        test_device_faults(ctx);
+        test_jobs(ctx);
+        test_kill9(ctx);
+        test_threads(ctx);
+    }
+    ferry_ctx_free(ctx);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    return check_summary();
+}
