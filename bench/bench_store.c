@@ -1,0 +1,145 @@
+/* bench_store.c - issue 4's targets on a real device, in one process:
+ *
+ *   bench_store FILE SPILL_DIR [DEVICE]
+ *
+ * 1. load the model into a store (hot), 2. evict it clean (0 bytes written),
+ * 3. mark every tensor dirty and evict to pinned RAM and back (twice: the
+ * first eviction also pins the pool), 4. the disk's sequential write rate
+ * (buffered writes + fsync of a file as large as the model in SPILL_DIR),
+ * 5. spill the dirty model (host budget 1 byte) and 6. bring it back from the
+ * spill file (hot), with each step's peak RSS from the store's job statistics.
+ * Prints one JSON object per step. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ferry.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static ferry_ctx *ctx;
+
+static int die(const char *what)
+{
+    fprintf(stderr, "bench_store: %s: %s\n", what, ferry_ctx_errmsg(ctx));
+    exit(1);
+}
+
+static void report(ferry_store *s, const char *step, uint64_t bytes, int (*fn)(ferry_model *), ferry_model *m)
+{
+    ferry_store_job_begin(s, step);
+    double t0 = now();
+    if (fn(m) < 0) die(step);
+    double sec = now() - t0;
+    ferry_job_stats js;
+    ferry_store_job_end(s, &js);
+    printf("{\"step\": \"%s\", \"bytes\": %" PRIu64 ", \"seconds\": %.4f, \"gbps\": %.2f, \"ms_per_gb\": %.3f, "
+           "\"bytes_written\": %" PRIu64 ", \"rss_start_mib\": %.1f, \"rss_peak_mib\": %.1f, \"rss_end_mib\": %.1f, "
+           "\"extra_rss_peak_mib\": %.1f, \"device\": %" PRIu64 ", \"pinned\": %" PRIu64 ", \"host\": %" PRIu64
+           ", \"spill\": %" PRIu64 "}\n",
+           step, bytes, sec, (double)bytes / sec / 1e9, sec * 1e3 / ((double)bytes / 1e9), js.bytes_written,
+           (double)js.rss.start / 1048576, (double)js.rss.peak / 1048576, (double)js.rss.end / 1048576,
+           ((double)js.rss.peak - (double)js.rss.start) / 1048576, js.device_bytes, js.pinned_bytes, js.host_bytes,
+           js.spill_bytes);
+    fflush(stdout);
+}
+
+static int to_dev(ferry_model *m) { return ferry_model_to_device(m, NULL, 0); }
+static int evict(ferry_model *m) { return ferry_model_evict(m, NULL, 0); }
+static int dirty_all(ferry_model *m)
+{
+    for (int64_t i = 0; i < ferry_model_tensor_count(m); i++)
+        if (ferry_model_mark_dirty(m, i) < 0) return -1;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: bench_store FILE SPILL_DIR [DEVICE]\n");
+        return 2;
+    }
+    const char *spec = argc > 3 ? argv[3] : "cuda:0";
+    ferry_device *d;
+    ferry_file *f;
+    if (ferry_ctx_new(NULL, &ctx) < 0) return 1;
+    if (ferry_file_open(ctx, argv[1], 0, &f) < 0) die("open");
+    if (ferry_device_open(ctx, spec, &d) < 0) die("device");
+    const uint64_t B = ferry_file_total_bytes(f);
+
+    /* RAM store: host and pinned budgets hold the whole model */
+    ferry_store_opts o = {.size = sizeof o, .host_budget = B + (4ull << 30), .pinned_budget = B + (1ull << 30),
+                          .spill_dir = argv[2], .spill_below = 1, .spill_above = 2};
+    ferry_store *s;
+    ferry_model *m;
+    if (ferry_store_new(d, &o, &s) < 0 || ferry_store_add(s, "model", &f, 1, 0, &m) < 0) die("store");
+    report(s, "load (hot, from the checkpoint)", B, to_dev, m);
+    report(s, "evict clean (dropped)", B, evict, m);
+    report(s, "load again", B, to_dev, m);
+    for (int r = 0; r < 2; r++) {
+        dirty_all(m);
+        report(s, r ? "evict dirty to pinned RAM (pool already pinned)" : "evict dirty to pinned RAM (pins the pool)", B,
+               evict, m);
+        report(s, "back from pinned RAM", B, to_dev, m);
+    }
+    ferry_store_free(s);
+
+    /* the disk's sequential write rate: buffered writes of B bytes + fsync */
+    {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/ferry-bench-write.tmp", argv[2]);
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        size_t chunk = 16u << 20;
+        char *buf = malloc(chunk);
+        memset(buf, 0x5A, chunk);
+        double t0 = now();
+        uint64_t done = 0;
+        while (fd >= 0 && done < B) {
+            ssize_t w = write(fd, buf, chunk);
+            if (w <= 0) break;
+            done += (uint64_t)w;
+        }
+        double tw = now() - t0;
+        if (fd >= 0) fsync(fd);
+        double tf = now() - t0;
+        if (fd >= 0) close(fd);
+        unlink(path);
+        free(buf);
+        printf("{\"step\": \"disk sequential write\", \"bytes\": %" PRIu64 ", \"gbps_with_fsync\": %.3f, "
+               "\"gbps_without_fsync\": %.3f}\n",
+               done, (double)done / tf / 1e9, (double)done / tw / 1e9);
+        fflush(stdout);
+    }
+
+    /* spill store: 1 byte of host budget, so every dirty byte goes to disk */
+    ferry_store_opts so = o;
+    so.host_budget = 1;
+    so.pinned_budget = 1;
+    if (ferry_store_new(d, &so, &s) < 0 || ferry_store_add(s, "model", &f, 1, 0, &m) < 0) die("spill store");
+    report(s, "load", B, to_dev, m);
+    dirty_all(m);
+    report(s, "spill dirty model", B, evict, m);
+    ferry_store_stats st;
+    ferry_store_get_stats(s, &st);
+    printf("{\"step\": \"spill file\", \"bytes_written\": %" PRIu64 ", \"spill_file_bytes\": %" PRIu64 "}\n",
+           st.bytes_written, st.spill_file_bytes);
+    report(s, "back from the spill file (hot)", B, to_dev, m);
+    dirty_all(m);
+    report(s, "spill again (ranges reused)", B, evict, m);
+    report(s, "back from the spill file again", B, to_dev, m);
+    ferry_store_free(s);
+    ferry_device_close(d);
+    ferry_file_close(f);
+    ferry_ctx_free(ctx);
+    return 0;
+}
