@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Issue 3's re-check and issue 4's targets on the GPU machine (bench/RESULTS.md):
+#   bench/gpu_issue4.sh BUILD OUTDIR
+set -uo pipefail
+B=$1 OUT=$2
+F=/tmp/cmp10g.safetensors
+[ -f $F ] || python3 scripts/make_sample.py $F --blocks 44 --hidden 2560 --bf16-only
+cat $F > /dev/null
+echo "== fresh processes, hot: ferry load (auto) x3, bench_first fresh x2"
+for r in 1 2 3; do "$B"/ferry load $F | head -1; done
+for r in 1 2; do "$B"/bench_first $F fresh | grep '"load"'; done
+echo "== ferry bench (hot)"
+"$B"/ferry bench $F | tee "$OUT"/bench-hot.txt
+echo "== store"
+mkdir -p /var/tmp/ferry-spill
+"$B"/bench_store $F /var/tmp/ferry-spill | tee "$OUT"/store.json
