@@ -539,13 +539,19 @@ FERRY_API int ferry_model_read(ferry_model *m, int64_t t, void *buf);
  * tensor must be on the device. Synchronous. */
 FERRY_API int ferry_model_write(ferry_model *m, int64_t t, const void *buf);
 
-/* Free at least bytes of device memory held by the store, if possible at all:
- * least recently used, lowest priority first, whole groups at a time, pinned
- * tensors never. Returns the bytes freed (>= bytes; more when whole groups
- * overshoot). bytes = UINT64_MAX frees everything evictable. When it is not
- * possible: FERRY_E_BUDGET, nothing evicted, and *could (may be NULL) = how
- * much could have been freed. "Free" means the store's device bytes in use:
- * the budget minus those is what the caller may then use. */
+/* Make sure bytes of device memory are free for the caller, if that is
+ * possible at all: room now is the smaller of the store's budget minus its
+ * tensors' bytes and the device's real free memory (cuMemGetInfo: PyTorch's
+ * allocations count) plus the blocks the store keeps for reuse. When that is
+ * short, tensors are evicted: least recently used, lowest priority first,
+ * whole groups at a time, pinned tensors never. Returns the tensor bytes
+ * evicted (0 when there was room; more than the shortfall when whole groups
+ * overshoot). bytes = UINT64_MAX evicts everything evictable. When it is not
+ * possible: FERRY_E_BUDGET, nothing evicted, and *could (may be NULL) = the
+ * most that could be made free. On success the device blocks the store kept
+ * for reuse are given back to the driver, so the room is real; make_room(0)
+ * only gives those back. (Evictions by ferry_model_evict and by
+ * ferry_model_to_device keep the blocks for the store's own reuse.) */
 FERRY_API int64_t ferry_store_make_room(ferry_store *s, uint64_t bytes, uint64_t *could);
 
 typedef struct ferry_store_stats {
@@ -563,6 +569,7 @@ typedef struct ferry_store_stats {
     uint64_t evicted;         /* tensors that left the device */
     uint64_t dropped;         /* of which clean (nothing written) */
     int64_t models, tensors;
+    uint64_t device_cached;   /* device blocks kept for reuse (given back by make_room) */
 } ferry_store_stats;
 FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out);
 

@@ -30,6 +30,7 @@ typedef struct rtensor {
     int pins;
     int64_t group;
     fy_dptr dptr;   /* DEVICE */
+    uint64_t dsize; /* the device block's size (a reused block may be larger) */
     void *host;     /* PINNED / HOST */
     uint64_t soff;  /* SPILL: offset in the spill file */
 } rtensor;
@@ -79,6 +80,12 @@ struct ferry_store {
     uint64_t pool_bytes;
     fy_spill *spill;
     bool spilling;
+    /* device blocks of evicted tensors, kept for reuse (no driver call, and
+     * memory the copy engine has written before: bench_alloc) until
+     * ferry_store_make_room gives them back */
+    frange *cache; /* off = device address, len = size */
+    int ncache, cap_cache;
+    uint64_t cached;
     counters c;
     /* the open job */
     bool job_open;
@@ -207,10 +214,68 @@ static void release_copy(ferry_store *s, rtensor *t)
     t->soff = 0;
 }
 
+/* Give cached device blocks back to the driver until at least want bytes
+ * were returned (UINT64_MAX: all). */
+static uint64_t cache_release(ferry_store *s, uint64_t want)
+{
+    uint64_t got = 0;
+    while (s->ncache && got < want) {
+        frange b = s->cache[--s->ncache];
+        s->g->ops->mem_free(s->g, (fy_dptr)b.off);
+        s->cached -= b.len;
+        got += b.len;
+    }
+    return got;
+}
+
+/* A device block of at least n bytes: a cached one that fits (not wasting
+ * more than an eighth), else a new one; on failure the cache is given back and
+ * the allocation tried once more. */
+static int dev_alloc(ferry_store *s, rtensor *t)
+{
+    uint64_t n = t->nbytes;
+    int best = -1;
+    for (int i = 0; i < s->ncache; i++)
+        if (s->cache[i].len >= n && s->cache[i].len - n <= n / 8 &&
+            (best < 0 || s->cache[i].len < s->cache[best].len))
+            best = i;
+    if (best >= 0) {
+        t->dptr = (fy_dptr)s->cache[best].off;
+        t->dsize = s->cache[best].len;
+        s->cached -= t->dsize;
+        s->cache[best] = s->cache[--s->ncache];
+    } else {
+        uint64_t held = s->device_used + s->cached + n; /* the budget bounds what the store holds */
+        if (held > s->o.device_budget) cache_release(s, held - s->o.device_budget);
+        int rc = s->g->ops->mem_alloc(s->g, (size_t)n, &t->dptr);
+        if (rc < 0 && s->ncache) {
+            cache_release(s, UINT64_MAX);
+            rc = s->g->ops->mem_alloc(s->g, (size_t)n, &t->dptr);
+        }
+        if (rc < 0) return rc;
+        t->dsize = n;
+    }
+    s->device_used += n;
+    return 0;
+}
+
 static void dev_free(ferry_store *s, rtensor *t)
 {
-    if (t->dptr) s->g->ops->mem_free(s->g, t->dptr);
+    if (t->dptr) {
+        if (s->ncache == s->cap_cache) {
+            int cap = s->cap_cache ? 2 * s->cap_cache : 64;
+            frange *nc = fy_realloc(s->m, s->cache, (size_t)cap * sizeof *nc);
+            if (nc) s->cache = nc, s->cap_cache = cap;
+        }
+        if (s->ncache < s->cap_cache) {
+            s->cache[s->ncache++] = (frange){(uint64_t)t->dptr, t->dsize};
+            s->cached += t->dsize;
+        } else {
+            s->g->ops->mem_free(s->g, t->dptr); /* no room to remember it: give it back */
+        }
+    }
     t->dptr = 0;
+    t->dsize = 0;
     s->device_used -= t->nbytes;
 }
 
@@ -282,6 +347,8 @@ FERRY_API void ferry_store_free(ferry_store *s)
     s->g->ops->bind_thread(s->g);
     for (int i = 0; i < s->nmodels; i++) model_free(s->models[i]);
     fy_free(s->m, s->models);
+    cache_release(s, UINT64_MAX);
+    fy_free(s->m, s->cache);
     for (int c = 0; c < s->nchunks; c++) {
         s->g->ops->host_free(s->g, s->chunks[c].base);
         fy_free(s->m, s->chunks[c].fr);
@@ -603,16 +670,19 @@ static int evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     /* spills: reserve everything first, so a spill never fails half-way for space */
     if (rc == 0 && nf) {
         if (!s->spill) rc = fy_spill_open(s->spill_dir, s->m, &s->ctx->err, &s->spill);
-        int64_t got = 0;
+        int64_t got = 0; /* ranges reserved: fr[0..got-1] */
         for (; rc == 0 && got < nf; got++) {
             rc = fy_spill_reserve(s->spill, fr[got].len, &fr[got].off);
             if (rc < 0) {
+                /* fr[got] was not reserved: never release it (its offset is
+                 * another tensor's); break before the loop counts it */
                 uint64_t need = 0;
                 for (int64_t k = got; k < nf; k++) need += fr[k].len;
                 char msg[FY_ERRMSG_MAX];
                 fy_err_copy(&s->ctx->err, msg, sizeof msg);
                 fy_seterr(&s->ctx->err, rc, "spilling %" PRId64 " dirty tensors needs %" PRIu64
                           " more bytes in %s: %s (the tensors stay on the device)", nf - got, need, s->spill_dir, msg);
+                break;
             }
         }
         if (rc == 0) rc = fy_xfer_device_to_fd(s->dev, fy_spill_fd(s->spill), s->spill_dir, fr, nf, &s->o.load);
@@ -657,7 +727,7 @@ static uint64_t room_now(ferry_store *s)
 {
     uint64_t room = s->o.device_budget > s->device_used ? s->o.device_budget - s->device_used : 0;
     uint64_t fr = 0, tot = 0;
-    if (ferry_device_mem_info(s->dev, &fr, &tot) == 0 && fr < room) room = fr;
+    if (ferry_device_mem_info(s->dev, &fr, &tot) == 0 && fr + s->cached < room) room = fr + s->cached;
     return room;
 }
 
@@ -752,7 +822,11 @@ FERRY_API int64_t ferry_store_make_room(ferry_store *s, uint64_t bytes, uint64_t
 {
     if (!s) return FERRY_E_INVAL;
     pthread_mutex_lock(&s->lock);
+    s->g->ops->bind_thread(s->g);
     int64_t rc = make_room_locked(s, bytes, NULL, NULL, could);
+    /* the caller wants device memory for itself: hand back what the store
+     * keeps for reuse, not only what it just evicted */
+    if (rc >= 0) cache_release(s, UINT64_MAX);
     pthread_mutex_unlock(&s->lock);
     return rc;
 }
@@ -795,8 +869,7 @@ FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int6
         rtensor *t = &m->t[i];
         if (!sel[i] || t->tier == FERRY_TIER_DEVICE) continue;
         if (t->nbytes == 0) continue;
-        rc = g->ops->mem_alloc(g, (size_t)t->nbytes, &t->dptr);
-        if (rc == 0) s->device_used += t->nbytes;
+        rc = dev_alloc(s, t);
     }
     double t0 = now_s();
     uint64_t moved = 0, read = 0;
@@ -1015,6 +1088,7 @@ FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out)
     out->bytes_read = s->c.read;
     out->evicted = s->c.evicted;
     out->dropped = s->c.dropped;
+    out->device_cached = s->cached;
     out->models = s->nmodels;
     for (int i = 0; i < s->nmodels; i++) out->tensors += s->models[i]->n;
     pthread_mutex_unlock(&s->lock);

@@ -252,7 +252,14 @@ static void test_tiers(ferry_ctx *ctx)
     CHECK_EQ(verify(ma, fa, 2, 0x5A), 0);
     ferry_store_get_stats(s, &st);
     CHECK_EQ(st.bytes_written, 0); /* pinned RAM, not disk */
+    ferry_store_get_stats(s, &st);
+    CHECK(st.device_cached >= A - 16 * 6); /* the evicted blocks are kept for reuse */
+    uint64_t before_dev = 0;
+    fy_gpu_sim_usage(fy_device_gpu(d), &before_dev, NULL, NULL);
     CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+    uint64_t after_dev = 0;
+    fy_gpu_sim_usage(fy_device_gpu(d), &after_dev, NULL, NULL);
+    CHECK_EQ(after_dev, before_dev); /* reused: no new device memory */
     CHECK_EQ(verify(ma, fa, 2, 0x5A), 0);
     CHECK_EQ(tier_bytes(s, FERRY_TIER_PINNED), 0);
 
@@ -353,6 +360,32 @@ static void test_spill(ferry_ctx *ctx)
         CHECK_EQ(verify(ma, fa, 2, 0x33), 0);
     }
     CHECK_EQ(files_in(spill_dir), 0); /* the spill file has no name */
+    /* regression: a failed reservation for one tensor must not release another
+     * tensor's spilled range (found by the simulate tests) */
+    {
+        CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+        CHECK_EQ(ferry_store_make_room(s, 0, NULL), 0);
+        CHECK_EQ(modify(ma, 0, 0x0F), 0); /* blk.0.w (already modified 2 stays dirty) */
+        int64_t g0 = 0, g1 = 2;
+        CHECK_EQ(ferry_model_evict(ma, &g0, 1), 0); /* blk.0 spilled */
+        fy_fault_arm(1, ENOSPC);
+        CHECK(ferry_model_evict(ma, &g1, 1) < 0); /* blk.1's reservation fails */
+        fy_fault_arm(0, 0);
+        ferry_tensor_state w;
+        ferry_model_tensor_state(ma, 0, &w);
+        CHECK_EQ(w.tier, FERRY_TIER_SPILL);
+        uint8_t *a = malloc(w.nbytes), *b = malloc(w.nbytes);
+        CHECK_EQ(ferry_model_read(ma, 0, a), 0);
+        CHECK_EQ(ferry_file_tensor_read(fa, 0, 0, b, w.nbytes), 0);
+        for (uint64_t j = 0; j < w.nbytes; j++) b[j] ^= 0x0F;
+        CHECK(memcmp(a, b, w.nbytes) == 0);
+        free(a);
+        free(b);
+        CHECK_EQ(ferry_model_evict(ma, NULL, 0), 0);
+        CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+        ferry_model_tensor_state(ma, 0, &w);
+        CHECK(w.dirty);
+    }
 free_store:
     ferry_store_free(s);
 out:
@@ -409,6 +442,7 @@ static void test_device_faults(ferry_ctx *ctx)
                 break;
             }
             CHECK_EQ(tier_bytes(s, FERRY_TIER_DEVICE), 0);
+            CHECK_EQ(ferry_store_make_room(s, 0, NULL), 0); /* gives the kept blocks back */
             uint64_t dev = 1;
             fy_gpu_sim_usage(g, &dev, NULL, NULL);
             CHECK_EQ(dev, 0);
