@@ -88,6 +88,91 @@ class LoadStats(ctypes.Structure):
     ]
 
 
+# ---- residency store (ferry_store_*, ferry_model_*) ---------------------------
+TIER_NAMES = ["device", "pinned", "host", "source", "spill"]  # ferry_tier, in enum order
+TIER_DEVICE = 0
+TIER_SOURCE = 3
+
+
+class StoreOpts(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("device_budget", ctypes.c_uint64),
+        ("device_reserve", ctypes.c_uint64),
+        ("host_budget", ctypes.c_uint64),
+        ("pinned_budget", ctypes.c_uint64),
+        ("host_reserve", ctypes.c_uint64),
+        ("spill_below", ctypes.c_uint64),
+        ("spill_above", ctypes.c_uint64),
+        ("spill_dir", ctypes.c_char_p),
+        ("load", LoadOpts),
+    ]
+
+
+class TensorState(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("nbytes", ctypes.c_uint64),
+        ("tier", ctypes.c_int),
+        ("dirty", ctypes.c_int),
+        ("pins", ctypes.c_int),
+        ("group", ctypes.c_int64),
+        ("dptr", ctypes.c_uint64),
+    ]
+
+
+class StoreStats(ctypes.Structure):
+    _fields_ = [
+        ("tier_bytes", ctypes.c_uint64 * 5),
+        ("device_budget", ctypes.c_uint64),
+        ("pinned_budget", ctypes.c_uint64),
+        ("host_budget", ctypes.c_uint64),
+        ("host_available", ctypes.c_uint64),
+        ("host_source", ctypes.c_char * 96),
+        ("spilling", ctypes.c_int),
+        ("spill_path", ctypes.c_char * 256),
+        ("spill_file_bytes", ctypes.c_uint64),
+        ("bytes_htod", ctypes.c_uint64),
+        ("bytes_dtoh", ctypes.c_uint64),
+        ("seconds_htod", ctypes.c_double),
+        ("seconds_dtoh", ctypes.c_double),
+        ("bytes_written", ctypes.c_uint64),
+        ("bytes_read", ctypes.c_uint64),
+        ("evicted", ctypes.c_uint64),
+        ("dropped", ctypes.c_uint64),
+        ("models", ctypes.c_int64),
+        ("tensors", ctypes.c_int64),
+        ("device_cached", ctypes.c_uint64),
+    ]
+
+
+class MemRange(ctypes.Structure):
+    _fields_ = [("start", ctypes.c_uint64), ("end", ctypes.c_uint64), ("peak", ctypes.c_uint64)]
+
+
+class JobStats(ctypes.Structure):
+    _fields_ = [
+        ("job", ctypes.c_char * 64),
+        ("seconds", ctypes.c_double),
+        ("rss", MemRange),
+        ("uss", MemRange),
+        ("pss", MemRange),
+        ("cgroup", MemRange),
+        ("device_bytes", ctypes.c_uint64),
+        ("pinned_bytes", ctypes.c_uint64),
+        ("host_bytes", ctypes.c_uint64),
+        ("spill_bytes", ctypes.c_uint64),
+        ("bytes_htod", ctypes.c_uint64),
+        ("bytes_dtoh", ctypes.c_uint64),
+        ("bytes_written", ctypes.c_uint64),
+        ("bytes_read", ctypes.c_uint64),
+        ("seconds_htod", ctypes.c_double),
+        ("seconds_dtoh", ctypes.c_double),
+        ("evicted", ctypes.c_uint64),
+        ("dropped", ctypes.c_uint64),
+    ]
+
+
 _vp = ctypes.c_void_p
 _i32, _u32, _i64, _u64 = ctypes.c_int, ctypes.c_uint32, ctypes.c_int64, ctypes.c_uint64
 _cp = ctypes.c_char_p
@@ -131,6 +216,29 @@ _SIGNATURES = {
     "ferry_loaded_read": (_i32, [_vp, _i64, _vp]),
     "ferry_loaded_free": (None, [_vp]),
     "ferry_load_into": (_i32, [_vp, _vp, _P(_i64), _P(_u64), _i64, _P(LoadOpts), _P(LoadStats)]),
+    "ferry_tier_name": (_cp, [_i32]),
+    "ferry_store_new": (_i32, [_vp, _P(StoreOpts), _P(_vp)]),
+    "ferry_store_free": (None, [_vp]),
+    "ferry_store_add": (_i32, [_vp, _cp, _P(_vp), _i32, _i32, _P(_vp)]),
+    "ferry_store_remove": (_i32, [_vp]),
+    "ferry_store_find": (_vp, [_vp, _cp]),
+    "ferry_model_name": (_cp, [_vp]),
+    "ferry_model_tensor_count": (_i64, [_vp]),
+    "ferry_model_find": (_i64, [_vp, _cp]),
+    "ferry_model_group": (_i32, [_vp, _P(_i64), _i64]),
+    "ferry_model_set_priority": (_i32, [_vp, _i32]),
+    "ferry_model_to_device": (_i32, [_vp, _P(_i64), _i64]),
+    "ferry_model_evict": (_i32, [_vp, _P(_i64), _i64]),
+    "ferry_model_mark_dirty": (_i32, [_vp, _i64]),
+    "ferry_model_pin": (_i32, [_vp, _i64]),
+    "ferry_model_unpin": (_i32, [_vp, _i64]),
+    "ferry_model_tensor_state": (_i32, [_vp, _i64, _P(TensorState)]),
+    "ferry_model_read": (_i32, [_vp, _i64, _vp]),
+    "ferry_model_write": (_i32, [_vp, _i64, _vp]),
+    "ferry_store_make_room": (_i64, [_vp, _u64, _P(_u64)]),
+    "ferry_store_get_stats": (_i32, [_vp, _P(StoreStats)]),
+    "ferry_store_job_begin": (_i32, [_vp, _cp]),
+    "ferry_store_job_end": (_i32, [_vp, _P(JobStats)]),
 }
 
 
