@@ -86,6 +86,18 @@ int main(int argc, char **argv)
     report(s, "load (hot, from the checkpoint)", B, to_dev, m);
     report(s, "evict clean (dropped)", B, evict, m);
     report(s, "load again", B, to_dev, m);
+    {
+        ferry_store_job_begin(s, "make_room(all)");
+        double t0 = now();
+        int64_t got = ferry_store_make_room(s, UINT64_MAX, NULL);
+        double sec = now() - t0;
+        ferry_job_stats js;
+        ferry_store_job_end(s, &js);
+        printf("{\"step\": \"make_room(all): evict clean and give the device memory back\", \"bytes\": %" PRId64
+               ", \"seconds\": %.4f, \"ms_per_gb\": %.3f, \"bytes_written\": %" PRIu64 "}\n",
+               got, sec, sec * 1e3 / ((double)B / 1e9), js.bytes_written);
+    }
+    report(s, "load again", B, to_dev, m);
     for (int r = 0; r < 2; r++) {
         dirty_all(m);
         report(s, r ? "evict dirty to pinned RAM (pool already pinned)" : "evict dirty to pinned RAM (pins the pool)", B,

@@ -32,6 +32,7 @@ struct fy_spill {
     uint64_t nlive;    /* reserved ranges not yet released */
     spill_range *free; /* sorted by offset, never adjacent (merged), never empty */
     size_t nfree, capfree;
+    bool holding;      /* fy_spill_hold: releases wait for fy_spill_flush to punch */
 };
 
 static const char *errtext(int rc) { return ferry_strerror(rc); }
@@ -239,6 +240,7 @@ void fy_spill_release(fy_spill *s, uint64_t off, uint64_t len)
         at = i;
     }
 
+    if (s->holding) return; /* fy_spill_flush punches the merged ranges once */
     /* A free tail is cut off; if that fails its blocks are still punched. */
     if (at == s->nfree - 1 && s->free[at].off + s->free[at].len == s->size &&
         fy_ftruncate(s->fd, s->free[at].off) == 0) {
@@ -247,4 +249,23 @@ void fy_spill_release(fy_spill *s, uint64_t off, uint64_t len)
         return;
     }
     (void)fy_fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len);
+}
+
+void fy_spill_hold(fy_spill *s)
+{
+    if (s) s->holding = true;
+}
+
+void fy_spill_flush(fy_spill *s)
+{
+    if (!s || !s->holding) return;
+    s->holding = false;
+    if (s->nfree && s->free[s->nfree - 1].off + s->free[s->nfree - 1].len == s->size &&
+        fy_ftruncate(s->fd, s->free[s->nfree - 1].off) == 0) {
+        s->size = s->free[s->nfree - 1].off;
+        s->nfree--;
+    }
+    /* ranges punched before are holes already: punching them again is cheap */
+    for (size_t i = 0; i < s->nfree; i++)
+        (void)fy_fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, s->free[i].off, s->free[i].len);
 }

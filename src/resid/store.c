@@ -393,11 +393,13 @@ static void model_free(ferry_model *m)
 {
     if (!m) return;
     ferry_store *s = m->s;
+    fy_spill_hold(s->spill);
     for (int64_t i = 0; i < m->n; i++) {
         rtensor *t = &m->t[i];
         if (t->tier == FERRY_TIER_DEVICE) dev_free(s, t);
         else release_copy(s, t);
     }
+    fy_spill_flush(s->spill);
     fy_free(s->m, m->t);
     fy_free(s->m, m->by_name);
     fy_free(s->m, m->files);
@@ -687,7 +689,9 @@ static int evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
         }
         if (rc == 0) rc = fy_xfer_device_to_fd(s->dev, fy_spill_fd(s->spill), s->spill_dir, fr, nf, &s->o.load);
         if (rc < 0) {
+            fy_spill_hold(s->spill);
             for (int64_t k = 0; k < got && k < nf; k++) fy_spill_release(s->spill, fr[k].off, fr[k].len);
+            fy_spill_flush(s->spill);
             nf = 0;
         } else {
             for (int64_t k = 0; k < nf; k++) {
@@ -907,6 +911,7 @@ FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int6
         }
         goto out;
     }
+    fy_spill_hold(s->spill);
     for (int64_t i = 0; i < m->n; i++) {
         rtensor *t = &m->t[i];
         if (!sel[i] || t->tier == FERRY_TIER_DEVICE) continue;
@@ -914,6 +919,7 @@ FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int6
         release_copy(s, t); /* the device copy is now the one */
         t->tier = FERRY_TIER_DEVICE;
     }
+    fy_spill_flush(s->spill);
     s->c.htod += moved;
     s->c.read += read;
     s->c.s_htod += dt;

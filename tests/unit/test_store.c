@@ -358,6 +358,8 @@ static void test_spill(ferry_ctx *ctx)
         CHECK(st.spill_file_bytes >= w.nbytes);
         CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0); /* back from the spill file */
         CHECK_EQ(verify(ma, fa, 2, 0x33), 0);
+        ferry_store_get_stats(s, &st);
+        CHECK_EQ(st.spill_file_bytes, 0); /* every range released at once: the file is cut back */
     }
     CHECK_EQ(files_in(spill_dir), 0); /* the spill file has no name */
     /* regression: a failed reservation for one tensor must not release another
