@@ -10,7 +10,9 @@
  * spill file (hot), with each step's peak RSS from the store's job statistics.
  * Prints one JSON object per step. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +53,51 @@ static void report(ferry_store *s, const char *step, uint64_t bytes, int (*fn)(f
            (double)js.rss.start / 1048576, (double)js.rss.peak / 1048576, (double)js.rss.end / 1048576,
            ((double)js.rss.peak - (double)js.rss.start) / 1048576, js.device_bytes, js.pinned_bytes, js.host_bytes,
            js.spill_bytes);
+    fflush(stdout);
+}
+
+/* Diagnosis: find the store's unnamed spill file among this process's
+ * descriptors (its link is "DIR/#NNN (deleted)"), and report how much of it is
+ * in the page cache (mincore) and how fast one thread reads 1 GiB of it. */
+static void spill_probe(const char *dir, const char *label)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    int fd = -1;
+    char link[4096], path[300];
+    while (d && (e = readdir(d))) {
+        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+        ssize_t n = readlink(path, link, sizeof link - 1);
+        if (n <= 0) continue;
+        link[n] = 0;
+        if (strncmp(link, dir, strlen(dir)) == 0 && strstr(link, "(deleted)")) fd = atoi(e->d_name);
+    }
+    if (d) closedir(d);
+    if (fd < 0) return;
+    off_t size = lseek(fd, 0, SEEK_END);
+    double resident = -1;
+    void *map = size > 0 ? mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (map != MAP_FAILED) {
+        size_t pages = ((size_t)size + 4095) / 4096, in = 0;
+        unsigned char *vec = malloc(pages);
+        if (vec && mincore(map, (size_t)size, vec) == 0)
+            for (size_t i = 0; i < pages; i++) in += vec[i] & 1;
+        resident = (double)in / (double)pages;
+        free(vec);
+        munmap(map, (size_t)size);
+    }
+    size_t chunk = 4u << 20, total = 0;
+    char *buf = malloc(chunk);
+    double t0 = now();
+    while (buf && total < (1u << 30) && (off_t)total < size) {
+        ssize_t r = pread(fd, buf, chunk, (off_t)total);
+        if (r <= 0) break;
+        total += (size_t)r;
+    }
+    double sec = now() - t0;
+    free(buf);
+    printf("{\"step\": \"spill file probe: %s\", \"size\": %lld, \"resident\": %.3f, \"one_thread_read_gbps\": %.2f}\n",
+           label, (long long)size, resident, (double)total / sec / 1e9);
     fflush(stdout);
 }
 
@@ -145,12 +192,14 @@ int main(int argc, char **argv)
     ferry_store_get_stats(s, &st);
     printf("{\"step\": \"spill file\", \"bytes_written\": %" PRIu64 ", \"spill_file_bytes\": %" PRIu64 "}\n",
            st.bytes_written, st.spill_file_bytes);
+    spill_probe(argv[2], "after the spill");
     report(s, "back from the spill file (hot)", B, to_dev, m);
     dirty_all(m);
     report(s, "spill again (ranges reused)", B, evict, m);
     double ts = now();
     sync(); /* the page cache's writeback of the spill file finishes */
     printf("{\"step\": \"sync (writeback of the spill file)\", \"seconds\": %.3f}\n", now() - ts);
+    spill_probe(argv[2], "after sync");
     report(s, "back from the spill file (hot, written back)", B, to_dev, m);
     ferry_store_free(s);
     ferry_device_close(d);

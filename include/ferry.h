@@ -551,7 +551,9 @@ FERRY_API int ferry_model_write(ferry_model *m, int64_t t, const void *buf);
  * most that could be made free. On success the device blocks the store kept
  * for reuse are given back to the driver, so the room is real; make_room(0)
  * only gives those back. (Evictions by ferry_model_evict and by
- * ferry_model_to_device keep the blocks for the store's own reuse.) */
+ * ferry_model_to_device keep the blocks for the store's own reuse.) Spill-file
+ * ranges freed when tensors came back stay allocated for the next spill until
+ * then, or until the next spill, which punches out what it did not reuse. */
 FERRY_API int64_t ferry_store_make_room(ferry_store *s, uint64_t bytes, uint64_t *could);
 
 typedef struct ferry_store_stats {

@@ -41,10 +41,10 @@ int fy_spill_reserve(fy_spill *s, uint64_t len, uint64_t *off);
  * a free range) is ignored. Releasing ranges exactly as reserved never
  * allocates, so it cannot fail for lack of memory. */
 void fy_spill_release(fy_spill *s, uint64_t off, uint64_t len);
-/* Batch releases: after fy_spill_hold, fy_spill_release only updates the free
- * list; fy_spill_flush then cuts a free tail and punches every free range once.
- * (540 separate punches cost ~0.4 s on the H200 host's ext4, more than reading
- * the 10 GB back.) */
+/* Deferred releases: after fy_spill_hold, fy_spill_release only updates the
+ * free list (the blocks stay allocated, ready for reuse); fy_spill_flush then
+ * cuts a free tail and punches every free range, once. (Giving 10 GB back to
+ * ext4 took 0.5-2.8 s on the H200 host, longer than reading it back.) */
 void fy_spill_hold(fy_spill *s);
 void fy_spill_flush(fy_spill *s);
 /* Bytes reserved now, and the file's size (free holes included). */
