@@ -739,7 +739,7 @@ class Store:
                                      f"\"{module._ferry_store_model}\" of a ferry store")
             handles, infos = core.open_files(paths)
             plan = _attach_plan(module, infos, handles, strict) if module is not None else None
-            m = core.add(name, handles, infos, priority)
+            core.add(name, handles, infos, priority)
             if module is not None:
                 a = self._attached[name] = _Attached(module, plan)
                 module._ferry_store_model = name
@@ -917,7 +917,8 @@ class Store:
                 raise ValueError(f"model \"{name}\": {info.name} has {info.nbytes} bytes, the value "
                                  f"{src.numel() * src.element_size()}")
             self._sync()
-            self._core.write(m, i, src.data_ptr() if info.nbytes else ctypes.addressof(ctypes.c_char()))
+            dummy = ctypes.c_char()  # ferry_model_write wants a buffer even for 0 bytes
+            self._core.write(m, i, src.data_ptr() if info.nbytes else ctypes.addressof(dummy))
 
     def stats(self):
         """ferry_store_get_stats as a dict: tier_bytes {tier: bytes}, the

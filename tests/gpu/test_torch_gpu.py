@@ -11,7 +11,13 @@
    tensor and the module's output must be bit-identical to the module loaded
    with safetensors.torch.load_file (torch.load without it). Also every load
    path, a sharded index, torch.save views on cuda, progress, and errors.
-2. With --big PATH: the hot-load speed of ferry.torch.load_file(device="cuda")
+2. ferry.torch.Store on the GPU: the same module attached to a store, at least
+   five offload/reload cycles with weights (and a buffer) changed in place on
+   the GPU and marked dirty, saved to pinned RAM or (host_budget "1") the spill
+   file: the output must equal, every cycle, that of a reference module loaded
+   with plain torch and changed the same way. Also two models under a device
+   budget of one, each use evicting the other.
+3. With --big PATH: the hot-load speed of ferry.torch.load_file(device="cuda")
    against the `ferry load` CLI on the same file (both after warming the page
    cache, best of --repeat). Both figures are printed; the binding must be
    within 5% of the CLI.
@@ -150,6 +156,94 @@ def run_model(m, dev):
     t = torch.randn(2, 256, generator=g).to(dev, torch.bfloat16)
     with torch.no_grad():
         return m(x, t)
+
+
+# ---- the residency store ------------------------------------------------------
+
+def _attached_ok(store, name, m, tdev):
+    """Every tensor of m is a view of the store's device copy."""
+    states = store.tensor_states(name)
+    for k, t in m.state_dict().items():
+        assert t.device.type == tdev.type, f"{k} is on {t.device}"
+        assert states[k].tier == "device" and t.data_ptr() == states[k].dptr, f"{k}: not the store's memory"
+
+
+def store_cycles(ft, path, ref_load, store_dev, tdev, cycles=6, dirty_tiers=("pinned", "host"), **store_kw):
+    """Offload/reload cycles of a DiT attached to a Store on store_dev (views on
+    tdev), with weights changed in place on the device and marked dirty; every
+    output equal to a plain-torch reference changed the same way."""
+    ref = DiT(device=tdev, dtype=torch.bfloat16)
+    ref.load_state_dict(ref_load(path, device=str(tdev)))
+    m = DiT(device="meta", dtype=torch.bfloat16)
+    targets = ["blocks.0.attn.qkv.weight", "blocks.2.mlp.2.weight", "final.bias", "pos_embed",
+               "x_embedder.weight", "blocks.3.adaLN_modulation.1.weight"]
+    g = torch.Generator(device="cpu").manual_seed(7)
+    with ft.Store(store_dev, **store_kw) as store:
+        store.add("dit", path, module=m)
+        assert all(t.is_meta for t in m.state_dict().values())
+        changed = set()
+        for cycle in range(cycles):
+            out = run_model(m, tdev)  # the forward pre-hook brings it back
+            _attached_ok(store, "dit", m, tdev)
+            assert torch.equal(out, run_model(ref, tdev)), f"cycle {cycle}: output differs after reload"
+            name = targets[cycle % len(targets)]
+            cur, want = m.state_dict()[name], ref.state_dict()[name]
+            delta = (torch.randn(tuple(cur.shape), generator=g) * 0.02).to(tdev, torch.bfloat16)
+            with torch.no_grad():
+                cur.add_(delta)  # in place, on the device, in the store's memory
+                want.add_(delta)
+            store.mark_dirty("dit", name)
+            changed.add(name)
+            assert torch.equal(run_model(m, tdev), run_model(ref, tdev)), f"cycle {cycle}: modified output"
+            store.offload("dit")
+            assert all(t.is_meta for t in m.state_dict().values()), "parameters left pointing at the device"
+            states = store.tensor_states("dit")
+            for k, st in states.items():
+                if k in changed:
+                    assert st.dirty and st.tier in dirty_tiers, f"{k}: {st}"
+                else:
+                    assert st.tier == "source", f"{k}: {st}"
+            assert torch.equal(store.read("dit", name), want.cpu()), f"{name}: saved bytes differ"
+        store.to_device("dit")
+        got = m.state_dict()
+        for k, v in ref.state_dict().items():
+            same(got[k], v, k)
+        assert torch.equal(run_model(m, tdev), run_model(ref, tdev))
+        st = store.stats()
+        assert st["bytes_dtoh"] > 0 and st["dropped"] > 0
+        if "spill" in dirty_tiers:
+            assert st["bytes_written"] > 0
+        print(f"    {cycles} cycles on {store_dev}: {len(changed)} tensors changed, dirty ones in "
+              f"{sorted({s.tier for k, s in states.items() if k in changed})}; moved "
+              f"{st['bytes_htod'] / 1e6:.1f} MB in, {st['bytes_dtoh'] / 1e6:.1f} MB out")
+
+
+def store_two_models(ft, path, ref_load, store_dev, tdev, rounds=4):
+    """Two models (one checkpoint, changed differently) under a device budget
+    of one: using one evicts the other, whose parameters become meta."""
+    refs, mods = [], []
+    for k in range(2):
+        r = DiT(device=tdev, dtype=torch.bfloat16)
+        r.load_state_dict(ref_load(path, device=str(tdev)))
+        refs.append(r)
+        mods.append(DiT(device="meta", dtype=torch.bfloat16))
+    size = sum(t.numel() * t.element_size() for t in refs[0].state_dict().values())
+    with ft.Store(store_dev, device_budget=size) as store:
+        for k in range(2):
+            store.add(f"m{k}", path, module=mods[k])
+        for rnd in range(rounds):
+            for k in range(2):
+                assert torch.equal(run_model(mods[k], tdev), run_model(refs[k], tdev)), f"round {rnd}, m{k}"
+                _attached_ok(store, f"m{k}", mods[k], tdev)
+                if rnd:
+                    assert all(t.is_meta for t in mods[1 - k].state_dict().values()), f"m{1 - k} not re-pointed"
+                if rnd == 1:
+                    w, v = mods[k].state_dict()["final.weight"], refs[k].state_dict()["final.weight"]
+                    with torch.no_grad():
+                        w.mul_(0.5 + k)
+                        v.mul_(0.5 + k)
+                    store.mark_dirty(f"m{k}", "final.weight")
+        assert store.stats()["evicted"] > 0
 
 
 # ---- checks -----------------------------------------------------------------
@@ -307,6 +401,11 @@ def main():
     check("every dtype this torch has, cpu vs cuda vs ferry-owned", t_dtypes)
     check("sharded index to cuda, load_into from it", t_sharded)
     check("errors", t_errors)
+    check("Store: 6 offload/reload cycles, dirty weights to pinned RAM",
+          store_cycles, ft, path, ref_load, str(dev), dev)
+    check("Store: 6 offload/reload cycles, dirty weights through the spill file (host_budget 1)",
+          lambda: store_cycles(ft, path, ref_load, str(dev), dev, 6, ("spill",), host_budget="1"))
+    check("Store: two models under a device budget of one", store_two_models, ft, path, ref_load, str(dev), dev)
     if a.big:
         check("hot-load speed vs the ferry CLI", speed, a, dev, ft, ferry)
     else:
