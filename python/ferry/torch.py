@@ -556,6 +556,7 @@ class Store:
                  path_kind="auto", threads=None, ring_buffers=None, ring_buffer_bytes=None):
         self._core = None
         self._lock = threading.RLock()
+        self._tls = threading.local()  # the forward pre-hooks' pins, per thread
         self._attached = {}  # model name -> _Attached
         self._states = {}    # model name -> [(tier, dptr)] of every tensor, as of the last call
         spec, self._tdev, self._dl = _store_device(device)
@@ -748,11 +749,19 @@ class Store:
         return name
 
     def _install_hooks(self, name, a):
+        # Each forward hook undoes the pin of its own thread's pre-hook, if
+        # that pre-hook got as far as pinning (torch 2.1+ runs an always_call
+        # hook even when a pre-hook raised).
         def pre(mod, args):
             self._enter(name, hook=True)
+            stack = self._tls.__dict__.setdefault("pins", [])
+            stack.append(name)
 
         def post(mod, args, out):
-            self._leave(name, hook=True)
+            stack = self._tls.__dict__.get("pins")
+            if stack and name in stack:
+                del stack[len(stack) - 1 - stack[::-1].index(name)]
+                self._leave(name, hook=True)
 
         a.hooks.append(a.module.register_forward_pre_hook(pre))
         if _HOOK_ALWAYS_CALL:  # torch 2.1+: run even when forward raises
@@ -810,6 +819,9 @@ class Store:
             while a is not None and a.hook_pins:
                 a.hook_pins -= 1
                 self._core.unpin(m, -1)
+            stack = self._tls.__dict__.get("pins")
+            while stack and name in stack:
+                stack.remove(name)
 
     def to_device(self, name, tensors=None):
         """Bring a model (or tensors: names, indices or tensors of it, with
