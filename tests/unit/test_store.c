@@ -365,6 +365,32 @@ static void test_spill(ferry_ctx *ctx)
         CHECK_EQ(st.spill_file_bytes, 0); /* ... until make_room gives it back: the file is cut */
     }
     CHECK_EQ(files_in(spill_dir), 0); /* the spill file has no name */
+    /* a read error while bringing a spilled tensor back: a clean error, the
+     * tensor stays in the spill file, nothing allocated stays behind */
+    {
+        CHECK_EQ(ferry_model_evict(ma, NULL, 0), 0);
+        ferry_tensor_state w;
+        ferry_model_tensor_state(ma, 2, &w);
+        CHECK_EQ(w.tier, FERRY_TIER_SPILL);
+        for (long nth = 1; nth < 200; nth++) {
+            fy_fault_arm(nth, EIO);
+            int rc = ferry_model_to_device(ma, NULL, 0);
+            bool fired = fy_fault_fired();
+            fy_fault_arm(0, 0);
+            if (!fired) {
+                CHECK_EQ(rc, 0);
+                break;
+            }
+            CHECK(rc < 0);
+            ferry_model_tensor_state(ma, 2, &w);
+            CHECK_EQ(w.tier, FERRY_TIER_SPILL);
+            CHECK_EQ(tier_bytes(s, FERRY_TIER_DEVICE), 0);
+            CHECK_EQ(verify(ma, fa, 2, 0x33), 0);
+        }
+        ferry_model_tensor_state(ma, 2, &w);
+        CHECK_EQ(w.tier, FERRY_TIER_DEVICE);
+        CHECK_EQ(verify(ma, fa, 2, 0x33), 0);
+    }
     /* regression: a failed reservation for one tensor must not release another
      * tensor's spilled range (found by the simulate tests) */
     {
