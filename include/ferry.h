@@ -553,7 +553,8 @@ FERRY_API int ferry_model_write(ferry_model *m, int64_t t, const void *buf);
  * only gives those back. (Evictions by ferry_model_evict and by
  * ferry_model_to_device keep the blocks for the store's own reuse.) Spill-file
  * ranges freed when tensors came back stay allocated for the next spill until
- * then, or until the next spill, which punches out what it did not reuse. */
+ * then, or until the next spill, which punches out what it did not reuse. The
+ * pinned pool's unused chunks are unpinned and freed by it too. */
 FERRY_API int64_t ferry_store_make_room(ferry_store *s, uint64_t bytes, uint64_t *could);
 
 typedef struct ferry_store_stats {
@@ -572,6 +573,8 @@ typedef struct ferry_store_stats {
     uint64_t dropped;         /* of which clean (nothing written) */
     int64_t models, tensors;
     uint64_t device_cached;   /* device blocks kept for reuse (given back by make_room) */
+    uint64_t pinned_pool_bytes; /* page-locked host RAM the store holds for dirty tensors
+                                   (pinned once, reused; make_room unpins what is unused) */
 } ferry_store_stats;
 FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out);
 

@@ -143,6 +143,7 @@ class StoreStats(ctypes.Structure):
         ("models", ctypes.c_int64),
         ("tensors", ctypes.c_int64),
         ("device_cached", ctypes.c_uint64),
+        ("pinned_pool_bytes", ctypes.c_uint64),
     ]
 
 

@@ -936,7 +936,7 @@ class Store:
         """ferry_store_get_stats as a dict: tier_bytes {tier: bytes}, the
         budgets, host_available and host_source, spilling, spill_path,
         spill_file_bytes, bytes and seconds moved each way, bytes_written and
-        bytes_read, evicted, dropped, models, tensors, device_cached."""
+        bytes_read, evicted, dropped, models, tensors, device_cached, pinned_pool_bytes."""
         with self._lock:
             return self._live().stats()
 

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 FERRY_API int ferry_version(void) { return FERRY_VERSION_NUMBER; }
@@ -185,6 +186,13 @@ void fy_progress_add(fy_progress *p, uint64_t n)
 }
 
 void fy_progress_destroy(fy_progress *p) { pthread_mutex_destroy(&p->lock); }
+
+double fy_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 uint32_t fy_ncpu(void)
 {

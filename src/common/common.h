@@ -82,5 +82,7 @@ void fy_progress_destroy(fy_progress *p);
 
 /* Number of online CPUs, at least 1. */
 uint32_t fy_ncpu(void);
+/* Seconds on the monotonic clock. */
+double fy_now(void);
 
 #endif /* FERRY_COMMON_H */

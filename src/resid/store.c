@@ -95,13 +95,6 @@ struct ferry_store {
     fy_memsampler *sampler;
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 FERRY_API const char *ferry_tier_name(ferry_tier t)
 {
     static const char *const names[] = {"device", "pinned", "host", "source", "spill"};
@@ -195,6 +188,22 @@ static void pool_free(ferry_store *s, void *p, uint64_t n)
         break;
     }
     s->pinned_used -= n;
+}
+
+/* Unpin and free the pool's chunks that hold nothing. */
+static void pool_trim(ferry_store *s)
+{
+    for (int c = 0; c < s->nchunks;) {
+        pchunk *ch = &s->chunks[c];
+        if (ch->nfr == 1 && ch->fr[0].off == 0 && ch->fr[0].len == ch->size) {
+            s->g->ops->host_free(s->g, ch->base);
+            fy_free(s->m, ch->fr);
+            s->pool_bytes -= ch->size;
+            s->chunks[c] = s->chunks[--s->nchunks];
+        } else {
+            c++;
+        }
+    }
 }
 
 /* ---- tensors' host copies ---- */
@@ -657,7 +666,7 @@ static int evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     }
     s->spilling = h.spilling;
     /* RAM copies */
-    double t0 = now_s();
+    double t0 = fy_now();
     if (nh) {
         rc = fy_xfer_device_to_host(s->dev, hr, nh);
         if (rc < 0) {
@@ -701,7 +710,7 @@ static int evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     }
     /* what this spill did not reuse goes back to the file system */
     if (s->spill) fy_spill_flush(s->spill);
-    double dt = now_s() - t0;
+    double dt = fy_now() - t0;
     /* free device memory of what left: the dropped clean ones and the saved dirty ones */
     uint64_t moved = 0;
     for (int64_t k = 0; k < n; k++) {
@@ -832,6 +841,7 @@ FERRY_API int64_t ferry_store_make_room(ferry_store *s, uint64_t bytes, uint64_t
      * keeps for reuse, not only what it just evicted */
     if (rc >= 0) cache_release(s, UINT64_MAX);
     if (rc >= 0 && s->spill) fy_spill_flush(s->spill); /* and disk space held for reuse */
+    if (rc >= 0) pool_trim(s);                              /* and pinned RAM nobody uses */
     pthread_mutex_unlock(&s->lock);
     return rc;
 }
@@ -876,7 +886,7 @@ FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int6
         if (t->nbytes == 0) continue;
         rc = dev_alloc(s, t);
     }
-    double t0 = now_s();
+    double t0 = fy_now();
     uint64_t moved = 0, read = 0;
     /* SOURCE: file by file, through the transfer engine */
     for (int k = 0; k < m->nfiles && rc == 0; k++) {
@@ -902,7 +912,7 @@ FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int6
     }
     if (rc == 0 && nh) rc = fy_xfer_host_to_device(s->dev, hr, nh);
     if (rc == 0 && nf) rc = fy_xfer_fd_to_device(s->dev, fy_spill_fd(s->spill), s->spill_dir, fr, nf, &s->o.load, NULL);
-    double dt = now_s() - t0;
+    double dt = fy_now() - t0;
     for (int64_t i = 0; i < nh; i++) moved += hr[i].len;
     for (int64_t i = 0; i < nf; i++) moved += fr[i].len, read += fr[i].len;
     if (rc < 0) { /* nothing moved: back to where they were */
@@ -1099,6 +1109,7 @@ FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out)
     out->evicted = s->c.evicted;
     out->dropped = s->c.dropped;
     out->device_cached = s->cached;
+    out->pinned_pool_bytes = s->pool_bytes;
     out->models = s->nmodels;
     for (int i = 0; i < s->nmodels; i++) out->tensors += s->models[i]->n;
     pthread_mutex_unlock(&s->lock);
@@ -1117,7 +1128,7 @@ FERRY_API int ferry_store_job_begin(ferry_store *s, const char *name)
     } else {
         s->job_open = true;
         snprintf(s->job, sizeof s->job, "%s", name);
-        s->job_t0 = now_s();
+        s->job_t0 = fy_now();
         s->job_c = s->c;
     }
     pthread_mutex_unlock(&s->lock);
@@ -1139,7 +1150,7 @@ FERRY_API int ferry_store_job_end(ferry_store *s, ferry_job_stats *out)
     if (out) {
         memset(out, 0, sizeof *out);
         snprintf(out->job, sizeof out->job, "%s", s->job);
-        out->seconds = now_s() - s->job_t0;
+        out->seconds = fy_now() - s->job_t0;
         out->rss = (ferry_mem_range){r.start.rss, r.end.rss, r.peak.rss};
         out->uss = (ferry_mem_range){r.start.uss, r.end.uss, r.peak.uss};
         out->pss = (ferry_mem_range){r.start.pss, r.end.pss, r.peak.pss};

@@ -66,13 +66,6 @@ struct ferry_loaded {
     uint64_t *dptr;   /* per tensor */
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 FERRY_API const char *ferry_path_name(ferry_path p)
 {
     static const char *const names[] = {"auto", "ring", "direct", "register", "cufile"};
@@ -864,7 +857,7 @@ static int load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n,
     FY_RETURN_IF((uint64_t)nbuf * bufsz > (64ull << 30), err, FERRY_E_LIMIT,
                  "ferry_load: a ring of %u x %llu bytes would pin more than 64 GiB", nbuf, (unsigned long long)bufsz);
 
-    double t0 = now_s();
+    double t0 = fy_now();
     int rc = choose_path(d, f, &o, &st);
     if (rc < 0) return rc;
     st.path = (ferry_path)rc;
@@ -895,7 +888,7 @@ static int load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n,
     for (uint32_t s = 0; s < nstreams; s++)
         if (streams[s]) d->g->ops->stream_free(d->g, streams[s]);
     st.bytes = p.bytes;
-    st.seconds = now_s() - t0;
+    st.seconds = fy_now() - t0;
     plan_free(m, &p);
     if (stats) *stats = st;
     return rc;
@@ -1023,7 +1016,7 @@ FERRY_API int ferry_device_copy_rate(ferry_device *d, uint64_t bytes, double *ht
             rc = dir == 0 ? g->ops->copy_htod(g, dp + (fy_dptr)(k * (chunk / 2)), (char *)h + k * (chunk / 2), chunk / 2, s[k])
                           : g->ops->copy_dtoh(g, (char *)h + k * (chunk / 2), dp + (fy_dptr)(k * (chunk / 2)), chunk / 2, s[k]);
         for (int k = 0; k < 2 && rc == 0; k++) rc = g->ops->stream_sync(g, s[k]);
-        double t0 = now_s();
+        double t0 = fy_now();
         uint64_t moved = 0;
         for (int k = 0; moved < bytes && rc == 0; k ^= 1) {
             /* two halves on two streams, like the ring's copies */
@@ -1036,7 +1029,7 @@ FERRY_API int ferry_device_copy_rate(ferry_device *d, uint64_t bytes, double *ht
             int r = g->ops->stream_sync(g, s[k]);
             if (rc == 0) rc = r;
         }
-        double gbps = (double)moved / (now_s() - t0) / 1e9;
+        double gbps = (double)moved / (fy_now() - t0) / 1e9;
         if (dir == 0 && htod) *htod = gbps;
         if (dir == 1 && dtoh) *dtoh = gbps;
     }

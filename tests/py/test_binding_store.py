@@ -510,6 +510,6 @@ def test_store_struct_layouts():
     if ctypes.sizeof(ctypes.c_void_p) != 8:
         pytest.skip("LP64 only")
     assert ctypes.sizeof(_lib.StoreOpts) == 128
-    assert ctypes.sizeof(_lib.StoreStats) == 528
+    assert ctypes.sizeof(_lib.StoreStats) == 536
     assert ctypes.sizeof(_lib.JobStats) == 264
     assert ctypes.sizeof(_lib.TensorState) == 48

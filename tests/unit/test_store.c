@@ -262,6 +262,15 @@ static void test_tiers(ferry_ctx *ctx)
     CHECK_EQ(after_dev, before_dev); /* reused: no new device memory */
     CHECK_EQ(verify(ma, fa, 2, 0x5A), 0);
     CHECK_EQ(tier_bytes(s, FERRY_TIER_PINNED), 0);
+    ferry_store_get_stats(s, &st);
+    CHECK(st.pinned_pool_bytes > 0); /* pinned once, kept for the next eviction ... */
+    uint64_t pin_before = 0, pin_after = 0;
+    fy_gpu_sim_usage(fy_device_gpu(d), NULL, &pin_before, NULL);
+    CHECK_EQ(ferry_store_make_room(s, 0, NULL), 0);
+    ferry_store_get_stats(s, &st);
+    CHECK_EQ(st.pinned_pool_bytes, 0); /* ... until make_room unpins it */
+    fy_gpu_sim_usage(fy_device_gpu(d), NULL, &pin_after, NULL);
+    CHECK(pin_after < pin_before);
 
     /* pins: never evicted; free-all frees the rest; impossible requests evict nothing */
     CHECK_EQ(ferry_model_pin(ma, 0), 0);
