@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ferry's main job on a fresh Debian machine: install what is needed, build,
-# then inspect and hash a checkpoint. With no argument it first writes a sample
+# then inspect, hash and load a checkpoint, and replay a multi-model workflow on
+# the residency store (ferry simulate). With no argument it first writes a sample
 # diffusion-transformer-like checkpoint (324 tensors, BF16/F32/FP8, ~450 MiB).
 #
 #   scripts/demo.sh                  # sample checkpoint in ./sample/
@@ -43,3 +44,8 @@ else
     echo "$out_load" >&2
     exit 1
 fi
+echo
+echo "== ferry simulate examples/simulate/scenario.json (two models under one device budget, on a simulated GPU)"
+[ -f examples/simulate/unet.safetensors ] && [ -f examples/simulate/te.safetensors ] ||
+    sh examples/simulate/make_checkpoints.sh >/dev/null
+./build/ferry simulate examples/simulate/scenario.json
