@@ -31,7 +31,7 @@ static double now(void)
 
 static ferry_ctx *ctx;
 
-static int die(const char *what)
+_Noreturn static void die(const char *what)
 {
     fprintf(stderr, "bench_store: %s: %s\n", what, ferry_ctx_errmsg(ctx));
     exit(1);

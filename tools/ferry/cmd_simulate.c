@@ -245,8 +245,8 @@ static int model_list(const scenario *sc, const json_t *v, const char *key, int 
     *out = calloc((size_t)(*n ? *n : 1), sizeof **out);
     if (!*out) return cli_fail("out of memory");
     for (int i = 0; i < *n; i++) {
-        char k[160];
-        snprintf(k, sizeof k, "%s[%d]", key, i);
+        char k[200];
+        snprintf(k, sizeof k, "%.150s[%d]", key, i);
         int ex = model_ref(sc, json_array_get(v, (size_t)i), k, &(*out)[i]);
         if (ex) return ex;
     }
@@ -276,19 +276,19 @@ static int parse_model(scenario *sc, sim_model *sm, json_t *v, const char *key)
         int ex = check_keys(sc, v, key, keys);
         if (ex) return ex;
         json_t *p = json_object_get(v, "path"), *ps = json_object_get(v, "paths"), *pr = json_object_get(v, "priority");
-        char k[160];
+        char k[200];
         if (p && ps) return scen_err(sc, key, "give \"path\" or \"paths\", not both");
         if (!p && !ps) return scen_err(sc, key, "needs \"path\" (a checkpoint) or \"paths\" (a list of them)");
         if (p && !json_is_string(p)) {
-            snprintf(k, sizeof k, "%s.path", key);
+            snprintf(k, sizeof k, "%.150s.path", key);
             return scen_err(sc, k, "expected a path (a string), not %s", jtype(p));
         }
         if (ps && (!json_is_array(ps) || json_array_size(ps) == 0)) {
-            snprintf(k, sizeof k, "%s.paths", key);
+            snprintf(k, sizeof k, "%.150s.paths", key);
             return scen_err(sc, k, "expected a non-empty list of paths");
         }
         if (pr) {
-            snprintf(k, sizeof k, "%s.priority", key);
+            snprintf(k, sizeof k, "%.150s.priority", key);
             if (!json_is_integer(pr) || json_integer_value(pr) < -1000000 || json_integer_value(pr) > 1000000)
                 return scen_err(sc, k, "expected an integer from -1000000 to 1000000");
             sm->priority = (int)json_integer_value(pr);
@@ -309,8 +309,8 @@ static int parse_model(scenario *sc, sim_model *sm, json_t *v, const char *key)
     for (int i = 0; i < sm->npaths; i++) {
         json_t *p = json_array_get(paths, (size_t)i);
         if (!json_is_string(p) || !*json_string_value(p)) {
-            char k[160];
-            snprintf(k, sizeof k, "%s.paths[%d]", key, i);
+            char k[200];
+            snprintf(k, sizeof k, "%.150s.paths[%d]", key, i);
             json_decref(paths);
             return scen_err(sc, k, "expected a path (a non-empty string), not %s", jtype(p));
         }
@@ -342,27 +342,27 @@ static int parse_job(scenario *sc, int ji, json_t *v)
         snprintf(key, sizeof key, "jobs[%d] (\"%.100s\")", ji, j->name);
     }
     if ((x = json_object_get(v, "use"))) {
-        snprintf(k, sizeof k, "%s.use", key);
+        snprintf(k, sizeof k, "%.150s.use", key);
         if ((ex = model_list(sc, x, k, &j->use, &j->nuse))) return ex;
     }
     if ((x = json_object_get(v, "evict"))) {
-        snprintf(k, sizeof k, "%s.evict", key);
+        snprintf(k, sizeof k, "%.150s.evict", key);
         if ((ex = model_list(sc, x, k, &j->evict, &j->nevict))) return ex;
     }
     if ((x = json_object_get(v, "reserve"))) {
-        snprintf(k, sizeof k, "%s.reserve", key);
+        snprintf(k, sizeof k, "%.150s.reserve", key);
         if ((ex = get_size(sc, x, k, &j->reserve))) return ex;
         j->has_reserve = true;
     }
     if ((x = json_object_get(v, "verify"))) {
         if (!json_is_boolean(x)) {
-            snprintf(k, sizeof k, "%s.verify", key);
+            snprintf(k, sizeof k, "%.150s.verify", key);
             return scen_err(sc, k, "expected true or false, not %s", jtype(x));
         }
         j->verify = json_is_true(x);
     }
     if ((x = json_object_get(v, "modify"))) {
-        snprintf(k, sizeof k, "%s.modify", key);
+        snprintf(k, sizeof k, "%.150s.modify", key);
         if (!json_is_object(x))
             return scen_err(sc, k, "expected {model: [tensor, ...]}, not %s", jtype(x));
         const char *mname;
@@ -473,7 +473,7 @@ static int parse_scenario(scenario *sc)
     json_t *mv;
     int mi = 0;
     json_object_foreach(x, name, mv) {
-        char k[160];
+        char k[200];
         snprintf(k, sizeof k, "models.%.140s", name);
         if (!*name) return scen_err(sc, "models", "a model needs a non-empty name");
         sc->models[mi].name = name;
@@ -499,7 +499,7 @@ static int open_models(scenario *sc, ferry_ctx *ctx)
         for (int f = 0; f < sm->npaths; f++) {
             int rc = ferry_file_open(ctx, sm->paths[f], 0, &sm->files[f]);
             if (rc < 0) {
-                char k[160];
+                char k[200];
                 snprintf(k, sizeof k, "models.%.140s", sm->name);
                 const char *msg = ferry_ctx_errmsg(ctx);
                 return scen_err(sc, k, "%s", *msg ? msg : ferry_strerror(rc));
