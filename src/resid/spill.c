@@ -165,12 +165,18 @@ int fy_spill_reserve(fy_spill *s, uint64_t len, uint64_t *off)
     FY_RETURN_IF(fy_add_ovf(at, need, &end) || end > (uint64_t)INT64_MAX, err, -EFBIG,
                  "%s: spill file would pass the largest file size", s->dir);
 
-    /* A reused range was punched out, so it needs as many new blocks as growing. */
-    uint64_t avail = 0;
-    int rc = fy_fs_info(s->fd, &avail, NULL);
-    if (rc < 0) return fy_seterr(err, rc, "%s: cannot query free space for the spill file: %s", s->dir, errtext(rc));
-    FY_RETURN_IF(avail < need, err, -ENOSPC, "%s: no space to spill: %llu bytes needed, %llu bytes free on its file system",
-                 s->dir, (unsigned long long)need, (unsigned long long)avail);
+    /* Growing needs that many free blocks. A reused range may still hold its
+     * blocks (releases deferred by fy_spill_hold) or may have been punched:
+     * then fallocate itself says ENOSPC, and the range is punched again. */
+    int rc;
+    if (grow) {
+        uint64_t avail = 0;
+        rc = fy_fs_info(s->fd, &avail, NULL);
+        if (rc < 0) return fy_seterr(err, rc, "%s: cannot query free space for the spill file: %s", s->dir, errtext(rc));
+        FY_RETURN_IF(avail < need, err, -ENOSPC,
+                     "%s: no space to spill: %llu bytes needed, %llu bytes free on its file system", s->dir,
+                     (unsigned long long)need, (unsigned long long)avail);
+    }
 
     rc = fy_fallocate(s->fd, 0, at, need);
     if (rc < 0) {

@@ -25,8 +25,9 @@ int fy_spill_fd(const fy_spill *s);
 const char *fy_spill_dir(const fy_spill *s);
 
 /* Reserve len bytes (rounded up to FY_SPILL_ALIGN): a freed range is reused
- * when one fits (best fit), else the file grows. The file system's free space
- * is checked first (fstatfs), then the range is fallocate'd, so later writes
+ * when one fits (best fit), else the file grows. When growing, the file
+ * system's free space is checked first (fstatfs); then the range is
+ * fallocate'd (a reused range may still hold its blocks), so later writes
  * into it cannot fail for lack of space. On failure nothing is reserved:
  * -ENOSPC with a message naming the directory, the bytes needed and the bytes
  * free; or the -errno of fallocate. *off receives the range's offset.
