@@ -31,8 +31,7 @@ const char *fy_spill_dir(const fy_spill *s);
  * into it cannot fail for lack of space. On failure nothing is reserved:
  * -ENOSPC with a message naming the directory, the bytes needed and the bytes
  * free; or the -errno of fallocate. *off receives the range's offset.
- * Also FERRY_E_INVAL for len 0, -EFBIG past the largest file, -ENOMEM. A
- * reused range counts in full against the free space (it was punched out). */
+ * Also FERRY_E_INVAL for len 0, -EFBIG past the largest file, -ENOMEM. */
 int fy_spill_reserve(fy_spill *s, uint64_t len, uint64_t *off);
 /* Return a reserved range (off and len as reserved): its blocks are punched
  * out (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE) and it is merged with
