@@ -23,12 +23,13 @@ static void usage(FILE *out)
     for (size_t i = 0; i < NCMDS; i++) fprintf(out, "  %-10s %s\n", cmds[i]->name, cmds[i]->summary);
     fprintf(out,
             "\n"
-            "Devices: cuda:N (the CUDA driver is loaded at run time; no GPU needed to build)\n"
-            "or sim:SIZE, a GPU emulated in host memory (e.g. sim:24GiB).\n"
+            "Devices: cuda:N (the CUDA driver is loaded at run time; no GPU needed to build),\n"
+            "sim:SIZE, a GPU emulated in host memory (e.g. sim:24GiB), or cpu.\n"
             "\n"
-            "Checkpoints: .safetensors files, and sharded checkpoints opened through their\n"
-            "*.safetensors.index.json. Files are validated completely before use and mapped\n"
-            "read-only; nothing is ever written to them.\n"
+            "Checkpoints: .safetensors files, sharded checkpoints opened through their\n"
+            "*.safetensors.index.json, GGUF files and PyTorch zip checkpoints (.pt, .ckpt,\n"
+            ".bin; read by an unpickler that runs nothing). Files are validated completely\n"
+            "before use and mapped read-only; nothing is ever written to them.\n"
             "\n"
             "Exit status: 0 success, 1 failure (message on stderr), 2 usage error.\n");
 }
