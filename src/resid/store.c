@@ -21,6 +21,7 @@
 #define PCHUNK (256ull << 20) /* pinned pool grows by this much (at least) */
 
 typedef struct rtensor {
+    const struct ferry_model *owner; /* with group: a group's identity across models */
     int32_t file;
     int64_t idx; /* in its file */
     const char *name;
@@ -33,6 +34,7 @@ typedef struct rtensor {
     uint64_t dsize; /* the device block's size (a reused block may be larger) */
     void *host;     /* PINNED / HOST */
     uint64_t soff;  /* SPILL: offset in the spill file */
+    bool keep;      /* evict_tensors: stays on the device with its group */
 } rtensor;
 
 struct ferry_model {
@@ -264,7 +266,7 @@ static int dev_alloc(ferry_store *s, rtensor *t)
         if (rc < 0) return rc;
         t->dsize = n;
     }
-    s->device_used += n;
+    s->device_used += t->dsize; /* what the store holds: a reused block may be larger */
     return 0;
 }
 
@@ -283,9 +285,9 @@ static void dev_free(ferry_store *s, rtensor *t)
             s->g->ops->mem_free(s->g, t->dptr); /* no room to remember it: give it back */
         }
     }
+    s->device_used -= t->dsize;
     t->dptr = 0;
     t->dsize = 0;
-    s->device_used -= t->nbytes;
 }
 
 /* ---- opening ---- */
@@ -440,6 +442,7 @@ FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *cons
     int64_t n = 0;
     for (int k = 0; k < nfiles; k++) n += files[k]->tb.n;
     m = fy_calloc(s->m, 1, sizeof *m);
+    if (m) m->s = s; /* model_free needs it on the failure path below */
     if (!m || !(m->name = fy_strndup(s->m, name, strlen(name))) ||
         !(m->files = fy_calloc(s->m, (size_t)nfiles, sizeof *m->files)) ||
         !(m->t = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->t)) ||
@@ -466,6 +469,7 @@ FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *cons
     for (int k = 0; k < nfiles; k++)
         for (int64_t j = 0; j < files[k]->tb.n; j++, i++) {
             rtensor *t = &m->t[i];
+            t->owner = m;
             t->file = k;
             t->idx = j;
             t->name = files[k]->tb.t[j].name;
@@ -635,7 +639,7 @@ static int evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     }
     for (int64_t k = 0; k < n; k++) {
         rtensor *t = ts[k];
-        if (!t->dirty) continue;
+        if (!t->dirty || t->nbytes == 0) continue; /* an empty tensor has nothing to save */
         fy_dest d = fy_policy_dest(&h, t->nbytes);
         void *p = NULL;
         if (d == FY_DEST_PINNED) {
@@ -644,6 +648,7 @@ static int evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
                 t->tier = FERRY_TIER_PINNED; /* provisional: undone on failure */
                 h.pinned_used += t->nbytes;
                 h.host_used += t->nbytes;
+                h.available = h.available > t->nbytes ? h.available - t->nbytes : 0;
                 hr[nh] = (fy_hostrange){p, t->dptr, t->nbytes};
                 hrt[nh++] = t;
                 continue;
@@ -656,6 +661,7 @@ static int evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
                 t->tier = FERRY_TIER_HOST;
                 s->host_used += t->nbytes;
                 h.host_used += t->nbytes;
+                h.available = h.available > t->nbytes ? h.available - t->nbytes : 0;
                 hr[nh] = (fy_hostrange){p, t->dptr, t->nbytes};
                 hrt[nh++] = t;
                 continue;
@@ -708,17 +714,41 @@ static int evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
             }
         }
     }
-    /* what this spill did not reuse goes back to the file system */
-    if (s->spill) fy_spill_flush(s->spill);
+    /* after a spill, what it did not reuse goes back to the file system */
+    if (nf) fy_spill_flush(s->spill);
     double dt = fy_now() - t0;
+    /* A group moves together: when a dirty member could not be saved, the
+     * whole group stays on the device (its saved members' copies dropped). */
+    int64_t nkeep = 0;
+    for (int64_t k = 0; k < n; k++)
+        if (ts[k]->dirty && ts[k]->nbytes && ts[k]->tier == FERRY_TIER_DEVICE) nkeep++;
+    if (nkeep) {
+        for (int64_t k = 0; k < n; k++) {
+            rtensor *t = ts[k];
+            bool keep = false;
+            for (int64_t q = 0; q < n && !keep; q++)
+                keep = ts[q]->dirty && ts[q]->nbytes && ts[q]->tier == FERRY_TIER_DEVICE &&
+                       ts[q]->owner == t->owner && ts[q]->group == t->group;
+            if (!keep) continue;
+            if (t->tier != FERRY_TIER_DEVICE) { /* a saved member: undo the save */
+                if (t->tier == FERRY_TIER_SPILL) fy_spill_hold(s->spill);
+                release_copy(s, t);
+                t->tier = FERRY_TIER_DEVICE;
+            }
+            t->keep = true;
+        }
+    }
     /* free device memory of what left: the dropped clean ones and the saved dirty ones */
     uint64_t moved = 0;
     for (int64_t k = 0; k < n; k++) {
         rtensor *t = ts[k];
-        if (t->dirty && t->tier == FERRY_TIER_DEVICE) continue; /* not saved: stays */
-        if (!t->dirty) {
+        if (t->keep) { /* its group could not leave whole: it stays */
+            t->keep = false;
+            continue;
+        }
+        if (!t->dirty || t->nbytes == 0) {
             s->c.dropped++;
-            t->tier = FERRY_TIER_SOURCE;
+            t->tier = FERRY_TIER_SOURCE; /* an empty dirty tensor keeps its flag: nothing to lose */
         } else {
             moved += t->nbytes;
         }
@@ -869,8 +899,7 @@ FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int6
     for (int64_t i = 0; i < m->n; i++)
         if (sel[i] && m->t[i].tier != FERRY_TIER_DEVICE) need += m->t[i].nbytes;
     m->last_use = ++s->clock;
-    if (need == 0) goto out;
-    int64_t mr = make_room_locked(s, need, m, sel, NULL);
+    int64_t mr = need ? make_room_locked(s, need, m, sel, NULL) : 0; /* empty tensors need no room */
     if (mr < 0) {
         rc = (int)mr;
         char msg[FY_ERRMSG_MAX];

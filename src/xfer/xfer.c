@@ -1139,6 +1139,10 @@ int fy_xfer_device_to_fd(ferry_device *d, int fd, const char *path, const fy_fdr
         }
     }
 out:
+    /* no copy may still be landing in a ring buffer once the ring is let go
+     * (a copy whose event could not be recorded is not in pending[]) */
+    for (int k = 0; k < 4; k++)
+        if (st[k]) g->ops->stream_sync(g, st[k]);
     pthread_mutex_unlock(&d->ring_lock);
 out_streams:
     for (int k = 0; k < 4; k++) {

@@ -9,6 +9,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -630,6 +631,131 @@ out:
     ferry_device_close(d);
 }
 
+/* Review findings (all fixed): a dirty tensor that could not be saved keeps
+ * its whole group on the device; empty tensors move and evict without
+ * spill ranges or pool slots; ferry_store_add survives every allocation
+ * failure. */
+static void test_review(ferry_ctx *ctx)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/z.safetensors", dir);
+    FILE *f = fopen(p, "wb");
+    const char hdr[] = "{\"z.a\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]},"
+                       "\"z.b\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[0,8]}}";
+    uint64_t hl = sizeof hdr - 1;
+    fwrite(&hl, 8, 1, f);
+    fwrite(hdr, 1, hl, f);
+    fwrite("01234567", 1, 8, f);
+    fclose(f);
+    ferry_device *d = NULL;
+    CHECK_EQ(ferry_device_open(ctx, "sim:1GiB", &d), 0);
+    ferry_file *fz = open_model(ctx, "z.safetensors"), *fa = open_model(ctx, "a.safetensors");
+    if (!d || !fz || !fa) goto out;
+    for (int ram = 0; ram < 2; ram++) {
+        ferry_store *s = mk_store(d, 0, ram ? 64 << 20 : 1, ram ? 32 << 20 : 1);
+        ferry_model *mz = NULL, *ma = NULL;
+        CHECK_EQ(ferry_store_add(s, "z", &fz, 1, 0, &mz), 0);
+        CHECK_EQ(ferry_store_add(s, "a", &fa, 1, 0, &ma), 0);
+        if (!mz || !ma) {
+            ferry_store_free(s);
+            continue;
+        }
+        /* only the empty tensor (its own group "z" holds both: a alone) */
+        int64_t za = ferry_model_find(mz, "z.a");
+        int64_t one[] = {za};
+        CHECK_EQ(ferry_model_group(mz, NULL, 0), 0);
+        CHECK_EQ(ferry_model_to_device(mz, one, 1), 0);
+        ferry_tensor_state st;
+        ferry_model_tensor_state(mz, za, &st);
+        CHECK_EQ(st.tier, FERRY_TIER_DEVICE);
+        CHECK_EQ(ferry_model_mark_dirty(mz, za), 0);
+        CHECK_EQ(ferry_model_evict(mz, NULL, 0), 0); /* nothing to save: no spill range, no pool slot */
+        CHECK_EQ(ferry_model_to_device(mz, NULL, 0), 0);
+        CHECK_EQ(ferry_model_mark_dirty(mz, za), 0);
+        CHECK_EQ(ferry_model_evict(mz, NULL, 0), 0);
+        CHECK_EQ(verify(mz, fz, -1, 0), 0);
+        if (ram) {
+            CHECK_EQ(ferry_store_make_room(s, 0, NULL), 0);
+            ferry_store_stats ss;
+            ferry_store_get_stats(s, &ss);
+            CHECK_EQ(ss.pinned_pool_bytes, 0);
+        } else {
+            /* a failed save keeps the group together: blk.0.w dirty, its bias clean */
+            CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+            CHECK_EQ(modify(ma, 0, 0x42), 0);
+            fy_fault_arm(1, ENOSPC);
+            CHECK(ferry_model_evict(ma, NULL, 0) < 0);
+            fy_fault_arm(0, 0);
+            ferry_tensor_state w, b;
+            ferry_model_tensor_state(ma, 0, &w);
+            ferry_model_tensor_state(ma, 1, &b);
+            CHECK_EQ(w.group, b.group);
+            CHECK_EQ(w.tier, FERRY_TIER_DEVICE);
+            CHECK_EQ(b.tier, FERRY_TIER_DEVICE); /* not dropped without its weight */
+            CHECK_EQ(verify(ma, fa, 0, 0x42), 0);
+            CHECK_EQ(ferry_model_evict(ma, NULL, 0), 0);
+            CHECK_EQ(verify(ma, fa, 0, 0x42), 0);
+        }
+        ferry_store_free(s);
+    }
+out:
+    ferry_file_close(fz);
+    ferry_file_close(fa);
+    ferry_device_close(d);
+}
+
+static atomic_long fail_at, n_calls;
+static void *f_alloc(void *o, size_t n)
+{
+    (void)o;
+    if (atomic_fetch_add(&n_calls, 1) + 1 == atomic_load(&fail_at)) return NULL;
+    return malloc(n);
+}
+static void *f_realloc(void *o, void *p, size_t n)
+{
+    (void)o;
+    if (atomic_fetch_add(&n_calls, 1) + 1 == atomic_load(&fail_at)) return NULL;
+    return realloc(p, n);
+}
+static void f_free(void *o, void *p)
+{
+    (void)o;
+    free(p);
+}
+
+static void test_add_oom(void)
+{
+    ferry_ctx_opts co = {.size = sizeof co, .allocator = {f_alloc, f_realloc, f_free, NULL}};
+    ferry_ctx *ctx = NULL;
+    CHECK_EQ(ferry_ctx_new(&co, &ctx), 0);
+    ferry_device *d = NULL;
+    CHECK_EQ(ferry_device_open(ctx, "sim:1GiB", &d), 0);
+    ferry_file *fa = ctx ? open_model(ctx, "a.safetensors") : NULL;
+    ferry_store *s = d ? mk_store(d, 0, 64 << 20, 32 << 20) : NULL;
+    int failures = 0;
+    for (long nth = 1; s && fa && nth < 100; nth++) {
+        ferry_model *m = NULL;
+        atomic_store(&n_calls, 0);
+        atomic_store(&fail_at, nth);
+        int rc = ferry_store_add(s, "a", &fa, 1, 0, &m);
+        atomic_store(&fail_at, 0);
+        if (rc == 0) {
+            CHECK(m != NULL);
+            CHECK_EQ(ferry_store_remove(m), 0);
+            break;
+        }
+        failures++;
+        CHECK_EQ(rc, -ENOMEM);
+        CHECK(m == NULL);
+        CHECK(ferry_store_find(s, "a") == NULL);
+    }
+    CHECK(failures >= 4);
+    ferry_store_free(s);
+    ferry_file_close(fa);
+    ferry_device_close(d);
+    ferry_ctx_free(ctx);
+}
+
 int main(void)
 {
     const char *tmp = getenv("TMPDIR");
@@ -654,7 +780,9 @@ int main(void)
         test_jobs(ctx);
         test_kill9(ctx);
         test_threads(ctx);
+        test_review(ctx);
     }
+    test_add_oom();
     ferry_ctx_free(ctx);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
