@@ -375,8 +375,10 @@ typedef struct ferry_load_stats {
     ferry_path path;        /* the path actually used */
     uint64_t bytes;         /* tensor bytes moved */
     double seconds;         /* wall time of the load */
-    double resident;        /* fraction of the data in the page cache before the load
-                               (measured for FERRY_PATH_AUTO only; -1 otherwise) */
+    double resident;        /* fraction of the data in the page cache before the load,
+                               estimated from 4096 pages spread over the files (measured
+                               for FERRY_PATH_AUTO only; -1 otherwise; see
+                               ferry_file_resident for an exact count) */
     char why[256];          /* why that path (auto's reasoning, or "asked for") */
 } ferry_load_stats;
 
