@@ -351,43 +351,10 @@ def load_into(module, path, *, strict=True, device=None, path_kind="auto", ring_
     h = _core._Handle(path, _lib.OPEN_PRIVATE if needs_views else 0)
     infos = {t.name: t for t in h.infos()}
 
-    missing, used, plan, error_msgs = [], set(), [], []
-    for es in groups.values():
-        keys = [e[0] for e in es]
-        present = [k for k in keys if k in infos]
-        used.update(present)
-        if not present:
-            missing.extend(keys)
-            continue
-        info = infos[present[0]]
-        cur = es[0][4]
-        try:
-            dt = dtype_for(info, h.path)
-        except errors.UnsupportedError as e:
-            error_msgs.append(f"cannot load {present[0]}: {e.message}")
-            continue
-        if tuple(cur.shape) != tuple(info.shape) and dt is not None:
-            error_msgs.append(f"size mismatch for {present[0]}: copying a param with shape "
-                              f"{torch.Size(info.shape)} from checkpoint, the shape in current model is "
-                              f"{cur.shape}.")
-            continue
-        if dt != cur.dtype:
-            error_msgs.append(f"dtype mismatch for {present[0]}: copying a param with dtype "
-                              f"{dt if dt is not None else info.dtype} from checkpoint, the dtype in "
-                              f"current model is {cur.dtype}.")
-            continue
-        plan.append((es, info, dt))
-    unexpected = [k for k in infos if k not in used]
-    if strict:
-        if unexpected:
-            error_msgs.insert(0, "Unexpected key(s) in state_dict: {}. ".format(
-                ", ".join(f'"{k}"' for k in unexpected)))
-        if missing:
-            error_msgs.insert(0, "Missing key(s) in state_dict: {}. ".format(
-                ", ".join(f'"{k}"' for k in missing)))
-    if error_msgs:
-        raise RuntimeError("Error(s) in loading state_dict for {}:\n\t{}".format(
-            type(module).__name__, "\n\t".join(error_msgs)))
+    matched, missing, unexpected = _match_module(
+        groups, {name: (None, info) for name, info in infos.items()}, h.path, "load", strict,
+        f"loading state_dict for {type(module).__name__}")
+    plan = [(es, info, dt) for es, _, info, dt in matched]
 
     total = sum(info.nbytes for _, info, _ in plan)
     prog = _Progress(progress, total) if progress is not None else None
@@ -1010,45 +977,42 @@ def _repoint(entries, new):
             m._buffers[name] = new
 
 
-def _attach_plan(module, infos, handles, strict):
-    """[(model index, TensorInfo, dtype, entries)] for the module's tensors
-    that the checkpoint has; raises RuntimeError as load_state_dict does."""
-    fname = handles[0].path if len(handles) == 1 else ", ".join(h.path for h in handles)
-    by_name = {}
-    for k, t in enumerate(infos):
-        by_name.setdefault(t.name, k)
-    groups = collections.OrderedDict()
-    for e in _module_entries(module):
-        groups.setdefault(id(e[4]), []).append(e)
-    missing, used, plan, error_msgs = [], set(), [], []
+def _match_module(groups, lookup, path, verb, strict, what):
+    """Pair a module's tensors with a checkpoint's the way load_state_dict does.
+    groups: id(tensor) -> its entries (tied names together); lookup: name ->
+    (anything, TensorInfo). Returns ([(entries, looked-up value, TensorInfo,
+    dtype)], missing keys, unexpected keys); raises RuntimeError("Error(s) in
+    <what>: ...") for shape or dtype mismatches, dtypes this torch lacks, and
+    with strict for missing or unexpected keys. ferry moves bytes, it does not
+    convert: a block-quantized tensor (dtype None) is a dtype mismatch."""
+    matched, missing, used, error_msgs = [], [], set(), []
     for es in groups.values():
         keys = [e[0] for e in es]
-        present = [k for k in keys if k in by_name]
+        present = [k for k in keys if k in lookup]
         used.update(present)
         if not present:
             missing.extend(keys)
             continue
-        idx = by_name[present[0]]
-        info = infos[idx]
+        val, info = lookup[present[0]]
         cur = es[0][4]
         try:
-            dt = dtype_for(info, fname)
+            dt = dtype_for(info, path)
         except errors.UnsupportedError as e:
-            error_msgs.append(f"cannot attach {present[0]}: {e.message}")
+            error_msgs.append(f"cannot {verb} {present[0]}: {e.message}")
             continue
-        if dt is None or tuple(cur.shape) != tuple(info.shape):
-            shape = torch.Size(info.shape) if dt is not None else f"{info.dtype} blocks"
-            error_msgs.append(f"size mismatch for {present[0]}: copying a param with shape {shape} from "
-                              f"checkpoint, the shape in current model is {cur.shape}.")
+        if tuple(cur.shape) != tuple(info.shape) and dt is not None:
+            error_msgs.append(f"size mismatch for {present[0]}: copying a param with shape "
+                              f"{torch.Size(info.shape)} from checkpoint, the shape in current model is "
+                              f"{cur.shape}.")
             continue
         if dt != cur.dtype:
-            error_msgs.append(f"dtype mismatch for {present[0]}: copying a param with dtype {dt} from "
-                              f"checkpoint, the dtype in current model is {cur.dtype}.")
+            error_msgs.append(f"dtype mismatch for {present[0]}: copying a param with dtype "
+                              f"{dt if dt is not None else info.dtype} from checkpoint, the dtype in "
+                              f"current model is {cur.dtype}.")
             continue
-        # keep no reference to the module's old tensors: their memory goes once replaced
-        plan.append((idx, info, dt, [(k, mod, attr, is_param, t.requires_grad) for k, mod, attr, is_param, t in es]))
+        matched.append((es, val, info, dt))
+    unexpected = [k for k in lookup if k not in used]
     if strict:
-        unexpected = [k for k in by_name if k not in used]
         if unexpected:
             error_msgs.insert(0, "Unexpected key(s) in state_dict: {}. ".format(
                 ", ".join(f'"{k}"' for k in unexpected)))
@@ -1056,6 +1020,22 @@ def _attach_plan(module, infos, handles, strict):
             error_msgs.insert(0, "Missing key(s) in state_dict: {}. ".format(
                 ", ".join(f'"{k}"' for k in missing)))
     if error_msgs:
-        raise RuntimeError("Error(s) in attaching {} to {}:\n\t{}".format(
-            type(module).__name__, fname, "\n\t".join(error_msgs)))
-    return plan
+        raise RuntimeError("Error(s) in {}:\n\t{}".format(what, "\n\t".join(error_msgs)))
+    return matched, missing, unexpected
+
+
+def _attach_plan(module, infos, handles, strict):
+    """[(model index, TensorInfo, dtype, entries)] for the module's tensors
+    that the checkpoint has; raises RuntimeError as load_state_dict does."""
+    fname = handles[0].path if len(handles) == 1 else ", ".join(h.path for h in handles)
+    lookup = {}
+    for k, t in enumerate(infos):
+        lookup.setdefault(t.name, (k, t))
+    groups = collections.OrderedDict()
+    for e in _module_entries(module):
+        groups.setdefault(id(e[4]), []).append(e)
+    matched, _, _ = _match_module(groups, lookup, fname, "attach", strict,
+                                  f"attaching {type(module).__name__} to {fname}")
+    # keep no reference to the module's old tensors: their memory goes once replaced
+    return [(idx, info, dt, [(k, mod, attr, is_param, t.requires_grad) for k, mod, attr, is_param, t in es])
+            for es, idx, info, dt in matched]
