@@ -207,43 +207,6 @@ static int pk_once(const uint8_t *data, size_t size, bool strict_oom)
     return rc;
 }
 
-static int pt_once(const uint8_t *data, size_t size, bool strict_oom)
-{
-    fy_table tb;
-    fy_err err;
-    fy_table_init(&tb, &fz_mem);
-    fy_err_init(&err);
-    int rc = fy_pt_parse("fuzz.pt", data, size, &tb, &err);
-    CHECK(rc <= 0);
-    if (rc == 0) {
-        if (strict_oom) CHECK(!g_ferry_failed);
-        pt_check_table(data, size, &tb);
-    } else {
-        pt_check_failure(rc, &err, tb.n == 0 && tb.nmeta == 0);
-        if (strict_oom) CHECK(g_ferry_failed == (rc == -ENOMEM));
-    }
-    fy_table_free(&tb);
-    fy_err_destroy(&err);
-    return rc;
-}
-
-static void with_oom(int (*fn)(const uint8_t *, size_t, bool), const uint8_t *data, size_t size, uint64_t h)
-{
-    g_ferry_allocs = 0;
-    g_ferry_fail_at = -1;
-    g_ferry_failed = 0;
-    fn(data, size, true);
-    long n = g_ferry_allocs;
-    if (n > 0) {
-        g_ferry_allocs = 0;
-        g_ferry_fail_at = (long)(h % (uint64_t)n);
-        g_ferry_failed = 0;
-        fn(data, size, true);
-        CHECK(g_ferry_failed);
-        g_ferry_fail_at = -1;
-    }
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static bool init;

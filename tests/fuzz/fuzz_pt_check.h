@@ -1,6 +1,6 @@
 /* fuzz_pt_check.h - what a PyTorch checkpoint table must satisfy, checked by
  * fuzz_zip.c and fuzz_pickle.c after fy_pt_parse(). Needs CHECK() and
- * g_err_shown from the including file. Written from the contract in
+ * g_err_shown from the including file, and fuzz_alloc.h before it. Written from the contract in
  * format.h and ferry.h, not from the reader's code. */
 #ifndef FERRY_FUZZ_PT_CHECK_H
 #define FERRY_FUZZ_PT_CHECK_H
@@ -115,6 +115,29 @@ static uint64_t pt_fnv1a(const uint8_t *p, size_t n)
     uint64_t h = 0xcbf29ce484222325ull;
     for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
     return h;
+}
+
+/* fy_pt_parse over data[0, size), checked; with strict_oom, an allocation
+ * failure (fuzz_alloc.h) must be what made it fail, and only that. */
+static inline int pt_once(const uint8_t *data, size_t size, bool strict_oom)
+{
+    fy_table tb;
+    fy_err err;
+    fy_table_init(&tb, &fz_mem);
+    fy_err_init(&err);
+    int rc = fy_pt_parse("fuzz.pt", data, size, &tb, &err);
+    CHECK(rc <= 0);
+    if (rc == 0) {
+        if (strict_oom) CHECK(!g_ferry_failed);
+        pt_check_table(data, size, &tb);
+    } else {
+        pt_check_failure(rc, &err, tb.n == 0 && tb.nmeta == 0);
+        if (strict_oom) CHECK(g_ferry_failed == (rc == -ENOMEM));
+    }
+    fy_table_free(&tb);
+    CHECK(tb.n == 0 && tb.t == NULL);
+    fy_err_destroy(&err);
+    return rc;
 }
 
 #endif

@@ -107,27 +107,6 @@ static int zip_once(const uint8_t *data, size_t size, bool strict_oom)
     return rc;
 }
 
-static int pt_once(const uint8_t *data, size_t size, bool strict_oom)
-{
-    fy_table tb;
-    fy_err err;
-    fy_table_init(&tb, &fz_mem);
-    fy_err_init(&err);
-    int rc = fy_pt_parse("fuzz.pt", data, size, &tb, &err);
-    CHECK(rc <= 0);
-    if (rc == 0) {
-        if (strict_oom) CHECK(!g_ferry_failed);
-        pt_check_table(data, size, &tb);
-    } else {
-        pt_check_failure(rc, &err, tb.n == 0 && tb.nmeta == 0);
-        if (strict_oom) CHECK(g_ferry_failed == (rc == -ENOMEM));
-    }
-    fy_table_free(&tb);
-    CHECK(tb.n == 0 && tb.t == NULL);
-    fy_err_destroy(&err);
-    return rc;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static bool init;
@@ -136,21 +115,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         init = true;
     }
     uint64_t h = pt_fnv1a(data, size);
-    int (*const fns[2])(const uint8_t *, size_t, bool) = {zip_once, pt_once};
-    for (int f = 0; f < 2; f++) {
-        g_ferry_allocs = 0;
-        g_ferry_fail_at = -1;
-        g_ferry_failed = 0;
-        fns[f](data, size, true);
-        long n = g_ferry_allocs;
-        if (n > 0) {
-            g_ferry_allocs = 0;
-            g_ferry_fail_at = (long)((f ? h >> 32 : h) % (uint64_t)n);
-            g_ferry_failed = 0;
-            fns[f](data, size, true);
-            CHECK(g_ferry_failed);
-            g_ferry_fail_at = -1;
-        }
-    }
+    with_oom(zip_once, data, size, h);
+    with_oom(pt_once, data, size, h >> 32);
     return 0;
 }
