@@ -12,15 +12,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../common/ranges.h"
 #include "../io/io.h"
 
 /* linux/magic.h */
 #define FY_TMPFS_MAGIC 0x01021994L
 #define FY_RAMFS_MAGIC 0x858458f6L
-
-typedef struct spill_range {
-    uint64_t off, len;
-} spill_range;
 
 struct fy_spill {
     ferry_allocator mem;
@@ -30,8 +27,7 @@ struct fy_spill {
     uint64_t size;     /* file size as we keep it: every byte below is free or reserved */
     uint64_t reserved; /* bytes in reserved ranges */
     uint64_t nlive;    /* reserved ranges not yet released */
-    spill_range *free; /* sorted by offset, never adjacent (merged), never empty */
-    size_t nfree, capfree;
+    fy_ranges free;    /* the free ranges below size */
     bool holding;      /* fy_spill_hold: releases wait for fy_spill_flush to punch */
 };
 
@@ -108,7 +104,7 @@ void fy_spill_close(fy_spill *s)
     if (!s) return;
     fy_close(s->fd);
     ferry_allocator m = s->mem;
-    fy_free(&m, s->free);
+    fy_ranges_free(&s->free, &m);
     fy_free(&m, s->dir);
     fy_free(&m, s);
 }
@@ -120,26 +116,6 @@ void fy_spill_usage(const fy_spill *s, uint64_t *reserved, uint64_t *file_size)
 {
     if (reserved) *reserved = s ? s->reserved : 0;
     if (file_size) *file_size = s ? s->size : 0;
-}
-
-/* Room for want free ranges, so that release never has to allocate. */
-static int ensure_cap(fy_spill *s, uint64_t want)
-{
-    if (want <= s->capfree) return 0;
-    uint64_t cap = s->capfree ? s->capfree : 16, bytes;
-    while (cap < want) cap *= 2;
-    if (fy_mul_ovf(cap, sizeof *s->free, &bytes) || bytes > SIZE_MAX) return -ENOMEM;
-    spill_range *p = fy_realloc(&s->mem, s->free, (size_t)bytes);
-    if (!p) return -ENOMEM;
-    s->free = p;
-    s->capfree = (size_t)cap;
-    return 0;
-}
-
-static void remove_at(fy_spill *s, size_t i)
-{
-    memmove(&s->free[i], &s->free[i + 1], (s->nfree - i - 1) * sizeof *s->free);
-    s->nfree--;
 }
 
 int fy_spill_reserve(fy_spill *s, uint64_t len, uint64_t *off)
@@ -154,14 +130,12 @@ int fy_spill_reserve(fy_spill *s, uint64_t len, uint64_t *off)
 
     /* Every live range may come back separately, each adding a free range;
      * one more for a tail that could not be cut off. */
-    FY_RETURN_IF(ensure_cap(s, s->nlive + 2) < 0, err, -ENOMEM, "%s: out of memory reserving spill space", s->dir);
+    FY_RETURN_IF(fy_ranges_reserve(&s->free, &s->mem, s->nlive + 2) < 0, err, -ENOMEM, "%s: out of memory reserving spill space", s->dir);
 
     /* Best fit among the free ranges, lowest offset on ties. */
-    size_t best = s->nfree;
-    for (size_t i = 0; i < s->nfree; i++)
-        if (s->free[i].len >= need && (best == s->nfree || s->free[i].len < s->free[best].len)) best = i;
-    bool grow = best == s->nfree;
-    uint64_t at = grow ? s->size : s->free[best].off, end;
+    size_t best = fy_ranges_best(&s->free, need);
+    bool grow = best == s->free.n;
+    uint64_t at = grow ? s->size : s->free.v[best].off, end;
     FY_RETURN_IF(fy_add_ovf(at, need, &end) || end > (uint64_t)INT64_MAX, err, -EFBIG,
                  "%s: spill file would pass the largest file size", s->dir);
 
@@ -193,9 +167,7 @@ int fy_spill_reserve(fy_spill *s, uint64_t len, uint64_t *off)
     if (grow) {
         s->size = end;
     } else {
-        s->free[best].off += need;
-        s->free[best].len -= need;
-        if (s->free[best].len == 0) remove_at(s, best);
+        fy_ranges_take(&s->free, best, need);
     }
     s->reserved += need;
     s->nlive++;
@@ -211,47 +183,20 @@ void fy_spill_release(fy_spill *s, uint64_t off, uint64_t len)
     len &= ~(uint64_t)(FY_SPILL_ALIGN - 1);
     if (off % FY_SPILL_ALIGN || fy_add_ovf(off, len, &end) || end > s->size || len > s->reserved) return;
 
-    /* i: the first free range at or after off */
-    size_t lo = 0, hi = s->nfree;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (s->free[mid].off < off) lo = mid + 1;
-        else hi = mid;
-    }
-    size_t i = lo;
-    bool prev = i > 0 && s->free[i - 1].off + s->free[i - 1].len >= off;
-    bool next = i < s->nfree && s->free[i].off <= end;
-    /* Overlapping a free range: not something we reserved. */
-    if ((prev && s->free[i - 1].off + s->free[i - 1].len > off) || (next && s->free[i].off < end)) return;
-    if (!prev && !next && ensure_cap(s, s->nfree + 1) < 0) return; /* only after a misuse; the range stays reserved */
-
+    /* Overlapping a free range: not something we reserved. -ENOMEM: only
+     * after a misuse (reserve keeps room for every live range); the range
+     * stays reserved. */
+    ptrdiff_t at = fy_ranges_give(&s->free, &s->mem, off, len);
+    if (at < 0) return;
     s->reserved -= len;
     if (s->nlive) s->nlive--;
-    size_t at;
-    if (prev && next) {
-        s->free[i - 1].len += len + s->free[i].len;
-        remove_at(s, i);
-        at = i - 1;
-    } else if (prev) {
-        s->free[i - 1].len += len;
-        at = i - 1;
-    } else if (next) {
-        s->free[i].off = off;
-        s->free[i].len += len;
-        at = i;
-    } else {
-        memmove(&s->free[i + 1], &s->free[i], (s->nfree - i) * sizeof *s->free);
-        s->free[i] = (spill_range){off, len};
-        s->nfree++;
-        at = i;
-    }
 
     if (s->holding) return; /* fy_spill_flush punches the merged ranges once */
     /* A free tail is cut off; if that fails its blocks are still punched. */
-    if (at == s->nfree - 1 && s->free[at].off + s->free[at].len == s->size &&
-        fy_ftruncate(s->fd, s->free[at].off) == 0) {
-        s->size = s->free[at].off;
-        s->nfree--;
+    const fy_range *r = &s->free.v[at];
+    if ((size_t)at == s->free.n - 1 && r->off + r->len == s->size && fy_ftruncate(s->fd, r->off) == 0) {
+        s->size = r->off;
+        s->free.n--;
         return;
     }
     (void)fy_fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len);
@@ -266,12 +211,12 @@ void fy_spill_flush(fy_spill *s)
 {
     if (!s || !s->holding) return;
     s->holding = false;
-    if (s->nfree && s->free[s->nfree - 1].off + s->free[s->nfree - 1].len == s->size &&
-        fy_ftruncate(s->fd, s->free[s->nfree - 1].off) == 0) {
-        s->size = s->free[s->nfree - 1].off;
-        s->nfree--;
+    const fy_range *last = s->free.n ? &s->free.v[s->free.n - 1] : NULL;
+    if (last && last->off + last->len == s->size && fy_ftruncate(s->fd, last->off) == 0) {
+        s->size = last->off;
+        s->free.n--;
     }
     /* ranges punched before are holes already: punching them again is cheap */
-    for (size_t i = 0; i < s->nfree; i++)
-        (void)fy_fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, s->free[i].off, s->free[i].len);
+    for (size_t i = 0; i < s->free.n; i++)
+        (void)fy_fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, s->free.v[i].off, s->free.v[i].len);
 }

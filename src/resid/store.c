@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../common/ranges.h"
 #include "../file_impl.h"
 #include "../io/io.h"
 #include "../xfer/xfer.h"
@@ -49,15 +50,11 @@ struct ferry_model {
     int64_t *by_name; /* tensor indices sorted by name */
 };
 
-/* pinned pool: chunks of pinned memory, each with a sorted list of free ranges */
-typedef struct frange {
-    uint64_t off, len;
-} frange;
+/* pinned pool: chunks of pinned memory, each with its free ranges */
 typedef struct pchunk {
     uint8_t *base;
     uint64_t size;
-    frange *fr;
-    int nfr, cap;
+    fy_ranges fr;
 } pchunk;
 
 typedef struct counters {
@@ -85,7 +82,7 @@ struct ferry_store {
     /* device blocks of evicted tensors, kept for reuse (no driver call, and
      * memory the copy engine has written before: bench_alloc) until
      * ferry_store_make_room gives them back */
-    frange *cache; /* off = device address, len = size */
+    fy_range *cache; /* off = device address, len = size */
     int ncache, cap_cache;
     uint64_t cached;
     counters c;
@@ -108,12 +105,13 @@ FERRY_API const char *ferry_tier_name(ferry_tier t)
 static int pool_alloc(ferry_store *s, uint64_t n, void **out)
 {
     n = (n + 4095) & ~4095ull;
-    int bc = -1, bi = -1;
-    for (int c = 0; c < s->nchunks; c++)
-        for (int i = 0; i < s->chunks[c].nfr; i++) {
-            const frange *r = &s->chunks[c].fr[i];
-            if (r->len >= n && (bc < 0 || r->len < s->chunks[bc].fr[bi].len)) bc = c, bi = i;
-        }
+    int bc = -1; /* best fit over every chunk */
+    size_t bi = 0;
+    for (int c = 0; c < s->nchunks; c++) {
+        const fy_ranges *fr = &s->chunks[c].fr;
+        size_t i = fy_ranges_best(fr, n);
+        if (i < fr->n && (bc < 0 || fr->v[i].len < s->chunks[bc].fr.v[bi].len)) bc = c, bi = i;
+    }
     if (bc < 0) { /* grow */
         uint64_t size = n > PCHUNK ? (n + (2u << 20) - 1) & ~((2ull << 20) - 1) : PCHUNK;
         if (s->pool_bytes + size > s->o.pinned_budget) {
@@ -125,68 +123,33 @@ static int pool_alloc(ferry_store *s, uint64_t n, void **out)
         s->chunks = nc;
         pchunk *c = &nc[s->nchunks];
         memset(c, 0, sizeof *c);
-        c->fr = fy_malloc(s->m, 8 * sizeof *c->fr);
-        if (!c->fr) return -ENOMEM;
-        c->cap = 8;
+        if (fy_ranges_give(&c->fr, s->m, 0, size) < 0) return -ENOMEM;
         int rc = s->g->ops->host_alloc(s->g, (size_t)size, (void **)&c->base);
         if (rc < 0) {
-            fy_free(s->m, c->fr);
+            fy_ranges_free(&c->fr, s->m);
             return rc;
         }
         c->size = size;
-        c->fr[0] = (frange){0, size};
-        c->nfr = 1;
         s->pool_bytes += size;
         bc = s->nchunks++;
         bi = 0;
     }
     pchunk *c = &s->chunks[bc];
-    frange *r = &c->fr[bi];
-    *out = c->base + r->off;
-    r->off += n;
-    r->len -= n;
-    if (r->len == 0) {
-        memmove(r, r + 1, (size_t)(c->nfr - bi - 1) * sizeof *r);
-        c->nfr--;
-    }
+    *out = c->base + c->fr.v[bi].off;
+    fy_ranges_take(&c->fr, bi, n);
     s->pinned_used += n;
     return 0;
 }
 
-/* Never fails: the free list of a chunk has room for every split (cap grows
- * at alloc time when needed is not guaranteed, so a failed grow loses the
- * range to fragmentation only). */
+/* Never fails: when the chunk's free list cannot grow, the range is lost to
+ * fragmentation until the store is freed. */
 static void pool_free(ferry_store *s, void *p, uint64_t n)
 {
     n = (n + 4095) & ~4095ull;
     for (int ci = 0; ci < s->nchunks; ci++) {
         pchunk *c = &s->chunks[ci];
         if ((uint8_t *)p < c->base || (uint8_t *)p >= c->base + c->size) continue;
-        uint64_t off = (uint64_t)((uint8_t *)p - c->base);
-        int i = 0;
-        while (i < c->nfr && c->fr[i].off < off) i++;
-        bool left = i > 0 && c->fr[i - 1].off + c->fr[i - 1].len == off;
-        bool right = i < c->nfr && off + n == c->fr[i].off;
-        if (left && right) {
-            c->fr[i - 1].len += n + c->fr[i].len;
-            memmove(&c->fr[i], &c->fr[i + 1], (size_t)(c->nfr - i - 1) * sizeof *c->fr);
-            c->nfr--;
-        } else if (left) {
-            c->fr[i - 1].len += n;
-        } else if (right) {
-            c->fr[i].off = off;
-            c->fr[i].len += n;
-        } else {
-            if (c->nfr == c->cap) {
-                frange *nf = fy_realloc(s->m, c->fr, (size_t)c->cap * 2 * sizeof *nf);
-                if (!nf) break; /* lost to fragmentation until the store is freed */
-                c->fr = nf;
-                c->cap *= 2;
-            }
-            memmove(&c->fr[i + 1], &c->fr[i], (size_t)(c->nfr - i) * sizeof *c->fr);
-            c->fr[i] = (frange){off, n};
-            c->nfr++;
-        }
+        (void)fy_ranges_give(&c->fr, s->m, (uint64_t)((uint8_t *)p - c->base), n);
         break;
     }
     s->pinned_used -= n;
@@ -197,9 +160,9 @@ static void pool_trim(ferry_store *s)
 {
     for (int c = 0; c < s->nchunks;) {
         pchunk *ch = &s->chunks[c];
-        if (ch->nfr == 1 && ch->fr[0].off == 0 && ch->fr[0].len == ch->size) {
+        if (ch->fr.n == 1 && ch->fr.v[0].off == 0 && ch->fr.v[0].len == ch->size) {
             s->g->ops->host_free(s->g, ch->base);
-            fy_free(s->m, ch->fr);
+            fy_ranges_free(&ch->fr, s->m);
             s->pool_bytes -= ch->size;
             s->chunks[c] = s->chunks[--s->nchunks];
         } else {
@@ -231,7 +194,7 @@ static uint64_t cache_release(ferry_store *s, uint64_t want)
 {
     uint64_t got = 0;
     while (s->ncache && got < want) {
-        frange b = s->cache[--s->ncache];
+        fy_range b = s->cache[--s->ncache];
         s->g->ops->mem_free(s->g, (fy_dptr)b.off);
         s->cached -= b.len;
         got += b.len;
@@ -275,11 +238,11 @@ static void dev_free(ferry_store *s, rtensor *t)
     if (t->dptr) {
         if (s->ncache == s->cap_cache) {
             int cap = s->cap_cache ? 2 * s->cap_cache : 64;
-            frange *nc = fy_realloc(s->m, s->cache, (size_t)cap * sizeof *nc);
+            fy_range *nc = fy_realloc(s->m, s->cache, (size_t)cap * sizeof *nc);
             if (nc) s->cache = nc, s->cap_cache = cap;
         }
         if (s->ncache < s->cap_cache) {
-            s->cache[s->ncache++] = (frange){(uint64_t)t->dptr, t->dsize};
+            s->cache[s->ncache++] = (fy_range){(uint64_t)t->dptr, t->dsize};
             s->cached += t->dsize;
         } else {
             s->g->ops->mem_free(s->g, t->dptr); /* no room to remember it: give it back */
@@ -362,7 +325,7 @@ FERRY_API void ferry_store_free(ferry_store *s)
     fy_free(s->m, s->cache);
     for (int c = 0; c < s->nchunks; c++) {
         s->g->ops->host_free(s->g, s->chunks[c].base);
-        fy_free(s->m, s->chunks[c].fr);
+        fy_ranges_free(&s->chunks[c].fr, s->m);
     }
     fy_free(s->m, s->chunks);
     fy_spill_close(s->spill);
@@ -606,11 +569,6 @@ static int select_groups(ferry_model *m, const int64_t *tensors, int64_t n, bool
 }
 
 /* ---- eviction (under the lock) ---- */
-
-typedef struct evict_plan {
-    rtensor **t;
-    int64_t n;
-} evict_plan;
 
 /* Take the listed device tensors off the device: clean ones dropped; dirty
  * ones saved by the host policy. A tensor whose save failed stays on the
