@@ -827,6 +827,28 @@ static int choose_path(ferry_device *d, const ferry_file *f, const ferry_load_op
     return FERRY_PATH_DIRECT;
 }
 
+/* Threads and ring size from load options, with the defaults measured on the
+ * H200 host (bench/RESULTS.md, ring sweep: 12 threads x 4 MiB buffers beat 8
+ * and 16 threads and 8-32 MiB buffers), within ferry's limits. Loads and the
+ * spill pipeline ask the same way, so they share one pinned ring. */
+static int ring_geometry(ferry_device *d, const ferry_load_opts *o, uint32_t *nthreads, uint32_t *nbuf,
+                         uint64_t *bufsz)
+{
+    uint32_t cpus = fy_ncpu();
+    *nthreads = o->threads ? o->threads : (cpus < 12 ? cpus : 12);
+    if (*nthreads > MAX_THREADS) *nthreads = MAX_THREADS;
+    FY_RETURN_IF(o->ring_buffer_bytes > (4ull << 30) || o->ring_buffers > 4096, &d->ctx->err, FERRY_E_INVAL,
+                 "ferry_load: a ring of %u buffers of %llu bytes is outside the limits (4096 buffers, 4 GiB each)",
+                 o->ring_buffers, (unsigned long long)o->ring_buffer_bytes);
+    *bufsz = o->ring_buffer_bytes ? page_round(o->ring_buffer_bytes) : 4ull << 20;
+    *nbuf = o->ring_buffers ? o->ring_buffers : 2 * *nthreads;
+    if (*nbuf < 2) *nbuf = 2;
+    FY_RETURN_IF((uint64_t)*nbuf * *bufsz > (64ull << 30), &d->ctx->err, FERRY_E_LIMIT,
+                 "ferry_load: a ring of %u x %llu bytes would pin more than 64 GiB", *nbuf,
+                 (unsigned long long)*bufsz);
+    return 0;
+}
+
 static int load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, const ferry_load_opts *opts,
                       ferry_load_stats *stats)
 {
@@ -840,22 +862,12 @@ static int load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n,
         memcpy(&o, opts, opts->size);
     }
     FY_RETURN_IF((unsigned)o.path >= FERRY_PATH_COUNT, err, FERRY_E_INVAL, "ferry_load: unknown path %d", (int)o.path);
-    uint32_t cpus = fy_ncpu();
-    /* defaults measured on the H200 host (bench/RESULTS.md, ring sweep): 12
-     * threads x 4 MiB buffers beat 8 and 16 threads and 8-32 MiB buffers */
-    uint32_t nthreads = o.threads ? o.threads : (cpus < 12 ? cpus : 12);
-    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+    uint32_t nthreads, nbuf;
+    uint64_t bufsz;
+    FY_TRY(ring_geometry(d, &o, &nthreads, &nbuf, &bufsz));
     uint32_t nstreams = o.streams ? o.streams : 4;
     if (nstreams < 2) nstreams = 2;
     if (nstreams > MAX_STREAMS) nstreams = MAX_STREAMS;
-    FY_RETURN_IF(o.ring_buffer_bytes > (4ull << 30) || o.ring_buffers > 4096, err, FERRY_E_INVAL,
-                 "ferry_load: a ring of %u buffers of %llu bytes is outside the limits (4096 buffers, 4 GiB each)",
-                 o.ring_buffers, (unsigned long long)o.ring_buffer_bytes);
-    uint64_t bufsz = o.ring_buffer_bytes ? page_round(o.ring_buffer_bytes) : 4ull << 20;
-    uint32_t nbuf = o.ring_buffers ? o.ring_buffers : 2 * nthreads;
-    if (nbuf < 2) nbuf = 2;
-    FY_RETURN_IF((uint64_t)nbuf * bufsz > (64ull << 30), err, FERRY_E_LIMIT,
-                 "ferry_load: a ring of %u x %llu bytes would pin more than 64 GiB", nbuf, (unsigned long long)bufsz);
 
     double t0 = fy_now();
     int rc = choose_path(d, f, &o, &st);
@@ -1084,9 +1096,10 @@ int fy_xfer_device_to_fd(ferry_device *d, int fd, const char *path, const fy_fdr
     if (!d || fd < 0 || n < 0 || (n && !r)) return FERRY_E_INVAL;
     if (n == 0) return 0;
     fy_gpu *g = d->g;
-    uint32_t nbuf = o && o->ring_buffers ? o->ring_buffers : 2 * (fy_ncpu() < 12 ? fy_ncpu() : 12);
-    uint64_t bufsz = o && o->ring_buffer_bytes ? page_round(o->ring_buffer_bytes) : 4ull << 20;
-    if (nbuf < 2) nbuf = 2;
+    const ferry_load_opts none = {.size = sizeof none};
+    uint32_t nthreads, nbuf;
+    uint64_t bufsz;
+    FY_TRY(ring_geometry(d, o ? o : &none, &nthreads, &nbuf, &bufsz));
     fy_stream *st[4] = {0};
     int rc = g->ops->bind_thread(g);
     for (int k = 0; k < 4 && rc == 0; k++) rc = g->ops->stream_new(g, &st[k]);
