@@ -108,6 +108,31 @@ typedef struct row {
     bool ok;
 } row;
 
+/* A new row of the table, measured against limit (named limit_name). */
+static row *row_add(row *rows, int *nr, const char *name, const char *cache, double limit, const char *limit_name)
+{
+    row *r = &rows[(*nr)++];
+    memset(r, 0, sizeof *r);
+    snprintf(r->name, sizeof r->name, "%s", name);
+    r->cache = cache;
+    r->limit = limit;
+    r->limit_name = limit_name;
+    return r;
+}
+
+/* A load's outcome into r: its rate, or the context's message. */
+static int row_result(row *r, ferry_ctx *ctx, int rc, const ferry_load_stats *st)
+{
+    r->ok = rc == 0;
+    if (rc < 0) {
+        snprintf(r->note, sizeof r->note, "%s", ferry_ctx_errmsg(ctx));
+        return rc;
+    }
+    r->seconds = st->seconds;
+    r->gbps = st->seconds > 0 ? (double)st->bytes / st->seconds / 1e9 : 0;
+    return 0;
+}
+
 static int load_once(ferry_ctx *ctx, ferry_device *dev, ferry_file *f, ferry_path p, row *r)
 {
     ferry_load_opts o = {.size = sizeof o, .path = p};
@@ -115,15 +140,7 @@ static int load_once(ferry_ctx *ctx, ferry_device *dev, ferry_file *f, ferry_pat
     ferry_load_stats st;
     int rc = ferry_load(dev, f, &o, &l, &st);
     ferry_loaded_free(l);
-    if (rc < 0) {
-        snprintf(r->note, sizeof r->note, "%s", ferry_ctx_errmsg(ctx));
-        r->ok = false;
-        return rc;
-    }
-    r->ok = true;
-    r->seconds = st.seconds;
-    r->gbps = st.seconds > 0 ? (double)st.bytes / st.seconds / 1e9 : 0;
-    return 0;
+    return row_result(r, ctx, rc, &st);
 }
 
 static int run(int argc, char **argv)
@@ -179,28 +196,19 @@ static int run(int argc, char **argv)
     static const ferry_path paths[] = {FERRY_PATH_RING, FERRY_PATH_DIRECT, FERRY_PATH_REGISTER};
     for (int c = cold ? 0 : 1; c < 2; c++) {
         for (size_t k = 0; k < 3; k++) {
-            row *r = &rows[nr++];
-            memset(r, 0, sizeof *r);
-            snprintf(r->name, sizeof r->name, "%s", ferry_path_name(paths[k]));
-            r->cache = c == 0 ? "cold" : "hot";
+            row *r = row_add(rows, &nr, ferry_path_name(paths[k]), c == 0 ? "cold" : "hot", c == 0 ? disk : h2d,
+                             c == 0 ? "O_DIRECT read" : "pinned copy");
             if (c == 0) drop_cache(f);
             else if (ferry_file_resident(f) < 0.99) {
                 row warm = {0};
                 load_once(ctx, dev, f, FERRY_PATH_RING, &warm); /* reads the file into the cache */
             }
-            r->limit = c == 0 ? disk : h2d;
-            r->limit_name = c == 0 ? "O_DIRECT read" : "pinned copy";
             load_once(ctx, dev, f, paths[k], r);
         }
     }
     /* register once, then load from the registered mapping */
     {
-        row *r = &rows[nr++];
-        memset(r, 0, sizeof *r);
-        snprintf(r->name, sizeof r->name, "register (pre-registered)");
-        r->cache = "hot";
-        r->limit = h2d;
-        r->limit_name = "pinned copy";
+        row *r = row_add(rows, &nr, "register (pre-registered)", "hot", h2d, "pinned copy");
         if (ferry_file_resident(f) < 0.99) {
             row warm = {0};
             load_once(ctx, dev, f, FERRY_PATH_RING, &warm);
@@ -220,12 +228,7 @@ static int run(int argc, char **argv)
              * reloading into its own buffers, or the store, gets): the driver hands
              * out freed memory that the copy engine writes slower the first time
              * (bench_alloc: 49 against 55 GB/s) */
-            row *r2 = &rows[nr++];
-            memset(r2, 0, sizeof *r2);
-            snprintf(r2->name, sizeof r2->name, "register (pre-registered)");
-            r2->cache = "hot";
-            r2->limit = h2d;
-            r2->limit_name = "pinned copy";
+            row *r2 = row_add(rows, &nr, "register (pre-registered)", "hot", h2d, "pinned copy");
             ferry_loaded *l = NULL;
             ferry_load_opts o = {.size = sizeof o, .path = FERRY_PATH_REGISTER};
             int64_t n = ferry_file_tensor_count(f);
@@ -235,14 +238,8 @@ static int run(int argc, char **argv)
             int lr = idx && dp ? ferry_load(dev, f, &o, &l, &st) : -ENOMEM;
             for (int64_t i = 0; lr == 0 && i < n; i++) idx[i] = i, dp[i] = ferry_loaded_ptr(l, i);
             if (lr == 0) lr = ferry_load_into(dev, f, idx, dp, n, &o, &st);
-            if (lr == 0) {
-                r2->ok = true;
-                r2->seconds = st.seconds;
-                r2->gbps = st.seconds > 0 ? (double)st.bytes / st.seconds / 1e9 : 0;
+            if (row_result(r2, ctx, lr, &st) == 0)
                 snprintf(r2->note, sizeof r2->note, "again, into the device memory the previous load wrote");
-            } else {
-                snprintf(r2->note, sizeof r2->note, "%s", ferry_ctx_errmsg(ctx));
-            }
             ferry_loaded_free(l);
             free(idx);
             free(dp);
@@ -250,11 +247,7 @@ static int run(int argc, char **argv)
         }
     }
     {
-        row *r = &rows[nr++];
-        memset(r, 0, sizeof *r);
-        snprintf(r->name, sizeof r->name, "cufile");
-        r->cache = "-";
-        r->limit_name = "-";
+        row *r = row_add(rows, &nr, "cufile", "-", 0, "-");
         ferry_load_opts o = {.size = sizeof o, .path = FERRY_PATH_CUFILE};
         ferry_loaded *l = NULL;
         if (ferry_load(dev, f, &o, &l, NULL) < 0) snprintf(r->note, sizeof r->note, "unavailable: %s", ferry_ctx_errmsg(ctx));
