@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "alloc.h"
 #include "check.h"
 #include "ferry.h"
 #include "io/io.h"
@@ -377,20 +378,9 @@ static void test_faults(ferry_ctx *ctx)
     }
 }
 
-/* A counting allocator: everything ferry allocates, it frees. */
-static atomic_long live;
-static void *c_alloc(void *o, size_t n) { (void)o; atomic_fetch_add(&live, 1); return malloc(n); }
-static void *c_realloc(void *o, void *p, size_t n)
-{
-    (void)o;
-    if (!p) atomic_fetch_add(&live, 1);
-    return realloc(p, n);
-}
-static void c_free(void *o, void *p) { (void)o; if (p) atomic_fetch_sub(&live, 1); free(p); }
-
 static void test_allocator(void)
 {
-    ferry_ctx_opts o = {.size = sizeof o, .nthreads = 3, .allocator = {c_alloc, c_realloc, c_free, NULL}};
+    ferry_ctx_opts o = {.size = sizeof o, .nthreads = 3, .allocator = COUNTING_ALLOCATOR_INIT};
     ferry_ctx *ctx;
     CHECK_EQ(ferry_ctx_new(&o, &ctx), 0);
     char p[512];

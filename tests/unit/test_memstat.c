@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "alloc.h"
 #include "check.h"
 #include "resid/memstat.h"
 
@@ -644,20 +645,16 @@ static void test_cgroup_real(void)
     printf("this host: %llu MiB available (%s)\n", (unsigned long long)(avail / MIB), src);
 }
 
-/* A counting allocator: the sampler must use the one it is given. */
-static atomic_int n_alloc, n_free;
-static void *c_alloc(void *o, size_t n) { (void)o; atomic_fetch_add(&n_alloc, 1); return malloc(n); }
-static void *c_realloc(void *o, void *p, size_t n) { (void)o; return realloc(p, n); }
-static void c_free(void *o, void *p) { (void)o; atomic_fetch_add(&n_free, 1); free(p); }
+/* The sampler must use the allocator it is given (alloc.h counts). */
 
 static void test_sampler_real(void)
 {
     fy_memstat_set_roots(NULL, NULL);
-    ferry_allocator mem = {c_alloc, c_realloc, c_free, NULL};
+    ferry_allocator mem = COUNTING_ALLOCATOR_INIT;
     fy_memsampler *s = NULL;
     CHECK_EQ(fy_memsampler_start(&mem, 5, &s), 0);
     CHECK(s != NULL);
-    CHECK(atomic_load(&n_alloc) >= 1);
+    CHECK(atomic_load(&alloc_calls) >= 1);
     size_t n = 128 * MIB;
     void *p = touch_new(n);
     CHECK(p != NULL);
@@ -667,7 +664,7 @@ static void test_sampler_real(void)
     fy_memsample_result r;
     memset(&r, 0xA5, sizeof r);
     fy_memsampler_stop(s, &r);
-    CHECK_EQ(atomic_load(&n_alloc), atomic_load(&n_free));
+    CHECK_EQ(atomic_load(&live), 0);
     CHECK(r.start.rss > 0 && r.end.rss > 0);
     CHECK(r.peak.rss >= r.end.rss + 100 * MIB);
     CHECK(r.peak.uss >= r.end.uss + 100 * MIB);

@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "alloc.h"
 #include "check.h"
 #include "common/common.h"
 #include "io/io.h"
@@ -31,48 +32,7 @@
 
 /* ---- helpers ------------------------------------------------------------ */
 
-/* Counting allocator that can fail its nth allocation (0 = never). */
-static atomic_long live, nallocs, fail_at;
-static atomic_int alloc_failed;
-static bool take_alloc(void)
-{
-    long n = atomic_fetch_add(&nallocs, 1) + 1;
-    if (atomic_load(&fail_at) && n == atomic_load(&fail_at)) {
-        atomic_store(&alloc_failed, 1);
-        return false;
-    }
-    return true;
-}
-static void *c_alloc(void *o, size_t n)
-{
-    (void)o;
-    if (!take_alloc()) return NULL;
-    void *p = malloc(n);
-    if (p) atomic_fetch_add(&live, 1);
-    return p;
-}
-static void *c_realloc(void *o, void *p, size_t n)
-{
-    (void)o;
-    if (!take_alloc()) return NULL;
-    void *q = realloc(p, n);
-    if (q && !p) atomic_fetch_add(&live, 1);
-    return q;
-}
-static void c_free(void *o, void *p)
-{
-    (void)o;
-    if (p) atomic_fetch_sub(&live, 1);
-    free(p);
-}
-static const ferry_allocator counting = {c_alloc, c_realloc, c_free, NULL};
-static void alloc_arm(long n)
-{
-    atomic_store(&nallocs, 0);
-    atomic_store(&alloc_failed, 0);
-    atomic_store(&fail_at, n);
-}
-
+static const ferry_allocator counting_allocator = COUNTING_ALLOCATOR_INIT;
 static fy_err err;
 static char base[PATH_MAX]; /* a disk-backed directory for the test's own temp dirs */
 
@@ -159,7 +119,7 @@ static bool holds(int fd, uint64_t off, uint64_t len, unsigned seed)
 static fy_spill *open_in(const char *d)
 {
     fy_spill *s = NULL;
-    int rc = fy_spill_open(d, &counting, &err, &s);
+    int rc = fy_spill_open(d, &counting_allocator, &err, &s);
     CHECK_EQ(rc, 0);
     if (rc) fprintf(stderr, "open %s: %s\n", d, msg());
     return s;
@@ -441,7 +401,7 @@ static void test_refusals(void)
         make_dir(d, sizeof d, "/dev/shm");
         fy_spill *s = (fy_spill *)&err; /* must be reset */
         int fds = count_fds();
-        CHECK_EQ(fy_spill_open(d, &counting, &err, &s), FERRY_E_INVAL);
+        CHECK_EQ(fy_spill_open(d, &counting_allocator, &err, &s), FERRY_E_INVAL);
         CHECK(s == NULL);
         CHECK_STR_HAS(msg(), d);
         CHECK_STR_HAS(msg(), "tmpfs");
@@ -458,7 +418,7 @@ static void test_refusals(void)
     char d[PATH_MAX + 32];
     snprintf(d, sizeof d, "%s/no-such-dir-%d/deeper", base, (int)getpid());
     fy_spill *s = NULL;
-    CHECK_EQ(fy_spill_open(d, &counting, &err, &s), -ENOENT);
+    CHECK_EQ(fy_spill_open(d, &counting_allocator, &err, &s), -ENOENT);
     CHECK(s == NULL);
     CHECK_STR_HAS(msg(), d);
     CHECK_EQ(atomic_load(&live), 0);
@@ -468,7 +428,7 @@ static void test_refusals(void)
     int f = open(d, O_CREAT | O_WRONLY | O_EXCL, 0600);
     CHECK(f >= 0);
     close(f);
-    int rc = fy_spill_open(d, &counting, &err, &s);
+    int rc = fy_spill_open(d, &counting_allocator, &err, &s);
     CHECK(rc < 0);
     CHECK(s == NULL);
     CHECK_STR_HAS(msg(), d);
@@ -488,7 +448,7 @@ static void test_fallback(void)
     make_dir(d, sizeof d, base);
     fy_spill *s = NULL;
     fy_fault_arm(1, EOPNOTSUPP);
-    int rc = fy_spill_open(d, &counting, &err, &s);
+    int rc = fy_spill_open(d, &counting_allocator, &err, &s);
     bool fired = fy_fault_fired();
     fy_fault_arm(0, 0);
     CHECK_EQ(rc, 0);
@@ -504,7 +464,7 @@ static void test_fallback(void)
     }
     /* Older kernels answer EISDIR for an unknown O_TMPFILE. */
     fy_fault_arm(1, EISDIR);
-    rc = fy_spill_open(d, &counting, &err, &s);
+    rc = fy_spill_open(d, &counting_allocator, &err, &s);
     fy_fault_arm(0, 0);
     CHECK_EQ(rc, 0);
     fy_spill_close(s);
@@ -557,7 +517,7 @@ static void test_fault_open(void)
         fy_spill *s = (fy_spill *)&err;
         err.msg[0] = '\0';
         fy_fault_arm(n, EIO);
-        int rc = fy_spill_open(d, &counting, &err, &s);
+        int rc = fy_spill_open(d, &counting_allocator, &err, &s);
         bool fired = fy_fault_fired();
         fy_fault_arm(0, 0);
         if (!fired) {
@@ -593,8 +553,8 @@ static void test_fault_alloc(void)
             fy_spill *s = NULL;
             if (fallback) fy_fault_arm(1, EOPNOTSUPP);
             alloc_arm(n);
-            int rc = fy_spill_open(d, &counting, &err, &s);
-            bool hit = atomic_load(&alloc_failed);
+            int rc = fy_spill_open(d, &counting_allocator, &err, &s);
+            bool hit = atomic_load(&alloc_fired);
             alloc_arm(0);
             fy_fault_arm(0, 0);
             if (!hit) {
@@ -622,7 +582,7 @@ static void test_fault_alloc(void)
             alloc_arm(n);
             uint64_t before = used(s), sz = fsize(s);
             int rc = fy_spill_reserve(s, K, &o[i]);
-            bool hit = atomic_load(&alloc_failed);
+            bool hit = atomic_load(&alloc_fired);
             alloc_arm(0);
             if (!hit) {
                 CHECK_EQ(rc, 0);
@@ -639,7 +599,7 @@ static void test_fault_alloc(void)
     /* Releasing every other range needs no memory, even with allocation failing. */
     alloc_arm(1);
     for (int i = 0; i < 40; i += 2) fy_spill_release(s, o[i], K);
-    CHECK(!atomic_load(&alloc_failed));
+    CHECK(!atomic_load(&alloc_fired));
     alloc_arm(0);
     CHECK_EQ(used(s), 20 * K);
     for (int i = 1; i < 40; i += 2) fy_spill_release(s, o[i], K);
@@ -653,7 +613,7 @@ static void test_fault_alloc(void)
         fy_spill_release(s, a, K);
         fy_spill_release(s, b, K);
     }
-    CHECK_EQ(atomic_load(&nallocs), 0);
+    CHECK_EQ(atomic_load(&alloc_calls), 0);
     fy_spill_close(s);
     CHECK_EQ(atomic_load(&live), 0);
     CHECK_EQ(count_fds(), fds);

@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "alloc.h"
 #include "check.h"
 #include "ferry.h"
 #include "io/io.h"
@@ -704,28 +705,9 @@ out:
     ferry_device_close(d);
 }
 
-static atomic_long fail_at, n_calls;
-static void *f_alloc(void *o, size_t n)
-{
-    (void)o;
-    if (atomic_fetch_add(&n_calls, 1) + 1 == atomic_load(&fail_at)) return NULL;
-    return malloc(n);
-}
-static void *f_realloc(void *o, void *p, size_t n)
-{
-    (void)o;
-    if (atomic_fetch_add(&n_calls, 1) + 1 == atomic_load(&fail_at)) return NULL;
-    return realloc(p, n);
-}
-static void f_free(void *o, void *p)
-{
-    (void)o;
-    free(p);
-}
-
 static void test_add_oom(void)
 {
-    ferry_ctx_opts co = {.size = sizeof co, .allocator = {f_alloc, f_realloc, f_free, NULL}};
+    ferry_ctx_opts co = {.size = sizeof co, .allocator = COUNTING_ALLOCATOR_INIT};
     ferry_ctx *ctx = NULL;
     CHECK_EQ(ferry_ctx_new(&co, &ctx), 0);
     ferry_device *d = NULL;
@@ -735,10 +717,9 @@ static void test_add_oom(void)
     int failures = 0;
     for (long nth = 1; s && fa && nth < 100; nth++) {
         ferry_model *m = NULL;
-        atomic_store(&n_calls, 0);
-        atomic_store(&fail_at, nth);
+        alloc_arm(nth);
         int rc = ferry_store_add(s, "a", &fa, 1, 0, &m);
-        atomic_store(&fail_at, 0);
+        alloc_arm(0);
         if (rc == 0) {
             CHECK(m != NULL);
             CHECK_EQ(ferry_store_remove(m), 0);
@@ -754,6 +735,7 @@ static void test_add_oom(void)
     ferry_file_close(fa);
     ferry_device_close(d);
     ferry_ctx_free(ctx);
+    CHECK_EQ(atomic_load(&live), 0); /* every failed add gave back what it had */
 }
 
 int main(void)

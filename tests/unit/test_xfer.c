@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "alloc.h"
 #include "check.h"
 #include "ferry.h"
 #include "gpu/gpu.h"
@@ -37,52 +38,7 @@ static void path_of(char *out, size_t n, const char *name) { snprintf(out, n, "%
 
 static uint64_t page_round(uint64_t n) { return (n + PAGE - 1) / PAGE * PAGE; }
 
-/* ---- a counting allocator whose nth call can fail ---- */
-
-static atomic_long live, alloc_calls, alloc_nth;
-static atomic_int alloc_fired;
-
-static bool alloc_fault(void)
-{
-    long nth = atomic_load(&alloc_nth);
-    if (nth == 0) return false;
-    if (atomic_fetch_add(&alloc_calls, 1) + 1 != nth) return false;
-    atomic_store(&alloc_fired, 1);
-    return true;
-}
-
-static void alloc_arm(long nth)
-{
-    atomic_store(&alloc_nth, 0);
-    atomic_store(&alloc_calls, 0);
-    atomic_store(&alloc_fired, 0);
-    atomic_store(&alloc_nth, nth);
-}
-
-static void *c_alloc(void *o, size_t n)
-{
-    (void)o;
-    if (alloc_fault()) return NULL;
-    void *p = malloc(n);
-    if (p) atomic_fetch_add(&live, 1);
-    return p;
-}
-
-static void *c_realloc(void *o, void *p, size_t n)
-{
-    (void)o;
-    if (alloc_fault()) return NULL;
-    void *q = realloc(p, n);
-    if (q && !p) atomic_fetch_add(&live, 1);
-    return q;
-}
-
-static void c_free(void *o, void *p)
-{
-    (void)o;
-    if (p) atomic_fetch_sub(&live, 1);
-    free(p);
-}
+/* ---- a counting allocator whose nth call can fail: alloc.h ---- */
 
 /* ---- checkpoints ---- */
 
@@ -1631,7 +1587,7 @@ int main(void)
     direct_ok = probe_direct();
     fd0_guard(); /* descriptor 0 open, so no test file gets it */
     fd0_closed = 0;
-    ferry_ctx_opts co = {.size = sizeof co, .nthreads = 2, .allocator = {c_alloc, c_realloc, c_free, NULL}};
+    ferry_ctx_opts co = {.size = sizeof co, .nthreads = 2, .allocator = COUNTING_ALLOCATOR_INIT};
     ferry_ctx *ctx = NULL;
     CHECK_EQ(ferry_ctx_new(&co, &ctx), 0);
     if (!ctx) return check_summary();
