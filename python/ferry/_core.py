@@ -13,6 +13,7 @@ import threading
 
 from . import _lib
 from ._lib import lib
+from . import errors
 from .errors import check, error
 
 TensorInfo = collections.namedtuple(
@@ -428,3 +429,16 @@ def is_block_type(dtype_name):
         return _lib.DTYPE_NAMES.index(dtype_name) >= _lib.DTYPE_FIRST_BLOCK
     except ValueError:
         return False
+
+
+def framework_dtype(table, info, path, what):
+    """table's dtype for a ferry TensorInfo; None for ggml's block-quantized
+    types (raw bytes); else UnsupportedError naming the file and tensor: its
+    dtype "has no <what>"."""
+    dt = table.get(info.dtype)
+    if dt is not None:
+        return dt
+    if is_block_type(info.dtype):
+        return None
+    raise errors.UnsupportedError(
+        _lib.E_UNSUPPORTED, f"{path}: tensor '{info.name}': dtype {info.dtype} has no {what}", path)

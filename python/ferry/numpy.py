@@ -13,7 +13,7 @@ arrays of shape [nbytes]; F4 and F6 raise UnsupportedError.
 """
 import numpy as np
 
-from . import _core, _lib, errors
+from . import _core, _lib
 
 __all__ = ["load_file", "dtype_for", "DTYPES"]
 
@@ -41,13 +41,7 @@ for _name, _raw in _RAW.items():
 
 def dtype_for(info, path=None):
     """numpy dtype of a ferry TensorInfo; None for block-quantized (raw bytes)."""
-    dt = DTYPES.get(info.dtype)
-    if dt is not None:
-        return dt
-    if _core.is_block_type(info.dtype):
-        return None
-    raise errors.UnsupportedError(
-        _lib.E_UNSUPPORTED, f"{path}: tensor '{info.name}': dtype {info.dtype} has no numpy dtype", path)
+    return _core.framework_dtype(DTYPES, info, path, "numpy dtype")
 
 
 def load_file(path):

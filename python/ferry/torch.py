@@ -40,15 +40,7 @@ def dtype_for(info, path=None):
     types (GGUF Q4_K, ...), which load as raw uint8 tensors of shape [nbytes].
     Raises UnsupportedError naming the tensor for dtypes this torch lacks
     (F4, F6_*, and FP8 / U16-U64 before the torch versions that added them)."""
-    dt = DTYPES.get(info.dtype)
-    if dt is not None:
-        return dt
-    if _core.is_block_type(info.dtype):
-        return None
-    raise errors.UnsupportedError(
-        _lib.E_UNSUPPORTED,
-        f"{path}: tensor '{info.name}': dtype {info.dtype} has no torch dtype in torch {torch.__version__}",
-        path)
+    return _core.framework_dtype(DTYPES, info, path, f"torch dtype in torch {torch.__version__}")
 
 
 _ELEMENT_SIZE = {}
