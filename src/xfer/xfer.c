@@ -731,6 +731,22 @@ static int run_host(ferry_device *d, const ferry_file *f, const plan *p, const f
     return atomic_load(&j.rc);
 }
 
+/* Queue a copy of len bytes between host and dev in pieces of at most
+ * REG_CHUNK, round-robin over streams st[0..nst-1] from *next on: the host
+ * memory must be page-locked for the copies to run asynchronously. */
+static int copy_spread(fy_gpu *g, bool to_device, fy_dptr dev, void *host, uint64_t len, fy_stream **st, uint32_t nst,
+                       uint32_t *next)
+{
+    int rc = 0;
+    for (uint64_t off = 0; off < len && rc == 0; off += REG_CHUNK) {
+        size_t n = (size_t)(len - off < REG_CHUNK ? len - off : REG_CHUNK);
+        rc = to_device ? g->ops->copy_htod(g, dev + off, (uint8_t *)host + off, n, st[*next])
+                       : g->ops->copy_dtoh(g, (uint8_t *)host + off, dev + off, n, st[*next]);
+        *next = (*next + 1) % nst;
+    }
+    return rc;
+}
+
 /* register: copies straight out of the page-locked mapping, round-robin over streams. */
 static int run_register(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o,
                         fy_stream **streams, uint32_t nstreams)
@@ -762,12 +778,8 @@ static int run_register(ferry_device *d, const ferry_file *f, const plan *p, con
             fy_dptr dst = pc->dst;
             for (q++; q < bt->first + bt->count && p->pc[q].dst == dst + len && p->pc[q].off == src + len; q++)
                 len += p->pc[q].len;
-            for (uint64_t off = 0; off < len && rc == 0; off += REG_CHUNK) {
-                uint64_t n = len - off < REG_CHUNK ? len - off : REG_CHUNK;
-                rc = g->ops->copy_htod(g, dst + off, base + src + off, (size_t)n, streams[s]);
-                s = (s + 1) % nstreams;
-                done += n;
-            }
+            rc = copy_spread(g, true, dst, (void *)(uintptr_t)(base + src), len, streams, nstreams, &s);
+            if (rc == 0) done += len;
         }
         if (o->progress && rc == 0) o->progress(o->opaque, done, p->bytes);
     }
@@ -1173,13 +1185,8 @@ static int host_copies(ferry_device *d, const fy_hostrange *r, int64_t n, bool t
     fy_stream *st[4] = {0};
     int rc = g->ops->bind_thread(g);
     for (int k = 0; k < 4 && rc == 0; k++) rc = g->ops->stream_new(g, &st[k]);
-    for (int64_t k = 0, s = 0; k < n && rc == 0; k++) {
-        for (uint64_t off = 0; off < r[k].len && rc == 0; off += REG_CHUNK, s = (s + 1) % 4) {
-            size_t len = (size_t)(r[k].len - off < REG_CHUNK ? r[k].len - off : REG_CHUNK);
-            rc = to_device ? g->ops->copy_htod(g, r[k].dev + off, (uint8_t *)r[k].host + off, len, st[s])
-                           : g->ops->copy_dtoh(g, (uint8_t *)r[k].host + off, r[k].dev + off, len, st[s]);
-        }
-    }
+    uint32_t next = 0;
+    for (int64_t k = 0; k < n && rc == 0; k++) rc = copy_spread(g, to_device, r[k].dev, r[k].host, r[k].len, st, 4, &next);
     for (int k = 0; k < 4; k++) {
         if (!st[k]) continue;
         int r2 = g->ops->stream_sync(g, st[k]);
