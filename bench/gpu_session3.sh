@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Third GPU session (bench/RESULTS.md): (A) why hot loads inside
+# bench/compare_load.py ran at half their standalone rate, (B) the Python
+# binding's GPU tests incl. the Store part, (C) issue 3/4 figures re-taken after
+# the last refactors.
+#   bench/gpu_session3.sh BUILD OUTDIR [A|B|C]...
+set -uo pipefail
+B=$1 OUT=$2; shift 2
+PARTS=${*:-B A C}
+F=/tmp/cmp10g.safetensors
+uname -r; cat /sys/kernel/mm/lru_gen/enabled 2>/dev/null || echo "lru_gen: none"
+[ -f $F ] || python3 scripts/make_sample.py $F --blocks 44 --hidden 2560 --bf16-only >/dev/null
+drop() { sync; echo 1 > /proc/sys/vm/drop_caches 2>/dev/null || python3 -c "import os,sys; fd=os.open(sys.argv[1],os.O_RDONLY); os.posix_fadvise(fd,0,0,os.POSIX_FADV_DONTNEED)" $F; }
+lru() { grep -E '^(Active|Inactive)\(file\)' /proc/meminfo | tr -s ' ' | tr '\n' ' '; echo; }
+fload() { "$B"/ferry load --json "$@" $F | python3 -c 'import json,sys; d=json.load(sys.stdin); f=d["files"][0]; print("ferry load: %.2f GB/s, %.3f s, %s" % (f["gbps"], f["seconds"], f["path_used"]))'; }
+for part in $PARTS; do case $part in
+A)
+  echo "=== A: hot reads right after the cache was refilled"
+  echo "== A1 drop, cat, bench_pread normal x3 (12 threads, 4 MiB)"; drop; cat $F >/dev/null; lru
+  "$B"/bench_pread $F 12 4 normal 3; lru
+  echo "== A2 drop, cat, bench_pread noreuse x2"; drop; cat $F >/dev/null
+  "$B"/bench_pread $F 12 4 noreuse 2
+  echo "== A3 drop, cat, bench_pread mmap x2"; drop; cat $F >/dev/null
+  "$B"/bench_pread $F 12 4 mmap 2
+  echo "== A4 drop, cat, ferry load --path ring x3 (fresh processes)"; drop; cat $F >/dev/null
+  for i in 1 2 3; do fload --path ring; done
+  echo "== A5 drop, compare_load.warm_cache (the harness's warm-up), ferry load --path ring x3"; drop
+  python3 -c "import sys; sys.path.insert(0,'bench'); import compare_load as c; print('warm_cache %.2f s' % c.warm_cache('$F'))"
+  for i in 1 2 3; do fload --path ring; done
+  echo "== A6 drop, cat twice, ferry load --path ring x2"; drop; cat $F >/dev/null; cat $F >/dev/null
+  for i in 1 2; do fload --path ring; done
+  echo "== A7 drop, cat, ferry load --path register x2"; drop; cat $F >/dev/null
+  for i in 1 2; do fload --path register; done
+  ;;
+B)
+  echo "=== B: tests/gpu/test_torch_gpu.py"
+  [ -f /tmp/big.safetensors ] || python3 scripts/make_sample.py /tmp/big.safetensors --blocks 24 --hidden 2560 --bf16-only >/dev/null
+  FERRY_LIBRARY=$PWD/$B/libferry.so timeout 300 python3 tests/gpu/test_torch_gpu.py --big /tmp/big.safetensors --ferry "$B"/ferry 2>&1 | tee "$OUT"/torch-gpu.log | grep -v "^PASS"
+  ;;
+C)
+  echo "=== C: bench/gpu_issue4.sh"
+  timeout 300 bash bench/gpu_issue4.sh "$B" "$OUT"
+  ;;
+esac; done
