@@ -9,6 +9,9 @@
  *   normal   plain pread
  *   noreuse  posix_fadvise(POSIX_FADV_NOREUSE) on the descriptor first
  *   mmap     memcpy from a MAP_SHARED, PROT_READ mapping of the file
+ *   mmapdrop the same, each piece unmapped (MADV_DONTNEED) after its copy,
+ *            so the process's RSS stays at the pieces in flight
+ *   populate the same, each piece faulted in with MADV_POPULATE_READ first
  * REPEAT (default 1) passes in the same process. One JSON line per pass, with
  * the file's share in the page cache and the system's Active(file) and
  * Inactive(file) before the pass, so "first read after a fresh read" shows.
@@ -29,6 +32,7 @@
 typedef struct job {
     int fd;
     const unsigned char *map;
+    int drop, populate;
     uint64_t size, chunk;
     unsigned k, nthreads;
     int err;
@@ -53,6 +57,18 @@ static long meminfo_kib(const char *key)
             v = strtol(line + n + 1, NULL, 10);
             break;
         }
+    fclose(f);
+    return v;
+}
+
+static double vmhwm_mib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double v = -1;
+    if (!f) return -1;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "VmHWM:", 6) == 0) v = (double)strtol(line + 6, NULL, 10) / 1024;
     fclose(f);
     return v;
 }
@@ -87,7 +103,13 @@ static void *worker(void *arg)
     for (uint64_t i = j->k; i < n && !j->err; i += j->nthreads) {
         uint64_t off = i * j->chunk, len = j->size - off < j->chunk ? j->size - off : j->chunk;
         if (j->map) {
+            void *p = (void *)(uintptr_t)(j->map + off);
+            if (j->populate && madvise(p, len, 22 /* MADV_POPULATE_READ */) != 0) {
+                j->err = errno;
+                break;
+            }
             memcpy(buf, j->map + off, len);
+            if (j->drop) madvise(p, len, MADV_DONTNEED);
             continue;
         }
         uint64_t got = 0;
@@ -130,7 +152,7 @@ int main(int argc, char **argv)
     if (strcmp(mode, "noreuse") == 0) {
         int e = posix_fadvise(fd, 0, 0, POSIX_FADV_NOREUSE);
         if (e) fprintf(stderr, "bench_pread: POSIX_FADV_NOREUSE: %s\n", strerror(e));
-    } else if (strcmp(mode, "mmap") == 0) {
+    } else if (strcmp(mode, "mmap") == 0 || strcmp(mode, "mmapdrop") == 0 || strcmp(mode, "populate") == 0) {
         void *m = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
         if (m == MAP_FAILED) {
             fprintf(stderr, "bench_pread: mmap %s: %s\n", argv[1], strerror(errno));
@@ -148,7 +170,8 @@ int main(int argc, char **argv)
         pthread_t th[256];
         double t0 = now();
         for (unsigned k = 0; k < nthreads; k++) {
-            jobs[k] = (job){fd, map, size, chunk, k, nthreads, 0};
+            jobs[k] = (job){fd, map, strcmp(mode, "mmap") != 0, strcmp(mode, "populate") == 0, size, chunk, k,
+                            nthreads, 0};
             pthread_create(&th[k], NULL, worker, &jobs[k]);
         }
         int err = 0;
@@ -163,9 +186,9 @@ int main(int argc, char **argv)
         }
         printf("{\"mode\": \"%s\", \"pass\": %d, \"threads\": %u, \"chunk_mib\": %llu, \"seconds\": %.4f, "
                "\"gbps\": %.2f, \"cached_share_before\": %.3f, \"active_file_gib\": %.2f, "
-               "\"inactive_file_gib\": %.2f}\n",
+               "\"inactive_file_gib\": %.2f, \"vmhwm_mib\": %.1f}\n",
                mode, r + 1, nthreads, (unsigned long long)(chunk >> 20), s, (double)size / s / 1e9, share,
-               (double)act / (1 << 20), (double)inact / (1 << 20));
+               (double)act / (1 << 20), (double)inact / (1 << 20), vmhwm_mib());
         fflush(stdout);
     }
     return 0;

@@ -37,6 +37,19 @@ B)
   [ -f /tmp/big.safetensors ] || python3 scripts/make_sample.py /tmp/big.safetensors --blocks 24 --hidden 2560 --bf16-only >/dev/null
   FERRY_LIBRARY=$PWD/$B/libferry.so timeout 300 python3 tests/gpu/test_torch_gpu.py --big /tmp/big.safetensors --ferry "$B"/ferry 2>&1 | tee "$OUT"/torch-gpu.log | grep -v "^PASS"
   ;;
+D)
+  echo "=== D: the same after the harness's warm-up (8 Python threads, 8 MiB preadv each)"
+  pywarm() { drop; python3 -c "import sys; sys.path.insert(0,'bench'); import compare_load as c; c.warm_cache('$F')"; }
+  for m in normal mmap mmapdrop populate; do
+    echo "== D $m x2 (12 threads)"; pywarm; "$B"/bench_pread $F 12 4 $m 2
+  done
+  for t in 4 24; do echo "== D normal, $t threads x1"; pywarm; "$B"/bench_pread $F $t 4 normal 1; done
+  echo "== D cat-warm, then normal x1, for comparison"; drop; cat $F >/dev/null; "$B"/bench_pread $F 12 4 normal 1
+  ;;
+E)
+  echo "=== E: bench/compare_load.py"
+  timeout 420 python3 bench/compare_load.py --ferry "$B"/ferry --file $F --rounds 2 --budget-seconds 380 --out "$OUT"/compare.json 2>&1 | tail -25
+  ;;
 C)
   echo "=== C: bench/gpu_issue4.sh"
   timeout 300 bash bench/gpu_issue4.sh "$B" "$OUT"
