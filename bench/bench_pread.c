@@ -12,6 +12,9 @@
  *   mmapdrop the same, each piece unmapped (MADV_DONTNEED) after its copy,
  *            so the process's RSS stays at the pieces in flight
  *   populate the same, each piece faulted in with MADV_POPULATE_READ first
+ *   runs     pread, but each thread opens the file itself (its own readahead
+ *            state) and takes runs of 16 consecutive pieces (ferry's ring
+ *            for buffered reads)
  * REPEAT (default 1) passes in the same process. One JSON line per pass, with
  * the file's share in the page cache and the system's Active(file) and
  * Inactive(file) before the pass, so "first read after a fresh read" shows.
@@ -33,6 +36,7 @@ typedef struct job {
     int fd;
     const unsigned char *map;
     int drop, populate;
+    unsigned run;
     uint64_t size, chunk;
     unsigned k, nthreads;
     int err;
@@ -100,7 +104,8 @@ static void *worker(void *arg)
     }
     memset(buf, 1, j->chunk);
     uint64_t n = (j->size + j->chunk - 1) / j->chunk;
-    for (uint64_t i = j->k; i < n && !j->err; i += j->nthreads) {
+    unsigned run = j->run ? j->run : 1;
+    for (uint64_t i = (uint64_t)j->k * run; i < n && !j->err; i += (i % run == run - 1) ? (uint64_t)(j->nthreads - 1) * run + 1 : 1) {
         uint64_t off = i * j->chunk, len = j->size - off < j->chunk ? j->size - off : j->chunk;
         if (j->map) {
             void *p = (void *)(uintptr_t)(j->map + off);
@@ -159,7 +164,7 @@ int main(int argc, char **argv)
             return 1;
         }
         map = m;
-    } else if (strcmp(mode, "normal") != 0) {
+    } else if (strcmp(mode, "normal") != 0 && strcmp(mode, "runs") != 0) {
         fprintf(stderr, "bench_pread: unknown mode %s\n", mode);
         return 2;
     }
@@ -170,8 +175,16 @@ int main(int argc, char **argv)
         pthread_t th[256];
         double t0 = now();
         for (unsigned k = 0; k < nthreads; k++) {
-            jobs[k] = (job){fd, map, strcmp(mode, "mmap") != 0, strcmp(mode, "populate") == 0, size, chunk, k,
+            jobs[k] = (job){fd, map, strcmp(mode, "mmap") != 0, strcmp(mode, "populate") == 0, 0, size, chunk, k,
                             nthreads, 0};
+            if (strcmp(mode, "runs") == 0) {
+                jobs[k].run = 16;
+                jobs[k].fd = open(argv[1], O_RDONLY | O_CLOEXEC);
+                if (jobs[k].fd < 0) {
+                    fprintf(stderr, "bench_pread: %s: %s\n", argv[1], strerror(errno));
+                    return 1;
+                }
+            }
             pthread_create(&th[k], NULL, worker, &jobs[k]);
         }
         int err = 0;
@@ -180,6 +193,8 @@ int main(int argc, char **argv)
             if (jobs[k].err) err = jobs[k].err;
         }
         double s = now() - t0;
+        for (unsigned k = 0; k < nthreads; k++)
+            if (jobs[k].fd != fd) close(jobs[k].fd);
         if (err) {
             fprintf(stderr, "bench_pread: reading %s: %s\n", argv[1], strerror(err));
             return 1;

@@ -24,8 +24,12 @@ the file, so a fast but wrong load is caught.
 
 Cold: the data file is fsync'ed and dropped from the page cache with
 posix_fadvise(DONTNEED) (and /proc/sys/vm/drop_caches, where writable) before the
-run. Hot: the file is read once with several threads if it is not already fully
-cached. The share of the file in the page cache just before each run is measured
+run. Hot: the file is read once, front to back by one thread (as cat, cp or a
+download fill the cache), if it is not already fully cached. --warm-threads N
+reads it with N threads instead, interleaved on one descriptor: the kernel then
+caches it in single-page folios, and the first read afterwards, by any method,
+runs at about half speed while the kernel activates every page (bench/RESULTS.md,
+third GPU session; bench/folio_sizes.py shows the folios). The share of the file in the page cache just before each run is measured
 with mincore() and recorded, so a "cold" run that was not cold shows.
 
 Robust by design: a method that fails, crashes or hangs records its error and the
@@ -176,9 +180,9 @@ def drop_cache(path, use_drop_caches):
     return notes
 
 
-def warm_cache(path, threads=8, chunk=8 << 20):
-    """Read path once fully with several threads (pread into reused buffers).
-    Returns the seconds taken."""
+def warm_cache(path, threads=1, chunk=8 << 20):
+    """Read path once fully: chunk i by thread i % threads, all on one descriptor
+    (pread into reused buffers). Returns the seconds taken."""
     t0 = time.perf_counter()
     size = os.path.getsize(path)
     nchunks = (size + chunk - 1) // chunk
@@ -947,7 +951,8 @@ def main():
     ap.add_argument("--run-timeout", type=float, default=120, help="seconds one run may take (default 120)")
     ap.add_argument("--bench-timeout", type=float, default=60,
                     help="seconds 'ferry bench --json' may take; 0 skips it (default 60)")
-    ap.add_argument("--warm-threads", type=int, default=8)
+    ap.add_argument("--warm-threads", type=int, default=1,
+                    help="threads that fill the cache before a hot run (default 1; see above)")
     ap.add_argument("--no-drop-caches", dest="drop_caches", action="store_false",
                     help="cold runs: posix_fadvise only, leave /proc/sys/vm/drop_caches alone")
     ap.add_argument("--python", default=sys.executable, help="interpreter for the torch children")

@@ -46,9 +46,24 @@ D)
   for t in 4 24; do echo "== D normal, $t threads x1"; pywarm; "$B"/bench_pread $F $t 4 normal 1; done
   echo "== D cat-warm, then normal x1, for comparison"; drop; cat $F >/dev/null; "$B"/bench_pread $F 12 4 normal 1
   ;;
+F)
+  echo "=== F: what a cold ring load leaves in the page cache, before (build-old) and after per-reader descriptors and runs"
+  for bb in build-old "$B"; do
+    echo "== F $bb: drop, ferry load --path ring (cold), then x2 hot, then the folios"
+    drop; "$bb"/ferry load --json --path ring $F | python3 -c 'import json,sys; d=json.load(sys.stdin); f=d["files"][0]; print("cold fill: %.2f GB/s" % f["gbps"])'
+    for i in 1 2; do "$bb"/ferry load --json --path ring $F | python3 -c 'import json,sys; d=json.load(sys.stdin); f=d["files"][0]; print("hot: %.2f GB/s" % f["gbps"])'; done
+    python3 bench/folio_sizes.py $F
+  done
+  for t in 1 8; do
+    echo "== F drop, compare_load.warm_cache(threads=$t), ferry load --path ring x2, folios"; drop
+    python3 -c "import sys; sys.path.insert(0,'bench'); import compare_load as c; print('warm %.2f s' % c.warm_cache('$F', threads=$t))"
+    for i in 1 2; do fload --path ring; done
+    python3 bench/folio_sizes.py $F
+  done
+  ;;
 E)
   echo "=== E: bench/compare_load.py"
-  timeout 420 python3 bench/compare_load.py --ferry "$B"/ferry --file $F --rounds 2 --budget-seconds 380 --out "$OUT"/compare.json 2>&1 | tail -25
+  timeout 460 python3 bench/compare_load.py --ferry "$B"/ferry --file $F --rounds 2 --make --budget-seconds 420 --out "$OUT"/compare.json 2>&1 | tail -25
   ;;
 C)
   echo "=== C: bench/gpu_issue4.sh"

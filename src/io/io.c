@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -95,6 +96,29 @@ ssize_t fy_pread_some(int fd, void *buf, size_t n, uint64_t off)
     if (rc) return rc;
     ssize_t r = pread(fd, buf, n, (off_t)off);
     return r < 0 ? -errno : r;
+}
+
+int fy_reopen_ro(int fd, const char *path)
+{
+    int rc;
+    struct stat a, b;
+    if (fstat(fd, &a) != 0) return -errno;
+    char proc[48];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+    const char *cand[2] = {proc, path};
+    rc = -ENOENT;
+    for (int i = 0; i < 2; i++) {
+        if (!cand[i]) continue;
+        int f = open(cand[i], O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+        if (f < 0) {
+            rc = -errno;
+            continue;
+        }
+        if (fstat(f, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) return f;
+        close(f);
+        rc = -ESTALE; /* the path now names another file */
+    }
+    return rc;
 }
 
 int fy_map_ro(int fd, uint64_t size, void **out)

@@ -442,6 +442,78 @@ static int plan_build(const ferry_allocator *m, const ferry_file *f, item *it, i
     return 0;
 }
 
+/* ---- reader threads' shared schedule ---- */
+
+/* Buffered reads claim runs of consecutive batches, shorter as the work runs
+ * out (guided scheduling: the last claims are single batches, so no thread is
+ * left with a long tail), and each reader reads through its own descriptors
+ * (own_fd). Together they let the kernel's readahead see each thread's
+ * sequential run: when 12 threads' reads interleave on one descriptor, a cold
+ * load fills the page cache with single-page folios, and the first read of
+ * those afterwards (the next hot load) runs at half speed while the kernel
+ * activates every page (bench/RESULTS.md, third GPU session). */
+typedef struct sched {
+    const plan *p;
+    atomic_llong next;
+    long long run; /* most consecutive batches one claim takes */
+    uint32_t nthreads;
+} sched;
+
+static void sched_init(sched *q, const plan *p, long long run, uint32_t nthreads)
+{
+    q->p = p;
+    atomic_init(&q->next, 0);
+    q->run = run;
+    q->nthreads = nthreads ? nthreads : 1;
+}
+
+/* The next batch for a reader (p->nbt when none is left); *k and *end: the
+ * reader's current run, -1 and 0 to begin. */
+static long long next_batch(sched *q, long long *k, long long *end)
+{
+    if (*k + 1 < *end) return ++*k;
+    long long s = atomic_load(&q->next), want;
+    do {
+        long long left = q->p->nbt - s;
+        if (left <= 0) return q->p->nbt;
+        want = left / (2 * (long long)q->nthreads);
+        if (want > q->run) want = q->run;
+        if (want < 1) want = 1;
+    } while (!atomic_compare_exchange_weak(&q->next, &s, s + want));
+    *k = s;
+    *end = s + want;
+    return s;
+}
+
+/* A reader's own descriptors, one per shard, opened on first use (-1: not
+ * yet tried, -2: reopening failed, so the shared one). NULL without memory. */
+static int *own_fds_new(const ferry_allocator *m, const ferry_file *f)
+{
+    int *fds = fy_calloc(m, (size_t)f->nshards, sizeof(int));
+    if (fds)
+        for (int32_t s = 0; s < f->nshards; s++) fds[s] = -1;
+    return fds;
+}
+
+static void own_fds_free(const ferry_allocator *m, const ferry_file *f, int *fds)
+{
+    if (!fds) return;
+    for (int32_t s = 0; s < f->nshards; s++)
+        if (fds[s] >= 0) close(fds[s]);
+    fy_free(m, fds);
+}
+
+static int own_fd(const ferry_file *f, int *fds, int32_t s)
+{
+    int shared = f->shards[s].fd;
+    if (!fds) return shared;
+    if (fds[s] == -1) {
+        int fd = fy_reopen_ro(shared, f->shards[s].path);
+        fds[s] = fd >= 0 ? fd : -2;
+    }
+    return fds[s] >= 0 ? fds[s] : shared;
+}
+
 /* ---- the ring pipeline ---- */
 
 typedef struct job {
@@ -452,7 +524,7 @@ typedef struct job {
     int *dfd; /* per shard O_DIRECT descriptors */
     fy_stream **streams;
     uint32_t nstreams;
-    atomic_llong next;
+    sched q;
     atomic_int rc;
     /* ring state */
     pthread_mutex_t lock;
@@ -536,12 +608,11 @@ static void ring_return(job *j, uint32_t b)
 }
 
 /* Read batch bt into buf; *skew = where the batch's first byte landed. */
-static int read_batch(job *j, const batch *bt, uint8_t *buf, uint64_t *skew)
+static int read_batch(job *j, const batch *bt, uint8_t *buf, uint64_t *skew, int *fds)
 {
-    const shard *sh = &j->f->shards[bt->shard];
     if (!j->direct) {
         *skew = 0;
-        return fy_pread_full(sh->fd, buf, (size_t)bt->len, bt->off);
+        return fy_pread_full(own_fd(j->f, fds, bt->shard), buf, (size_t)bt->len, bt->off);
     }
     /* O_DIRECT: aligned offset and length; the file may end inside the last
      * block, so a short read is fine once it covers the batch. */
@@ -571,17 +642,19 @@ static void *ring_worker(void *arg)
         job_fail(j, brc);
         return NULL;
     }
+    int *fds = j->direct ? NULL : own_fds_new(&j->d->ctx->mem, j->f);
+    if (!j->direct && !fds) job_fail(j, fy_seterr(g->err, -ENOMEM, "out of memory")); /* ends the loop */
+    long long k = -1, end = 0;
     for (;;) {
         if (atomic_load(&j->rc) < 0) break;
-        long long k = atomic_fetch_add(&j->next, 1);
-        if (k >= j->p->nbt) break;
+        if (next_batch(&j->q, &k, &end) >= j->p->nbt) break;
         const batch *bt = &j->p->bt[k];
         uint32_t b = 0;
         int rc = ring_acquire(j, &b);
         if (rc < 0) { job_fail(j, rc); break; }
         uint8_t *buf = j->d->ring[b].p;
         uint64_t skew;
-        rc = read_batch(j, bt, buf, &skew);
+        rc = read_batch(j, bt, buf, &skew, fds);
         if (rc < 0) {
             const char *path = j->f->shards[bt->shard].path;
             if (rc == FERRY_E_CORRUPT)
@@ -609,6 +682,7 @@ static void *ring_worker(void *arg)
         ring_inflight(j, b);
         fy_progress_add(&j->prog, bt->len);
     }
+    own_fds_free(&j->d->ctx->mem, j->f, fds);
     pthread_mutex_lock(&j->lock);
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->lock);
@@ -621,7 +695,9 @@ static int run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool di
     const ferry_allocator *m = &d->ctx->mem;
     job j = {.d = d, .f = f, .p = p, .direct = direct, .streams = streams, .nstreams = nstreams, .o = o};
     int rc = 0;
-    atomic_init(&j.next, 0);
+    /* runs of up to 64 batches (256 MiB of the default ring) for buffered
+     * reads; O_DIRECT reads leave the page cache alone and take one at a time */
+    sched_init(&j.q, p, direct ? 1 : 64, nthreads);
     atomic_init(&j.rc, 0);
     atomic_init(&j.wid, 0);
     pthread_mutex_init(&j.lock, NULL);
@@ -678,7 +754,8 @@ out:
 typedef struct host_job {
     const ferry_file *f;
     const plan *p;
-    atomic_llong next;
+    const ferry_allocator *m;
+    sched q;
     atomic_int rc;
     fy_err *err;
     const ferry_load_opts *o;
@@ -688,16 +765,22 @@ typedef struct host_job {
 static void *host_worker(void *arg)
 {
     host_job *j = arg;
+    int *fds = own_fds_new(j->m, j->f);
+    if (!fds) {
+        int zero = 0;
+        atomic_compare_exchange_strong(&j->rc, &zero, fy_seterr(j->err, -ENOMEM, "out of memory"));
+        return NULL;
+    }
+    long long k = -1, end = 0;
     for (;;) {
         if (atomic_load(&j->rc) < 0) break;
-        long long k = atomic_fetch_add(&j->next, 1);
-        if (k >= j->p->nbt) break;
+        if (next_batch(&j->q, &k, &end) >= j->p->nbt) break;
         const batch *bt = &j->p->bt[k];
         const shard *sh = &j->f->shards[bt->shard];
-        int rc = 0;
+        int fd = own_fd(j->f, fds, bt->shard), rc = 0;
         for (int64_t q = bt->first; q < bt->first + bt->count && rc == 0; q++) {
             const piece *pc = &j->p->pc[q];
-            rc = fy_pread_full(sh->fd, (void *)(uintptr_t)pc->dst, (size_t)pc->len, pc->off);
+            rc = fy_pread_full(fd, (void *)(uintptr_t)pc->dst, (size_t)pc->len, pc->off);
         }
         if (rc < 0) {
             if (rc == FERRY_E_CORRUPT)
@@ -712,13 +795,14 @@ static void *host_worker(void *arg)
         }
         fy_progress_add(&j->prog, bt->len);
     }
+    own_fds_free(j->m, j->f, fds);
     return NULL;
 }
 
 static int run_host(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o, uint32_t nthreads)
 {
-    host_job j = {.f = f, .p = p, .err = &d->ctx->err, .o = o};
-    atomic_init(&j.next, 0);
+    host_job j = {.f = f, .p = p, .m = &d->ctx->mem, .err = &d->ctx->err, .o = o};
+    sched_init(&j.q, p, 64, nthreads);
     atomic_init(&j.rc, 0);
     fy_progress_init(&j.prog, o->progress, o->opaque, p->bytes);
     pthread_t th[MAX_THREADS];
