@@ -485,33 +485,28 @@ static long long next_batch(sched *q, long long *k, long long *end)
     return s;
 }
 
-/* A reader's own descriptors, one per shard, opened on first use (-1: not
- * yet tried, -2: reopening failed, so the shared one). NULL without memory. */
-static int *own_fds_new(const ferry_allocator *m, const ferry_file *f)
-{
-    int *fds = fy_calloc(m, (size_t)f->nshards, sizeof(int));
-    if (fds)
-        for (int32_t s = 0; s < f->nshards; s++) fds[s] = -1;
-    return fds;
-}
+/* A reader's own descriptor: one at a time, for the shard it reads now
+ * (batches come in shard order, so it rarely changes; keeping one per shard
+ * could hold threads x shards descriptors open in the host process). */
+typedef struct own {
+    int32_t shard; /* -1: none open */
+    int fd;
+} own;
 
-static void own_fds_free(const ferry_allocator *m, const ferry_file *f, int *fds)
+static int own_fd(const ferry_file *f, own *o, int32_t s)
 {
-    if (!fds) return;
-    for (int32_t s = 0; s < f->nshards; s++)
-        if (fds[s] >= 0) close(fds[s]);
-    fy_free(m, fds);
-}
-
-static int own_fd(const ferry_file *f, int *fds, int32_t s)
-{
-    int shared = f->shards[s].fd;
-    if (!fds) return shared;
-    if (fds[s] == -1) {
-        int fd = fy_reopen_ro(shared, f->shards[s].path);
-        fds[s] = fd >= 0 ? fd : -2;
+    if (o->shard != s) {
+        if (o->shard >= 0 && o->fd >= 0) close(o->fd);
+        o->shard = s;
+        o->fd = fy_reopen_ro(f->shards[s].fd, f->shards[s].path); /* < 0: use the shared one */
     }
-    return fds[s] >= 0 ? fds[s] : shared;
+    return o->fd >= 0 ? o->fd : f->shards[s].fd;
+}
+
+static void own_close(own *o)
+{
+    if (o->shard >= 0 && o->fd >= 0) close(o->fd);
+    o->shard = -1;
 }
 
 /* ---- the ring pipeline ---- */
@@ -608,11 +603,11 @@ static void ring_return(job *j, uint32_t b)
 }
 
 /* Read batch bt into buf; *skew = where the batch's first byte landed. */
-static int read_batch(job *j, const batch *bt, uint8_t *buf, uint64_t *skew, int *fds)
+static int read_batch(job *j, const batch *bt, uint8_t *buf, uint64_t *skew, own *o)
 {
     if (!j->direct) {
         *skew = 0;
-        return fy_pread_full(own_fd(j->f, fds, bt->shard), buf, (size_t)bt->len, bt->off);
+        return fy_pread_full(own_fd(j->f, o, bt->shard), buf, (size_t)bt->len, bt->off);
     }
     /* O_DIRECT: aligned offset and length; the file may end inside the last
      * block, so a short read is fine once it covers the batch. */
@@ -642,8 +637,7 @@ static void *ring_worker(void *arg)
         job_fail(j, brc);
         return NULL;
     }
-    int *fds = j->direct ? NULL : own_fds_new(&j->d->ctx->mem, j->f);
-    if (!j->direct && !fds) job_fail(j, fy_seterr(g->err, -ENOMEM, "out of memory")); /* ends the loop */
+    own o = {-1, -1};
     long long k = -1, end = 0;
     for (;;) {
         if (atomic_load(&j->rc) < 0) break;
@@ -654,7 +648,7 @@ static void *ring_worker(void *arg)
         if (rc < 0) { job_fail(j, rc); break; }
         uint8_t *buf = j->d->ring[b].p;
         uint64_t skew;
-        rc = read_batch(j, bt, buf, &skew, fds);
+        rc = read_batch(j, bt, buf, &skew, &o);
         if (rc < 0) {
             const char *path = j->f->shards[bt->shard].path;
             if (rc == FERRY_E_CORRUPT)
@@ -682,7 +676,7 @@ static void *ring_worker(void *arg)
         ring_inflight(j, b);
         fy_progress_add(&j->prog, bt->len);
     }
-    own_fds_free(&j->d->ctx->mem, j->f, fds);
+    own_close(&o);
     pthread_mutex_lock(&j->lock);
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->lock);
@@ -754,7 +748,6 @@ out:
 typedef struct host_job {
     const ferry_file *f;
     const plan *p;
-    const ferry_allocator *m;
     sched q;
     atomic_int rc;
     fy_err *err;
@@ -765,19 +758,14 @@ typedef struct host_job {
 static void *host_worker(void *arg)
 {
     host_job *j = arg;
-    int *fds = own_fds_new(j->m, j->f);
-    if (!fds) {
-        int zero = 0;
-        atomic_compare_exchange_strong(&j->rc, &zero, fy_seterr(j->err, -ENOMEM, "out of memory"));
-        return NULL;
-    }
+    own o = {-1, -1};
     long long k = -1, end = 0;
     for (;;) {
         if (atomic_load(&j->rc) < 0) break;
         if (next_batch(&j->q, &k, &end) >= j->p->nbt) break;
         const batch *bt = &j->p->bt[k];
         const shard *sh = &j->f->shards[bt->shard];
-        int fd = own_fd(j->f, fds, bt->shard), rc = 0;
+        int fd = own_fd(j->f, &o, bt->shard), rc = 0;
         for (int64_t q = bt->first; q < bt->first + bt->count && rc == 0; q++) {
             const piece *pc = &j->p->pc[q];
             rc = fy_pread_full(fd, (void *)(uintptr_t)pc->dst, (size_t)pc->len, pc->off);
@@ -795,13 +783,13 @@ static void *host_worker(void *arg)
         }
         fy_progress_add(&j->prog, bt->len);
     }
-    own_fds_free(j->m, j->f, fds);
+    own_close(&o);
     return NULL;
 }
 
 static int run_host(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o, uint32_t nthreads)
 {
-    host_job j = {.f = f, .p = p, .m = &d->ctx->mem, .err = &d->ctx->err, .o = o};
+    host_job j = {.f = f, .p = p, .err = &d->ctx->err, .o = o};
     sched_init(&j.q, p, 64, nthreads);
     atomic_init(&j.rc, 0);
     fy_progress_init(&j.prog, o->progress, o->opaque, p->bytes);

@@ -5,6 +5,7 @@
  * leak checks on device, pinned and registered memory; pre-registration and
  * budgets; capacity; arguments; progress. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -1364,6 +1365,80 @@ out:
     unlink(p);
 }
 
+/* Buffered readers read through descriptors of their own (so the kernel's
+ * readahead sees each one's sequential run): fy_reopen_ro gives a second open
+ * file description of the same inode, also after the path was replaced, and a
+ * load leaves no descriptor behind. */
+static int count_fds(void)
+{
+    DIR *dd = opendir("/proc/self/fd");
+    int n = 0;
+    if (!dd) return -1;
+    for (struct dirent *e; (e = readdir(dd));)
+        if (e->d_name[0] != '.') n++;
+    closedir(dd);
+    return n;
+}
+
+static void test_own_fds(ferry_ctx *ctx)
+{
+    char p[512], q[512];
+    path_of(p, sizeof p, "reopen.bin");
+    path_of(q, sizeof q, "reopen2.bin");
+    write_text("reopen.bin", "0123456789");
+    write_text("reopen2.bin", "another file");
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    CHECK(fd >= 0);
+    struct stat a, b;
+    CHECK_EQ(fstat(fd, &a), 0);
+    int r = fy_reopen_ro(fd, p);
+    CHECK(r >= 0 && r != fd);
+    if (r >= 0) {
+        CHECK_EQ(fstat(r, &b), 0);
+        CHECK(a.st_ino == b.st_ino && a.st_dev == b.st_dev);
+        CHECK_EQ(lseek(r, 7, SEEK_SET), 7);
+        CHECK_EQ(lseek(fd, 0, SEEK_CUR), 0); /* its own offset: a new file description */
+        close(r);
+    }
+    /* the path now names another file: still the inode behind fd */
+    CHECK_EQ(rename(q, p), 0);
+    r = fy_reopen_ro(fd, p);
+    CHECK(r >= 0);
+    if (r >= 0) {
+        CHECK_EQ(fstat(r, &b), 0);
+        CHECK(a.st_ino == b.st_ino);
+        close(r);
+    }
+    CHECK(fy_reopen_ro(-1, p) < 0);
+    close(fd);
+    unlink(p);
+
+    /* loads through every buffered reader leave the descriptor count as it was */
+    ferry_file *f = open_file(ctx, "sh.safetensors.index.json");
+    ferry_file *o = open_file(ctx, "odd.safetensors");
+    ferry_device *d = open_dev(ctx, "sim:256MiB");
+    ferry_device *c = open_dev(ctx, "cpu");
+    if (!f || !o || !d || !c) goto out;
+    int before = count_fds();
+    CHECK(before > 0);
+    const ferry_file *files[2] = {f, o};
+    ferry_device *devs[2] = {d, c};
+    for (int k = 0; k < 4; k++) {
+        ferry_load_opts opt = small_opts(FERRY_PATH_RING);
+        opt.threads = k < 2 ? 3 : 16; /* more readers than batches, too */
+        ferry_loaded *l = NULL;
+        CHECK_EQ(ferry_load(devs[k % 2], files[k / 2 % 2], &opt, &l, NULL), 0);
+        if (l) CHECK_EQ(verify_loaded(l, files[k / 2 % 2], "own descriptors"), 0);
+        ferry_loaded_free(l);
+        CHECK_EQ(count_fds(), before);
+    }
+out:
+    ferry_device_close(c);
+    ferry_device_close(d);
+    ferry_file_close(o);
+    ferry_file_close(f);
+}
+
 /* ---- 6. progress ---- */
 
 typedef struct prog {
@@ -1600,6 +1675,7 @@ int main(void)
     test_ring_reuse(ctx);
     test_huge(ctx);
     test_truncated(ctx);
+    test_own_fds(ctx);
     test_copy_rate(ctx);
     test_progress(ctx);
     test_concurrent(ctx);
