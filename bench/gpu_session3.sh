@@ -61,6 +61,17 @@ F)
     python3 bench/folio_sizes.py $F
   done
   ;;
+G)
+  echo "=== G: the final build: correctness on cuda:0, the Python GPU tests, a cold ring fill"
+  "$B"/tests/unit/test_cuda_nodev | tail -1
+  python3 tests/data/gen_golden.py /tmp/golden >/dev/null
+  python3 tests/gpu/run_loads.py "$B"/ferry /tmp/golden cuda:0 | tail -1
+  drop; "$B"/ferry load --path ring --verify $F | head -1
+  for i in 1 2; do fload --path ring; done
+  python3 bench/folio_sizes.py $F
+  [ -f /tmp/big.safetensors ] || python3 scripts/make_sample.py /tmp/big.safetensors --blocks 24 --hidden 2560 --bf16-only >/dev/null
+  FERRY_LIBRARY=$PWD/$B/libferry.so timeout 300 python3 tests/gpu/test_torch_gpu.py --big /tmp/big.safetensors --ferry "$B"/ferry 2>&1 | tee "$OUT"/torch-gpu-final.log | grep -v "^PASS"
+  ;;
 E)
   echo "=== E: bench/compare_load.py"
   timeout 460 python3 bench/compare_load.py --ferry "$B"/ferry --file $F --rounds 2 --make --budget-seconds 420 --out "$OUT"/compare.json 2>&1 | tail -25
