@@ -100,23 +100,33 @@ ssize_t fy_pread_some(int fd, void *buf, size_t n, uint64_t off)
 
 int fy_reopen_ro(int fd, const char *path)
 {
-    int rc;
     struct stat a, b;
     if (fstat(fd, &a) != 0) return -errno;
-    char proc[48];
-    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
-    const char *cand[2] = {proc, path};
-    rc = -ENOENT;
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/thread-self/fd/%d", fd);
+    int rc = -ENOENT;
     for (int i = 0; i < 2; i++) {
-        if (!cand[i]) continue;
-        int f = open(cand[i], O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+        const char *p = i == 0 ? proc : path;
+        if (!p) continue;
+        /* the path may name another file by now: never open that one (a
+         * device or FIFO could react to being opened) */
+        if (i == 1 && (stat(p, &b) != 0 || b.st_dev != a.st_dev || b.st_ino != a.st_ino)) {
+            rc = -ESTALE;
+            continue;
+        }
+        int f = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
         if (f < 0) {
             rc = -errno;
             continue;
         }
-        if (fstat(f, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) return f;
+        if (fstat(f, &b) != 0) {
+            rc = -errno;
+        } else if (b.st_dev == a.st_dev && b.st_ino == a.st_ino) {
+            return f;
+        } else {
+            rc = -ESTALE; /* replaced between the stat and the open */
+        }
         close(f);
-        rc = -ESTALE; /* the path now names another file */
     }
     return rc;
 }

@@ -1380,6 +1380,19 @@ static int count_fds(void)
     return n;
 }
 
+typedef struct fd_seen {
+    int before, max;
+} fd_seen;
+
+static void on_fd_progress(void *opaque, uint64_t done, uint64_t total)
+{
+    (void)done;
+    (void)total;
+    fd_seen *fs = opaque;
+    int n = count_fds();
+    if (n > fs->max) fs->max = n;
+}
+
 static void test_own_fds(ferry_ctx *ctx)
 {
     char p[512], q[512];
@@ -1406,35 +1419,50 @@ static void test_own_fds(ferry_ctx *ctx)
     CHECK(r >= 0);
     if (r >= 0) {
         CHECK_EQ(fstat(r, &b), 0);
-        CHECK(a.st_ino == b.st_ino);
+        CHECK(a.st_ino == b.st_ino && a.st_dev == b.st_dev);
         close(r);
     }
     CHECK(fy_reopen_ro(-1, p) < 0);
     close(fd);
     unlink(p);
 
-    /* loads through every buffered reader leave the descriptor count as it was */
+    /* loads through every buffered reader leave the descriptor count as it
+     * was; while one reader runs, its own descriptor is open (counted from
+     * the progress callback, which that reader calls) */
     ferry_file *f = open_file(ctx, "sh.safetensors.index.json");
     ferry_file *o = open_file(ctx, "odd.safetensors");
+    ferry_file *t = open_file(ctx, "tiny.safetensors");
+    ferry_file *e = open_file(ctx, "empty.safetensors");
     ferry_device *d = open_dev(ctx, "sim:256MiB");
     ferry_device *c = open_dev(ctx, "cpu");
-    if (!f || !o || !d || !c) goto out;
+    if (!f || !o || !t || !e || !d || !c) goto out;
     int before = count_fds();
     CHECK(before > 0);
-    const ferry_file *files[2] = {f, o};
+    const ferry_file *files[4] = {f, o, t, e};
     ferry_device *devs[2] = {d, c};
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 16; k++) {
+        const ferry_file *ff = files[k / 4];
         ferry_load_opts opt = small_opts(FERRY_PATH_RING);
-        opt.threads = k < 2 ? 3 : 16; /* more readers than batches, too */
+        /* one reader (the count in the callback is its own), three, and more
+         * readers than batches (tiny: one small batch; empty: none) */
+        opt.threads = (uint32_t[]){1, 3, 16, 16}[k % 4];
+        fd_seen fs = {before, 0};
+        if (opt.threads == 1) {
+            opt.progress = on_fd_progress;
+            opt.opaque = &fs;
+        }
         ferry_loaded *l = NULL;
-        CHECK_EQ(ferry_load(devs[k % 2], files[k / 2 % 2], &opt, &l, NULL), 0);
-        if (l) CHECK_EQ(verify_loaded(l, files[k / 2 % 2], "own descriptors"), 0);
+        CHECK_EQ(ferry_load(devs[k % 2], ff, &opt, &l, NULL), 0);
+        if (l) CHECK_EQ(verify_loaded(l, ff, "own descriptors"), 0);
         ferry_loaded_free(l);
         CHECK_EQ(count_fds(), before);
+        if (opt.threads == 1 && ferry_file_total_bytes(ff) > 0) CHECK(fs.max > before);
     }
 out:
     ferry_device_close(c);
     ferry_device_close(d);
+    ferry_file_close(e);
+    ferry_file_close(t);
     ferry_file_close(o);
     ferry_file_close(f);
 }
