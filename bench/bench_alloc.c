@@ -36,6 +36,7 @@ static CUresult (*StreamSynchronize)(CUstream);
 static CUresult (*HostRegister)(void *, size_t, unsigned);
 static CUresult (*HostUnregister)(void *);
 static CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+static CUresult (*MemsetD8)(CUdeviceptr, unsigned char, size_t);
 
 static double now(void)
 {
@@ -77,6 +78,7 @@ int main(int argc, char **argv)
     SYM(HostRegister, "cuMemHostRegister_v2");
     SYM(HostUnregister, "cuMemHostUnregister");
     SYM(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
+    SYM(MemsetD8, "cuMemsetD8_v2");
     int dev;
     CUcontext ctx;
     if (Init(0) || DeviceGet(&dev, 0) || PrimaryCtxRetain(&ctx, dev) || CtxSetCurrent(ctx)) return 1;
@@ -148,6 +150,32 @@ int main(int argc, char **argv)
                    round == 2 ? "reused" : "fresh", 40.0 * (double)P / s / 1e9);
             if (round == 0) MemFree(big);
         }
+        MemFree(big);
+        /* freed memory reallocated after a pause: does the slow first write
+         * recover with time (the driver clearing freed memory in the
+         * background) or only when written (cuMemsetD8, timed apart)? */
+        static const double pause[] = {0, 0.2, 1, 3};
+        for (int k = 0; k < 4; k++)
+            for (int ms = 0; ms < 2; ms++) {
+                struct timespec ts = {(time_t)pause[k], (long)((pause[k] - (double)(time_t)pause[k]) * 1e9)};
+                nanosleep(&ts, NULL); /* after the previous MemFree */
+                MemAlloc(&big, 40 * P);
+                double tm = 0;
+                if (ms) {
+                    double t1 = now();
+                    MemsetD8(big, 0, 40 * P);
+                    StreamSynchronize(NULL);
+                    tm = now() - t1;
+                }
+                double t0 = now();
+                for (int i = 0; i < 40; i++) MemcpyHtoDAsync(big + (CUdeviceptr)i * P, src, P, st);
+                StreamSynchronize(st);
+                double s = now() - t0;
+                printf("{\"what\": \"copy 10 GiB\", \"into\": \"freed %.1f s before%s\", \"gbps\": %.2f, "
+                       "\"memset_ms\": %.2f}\n",
+                       pause[k], ms ? ", memset first" : "", 40.0 * (double)P / s / 1e9, tm * 1e3);
+                MemFree(big);
+            }
     }
     return 0;
 }
