@@ -21,9 +21,10 @@ int fy_pread_full(int fd, void *buf, size_t n, uint64_t off);
 ssize_t fy_pread_some(int fd, void *buf, size_t n, uint64_t off);
 int fy_map_ro(int fd, uint64_t size, void **out);
 /* A second open file description of the file behind fd (its own file offset
- * and readahead state), read-only: through /proc/thread-self/fd, else path
- * (opened only if it names the same inode), and only if it is the same inode. The new descriptor, or -errno. Not a fault point:
- * its callers fall back to fd, so an injected failure would pass unnoticed. */
+ * and readahead state), read-only: through /proc/thread-self/fd, else path,
+ * and only if it is the same inode (a path that names another file by now is
+ * not opened). The new descriptor, or -errno. Not a fault point: its callers
+ * fall back to fd, so an injected failure would pass unnoticed. */
 int fy_reopen_ro(int fd, const char *path);
 void fy_unmap(void *p, uint64_t size);
 /* A private, writable mapping of the file (copy-on-write: writes land in

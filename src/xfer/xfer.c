@@ -446,8 +446,8 @@ static int plan_build(const ferry_allocator *m, const ferry_file *f, item *it, i
 
 /* Buffered reads claim runs of consecutive batches, shorter as the work runs
  * out (guided scheduling: the last claims are single batches, so no thread is
- * left with a long tail), and each reader reads through its own descriptors
- * (own_fd). Together they let the kernel's readahead see each thread's
+ * left with a long tail), and each reader reads through a descriptor of its
+ * own (own_fd). Together they let the kernel's readahead see each thread's
  * sequential run: when 12 threads' reads interleave on one descriptor, a cold
  * load fills the page cache with single-page folios, and the first read of
  * those afterwards (the next hot load) runs at half speed while the kernel
