@@ -506,9 +506,10 @@ class Store:
     attached module's parameters and buffers are re-pointed: zero-copy views of
     the device copy while the tensor is on the device, meta tensors of the
     right shape and dtype while it is not (so nothing ever points at memory the
-    store gave to another tensor). Re-pointing replaces the Parameter objects
-    (requires_grad kept): look them up on the module after a store call rather
-    than keeping them."""
+    store gave to another tensor). With torch 2.3 and later re-pointing keeps
+    the Parameter objects (their contents are swapped, requires_grad kept);
+    with older torch it puts new ones in: look them up on the module after a
+    store call rather than keeping them."""
 
     def __init__(self, device="cuda", *, device_budget=None, device_reserve=None, host_budget=None,
                  pinned_budget=None, host_reserve=None, spill_below=None, spill_above=None, spill_dir=None,
@@ -957,16 +958,33 @@ class Store:
 
 def _repoint(entries, new):
     """Put new in place of the tensor every entry (key, module, attribute, is
-    parameter, requires_grad) names: one new Parameter for all the names of a
-    tied tensor."""
+    parameter, requires_grad) names: one Parameter for all the names of a tied
+    tensor, the one the module holds now where torch can swap its contents."""
     param = None
     for key, m, name, is_param, requires_grad in entries:
         if is_param:
             if param is None:
-                param = torch.nn.Parameter(new, requires_grad=requires_grad)
+                param = _same_param(m._parameters.get(name), new, requires_grad)
             m._parameters[name] = param
         else:
             m._buffers[name] = new
+
+
+def _same_param(old, new, requires_grad):
+    """A Parameter holding new: old itself, its contents swapped for new's
+    (torch.utils.swap_tensors, torch 2.3 and later), so references the caller
+    keeps to the module's parameters (an optimizer's, a patcher's) stay valid
+    across moves; a new Parameter where torch cannot swap (older torch, or a
+    tensor with weak references or still held by an autograd graph)."""
+    fresh = torch.nn.Parameter(new, requires_grad=requires_grad)
+    swap = getattr(torch.utils, "swap_tensors", None)
+    if swap is not None and type(old) is type(fresh):
+        try:
+            swap(old, fresh)
+            return old
+        except RuntimeError:
+            pass
+    return fresh
 
 
 def _match_module(groups, lookup, path, verb, strict, what):

@@ -181,10 +181,15 @@ def store_cycles(ft, path, ref_load, store_dev, tdev, cycles=6, dirty_tiers=("pi
     with ft.Store(store_dev, **store_kw) as store:
         store.add("dit", path, module=m)
         assert all(t.is_meta for t in m.state_dict().values())
+        kept = dict(m.named_parameters())  # torch 2.3+: the same objects every cycle
+        can_swap = hasattr(torch.utils, "swap_tensors")
         changed = set()
         for cycle in range(cycles):
             out = run_model(m, tdev)  # the forward pre-hook brings it back
             _attached_ok(store, "dit", m, tdev)
+            for k, p in m.named_parameters():
+                assert (p is kept[k]) == can_swap, \
+                    f"cycle {cycle}: {k}: Parameter object {'replaced' if can_swap else 'kept'}"
             assert torch.equal(out, run_model(ref, tdev)), f"cycle {cycle}: output differs after reload"
             name = targets[cycle % len(targets)]
             cur, want = m.state_dict()[name], ref.state_dict()[name]

@@ -202,6 +202,43 @@ def test_offload_and_forward_pre_hook_reload(tmp_path, sim_free):
         same_output(m, ref)
 
 
+def test_parameters_keep_their_identity_where_torch_can_swap(tmp_path, sim_free):
+    """torch 2.3+ (torch.utils.swap_tensors): every move swaps the contents of
+    the module's Parameter objects, so references kept to them (an
+    optimizer's) stay valid; older torch puts new Parameters in, as
+    documented. A parameter with a weak reference cannot be swapped: it is
+    replaced, and the module still computes right."""
+    import weakref
+
+    ref, path = ref_and_file(tmp_path)
+    m = Net(device="meta")
+    can_swap = hasattr(torch.utils, "swap_tensors")
+    with ft.Store(SIM) as store:
+        store.add("net", path, module=m)
+        kept = dict(m.named_parameters())
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for cycle in range(3):
+            store.to_device("net")
+            states = store.tensor_states("net")
+            for k, p in m.named_parameters():
+                assert isinstance(p, nn.Parameter) and p.requires_grad and not p.is_meta, k
+                assert p.data_ptr() == states[k].dptr, k
+                assert (p is kept[k]) == can_swap, (cycle, k)
+            if can_swap:
+                assert all(a is b for a, b in zip(opt.param_groups[0]["params"], m.parameters()))
+            same_output(m, ref)
+            store.offload("net")
+            for k, p in m.named_parameters():
+                assert p.is_meta and (p is kept[k]) == can_swap, (cycle, k)
+        # a weak reference to a parameter: replaced instead of swapped
+        w = weakref.ref(m.inp.weight)
+        before = m.inp.weight
+        store.to_device("net")
+        assert m.inp.weight is not before and w() is before and before.is_meta
+        assert m.inp.weight.data_ptr() == store.tensor_state("net", "inp.weight").dptr
+        same_output(m, ref)
+
+
 def test_pinned_while_forward_runs(tmp_path, sim_free):
     ref, path = ref_and_file(tmp_path)
     m = Net(device="meta")
