@@ -143,20 +143,27 @@ def _by_name(tensors):
     return {k: tensors[k] for k in sorted(tensors)}
 
 
-def _parse_device(device, owner):
+def _torch_device(device, who):
+    """device (an int N: cuda:N; a str; a torch.device) as a torch.device;
+    ValueError naming who for a bad string, TypeError for anything else."""
     if isinstance(device, int) and not isinstance(device, bool):
-        device = torch.device("cuda", device)
+        return torch.device("cuda", device)
+    if isinstance(device, str):
+        try:
+            return torch.device(device)
+        except RuntimeError as e:
+            raise ValueError(f"{who}: bad device {device!r}: {e}") from None
+    if not isinstance(device, torch.device):
+        raise TypeError(f"device must be a str, int or torch.device, not {type(device).__name__}")
+    return device
+
+
+def _parse_device(device, owner):
     if isinstance(device, str) and device.startswith("sim:"):
         if owner != "ferry":
             raise ValueError(f"device {device!r} (ferry's simulated GPU) needs owner='ferry'")
         return device
-    if isinstance(device, str):
-        try:
-            device = torch.device(device)
-        except RuntimeError as e:
-            raise ValueError(f"ferry.torch: bad device {device!r}: {e}") from None
-    if not isinstance(device, torch.device):
-        raise TypeError(f"device must be a str, int or torch.device, not {type(device).__name__}")
+    device = _torch_device(device, "ferry.torch")
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"ferry.torch: device must be cpu or cuda (or sim:SIZE with owner='ferry'), "
                          f"not {device}")
@@ -425,15 +432,7 @@ def _store_device(device):
     if isinstance(device, str) and (device.startswith("sim:") or device == "cpu"):
         # ferry's simulated GPU (and its cpu device): "device" memory is host memory
         return device, torch.device("cpu"), None
-    if isinstance(device, int) and not isinstance(device, bool):
-        device = torch.device("cuda", device)
-    if isinstance(device, str):
-        try:
-            device = torch.device(device)
-        except RuntimeError as e:
-            raise ValueError(f"ferry.torch.Store: bad device {device!r}: {e}") from None
-    if not isinstance(device, torch.device):
-        raise TypeError(f"device must be a str, int or torch.device, not {type(device).__name__}")
+    device = _torch_device(device, "ferry.torch.Store")
     if device.type != "cuda":
         raise ValueError(f"ferry.torch.Store: device must be cuda[:N], sim:SIZE or cpu, not {device}")
     index = _cuda_index(device)

@@ -541,6 +541,22 @@ def test_errors(tmp_path, sim_free):
         ft.Store("sim:nonsense")
 
 
+def test_device_arguments(tmp_path):
+    """load_file and Store read their device argument the same way: bad
+    strings are ValueErrors naming the caller, other types TypeErrors."""
+    _, path = ref_and_file(tmp_path)
+    for who, call in (("ferry.torch", lambda d: ft.load_file(path, device=d)),
+                      ("ferry.torch.Store", lambda d: ft.Store(d))):
+        with pytest.raises(ValueError, match=f"^{who}: bad device 'bogus'"):
+            call("bogus")
+        with pytest.raises(TypeError, match="device must be a str, int or torch.device, not float"):
+            call(1.5)
+    with pytest.raises(ValueError, match="needs owner='ferry'"):
+        ft.load_file(path, device=SIM)
+    with pytest.raises(ValueError, match="must be cuda"):
+        ft.Store(torch.device("meta"))
+
+
 def test_store_struct_layouts():
     """The ctypes structs have the C sizes (x86-64 / aarch64 LP64)."""
     from ferry import _lib
