@@ -27,7 +27,7 @@
 
 #include "ferry.h"
 #include "gpu/gpu.h"
-#include "xfer/xfer.h"
+#include "xfer/xfer_test.h"
 
 static double now(void)
 {

@@ -12,8 +12,6 @@
 #include <unistd.h>
 
 #include "../common/ranges.h"
-#include "../file_impl.h"
-#include "../io/io.h"
 #include "../xfer/xfer.h"
 #include "memstat.h"
 #include "policy.h"
@@ -64,7 +62,6 @@ typedef struct counters {
 
 struct ferry_store {
     ferry_device *dev;
-    fy_gpu *g;
     ferry_ctx *ctx;
     const ferry_allocator *m;
     pthread_mutex_t lock;
@@ -124,7 +121,7 @@ static int pool_alloc(ferry_store *s, uint64_t n, void **out)
         pchunk *c = &nc[s->nchunks];
         memset(c, 0, sizeof *c);
         if (fy_ranges_give(&c->fr, s->m, 0, size) < 0) return -ENOMEM;
-        int rc = s->g->ops->host_alloc(s->g, (size_t)size, (void **)&c->base);
+        int rc = fy_xfer_pinned_alloc(s->dev, size, (void **)&c->base);
         if (rc < 0) {
             fy_ranges_free(&c->fr, s->m);
             return rc;
@@ -161,7 +158,7 @@ static void pool_trim(ferry_store *s)
     for (int c = 0; c < s->nchunks;) {
         pchunk *ch = &s->chunks[c];
         if (ch->fr.n == 1 && ch->fr.v[0].off == 0 && ch->fr.v[0].len == ch->size) {
-            s->g->ops->host_free(s->g, ch->base);
+            fy_xfer_pinned_free(s->dev, ch->base);
             fy_ranges_free(&ch->fr, s->m);
             s->pool_bytes -= ch->size;
             s->chunks[c] = s->chunks[--s->nchunks];
@@ -195,7 +192,7 @@ static uint64_t cache_release(ferry_store *s, uint64_t want)
     uint64_t got = 0;
     while (s->ncache && got < want) {
         fy_range b = s->cache[--s->ncache];
-        s->g->ops->mem_free(s->g, (fy_dptr)b.off);
+        fy_xfer_dev_free(s->dev, (fy_dptr)b.off);
         s->cached -= b.len;
         got += b.len;
     }
@@ -221,10 +218,10 @@ static int dev_alloc(ferry_store *s, rtensor *t)
     } else {
         uint64_t held = s->device_used + s->cached + n; /* the budget bounds what the store holds */
         if (held > s->o.device_budget) cache_release(s, held - s->o.device_budget);
-        int rc = s->g->ops->mem_alloc(s->g, (size_t)n, &t->dptr);
+        int rc = fy_xfer_dev_alloc(s->dev, n, &t->dptr);
         if (rc < 0 && s->ncache) {
             cache_release(s, UINT64_MAX);
-            rc = s->g->ops->mem_alloc(s->g, (size_t)n, &t->dptr);
+            rc = fy_xfer_dev_alloc(s->dev, n, &t->dptr);
         }
         if (rc < 0) return rc;
         t->dsize = n;
@@ -245,7 +242,7 @@ static void dev_free(ferry_store *s, rtensor *t)
             s->cache[s->ncache++] = (fy_range){(uint64_t)t->dptr, t->dsize};
             s->cached += t->dsize;
         } else {
-            s->g->ops->mem_free(s->g, t->dptr); /* no room to remember it: give it back */
+            fy_xfer_dev_free(s->dev, t->dptr); /* no room to remember it: give it back */
         }
     }
     s->device_used -= t->dsize;
@@ -261,7 +258,6 @@ FERRY_API int ferry_store_new(ferry_device *dev, const ferry_store_opts *opts, f
 {
     if (!dev || !out) return FERRY_E_INVAL;
     *out = NULL;
-    fy_gpu *g = fy_device_gpu(dev);
     ferry_ctx *ctx = fy_device_ctx(dev);
     ferry_store_opts o = {0};
     if (opts) {
@@ -293,8 +289,8 @@ FERRY_API int ferry_store_new(ferry_device *dev, const ferry_store_opts *opts, f
     FY_RETURN_IF(o.spill_above < o.spill_below, &ctx->err, FERRY_E_INVAL,
                  "ferry_store_new: spill_above (%" PRIu64 ") is below spill_below (%" PRIu64 ")", o.spill_above,
                  o.spill_below);
-    const char *dir = o.spill_dir ? o.spill_dir : getenv("FERRY_SPILL_DIR");
-    if (!dir || !*dir) dir = "/var/tmp";
+    /* the environment (FERRY_SPILL_DIR) is the CLI's and the binding's to read */
+    const char *dir = o.spill_dir && *o.spill_dir ? o.spill_dir : "/var/tmp";
     ferry_store *s = fy_calloc(&ctx->mem, 1, sizeof *s);
     char *d = s ? fy_strndup(&ctx->mem, dir, strlen(dir)) : NULL;
     if (!s || !d) {
@@ -302,7 +298,6 @@ FERRY_API int ferry_store_new(ferry_device *dev, const ferry_store_opts *opts, f
         return fy_seterr(&ctx->err, -ENOMEM, "out of memory");
     }
     s->dev = dev;
-    s->g = g;
     s->ctx = ctx;
     s->m = &ctx->mem;
     s->o = o;
@@ -318,13 +313,13 @@ static void model_free(ferry_model *m);
 FERRY_API void ferry_store_free(ferry_store *s)
 {
     if (!s) return;
-    s->g->ops->bind_thread(s->g);
+    fy_xfer_bind(s->dev);
     for (int i = 0; i < s->nmodels; i++) model_free(s->models[i]);
     fy_free(s->m, s->models);
     cache_release(s, UINT64_MAX);
     fy_free(s->m, s->cache);
     for (int c = 0; c < s->nchunks; c++) {
-        s->g->ops->host_free(s->g, s->chunks[c].base);
+        fy_xfer_pinned_free(s->dev, s->chunks[c].base);
         fy_ranges_free(&s->chunks[c].fr, s->m);
     }
     fy_free(s->m, s->chunks);
@@ -403,7 +398,7 @@ FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *cons
         goto out;
     }
     int64_t n = 0;
-    for (int k = 0; k < nfiles; k++) n += files[k]->tb.n;
+    for (int k = 0; k < nfiles; k++) n += ferry_file_tensor_count(files[k]);
     m = fy_calloc(s->m, 1, sizeof *m);
     if (m) m->s = s; /* model_free needs it on the failure path below */
     if (!m || !(m->name = fy_strndup(s->m, name, strlen(name))) ||
@@ -430,13 +425,15 @@ FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *cons
     m->n = n;
     int64_t i = 0;
     for (int k = 0; k < nfiles; k++)
-        for (int64_t j = 0; j < files[k]->tb.n; j++, i++) {
+        for (int64_t j = 0; j < ferry_file_tensor_count(files[k]); j++, i++) {
             rtensor *t = &m->t[i];
+            ferry_tensor_info ti;
+            ferry_file_tensor_info(files[k], j, &ti); /* j is in range: cannot fail */
             t->owner = m;
             t->file = k;
             t->idx = j;
-            t->name = files[k]->tb.t[j].name;
-            t->nbytes = files[k]->tb.t[j].nbytes;
+            t->name = ti.name;
+            t->nbytes = ti.nbytes;
             t->tier = FERRY_TIER_SOURCE;
         }
     /* groups: one per module prefix; a group's id is the index of a member */
@@ -477,7 +474,7 @@ FERRY_API int ferry_store_remove(ferry_model *m)
             s->models[i] = s->models[--s->nmodels];
             break;
         }
-    s->g->ops->bind_thread(s->g);
+    fy_xfer_bind(s->dev);
     model_free(m);
     pthread_mutex_unlock(&s->lock);
     return 0;
@@ -575,9 +572,8 @@ static int select_groups(ferry_model *m, const int64_t *tensors, int64_t n, bool
  * device. Returns 0 or the first error. */
 static int evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
 {
-    fy_gpu *g = s->g;
     const ferry_allocator *m = s->m;
-    int rc = g->ops->bind_thread(g);
+    int rc = fy_xfer_bind(s->dev);
     if (rc < 0) return rc;
     /* decide each dirty tensor's destination */
     fy_hoststate h = {.host_budget = s->o.host_budget, .host_used = s->host_used + s->pinned_used,
@@ -632,7 +628,7 @@ static int evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     /* RAM copies */
     double t0 = fy_now();
     if (nh) {
-        rc = fy_xfer_device_to_host(s->dev, hr, nh);
+        rc = fy_xfer_device_to_host(s->dev, hr, nh, NULL);
         if (rc < 0) {
             for (int64_t k = 0; k < nh; k++) {
                 release_copy(s, hrt[k]);
@@ -659,7 +655,7 @@ static int evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
                 break;
             }
         }
-        if (rc == 0) rc = fy_xfer_device_to_fd(s->dev, fy_spill_fd(s->spill), s->spill_dir, fr, nf, &s->o.load);
+        if (rc == 0) rc = fy_xfer_device_to_fd(s->dev, fy_spill_fd(s->spill), s->spill_dir, fr, nf, &s->o.load, NULL);
         if (rc < 0) {
             fy_spill_hold(s->spill);
             for (int64_t k = 0; k < got && k < nf; k++) fy_spill_release(s->spill, fr[k].off, fr[k].len);
@@ -823,7 +819,7 @@ FERRY_API int64_t ferry_store_make_room(ferry_store *s, uint64_t bytes, uint64_t
 {
     if (!s) return FERRY_E_INVAL;
     pthread_mutex_lock(&s->lock);
-    s->g->ops->bind_thread(s->g);
+    fy_xfer_bind(s->dev);
     int64_t rc = make_room_locked(s, bytes, NULL, NULL, could);
     /* the caller wants device memory for itself: hand back what the store
      * keeps for reuse, not only what it just evicted */
@@ -840,7 +836,6 @@ FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int6
 {
     if (!m || n < 0) return FERRY_E_INVAL; /* tensors NULL: all */
     ferry_store *s = m->s;
-    fy_gpu *g = s->g;
     pthread_mutex_lock(&s->lock);
     bool *sel = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *sel);
     int64_t *idx = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *idx);
@@ -865,7 +860,7 @@ FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int6
         fy_seterr(&s->ctx->err, rc, "model \"%s\": %s", m->name, msg);
         goto out;
     }
-    if ((rc = g->ops->bind_thread(g)) < 0) goto out;
+    if ((rc = fy_xfer_bind(s->dev)) < 0) goto out;
     /* allocate, then move tier by tier; on failure free what this call allocated */
     for (int64_t i = 0; i < m->n && rc == 0; i++) {
         rtensor *t = &m->t[i];
@@ -897,8 +892,8 @@ FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int6
         if (t->tier == FERRY_TIER_PINNED || t->tier == FERRY_TIER_HOST) hr[nh++] = (fy_hostrange){t->host, t->dptr, t->nbytes};
         if (t->tier == FERRY_TIER_SPILL) fr[nf++] = (fy_fdrange){t->soff, t->nbytes, t->dptr};
     }
-    if (rc == 0 && nh) rc = fy_xfer_host_to_device(s->dev, hr, nh);
-    if (rc == 0 && nf) rc = fy_xfer_fd_to_device(s->dev, fy_spill_fd(s->spill), s->spill_dir, fr, nf, &s->o.load, NULL);
+    if (rc == 0 && nh) rc = fy_xfer_host_to_device(s->dev, hr, nh, NULL);
+    if (rc == 0 && nf) rc = fy_xfer_fd_to_device(s->dev, fy_spill_fd(s->spill), s->spill_dir, fr, nf, &s->o.load, NULL, NULL);
     double dt = fy_now() - t0;
     for (int64_t i = 0; i < nh; i++) moved += hr[i].len;
     for (int64_t i = 0; i < nf; i++) moved += fr[i].len, read += fr[i].len;
@@ -1028,13 +1023,13 @@ FERRY_API int ferry_model_read(ferry_model *m, int64_t t, void *buf)
     if (r->nbytes == 0) {
     } else if (r->tier == FERRY_TIER_DEVICE) {
         fy_hostrange h = {buf, r->dptr, r->nbytes};
-        rc = fy_xfer_device_to_host(s->dev, &h, 1);
+        rc = fy_xfer_device_to_host(s->dev, &h, 1, NULL);
     } else if (r->tier == FERRY_TIER_PINNED || r->tier == FERRY_TIER_HOST) {
         memcpy(buf, r->host, (size_t)r->nbytes);
     } else if (r->tier == FERRY_TIER_SOURCE) {
         rc = ferry_file_tensor_read(m->files[r->file], r->idx, 0, buf, (size_t)r->nbytes);
     } else {
-        rc = fy_pread_full(fy_spill_fd(s->spill), buf, (size_t)r->nbytes, r->soff);
+        rc = fy_xfer_fd_to_host(s->dev, fy_spill_fd(s->spill), r->soff, buf, r->nbytes);
         if (rc < 0) fy_seterr(&s->ctx->err, rc, "%s: reading back %s from the spill file: %s", s->spill_dir, r->name,
                               ferry_strerror(rc));
     }
@@ -1055,7 +1050,7 @@ FERRY_API int ferry_model_write(ferry_model *m, int64_t t, const void *buf)
                        r->name, ferry_tier_name(r->tier));
     } else if (r->nbytes) {
         fy_hostrange h = {(void *)(uintptr_t)buf, r->dptr, r->nbytes};
-        rc = fy_xfer_host_to_device(s->dev, &h, 1);
+        rc = fy_xfer_host_to_device(s->dev, &h, 1, NULL);
     }
     if (rc == 0) r->dirty = true;
     pthread_mutex_unlock(&s->lock);

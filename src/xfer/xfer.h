@@ -1,16 +1,64 @@
-/* xfer.h - internal hooks of the transfer engine for tests (not exported by
- * libferry.so; the tests link libferry.a). */
+/* xfer.h - what other layers (the residency store, resid/) may ask of the
+ * transfer engine: device blocks, pinned host blocks, moves between host
+ * memory, files and the device, and the completion of a queued move. Nothing
+ * here names the GPU backend: resid/ decides, xfer/ moves (DESIGN.md §3).
+ * Internal to libferry (not exported by libferry.so). */
 #ifndef FERRY_XFER_H
 #define FERRY_XFER_H
 
-#include "../gpu/gpu.h"
+#include <stdbool.h>
+#include <stdint.h>
 
-/* The backend behind a device: tests inject sim faults and read its usage. */
-fy_gpu *fy_device_gpu(ferry_device *d);
+#include "ferry.h"
+
+/* Device addresses are plain integers (CUdeviceptr); gpu.h says the same. */
+typedef uint64_t fy_dptr;
+
 /* The context a device was opened with (its messages go there). */
 ferry_ctx *fy_device_ctx(ferry_device *d);
 
-/* ---- moves for the residency store (resid/) ---- */
+/* Make the device current on the calling thread (cuda: the primary context,
+ * shared with PyTorch). Every thread calls it before its first block or move. */
+int fy_xfer_bind(ferry_device *d);
+
+/* ---- blocks ---- */
+
+/* Device memory of n bytes (-ENOMEM / FERRY_E_DEVICE with the message set). */
+int fy_xfer_dev_alloc(ferry_device *d, uint64_t n, fy_dptr *out);
+void fy_xfer_dev_free(ferry_device *d, fy_dptr p);
+/* Page-locked host memory of n bytes: copies from it run at the DMA rate. */
+int fy_xfer_pinned_alloc(ferry_device *d, uint64_t n, void **out);
+void fy_xfer_pinned_free(ferry_device *d, void *p);
+
+/* ---- completions ---- */
+
+/* A queued move. Every move below takes `fy_xfer_op **op`: NULL waits for the
+ * move before returning; otherwise *op receives its completion, which the
+ * caller must give to fy_xfer_op_wait exactly once (also on failure of the
+ * move itself; *op is NULL when the call fails before queueing anything).
+ * Copies between page-locked memory and the device are queued on the
+ * engine's streams and the call returns at once (the host memory must stay
+ * valid until the wait); moves that go through reader threads (files) finish
+ * before returning and hand back a completed op. The op carries an event per
+ * stream, which is what ordering a caller's stream after a move needs. */
+typedef struct fy_xfer_op fy_xfer_op;
+/* Wait for the move, free op, and return its result (0 or the first error). */
+int fy_xfer_op_wait(fy_xfer_op *op);
+/* 1 done, 0 still running, < 0 failed (wait still frees it). Does not block. */
+int fy_xfer_op_query(fy_xfer_op *op);
+
+/* ---- moves ---- */
+
+/* Host memory (pinned or pageable) and the device range it pairs with. */
+typedef struct fy_hostrange {
+    void *host;
+    fy_dptr dev;
+    uint64_t len;
+} fy_hostrange;
+
+/* Copies over several streams. Pageable host memory makes them synchronous. */
+int fy_xfer_host_to_device(ferry_device *d, const fy_hostrange *r, int64_t n, fy_xfer_op **op);
+int fy_xfer_device_to_host(ferry_device *d, const fy_hostrange *r, int64_t n, fy_xfer_op **op);
 
 /* A range of a file descriptor and the device range it pairs with. */
 typedef struct fy_fdrange {
@@ -19,22 +67,17 @@ typedef struct fy_fdrange {
 } fy_fdrange;
 
 /* Read r[0..n-1] from fd (path names it in messages) into device memory
- * through the pinned ring: threaded pread, asynchronous copies. Waits. */
+ * through the pinned ring: threaded pread, asynchronous copies. o: ring
+ * geometry and threads (NULL: defaults). */
 int fy_xfer_fd_to_device(ferry_device *d, int fd, const char *path, const fy_fdrange *r, int64_t n,
-                         const ferry_load_opts *o, ferry_load_stats *st);
+                         const ferry_load_opts *o, ferry_load_stats *st, fy_xfer_op **op);
 /* Write device ranges to fd at r[k].off: device -> pinned ring -> pwrite, the
  * copies of later buffers overlapping the writes of earlier ones. Extra host
- * memory is the ring. Waits. -errno of a failed write (message names path). */
+ * memory is the ring. -errno of a failed write (the message names path). */
 int fy_xfer_device_to_fd(ferry_device *d, int fd, const char *path, const fy_fdrange *r, int64_t n,
-                         const ferry_load_opts *o);
-
-/* Host (pinned or pageable) <-> device copies over several streams. Waits. */
-typedef struct fy_hostrange {
-    void *host;
-    fy_dptr dev;
-    uint64_t len;
-} fy_hostrange;
-int fy_xfer_host_to_device(ferry_device *d, const fy_hostrange *r, int64_t n);
-int fy_xfer_device_to_host(ferry_device *d, const fy_hostrange *r, int64_t n);
+                         const ferry_load_opts *o, fy_xfer_op **op);
+/* Read len bytes at off of fd into host memory (a spilled tensor read back
+ * by the caller). -errno, or FERRY_E_CORRUPT when the file ends first. */
+int fy_xfer_fd_to_host(ferry_device *d, int fd, uint64_t off, void *buf, uint64_t len);
 
 #endif

@@ -22,7 +22,7 @@
 #include "ferry.h"
 #include "io/io.h"
 #include "resid/policy.h"
-#include "xfer/xfer.h"
+#include "xfer/xfer_test.h"
 
 static char dir[256], spill_dir[300];
 

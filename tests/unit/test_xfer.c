@@ -25,7 +25,7 @@
 #include "ferry.h"
 #include "gpu/gpu.h"
 #include "io/io.h"
-#include "xfer/xfer.h"
+#include "xfer/xfer_test.h"
 
 #define KiB (UINT64_C(1) << 10)
 #define MiB (UINT64_C(1) << 20)

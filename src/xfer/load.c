@@ -1,0 +1,255 @@
+/* load.c - the load API: path names, choosing a path (auto), the ring's
+ * geometry, and ferry_load / ferry_load_into / ferry_loaded_*. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "xfer_impl.h"
+
+FERRY_API const char *ferry_path_name(ferry_path p)
+{
+    static const char *const names[] = {"auto", "ring", "direct", "register", "cufile"};
+    return (unsigned)p < FERRY_PATH_COUNT ? names[p] : "unknown";
+}
+
+FERRY_API int ferry_path_parse(const char *name)
+{
+    for (int p = 0; p < FERRY_PATH_COUNT; p++)
+        if (name && strcmp(name, ferry_path_name((ferry_path)p)) == 0) return p;
+    return -1;
+}
+/* ---- choosing a path ---- */
+
+static int choose_path(ferry_device *d, const ferry_file *f, const ferry_load_opts *o, ferry_load_stats *st)
+{
+    ferry_path want = o->path;
+    st->resident = -1; /* measured only when auto needs it: mincore over 10 GB is not free */
+    if (want == FERRY_PATH_CUFILE) {
+        char why[256];
+        FY_RETURN_IF(strcmp(d->g->ops->name, "cuda") != 0, &d->ctx->err, FERRY_E_NODEV,
+                     "cufile: GPUDirect Storage needs a cuda device, not %s", d->g->desc);
+        if (fy_cufile_probe(f->shards[0].fd, why, sizeof why) < 0)
+            return fy_seterr(&d->ctx->err, FERRY_E_NODEV, "cufile unavailable: %s (use --path auto)", why);
+        return fy_seterr(&d->ctx->err, FERRY_E_UNSUPPORTED,
+                         "cufile: the probe succeeded (%s), but ferry has no cuFile transfer yet (use --path auto)", why);
+    }
+    if (d->g->host_visible) {
+        FY_RETURN_IF(want != FERRY_PATH_AUTO && want != FERRY_PATH_RING, &d->ctx->err, FERRY_E_UNSUPPORTED,
+                     "the cpu device reads straight into host memory: use --path ring or auto, not %s",
+                     ferry_path_name(want));
+        snprintf(st->why, sizeof st->why, "host memory: threaded pread straight into the destination");
+        return FERRY_PATH_RING;
+    }
+    if (want != FERRY_PATH_AUTO) {
+        snprintf(st->why, sizeof st->why, "asked for");
+        return (int)want;
+    }
+    if (!f->private_map && xf_is_registered(d, f)) {
+        snprintf(st->why, sizeof st->why, "the file is registered with the device");
+        return FERRY_PATH_REGISTER;
+    }
+    st->resident = xf_resident_sampled(f);
+    if (st->resident < 0) {
+        snprintf(st->why, sizeof st->why, "page-cache residency unknown (mincore failed): ring");
+        return FERRY_PATH_RING;
+    }
+    if (st->resident >= 0.5) {
+        snprintf(st->why, sizeof st->why,
+                 "%.0f%% of the data is in the page cache (sampled; cufile is probed only on request)",
+                 st->resident * 100);
+        return FERRY_PATH_RING;
+    }
+    snprintf(st->why, sizeof st->why,
+             "%.0f%% of the data is in the page cache (sampled): O_DIRECT reads (cufile is probed only on request)",
+             st->resident * 100);
+    return FERRY_PATH_DIRECT;
+}
+
+/* Threads and ring size from load options, with the defaults measured on the
+ * H200 host (bench/RESULTS.md, ring sweep: 12 threads x 4 MiB buffers beat 8
+ * and 16 threads and 8-32 MiB buffers), within ferry's limits. Loads and the
+ * spill pipeline ask the same way, so they share one pinned ring. */
+int xf_ring_geometry(ferry_device *d, const ferry_load_opts *o, uint32_t *nthreads, uint32_t *nbuf,
+                         uint64_t *bufsz)
+{
+    uint32_t cpus = fy_ncpu();
+    *nthreads = o->threads ? o->threads : (cpus < 12 ? cpus : 12);
+    if (*nthreads > MAX_THREADS) *nthreads = MAX_THREADS;
+    FY_RETURN_IF(o->ring_buffer_bytes > (4ull << 30) || o->ring_buffers > 4096, &d->ctx->err, FERRY_E_INVAL,
+                 "ferry_load: a ring of %u buffers of %llu bytes is outside the limits (4096 buffers, 4 GiB each)",
+                 o->ring_buffers, (unsigned long long)o->ring_buffer_bytes);
+    *bufsz = o->ring_buffer_bytes ? page_round(o->ring_buffer_bytes) : 4ull << 20;
+    *nbuf = o->ring_buffers ? o->ring_buffers : 2 * *nthreads;
+    if (*nbuf < 2) *nbuf = 2;
+    FY_RETURN_IF((uint64_t)*nbuf * *bufsz > (64ull << 30), &d->ctx->err, FERRY_E_LIMIT,
+                 "ferry_load: a ring of %u x %llu bytes would pin more than 64 GiB", *nbuf,
+                 (unsigned long long)*bufsz);
+    return 0;
+}
+
+int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, const ferry_load_opts *opts,
+                      ferry_load_stats *stats)
+{
+    ferry_load_opts o = {0};
+    ferry_load_stats st = {0};
+    const ferry_allocator *m = &d->ctx->mem;
+    fy_err *err = &d->ctx->err;
+    if (opts) {
+        FY_RETURN_IF(opts->size < sizeof(uint32_t) || opts->size > sizeof o, err, FERRY_E_INVAL,
+                     "ferry_load: opts->size is %u, expected %zu", opts->size, sizeof o);
+        memcpy(&o, opts, opts->size);
+    }
+    FY_RETURN_IF((unsigned)o.path >= FERRY_PATH_COUNT, err, FERRY_E_INVAL, "ferry_load: unknown path %d", (int)o.path);
+    uint32_t nthreads, nbuf;
+    uint64_t bufsz;
+    FY_TRY(xf_ring_geometry(d, &o, &nthreads, &nbuf, &bufsz));
+    uint32_t nstreams = o.streams ? o.streams : 4;
+    if (nstreams < 2) nstreams = 2;
+    if (nstreams > MAX_STREAMS) nstreams = MAX_STREAMS;
+
+    double t0 = fy_now();
+    int rc = choose_path(d, f, &o, &st);
+    if (rc < 0) return rc;
+    st.path = (ferry_path)rc;
+    plan p;
+    rc = xf_plan_build(m, f, it, n, st.path == FERRY_PATH_REGISTER ? UINT64_MAX / 2 : bufsz, &p);
+    if (rc < 0) return fy_seterr(err, rc, "out of memory");
+    fy_stream *streams[MAX_STREAMS] = {0};
+    rc = d->g->ops->bind_thread(d->g);
+    for (uint32_t s = 0; s < nstreams && rc == 0; s++) rc = d->g->ops->stream_new(d->g, &streams[s]);
+    if (rc == 0) {
+        if (d->g->host_visible) {
+            rc = xf_run_host(d, f, &p, &o, nthreads);
+        } else if (st.path == FERRY_PATH_REGISTER) {
+            rc = xf_run_register(d, f, &p, &o, streams, nstreams);
+        } else {
+            pthread_mutex_lock(&d->ring_lock);
+            rc = xf_ring_get(d, nbuf, bufsz);
+            if (rc == 0) rc = xf_run_ring(d, f, &p, st.path == FERRY_PATH_DIRECT, &o, streams, nstreams, nthreads);
+            if (rc == -EINVAL && st.path == FERRY_PATH_DIRECT && o.path == FERRY_PATH_AUTO) {
+                /* auto chose O_DIRECT on a file system without it (tmpfs, some FUSE): buffered reads */
+                st.path = FERRY_PATH_RING;
+                snprintf(st.why, sizeof st.why, "cold, but the file system refuses O_DIRECT: buffered reads");
+                rc = xf_run_ring(d, f, &p, false, &o, streams, nstreams, nthreads);
+            }
+            pthread_mutex_unlock(&d->ring_lock);
+        }
+    }
+    for (uint32_t s = 0; s < nstreams; s++)
+        if (streams[s]) d->g->ops->stream_free(d->g, streams[s]);
+    st.bytes = p.bytes;
+    st.seconds = fy_now() - t0;
+    xf_plan_free(m, &p);
+    if (stats) *stats = st;
+    return rc;
+}
+
+FERRY_API int ferry_load_into(ferry_device *d, const ferry_file *f, const int64_t *idx, const uint64_t *dptrs,
+                              int64_t n, const ferry_load_opts *opts, ferry_load_stats *stats)
+{
+    if (!d || !f || n < 0 || (n && (!idx || !dptrs))) return FERRY_E_INVAL;
+    item *it = fy_calloc(&d->ctx->mem, (size_t)(n ? n : 1), sizeof *it);
+    if (!it) return fy_seterr(&d->ctx->err, -ENOMEM, "out of memory");
+    for (int64_t k = 0; k < n; k++) {
+        if (idx[k] < 0 || idx[k] >= f->tb.n) {
+            fy_free(&d->ctx->mem, it);
+            return fy_seterr(&d->ctx->err, FERRY_E_INVAL, "ferry_load_into: tensor index %" PRId64 " out of range",
+                             idx[k]);
+        }
+        it[k].t = idx[k];
+        it[k].dst = dptrs[k];
+    }
+    int rc = xf_load_items(d, f, it, n, opts, stats);
+    fy_free(&d->ctx->mem, it);
+    return rc;
+}
+
+FERRY_API int ferry_load(ferry_device *d, const ferry_file *f, const ferry_load_opts *opts, ferry_loaded **out,
+                         ferry_load_stats *stats)
+{
+    if (!d || !f || !out) return FERRY_E_INVAL;
+    *out = NULL;
+    const ferry_allocator *m = &d->ctx->mem;
+    ferry_loaded *l = fy_calloc(m, 1, sizeof *l);
+    item *it = fy_calloc(m, (size_t)(f->tb.n ? f->tb.n : 1), sizeof *it);
+    int rc = 0;
+    if (l) l->dev = d, l->f = f;
+    if (!l || !it || !(l->block = fy_calloc(m, (size_t)f->nshards, sizeof(fy_dptr))) ||
+        !(l->dptr = fy_calloc(m, (size_t)(f->tb.n ? f->tb.n : 1), sizeof(uint64_t)))) {
+        rc = fy_seterr(&d->ctx->err, -ENOMEM, "out of memory");
+        goto fail;
+    }
+    /* one block per shard spanning its tensors, laid out as in the file */
+    rc = d->g->ops->bind_thread(d->g);
+    for (int32_t s = 0; s < f->nshards && rc == 0; s++) {
+        uint64_t lo = UINT64_MAX, hi = 0;
+        for (int64_t i = 0; i < f->tb.n; i++) {
+            const fy_tensor *t = &f->tb.t[i];
+            if (t->shard != s || t->nbytes == 0) continue;
+            if (t->offset < lo) lo = t->offset;
+            if (t->offset + t->nbytes > hi) hi = t->offset + t->nbytes;
+        }
+        if (hi == 0) continue;
+        rc = d->g->ops->mem_alloc(d->g, (size_t)(hi - lo), &l->block[s]);
+        if (rc < 0) break;
+        for (int64_t i = 0; i < f->tb.n; i++)
+            if (f->tb.t[i].shard == s) l->dptr[i] = l->block[s] + (f->tb.t[i].offset - lo);
+    }
+    if (rc < 0) goto fail;
+    for (int64_t i = 0; i < f->tb.n; i++) {
+        it[i].t = i;
+        it[i].dst = l->dptr[i];
+    }
+    rc = xf_load_items(d, f, it, f->tb.n, opts, stats);
+    if (rc < 0) goto fail;
+    fy_free(m, it);
+    *out = l;
+    return 0;
+fail:
+    fy_free(m, it);
+    ferry_loaded_free(l);
+    return rc;
+}
+
+FERRY_API uint64_t ferry_loaded_ptr(const ferry_loaded *l, int64_t i)
+{
+    if (!l || i < 0 || i >= l->f->tb.n) return 0;
+    return l->dptr[i];
+}
+
+FERRY_API int ferry_loaded_read(ferry_loaded *l, int64_t i, void *buf)
+{
+    if (!l || !buf || i < 0 || i >= l->f->tb.n) return FERRY_E_INVAL;
+    fy_gpu *g = l->dev->g;
+    uint64_t n = l->f->tb.t[i].nbytes;
+    if (n == 0) return 0;
+    fy_stream *s = NULL;
+    int rc = g->ops->bind_thread(g);
+    if (rc == 0) rc = g->ops->stream_new(g, &s);
+    if (rc < 0) return rc;
+    rc = g->ops->copy_dtoh(g, buf, l->dptr[i], (size_t)n, s);
+    int r2 = g->ops->stream_sync(g, s);
+    g->ops->stream_free(g, s);
+    return rc < 0 ? rc : r2;
+}
+
+FERRY_API void ferry_loaded_free(ferry_loaded *l)
+{
+    if (!l) return;
+    const ferry_allocator *m = &l->dev->ctx->mem;
+    if (l->block) {
+        l->dev->g->ops->bind_thread(l->dev->g);
+        for (int32_t s = 0; s < l->f->nshards; s++)
+            if (l->block[s]) l->dev->g->ops->mem_free(l->dev->g, l->block[s]);
+    }
+    fy_free(m, l->block);
+    fy_free(m, l->dptr);
+    fy_free(m, l);
+}
+

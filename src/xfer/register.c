@@ -1,0 +1,191 @@
+/* register.c - page-locked file mappings: registering a checkpoint's shards
+ * with the device (held by the caller or used by one load), and the register
+ * path that copies straight out of the page cache. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "xfer_impl.h"
+
+/* ---- registration ---- */
+
+static reg_entry *reg_find(ferry_device *d, const ferry_file *f, int32_t s)
+{
+    for (int i = 0; i < d->nregs; i++)
+        if (d->regs[i].f == f && d->regs[i].shard == s) return &d->regs[i];
+    return NULL;
+}
+
+
+/* Page-lock shard s's read-only shared mapping (never a private one: see
+ * DESIGN.md §7, registering MAP_PRIVATE with READ_ONLY hung the driver).
+ * A new entry starts neither held nor used. Under d->lock. */
+static int reg_add(ferry_device *d, const ferry_file *f, int32_t s)
+{
+    if (reg_find(d, f, s) || f->shards[s].size == 0) return 0;
+    if (d->nregs == d->cap_regs) {
+        int cap = d->cap_regs ? d->cap_regs * 2 : 8;
+        reg_entry *n = fy_realloc(&d->ctx->mem, d->regs, (size_t)cap * sizeof *n);
+        if (!n) return fy_seterr(&d->ctx->err, -ENOMEM, "out of memory");
+        d->regs = n;
+        d->cap_regs = cap;
+    }
+    reg_entry *e = &d->regs[d->nregs];
+    memset(e, 0, sizeof *e);
+    e->f = f;
+    e->shard = s;
+    e->base = f->shards[s].map;
+    e->len = page_round(f->shards[s].size);
+    int rc = d->g->ops->host_register(d->g, e->base, (size_t)e->len, true);
+    if (rc < 0) return rc;
+    d->nregs++;
+    return 0;
+}
+
+/* Unregister f's entries nobody holds or uses any more. Under d->lock. */
+static void reg_release_unused(ferry_device *d, const ferry_file *f)
+{
+    for (int i = 0; i < d->nregs;) {
+        reg_entry *e = &d->regs[i];
+        if (e->f == f && !e->held && e->users == 0) {
+            d->g->ops->host_unregister(d->g, e->base);
+            *e = d->regs[--d->nregs];
+        } else {
+            i++;
+        }
+    }
+}
+
+/* A mapping that no longer covers its file (truncated after open) would be
+ * read past the end by the device: refuse before registering or copying. */
+static int check_size(ferry_device *d, const ferry_file *f)
+{
+    for (int32_t s = 0; s < f->nshards; s++) {
+        struct stat st;
+        if (fstat(f->shards[s].fd, &st) == 0 && (uint64_t)st.st_size < f->shards[s].size)
+            return fy_seterr(&d->ctx->err, FERRY_E_CORRUPT,
+                             "%s: the file shrank from %" PRIu64 " to %lld bytes since it was opened", f->shards[s].path,
+                             f->shards[s].size, (long long)st.st_size);
+    }
+    return 0;
+}
+
+/* Register every shard of f (those not registered yet), then mark them held
+ * (hold) or in use by one more load. On failure nothing changes. */
+int xf_reg_acquire(ferry_device *d, const ferry_file *f, bool hold)
+{
+    FY_RETURN_IF(f->private_map, &d->ctx->err, FERRY_E_UNSUPPORTED,
+                 "%s: opened with FERRY_OPEN_PRIVATE (a copy-on-write mapping), which must never be "
+                 "page-locked: use the ring path", f->shards[0].path);
+    FY_TRY(check_size(d, f));
+    pthread_mutex_lock(&d->lock);
+    int rc = 0;
+    for (int32_t s = 0; s < f->nshards && rc == 0; s++) rc = reg_add(d, f, s);
+    if (rc == 0) {
+        for (int32_t s = 0; s < f->nshards; s++) {
+            reg_entry *e = reg_find(d, f, s);
+            if (!e) continue; /* empty shard */
+            if (hold) e->held = true;
+            else e->users++;
+        }
+    } else {
+        reg_release_unused(d, f); /* only what this call added */
+    }
+    pthread_mutex_unlock(&d->lock);
+    return rc;
+}
+
+void xf_reg_unuse(ferry_device *d, const ferry_file *f)
+{
+    pthread_mutex_lock(&d->lock);
+    for (int i = 0; i < d->nregs; i++)
+        if (d->regs[i].f == f && d->regs[i].users > 0) d->regs[i].users--;
+    reg_release_unused(d, f);
+    pthread_mutex_unlock(&d->lock);
+}
+
+FERRY_API int ferry_device_register_file(ferry_device *d, const ferry_file *f, uint64_t pinned_budget)
+{
+    if (!d || !f) return FERRY_E_INVAL;
+    uint64_t need = 0;
+    for (int32_t s = 0; s < f->nshards; s++) need += page_round(f->shards[s].size);
+    FY_RETURN_IF(pinned_budget && need > pinned_budget, &d->ctx->err, FERRY_E_BUDGET,
+                 "%s: registering %" PRIu64 " bytes exceeds the pinned budget of %" PRIu64 " bytes",
+                 f->shards[0].path, need, pinned_budget);
+    return xf_reg_acquire(d, f, true);
+}
+
+FERRY_API void ferry_device_unregister_file(ferry_device *d, const ferry_file *f)
+{
+    if (!d || !f) return;
+    pthread_mutex_lock(&d->lock);
+    for (int i = 0; i < d->nregs; i++)
+        if (d->regs[i].f == f) d->regs[i].held = false;
+    reg_release_unused(d, f); /* a load still copying keeps its shards until it ends */
+    pthread_mutex_unlock(&d->lock);
+}
+
+/* Registered with ferry_device_register_file (all shards that hold bytes)? */
+bool xf_is_registered(ferry_device *d, const ferry_file *f)
+{
+    pthread_mutex_lock(&d->lock);
+    bool all = true;
+    for (int32_t s = 0; s < f->nshards; s++) {
+        reg_entry *e = reg_find(d, f, s);
+        if (f->shards[s].size && (!e || !e->held)) all = false;
+    }
+    pthread_mutex_unlock(&d->lock);
+    return all;
+}
+
+/* register: copies straight out of the page-locked mapping, round-robin over streams. */
+int xf_run_register(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o,
+                        fy_stream **streams, uint32_t nstreams)
+{
+    fy_gpu *g = d->g;
+    /* use the registration if there is one, else register for this load only;
+     * either way the shards stay registered until this load is done with them */
+    int rc = 0;
+    if (o->pinned_budget && !xf_is_registered(d, f)) {
+        uint64_t need = 0;
+        for (int32_t k = 0; k < f->nshards; k++) need += page_round(f->shards[k].size);
+        FY_RETURN_IF(need > o->pinned_budget, &d->ctx->err, FERRY_E_BUDGET,
+                     "%s: registering %" PRIu64 " bytes exceeds the pinned budget of %" PRIu64 " bytes",
+                     f->shards[0].path, need, o->pinned_budget);
+    }
+    if ((rc = xf_reg_acquire(d, f, false)) < 0) return rc;
+    if ((rc = g->ops->bind_thread(g)) < 0) goto out;
+    uint64_t done = 0;
+    uint32_t s = 0;
+    /* pieces carry file offsets; find each piece's shard through its batch */
+    for (int64_t b = 0; b < p->nbt && rc == 0; b++) {
+        const batch *bt = &p->bt[b];
+        const uint8_t *base = f->shards[bt->shard].map;
+        for (int64_t q = bt->first; q < bt->first + bt->count && rc == 0;) {
+            /* consecutive tensors that are also adjacent on the device (ferry_load's
+             * blocks mirror the file) go in one copy */
+            const piece *pc = &p->pc[q];
+            uint64_t src = pc->off, len = pc->len;
+            fy_dptr dst = pc->dst;
+            for (q++; q < bt->first + bt->count && p->pc[q].dst == dst + len && p->pc[q].off == src + len; q++)
+                len += p->pc[q].len;
+            rc = xf_copy_spread(g, true, dst, (void *)(uintptr_t)(base + src), len, streams, nstreams, &s);
+            if (rc == 0) done += len;
+        }
+        if (o->progress && rc == 0) o->progress(o->opaque, done, p->bytes);
+    }
+    for (uint32_t k = 0; k < nstreams; k++) {
+        int r = g->ops->stream_sync(g, streams[k]);
+        if (rc == 0 && r < 0) rc = r;
+    }
+out:
+    xf_reg_unuse(d, f);
+    return rc;
+}
+

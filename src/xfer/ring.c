@@ -1,0 +1,250 @@
+/* ring.c - the ring pipeline: reader threads pread (or O_DIRECT-read)
+ * contiguous file ranges into the cached pinned ring and queue asynchronous
+ * copies on several streams; an event recorded after a buffer's copies gives
+ * it back. One CPU copy and one DMA per byte; extra host memory is the ring. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "xfer_impl.h"
+
+/* ---- the ring pipeline ---- */
+
+typedef struct job {
+    ferry_device *d;
+    const ferry_file *f;
+    const plan *p;
+    bool direct;
+    int *dfd; /* per shard O_DIRECT descriptors */
+    fy_stream **streams;
+    uint32_t nstreams;
+    sched q;
+    atomic_int rc;
+    /* ring state */
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    uint32_t *free_list, nfree;
+    uint32_t *inflight, nin, head; /* FIFO of buffers with copies queued */
+    const ferry_load_opts *o;
+    fy_progress prog;
+    atomic_uint wid; /* worker number -> its stream */
+} job;
+
+static void job_fail(job *j, int rc)
+{
+    int zero = 0;
+    atomic_compare_exchange_strong(&j->rc, &zero, rc);
+}
+
+/* A free buffer: one never used, else the oldest in flight once its copies are done. */
+static int ring_acquire(job *j, uint32_t *out)
+{
+    pthread_mutex_lock(&j->lock);
+    for (;;) {
+        if (j->nfree) {
+            *out = j->free_list[--j->nfree];
+            pthread_mutex_unlock(&j->lock);
+            return 0;
+        }
+        /* a buffer whose copies are already done, wherever it is in the queue
+         * (streams finish out of order), before waiting on the oldest */
+        for (uint32_t k = 0; k < j->nin; k++) {
+            uint32_t pos = (j->head + k) % j->d->nring, b = j->inflight[pos];
+            if (j->d->g->ops->event_query(j->d->g, j->d->ring[b].ev) == 1) {
+                for (uint32_t m = k; m + 1 < j->nin; m++)
+                    j->inflight[(j->head + m) % j->d->nring] = j->inflight[(j->head + m + 1) % j->d->nring];
+                j->nin--;
+                *out = b;
+                pthread_mutex_unlock(&j->lock);
+                return 0;
+            }
+        }
+        if (j->nin) {
+            uint32_t b = j->inflight[j->head];
+            j->head = (j->head + 1) % j->d->nring;
+            j->nin--;
+            pthread_mutex_unlock(&j->lock);
+            int rc = j->d->g->ops->event_sync(j->d->g, j->d->ring[b].ev);
+            if (rc < 0) {
+                pthread_mutex_lock(&j->lock);
+                j->free_list[j->nfree++] = b;
+                pthread_cond_broadcast(&j->cv);
+                pthread_mutex_unlock(&j->lock);
+                return rc;
+            }
+            *out = b;
+            return 0;
+        }
+        /* every buffer is being filled by another thread */
+        if (atomic_load(&j->rc) < 0) {
+            pthread_mutex_unlock(&j->lock);
+            return atomic_load(&j->rc);
+        }
+        pthread_cond_wait(&j->cv, &j->lock);
+    }
+}
+
+static void ring_inflight(job *j, uint32_t b)
+{
+    pthread_mutex_lock(&j->lock);
+    j->inflight[(j->head + j->nin) % j->d->nring] = b;
+    j->nin++;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->lock);
+}
+
+static void ring_return(job *j, uint32_t b)
+{
+    pthread_mutex_lock(&j->lock);
+    j->free_list[j->nfree++] = b;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->lock);
+}
+
+/* Read batch bt into buf; *skew = where the batch's first byte landed. */
+static int read_batch(job *j, const batch *bt, uint8_t *buf, uint64_t *skew, own *o)
+{
+    if (!j->direct) {
+        *skew = 0;
+        return fy_pread_full(xf_own_fd(j->f, o, bt->shard), buf, (size_t)bt->len, bt->off);
+    }
+    /* O_DIRECT: aligned offset and length; the file may end inside the last
+     * block, so a short read is fine once it covers the batch. */
+    uint64_t a = bt->off & ~(uint64_t)(ALIGN - 1);
+    uint64_t e = page_round(bt->off + bt->len);
+    *skew = bt->off - a;
+    uint64_t got = 0;
+    while (got < e - a) {
+        ssize_t r = fy_pread_some(j->dfd[bt->shard], buf + got, (size_t)(e - a - got), a + got);
+        if (r == -EINTR) continue;
+        if (r < 0) return (int)r;
+        if (r == 0) break;
+        got += (uint64_t)r;
+        if (got % ALIGN) break; /* end of file */
+    }
+    return got >= *skew + bt->len ? 0 : FERRY_E_CORRUPT;
+}
+
+static void *ring_worker(void *arg)
+{
+    job *j = arg;
+    fy_gpu *g = j->d->g;
+    uint32_t me = atomic_fetch_add(&j->wid, 1);
+    fy_stream *st = j->streams[me % j->nstreams];
+    int brc = g->ops->bind_thread(g);
+    if (brc < 0) {
+        job_fail(j, brc);
+        return NULL;
+    }
+    own o = {-1, -1};
+    long long k = -1, end = 0;
+    for (;;) {
+        if (atomic_load(&j->rc) < 0) break;
+        if (xf_next_batch(&j->q, &k, &end) >= j->p->nbt) break;
+        const batch *bt = &j->p->bt[k];
+        uint32_t b = 0;
+        int rc = ring_acquire(j, &b);
+        if (rc < 0) { job_fail(j, rc); break; }
+        uint8_t *buf = j->d->ring[b].p;
+        uint64_t skew;
+        rc = read_batch(j, bt, buf, &skew, &o);
+        if (rc < 0) {
+            const char *path = j->f->shards[bt->shard].path;
+            if (rc == FERRY_E_CORRUPT)
+                fy_seterr(g->err, rc, "%s: the file ended early at byte %" PRIu64 " (truncated after it was opened?)",
+                          path, bt->off);
+            else
+                fy_seterr(g->err, rc, "%s: %sread of %" PRIu64 " bytes at %" PRIu64 ": %s", path,
+                          j->direct ? "O_DIRECT " : "", bt->len, bt->off, ferry_strerror(rc));
+            ring_return(j, b);
+            job_fail(j, rc);
+            break;
+        }
+        for (int64_t q = bt->first; q < bt->first + bt->count && rc == 0; q++) {
+            const piece *pc = &j->p->pc[q];
+            rc = g->ops->copy_htod(g, pc->dst, buf + skew + (pc->off - bt->off), (size_t)pc->len, st);
+        }
+        if (rc == 0) rc = g->ops->event_record(g, j->d->ring[b].ev, st);
+        if (rc < 0) {
+            /* copies may be queued: wait for the stream before reusing buf */
+            g->ops->stream_sync(g, st);
+            ring_return(j, b);
+            job_fail(j, rc);
+            break;
+        }
+        ring_inflight(j, b);
+        fy_progress_add(&j->prog, bt->len);
+    }
+    xf_own_close(&o);
+    pthread_mutex_lock(&j->lock);
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->lock);
+    return NULL;
+}
+
+int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, const ferry_load_opts *o,
+                    fy_stream **streams, uint32_t nstreams, uint32_t nthreads)
+{
+    const ferry_allocator *m = &d->ctx->mem;
+    job j = {.d = d, .f = f, .p = p, .direct = direct, .streams = streams, .nstreams = nstreams, .o = o};
+    int rc = 0;
+    /* runs of up to 64 batches (256 MiB of the default ring) for buffered
+     * reads; O_DIRECT reads leave the page cache alone and take one at a time */
+    xf_sched_init(&j.q, p, direct ? 1 : 64, nthreads);
+    atomic_init(&j.rc, 0);
+    atomic_init(&j.wid, 0);
+    pthread_mutex_init(&j.lock, NULL);
+    fy_progress_init(&j.prog, o->progress, o->opaque, p->bytes);
+    pthread_cond_init(&j.cv, NULL);
+    j.free_list = fy_calloc(m, d->nring, sizeof(uint32_t));
+    j.inflight = fy_calloc(m, d->nring, sizeof(uint32_t));
+    j.dfd = fy_calloc(m, (size_t)f->nshards, sizeof(int));
+    if (j.dfd) /* before any failure path: the cleanup closes what is >= 0 */
+        for (int32_t s = 0; s < f->nshards; s++) j.dfd[s] = -1;
+    pthread_t *th = fy_calloc(m, nthreads, sizeof(pthread_t));
+    if (!j.free_list || !j.inflight || !j.dfd || !th) {
+        rc = fy_seterr(&d->ctx->err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    for (uint32_t i = 0; i < d->nring; i++) j.free_list[j.nfree++] = i;
+    if (direct) {
+        for (int32_t s = 0; s < f->nshards; s++) {
+            j.dfd[s] = open(f->shards[s].path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+            if (j.dfd[s] < 0) {
+                rc = -errno;
+                fy_seterr(&d->ctx->err, rc, "%s: open with O_DIRECT: %s%s", f->shards[s].path, ferry_strerror(rc),
+                          rc == -EINVAL ? " (this file system does not support O_DIRECT: use --path ring)" : "");
+                goto out;
+            }
+        }
+    }
+    uint32_t started = 0;
+    for (; started < nthreads; started++)
+        if (pthread_create(&th[started], NULL, ring_worker, &j) != 0) break;
+    if (started == 0) ring_worker(&j);
+    for (uint32_t t = 0; t < started; t++) pthread_join(th[t], NULL);
+    for (uint32_t s = 0; s < nstreams; s++) {
+        int r = d->g->ops->stream_sync(d->g, streams[s]);
+        if (r < 0) job_fail(&j, r);
+    }
+    rc = atomic_load(&j.rc);
+out:
+    if (j.dfd)
+        for (int32_t s = 0; s < f->nshards; s++)
+            if (j.dfd[s] >= 0) close(j.dfd[s]);
+    fy_free(m, j.free_list);
+    fy_free(m, j.inflight);
+    fy_free(m, j.dfd);
+    fy_free(m, th);
+    pthread_mutex_destroy(&j.lock);
+    fy_progress_destroy(&j.prog);
+    pthread_cond_destroy(&j.cv);
+    return rc;
+}
+

@@ -1,0 +1,173 @@
+/* xfer_impl.h - what the transfer engine's files share: the device handle and
+ * its cached ring and registrations, the plan (file ranges and the copies out
+ * of them), the readers' schedule, and the pipelines that run a plan. Private
+ * to xfer/: other layers see xfer.h only. */
+#ifndef FERRY_XFER_IMPL_H
+#define FERRY_XFER_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "../file_impl.h"
+#include "../gpu/gpu.h"
+#include "../io/io.h"
+#include "xfer.h"
+
+#define ALIGN 4096u
+#define MAX_STREAMS 16
+#define MAX_THREADS 64
+#define REG_CHUNK (256ull << 20) /* largest copy from a registered mapping */
+
+static inline uint64_t page_round(uint64_t n) { return (n + ALIGN - 1) & ~(uint64_t)(ALIGN - 1); }
+
+/* A registered shard mapping. held: registered by ferry_device_register_file;
+ * users: loads copying from it right now. It is unregistered once neither. */
+typedef struct reg_entry {
+    const ferry_file *f;
+    int32_t shard;
+    void *base;
+    uint64_t len;
+    int users;
+    bool held;
+} reg_entry;
+
+typedef struct ring_buf {
+    uint8_t *p;
+    fy_event *ev;
+    int stream; /* stream its copies went to, -1 when free */
+} ring_buf;
+
+struct ferry_device {
+    ferry_ctx *ctx;
+    fy_gpu *g;
+    pthread_mutex_t lock; /* guards regs */
+    reg_entry *regs;
+    int nregs, cap_regs;
+    pthread_mutex_t ring_lock; /* one load at a time uses the cached ring */
+    ring_buf *ring;
+    uint8_t *ring_base; /* one pinned block holding every buffer */
+    uint32_t nring;
+    uint64_t ring_bytes;
+};
+
+struct ferry_loaded {
+    ferry_device *dev;
+    const ferry_file *f;
+    fy_dptr *block;   /* one device block per shard (0 if the shard holds no bytes) */
+    uint64_t *dptr;   /* per tensor */
+};
+
+/* ---- the plan: file ranges (batches) and the copies out of them ---- */
+
+typedef struct piece {
+    uint64_t off, len; /* in the file */
+    fy_dptr dst;
+} piece;
+
+typedef struct batch {
+    int32_t shard;
+    uint64_t off, len;
+    int64_t first, count; /* pieces */
+} batch;
+
+typedef struct plan {
+    piece *pc;
+    int64_t npc;
+    batch *bt;
+    int64_t nbt;
+    uint64_t bytes;
+} plan;
+
+typedef struct item {
+    int64_t t;
+    fy_dptr dst;
+} item;
+
+/* ---- reader threads' shared schedule ---- */
+
+/* Buffered reads claim runs of consecutive batches, shorter as the work runs
+ * out (guided scheduling: the last claims are single batches, so no thread is
+ * left with a long tail), and each reader reads through a descriptor of its
+ * own (own_fd). Together they let the kernel's readahead see each thread's
+ * sequential run: when 12 threads' reads interleave on one descriptor, a cold
+ * load fills the page cache with single-page folios, and the first read of
+ * those afterwards (the next hot load) runs at half speed while the kernel
+ * activates every page (bench/RESULTS.md, third GPU session). */
+typedef struct sched {
+    const plan *p;
+    atomic_llong next;
+    long long run; /* most consecutive batches one claim takes */
+    uint32_t nthreads;
+} sched;
+
+/* A reader's own descriptor: one at a time, for the shard it reads now
+ * (batches come in shard order, so it rarely changes; keeping one per shard
+ * could hold threads x shards descriptors open in the host process). */
+typedef struct own {
+    int32_t shard; /* -1: none open */
+    int fd;
+} own;
+
+/* ---- device.c: the ring cache and copies ---- */
+
+/* The device's cached ring: nbuf pinned buffers of bytes each (+ O_DIRECT
+ * slack); reused while the geometry stays the same. Under d->ring_lock. */
+int xf_ring_get(ferry_device *d, uint32_t nbuf, uint64_t bytes);
+void xf_ring_free(ferry_device *d);
+/* Queue a copy of len bytes between host and dev in pieces of at most
+ * REG_CHUNK, round-robin over streams st[0..nst-1] from *next on: the host
+ * memory must be page-locked for the copies to run asynchronously. */
+int xf_copy_spread(fy_gpu *g, bool to_device, fy_dptr dev, void *host, uint64_t len, fy_stream **st, uint32_t nst,
+                   uint32_t *next);
+
+/* ---- register.c: page-locked file mappings ---- */
+
+/* Register every shard of f not registered yet, then mark them held (hold)
+ * or in use by one more load. On failure nothing changes. */
+int xf_reg_acquire(ferry_device *d, const ferry_file *f, bool hold);
+/* One load is done with f's registrations (unregistered if nobody holds them). */
+void xf_reg_unuse(ferry_device *d, const ferry_file *f);
+/* Registered with ferry_device_register_file (all shards that hold bytes)? */
+bool xf_is_registered(ferry_device *d, const ferry_file *f);
+/* Run plan p as copies straight out of the page-locked mapping. */
+int xf_run_register(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o,
+                    fy_stream **streams, uint32_t nstreams);
+
+/* ---- residency.c ---- */
+
+/* Fraction of f's pages in the page cache from 4096 sampled pages; -1 unknown. */
+double xf_resident_sampled(const ferry_file *f);
+
+/* ---- plan.c: plans, the readers' schedule, their descriptors ---- */
+
+/* Tensors in file order, cut into pieces of at most cap bytes, grouped into
+ * batches: contiguous file ranges of at most cap bytes in one shard. */
+int xf_plan_build(const ferry_allocator *m, const ferry_file *f, item *it, int64_t n, uint64_t cap, plan *p);
+void xf_plan_free(const ferry_allocator *m, plan *p);
+void xf_sched_init(sched *q, const plan *p, long long run, uint32_t nthreads);
+/* The next batch for a reader (p->nbt when none is left); *k and *end: the
+ * reader's current run, -1 and 0 to begin. */
+long long xf_next_batch(sched *q, long long *k, long long *end);
+/* The descriptor a reader reads shard s through: its own when it could open one. */
+int xf_own_fd(const ferry_file *f, own *o, int32_t s);
+void xf_own_close(own *o);
+
+/* ---- ring.c / host.c: the pipelines ---- */
+
+/* Readers fill the cached ring (O_DIRECT when direct), copies go out on
+ * streams; waits until every copy landed. Under d->ring_lock. */
+int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, const ferry_load_opts *o,
+                fy_stream **streams, uint32_t nstreams, uint32_t nthreads);
+/* cpu device: readers pread straight into the destination. */
+int xf_run_host(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o, uint32_t nthreads);
+
+/* ---- load.c: choosing a path and running a load ---- */
+
+/* Threads and ring size from load options (defaults measured on the H200
+ * host), within ferry's limits. */
+int xf_ring_geometry(ferry_device *d, const ferry_load_opts *o, uint32_t *nthreads, uint32_t *nbuf, uint64_t *bufsz);
+/* Load tensors it[0..n-1] of f to their destinations: choose a path, plan, run. */
+int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, const ferry_load_opts *opts,
+                  ferry_load_stats *stats);
+
+#endif
