@@ -1,0 +1,307 @@
+/* evict.c - eviction: dirty tensors saved by the host policy (pinned pool,
+ * RAM or the spill file), clean ones dropped; make_room's choice of groups. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store_impl.h"
+
+/* ---- eviction (under the lock) ---- */
+
+/* Take the listed device tensors off the device: clean ones dropped; dirty
+ * ones saved by the host policy. A tensor whose save failed stays on the
+ * device. Returns 0 or the first error. */
+int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
+{
+    const ferry_allocator *m = s->m;
+    int rc = fy_xfer_bind(s->dev);
+    if (rc < 0) return rc;
+    /* decide each dirty tensor's destination */
+    fy_hoststate h = {.host_budget = s->o.host_budget, .host_used = s->host_used + s->pinned_used,
+                      .pinned_budget = s->o.pinned_budget, .pinned_used = s->pinned_used,
+                      .spill_below = s->o.spill_below, .spill_above = s->o.spill_above, .spilling = s->spilling};
+    bool need_avail = false;
+    for (int64_t k = 0; k < n; k++) need_avail |= ts[k]->dirty;
+    if (need_avail && fy_host_available(&h.available, NULL, 0) < 0) h.available = 0; /* unknown: spill */
+    fy_hostrange *hr = fy_calloc(m, (size_t)(n ? n : 1), sizeof *hr);
+    rtensor **hrt = fy_calloc(m, (size_t)(n ? n : 1), sizeof *hrt);
+    fy_fdrange *fr = fy_calloc(m, (size_t)(n ? n : 1), sizeof *fr);
+    rtensor **frt = fy_calloc(m, (size_t)(n ? n : 1), sizeof *frt);
+    int64_t nh = 0, nf = 0;
+    if (!hr || !hrt || !fr || !frt) {
+        rc = fy_seterr(&s->ctx->err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int64_t k = 0; k < n; k++) {
+        rtensor *t = ts[k];
+        if (!t->dirty || t->nbytes == 0) continue; /* an empty tensor has nothing to save */
+        fy_dest d = fy_policy_dest(&h, t->nbytes);
+        void *p = NULL;
+        if (d == FY_DEST_PINNED) {
+            if (rs_pool_alloc(s, t->nbytes, &p) == 0) {
+                t->host = p;
+                t->tier = FERRY_TIER_PINNED; /* provisional: undone on failure */
+                h.pinned_used += t->nbytes;
+                h.host_used += t->nbytes;
+                h.available = h.available > t->nbytes ? h.available - t->nbytes : 0;
+                hr[nh] = (fy_hostrange){p, t->dptr, t->nbytes};
+                hrt[nh++] = t;
+                continue;
+            }
+            d = FY_DEST_HOST; /* pool could not grow: pageable */
+        }
+        if (d == FY_DEST_HOST) {
+            if ((p = fy_malloc(m, (size_t)t->nbytes)) != NULL) {
+                t->host = p;
+                t->tier = FERRY_TIER_HOST;
+                s->host_used += t->nbytes;
+                h.host_used += t->nbytes;
+                h.available = h.available > t->nbytes ? h.available - t->nbytes : 0;
+                hr[nh] = (fy_hostrange){p, t->dptr, t->nbytes};
+                hrt[nh++] = t;
+                continue;
+            }
+        }
+        frt[nf] = t;
+        fr[nf++] = (fy_fdrange){0, t->nbytes, t->dptr};
+    }
+    s->spilling = h.spilling;
+    /* RAM copies */
+    double t0 = fy_now();
+    if (nh) {
+        rc = fy_xfer_device_to_host(s->dev, hr, nh, NULL);
+        if (rc < 0) {
+            for (int64_t k = 0; k < nh; k++) {
+                rs_release_copy(s, hrt[k]);
+                hrt[k]->tier = FERRY_TIER_DEVICE;
+            }
+            nh = 0;
+        }
+    }
+    /* spills: reserve everything first, so a spill never fails half-way for space */
+    if (rc == 0 && nf) {
+        if (!s->spill) rc = fy_spill_open(s->spill_dir, s->m, &s->ctx->err, &s->spill);
+        int64_t got = 0; /* ranges reserved: fr[0..got-1] */
+        for (; rc == 0 && got < nf; got++) {
+            rc = fy_spill_reserve(s->spill, fr[got].len, &fr[got].off);
+            if (rc < 0) {
+                /* fr[got] was not reserved: never release it (its offset is
+                 * another tensor's); break before the loop counts it */
+                uint64_t need = 0;
+                for (int64_t k = got; k < nf; k++) need += fr[k].len;
+                char msg[FY_ERRMSG_MAX];
+                fy_err_copy(&s->ctx->err, msg, sizeof msg);
+                fy_seterr(&s->ctx->err, rc, "spilling %" PRId64 " dirty tensors needs %" PRIu64
+                          " more bytes in %s: %s (the tensors stay on the device)", nf - got, need, s->spill_dir, msg);
+                break;
+            }
+        }
+        if (rc == 0) rc = fy_xfer_device_to_fd(s->dev, fy_spill_fd(s->spill), s->spill_dir, fr, nf, &s->o.load, NULL);
+        if (rc < 0) {
+            fy_spill_hold(s->spill);
+            for (int64_t k = 0; k < got && k < nf; k++) fy_spill_release(s->spill, fr[k].off, fr[k].len);
+            nf = 0;
+        } else {
+            for (int64_t k = 0; k < nf; k++) {
+                frt[k]->tier = FERRY_TIER_SPILL;
+                frt[k]->soff = fr[k].off;
+                s->c.written += fr[k].len;
+            }
+        }
+    }
+    /* after a spill, what it did not reuse goes back to the file system */
+    if (nf) fy_spill_flush(s->spill);
+    double dt = fy_now() - t0;
+    /* A group moves together: when a dirty member could not be saved, the
+     * whole group stays on the device (its saved members' copies dropped). */
+    int64_t nkeep = 0;
+    for (int64_t k = 0; k < n; k++)
+        if (ts[k]->dirty && ts[k]->nbytes && ts[k]->tier == FERRY_TIER_DEVICE) nkeep++;
+    if (nkeep) {
+        for (int64_t k = 0; k < n; k++) {
+            rtensor *t = ts[k];
+            bool keep = false;
+            for (int64_t q = 0; q < n && !keep; q++)
+                keep = ts[q]->dirty && ts[q]->nbytes && ts[q]->tier == FERRY_TIER_DEVICE &&
+                       ts[q]->owner == t->owner && ts[q]->group == t->group;
+            if (!keep) continue;
+            if (t->tier != FERRY_TIER_DEVICE) { /* a saved member: undo the save */
+                if (t->tier == FERRY_TIER_SPILL) fy_spill_hold(s->spill);
+                rs_release_copy(s, t);
+                t->tier = FERRY_TIER_DEVICE;
+            }
+            t->keep = true;
+        }
+    }
+    /* free device memory of what left: the dropped clean ones and the saved dirty ones */
+    uint64_t moved = 0;
+    for (int64_t k = 0; k < n; k++) {
+        rtensor *t = ts[k];
+        if (t->keep) { /* its group could not leave whole: it stays */
+            t->keep = false;
+            continue;
+        }
+        if (!t->dirty || t->nbytes == 0) {
+            s->c.dropped++;
+            t->tier = FERRY_TIER_SOURCE; /* an empty dirty tensor keeps its flag: nothing to lose */
+        } else {
+            moved += t->nbytes;
+        }
+        rs_dev_free(s, t);
+        s->c.evicted++;
+    }
+    s->c.dtoh += moved;
+    s->c.s_dtoh += dt;
+out:
+    fy_free(m, hr);
+    fy_free(m, hrt);
+    fy_free(m, fr);
+    fy_free(m, frt);
+    return rc;
+}
+
+/* Room on the device: the budget's room, and the device's real free memory. */
+static uint64_t room_now(ferry_store *s)
+{
+    uint64_t room = s->o.device_budget > s->device_used ? s->o.device_budget - s->device_used : 0;
+    uint64_t fr = 0, tot = 0;
+    if (ferry_device_mem_info(s->dev, &fr, &tot) == 0 && fr + s->cached < room) room = fr + s->cached;
+    return room;
+}
+
+/* Make bytes of room, never touching protected tensors (prot: per model, per
+ * tensor, may be NULL). *could = what could be freed when impossible. */
+int64_t rs_make_room_locked(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, uint64_t *could)
+{
+    uint64_t room = room_now(s);
+    uint64_t need = bytes == UINT64_MAX ? UINT64_MAX : (bytes > room ? bytes - room : 0);
+    if (could) *could = 0;
+    if (need == 0) return 0;
+    /* candidates: device groups of every model */
+    int64_t nc = 0;
+    for (int i = 0; i < s->nmodels; i++) nc += s->models[i]->n;
+    fy_cand *c = fy_calloc(s->m, (size_t)(nc ? nc : 1), sizeof *c);
+    int64_t *out = fy_calloc(s->m, (size_t)(nc ? nc : 1), sizeof *out);
+    int64_t *gm = fy_calloc(s->m, (size_t)(nc ? nc : 1), sizeof *gm); /* candidate -> model */
+    if (!c || !out || !gm) {
+        fy_free(s->m, c), fy_free(s->m, out), fy_free(s->m, gm);
+        return fy_seterr(&s->ctx->err, -ENOMEM, "out of memory");
+    }
+    int64_t *gid = fy_calloc(s->m, (size_t)(nc ? nc : 1), sizeof *gid); /* candidate -> group id */
+    if (!gid) {
+        fy_free(s->m, c), fy_free(s->m, out), fy_free(s->m, gm);
+        return fy_seterr(&s->ctx->err, -ENOMEM, "out of memory");
+    }
+    int64_t k = 0;
+    for (int i = 0; i < s->nmodels; i++) {
+        ferry_model *m = s->models[i];
+        for (int64_t j = 0; j < m->n; j++) {
+            if (m->t[j].group != j) continue; /* one candidate per group, at its id */
+            fy_cand *cd = &c[k];
+            cd->priority = m->priority;
+            cd->last_use = m->last_use;
+            cd->id = k;
+            gm[k] = i;
+            gid[k] = j;
+            k++;
+        }
+        /* bytes and protection of each of this model's groups, in one pass */
+        for (int64_t q = 0; q < m->n; q++) {
+            rtensor *u = &m->t[q];
+            if (u->tier != FERRY_TIER_DEVICE) continue;
+            int64_t lo = k - 1;
+            while (lo >= 0 && gm[lo] == i && gid[lo] != u->group) lo--; /* this model's candidates */
+            if (lo < 0 || gm[lo] != i) continue;
+            c[lo].bytes += u->nbytes;
+            if (u->pins || (m == pm && prot && prot[q])) c[lo].protect = true;
+        }
+    }
+    uint64_t freed = 0;
+    int64_t chosen = fy_policy_choose(c, k, need, out, &freed);
+    int64_t rc = 0;
+    if (chosen < 0) {
+        if (could) *could = freed + room;
+        rc = fy_seterr(&s->ctx->err, FERRY_E_BUDGET,
+                       "the device needs %" PRIu64 " bytes free but only %" PRIu64 " can be made (%" PRIu64
+                       " free now + %" PRIu64 " evictable): nothing was evicted", bytes, freed + room, room, freed);
+    } else if (chosen > 0) {
+        /* the chosen groups' device tensors, in eviction order */
+        int64_t nt = 0;
+        for (int64_t q = 0; q < chosen; q++) {
+            ferry_model *m = s->models[gm[out[q]]];
+            for (int64_t j = 0; j < m->n; j++)
+                if (m->t[j].group == gid[out[q]] && m->t[j].tier == FERRY_TIER_DEVICE) nt++;
+        }
+        rtensor **ts = fy_calloc(s->m, (size_t)(nt ? nt : 1), sizeof *ts);
+        if (!ts) {
+            rc = fy_seterr(&s->ctx->err, -ENOMEM, "out of memory");
+        } else {
+            nt = 0;
+            for (int64_t q = 0; q < chosen; q++) {
+                ferry_model *m = s->models[gm[out[q]]];
+                for (int64_t j = 0; j < m->n; j++)
+                    if (m->t[j].group == gid[out[q]] && m->t[j].tier == FERRY_TIER_DEVICE) ts[nt++] = &m->t[j];
+            }
+            uint64_t before = s->device_used;
+            int erc = rs_evict_tensors(s, ts, nt);
+            uint64_t got = before - s->device_used;
+            fy_free(s->m, ts);
+            rc = erc < 0 ? erc : (int64_t)got;
+        }
+    }
+    fy_free(s->m, c);
+    fy_free(s->m, out);
+    fy_free(s->m, gm);
+    fy_free(s->m, gid);
+    return rc;
+}
+
+FERRY_API int64_t ferry_store_make_room(ferry_store *s, uint64_t bytes, uint64_t *could)
+{
+    if (!s) return FERRY_E_INVAL;
+    pthread_mutex_lock(&s->lock);
+    fy_xfer_bind(s->dev);
+    int64_t rc = rs_make_room_locked(s, bytes, NULL, NULL, could);
+    /* the caller wants device memory for itself: hand back what the store
+     * keeps for reuse, not only what it just evicted */
+    if (rc >= 0) rs_cache_release(s, UINT64_MAX);
+    if (rc >= 0 && s->spill) fy_spill_flush(s->spill); /* and disk space held for reuse */
+    if (rc >= 0) rs_pool_trim(s);                              /* and pinned RAM nobody uses */
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+FERRY_API int ferry_model_evict(ferry_model *m, const int64_t *tensors, int64_t n)
+{
+    if (!m || n < 0) return FERRY_E_INVAL;
+    ferry_store *s = m->s;
+    pthread_mutex_lock(&s->lock);
+    bool *sel = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *sel);
+    rtensor **ts = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *ts);
+    int rc = 0;
+    if (!sel || !ts) {
+        rc = fy_seterr(&s->ctx->err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = rs_select_groups(m, tensors, n, sel)) < 0) goto out;
+    int64_t nt = 0;
+    for (int64_t i = 0; i < m->n; i++) {
+        if (!sel[i] || m->t[i].tier != FERRY_TIER_DEVICE) continue;
+        if (m->t[i].pins) {
+            rc = fy_seterr(&s->ctx->err, FERRY_E_INVAL, "model \"%s\": tensor %s is pinned: unpin it before evicting",
+                           m->name, m->t[i].name);
+            goto out;
+        }
+        ts[nt++] = &m->t[i];
+    }
+    rc = rs_evict_tensors(s, ts, nt);
+out:
+    fy_free(s->m, sel);
+    fy_free(s->m, ts);
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+

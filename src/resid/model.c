@@ -1,0 +1,247 @@
+/* model.c - models in a store: adding (tensors and their module groups),
+ * removing, finding, grouping, priorities, and the selection of a request's
+ * tensors with their groups. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store_impl.h"
+
+/* ---- models ---- */
+
+static int cmp_tname(const void *a, const void *b, void *arg)
+{
+    const ferry_model *m = arg;
+    int c = strcmp(m->t[*(const int64_t *)a].name, m->t[*(const int64_t *)b].name);
+    if (c) return c;
+    return (*(const int64_t *)a > *(const int64_t *)b) - (*(const int64_t *)a < *(const int64_t *)b);
+}
+
+/* length of name's module prefix (up to the last '.'), or its whole length */
+static size_t prefix_len(const char *name)
+{
+    const char *dot = strrchr(name, '.');
+    return dot ? (size_t)(dot - name) : strlen(name);
+}
+
+static int cmp_prefix(const void *a, const void *b, void *arg)
+{
+    const ferry_model *m = arg;
+    const char *x = m->t[*(const int64_t *)a].name, *y = m->t[*(const int64_t *)b].name;
+    size_t lx = prefix_len(x), ly = prefix_len(y);
+    int c = memcmp(x, y, lx < ly ? lx : ly);
+    if (c) return c;
+    if (lx != ly) return lx < ly ? -1 : 1;
+    return (*(const int64_t *)a > *(const int64_t *)b) - (*(const int64_t *)a < *(const int64_t *)b);
+}
+
+void rs_model_free(ferry_model *m)
+{
+    if (!m) return;
+    ferry_store *s = m->s;
+    fy_spill_hold(s->spill); /* punched later, like after a reload */
+    for (int64_t i = 0; i < m->n; i++) {
+        rtensor *t = &m->t[i];
+        if (t->tier == FERRY_TIER_DEVICE) rs_dev_free(s, t);
+        else rs_release_copy(s, t);
+    }
+    fy_free(s->m, m->t);
+    fy_free(s->m, m->by_name);
+    fy_free(s->m, m->files);
+    fy_free(s->m, m->name);
+    fy_free(s->m, m);
+}
+
+ferry_model *rs_find_model(ferry_store *s, const char *name)
+{
+    for (int i = 0; i < s->nmodels; i++)
+        if (strcmp(s->models[i]->name, name) == 0) return s->models[i];
+    return NULL;
+}
+
+FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *const *files, int nfiles, int priority,
+                              ferry_model **out)
+{
+    if (!s || !name || !files || nfiles <= 0 || !out) return FERRY_E_INVAL;
+    *out = NULL;
+    for (int k = 0; k < nfiles; k++)
+        if (!files[k]) return FERRY_E_INVAL;
+    pthread_mutex_lock(&s->lock);
+    int rc = 0;
+    ferry_model *m = NULL;
+    if (rs_find_model(s, name)) {
+        rc = fy_seterr(&s->ctx->err, FERRY_E_INVAL, "ferry_store_add: a model called \"%s\" is already in the store",
+                       name);
+        goto out;
+    }
+    int64_t n = 0;
+    for (int k = 0; k < nfiles; k++) n += ferry_file_tensor_count(files[k]);
+    m = fy_calloc(s->m, 1, sizeof *m);
+    if (m) m->s = s; /* model_free needs it on the failure path below */
+    if (!m || !(m->name = fy_strndup(s->m, name, strlen(name))) ||
+        !(m->files = fy_calloc(s->m, (size_t)nfiles, sizeof *m->files)) ||
+        !(m->t = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->t)) ||
+        !(m->by_name = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->by_name))) {
+        rc = fy_seterr(&s->ctx->err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    if (s->nmodels == s->cap_models) {
+        int cap = s->cap_models ? 2 * s->cap_models : 8;
+        ferry_model **nm = fy_realloc(s->m, s->models, (size_t)cap * sizeof *nm);
+        if (!nm) {
+            rc = fy_seterr(&s->ctx->err, -ENOMEM, "out of memory");
+            goto out;
+        }
+        s->models = nm;
+        s->cap_models = cap;
+    }
+    m->s = s;
+    m->priority = priority;
+    m->nfiles = nfiles;
+    memcpy(m->files, files, (size_t)nfiles * sizeof *files);
+    m->n = n;
+    int64_t i = 0;
+    for (int k = 0; k < nfiles; k++)
+        for (int64_t j = 0; j < ferry_file_tensor_count(files[k]); j++, i++) {
+            rtensor *t = &m->t[i];
+            ferry_tensor_info ti;
+            ferry_file_tensor_info(files[k], j, &ti); /* j is in range: cannot fail */
+            t->owner = m;
+            t->file = k;
+            t->idx = j;
+            t->name = ti.name;
+            t->nbytes = ti.nbytes;
+            t->tier = FERRY_TIER_SOURCE;
+        }
+    /* groups: one per module prefix; a group's id is the index of a member */
+    for (i = 0; i < n; i++) m->by_name[i] = i;
+    qsort_r(m->by_name, (size_t)n, sizeof *m->by_name, cmp_prefix, m);
+    int64_t g = -1;
+    for (i = 0; i < n; i++) {
+        rtensor *t = &m->t[m->by_name[i]];
+        const char *prev = i ? m->t[m->by_name[i - 1]].name : NULL;
+        size_t pl = prefix_len(t->name);
+        if (!prev || prefix_len(prev) != pl || memcmp(prev, t->name, pl) != 0) g = m->by_name[i];
+        t->group = g;
+    }
+    for (i = 0; i < n; i++) m->by_name[i] = i;
+    qsort_r(m->by_name, (size_t)n, sizeof *m->by_name, cmp_tname, m);
+    s->models[s->nmodels++] = m;
+    *out = m;
+    m = NULL;
+out:
+    if (m) rs_model_free(m);
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+FERRY_API int ferry_store_remove(ferry_model *m)
+{
+    if (!m) return FERRY_E_INVAL;
+    ferry_store *s = m->s;
+    pthread_mutex_lock(&s->lock);
+    for (int64_t i = 0; i < m->n; i++)
+        if (m->t[i].pins) {
+            pthread_mutex_unlock(&s->lock);
+            return fy_seterr(&s->ctx->err, FERRY_E_INVAL, "model \"%s\": tensor %s is pinned: unpin it first", m->name,
+                             m->t[i].name);
+        }
+    for (int i = 0; i < s->nmodels; i++)
+        if (s->models[i] == m) {
+            s->models[i] = s->models[--s->nmodels];
+            break;
+        }
+    fy_xfer_bind(s->dev);
+    rs_model_free(m);
+    pthread_mutex_unlock(&s->lock);
+    return 0;
+}
+
+FERRY_API ferry_model *ferry_store_find(ferry_store *s, const char *name)
+{
+    if (!s || !name) return NULL;
+    pthread_mutex_lock(&s->lock);
+    ferry_model *m = rs_find_model(s, name);
+    pthread_mutex_unlock(&s->lock);
+    return m;
+}
+
+FERRY_API const char *ferry_model_name(const ferry_model *m) { return m ? m->name : ""; }
+FERRY_API int64_t ferry_model_tensor_count(const ferry_model *m) { return m ? m->n : FERRY_E_INVAL; }
+
+FERRY_API int64_t ferry_model_find(const ferry_model *m, const char *name)
+{
+    if (!m || !name) return FERRY_E_INVAL;
+    int64_t lo = 0, hi = m->n;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (strcmp(m->t[m->by_name[mid]].name, name) < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < m->n && strcmp(m->t[m->by_name[lo]].name, name) == 0 ? m->by_name[lo] : FERRY_E_NOTFOUND;
+}
+
+FERRY_API int ferry_model_group(ferry_model *m, const int64_t *tensors, int64_t n)
+{
+    if (!m || n < 0 || (n && !tensors)) return FERRY_E_INVAL;
+    for (int64_t k = 0; k < n; k++)
+        if (tensors[k] < 0 || tensors[k] >= m->n) return FERRY_E_INVAL;
+    if (n < 2) return 0;
+    pthread_mutex_lock(&m->s->lock);
+    /* the groups joined must all be in one tier: refuse mixing device and not */
+    bool on = m->t[tensors[0]].tier == FERRY_TIER_DEVICE;
+    for (int64_t k = 1; k < n; k++)
+        for (int64_t i = 0; i < m->n; i++)
+            if (m->t[i].group == m->t[tensors[k]].group && (m->t[i].tier == FERRY_TIER_DEVICE) != on) {
+                pthread_mutex_unlock(&m->s->lock);
+                return fy_seterr(&m->s->ctx->err, FERRY_E_INVAL,
+                                 "model \"%s\": cannot group tensors of which some are on the device and some not",
+                                 m->name);
+            }
+    int64_t g = m->t[tensors[0]].group;
+    for (int64_t k = 1; k < n; k++) {
+        int64_t old = m->t[tensors[k]].group;
+        if (old == g) continue;
+        for (int64_t i = 0; i < m->n; i++)
+            if (m->t[i].group == old) m->t[i].group = g;
+    }
+    pthread_mutex_unlock(&m->s->lock);
+    return 0;
+}
+
+FERRY_API int ferry_model_set_priority(ferry_model *m, int priority)
+{
+    if (!m) return FERRY_E_INVAL;
+    pthread_mutex_lock(&m->s->lock);
+    m->priority = priority;
+    pthread_mutex_unlock(&m->s->lock);
+    return 0;
+}
+
+/* ---- selection: a request's tensors and their groups ---- */
+
+/* sel[i] = true for tensors[0..n-1] (NULL: all) and every member of their groups */
+int rs_select_groups(ferry_model *m, const int64_t *tensors, int64_t n, bool *sel)
+{
+    if (!tensors) {
+        for (int64_t i = 0; i < m->n; i++) sel[i] = true;
+        return 0;
+    }
+    memset(sel, 0, (size_t)m->n);
+    for (int64_t k = 0; k < n; k++) {
+        if (tensors[k] < 0 || tensors[k] >= m->n)
+            return fy_seterr(&m->s->ctx->err, FERRY_E_INVAL, "model \"%s\": tensor index %" PRId64 " out of range",
+                             m->name, tensors[k]);
+        sel[tensors[k]] = true;
+    }
+    /* close over groups: a group is in when any member is */
+    for (int64_t i = 0; i < m->n; i++)
+        if (sel[i]) sel[m->t[i].group] = true; /* mark the group id (a member index) */
+    for (int64_t i = 0; i < m->n; i++)
+        if (sel[m->t[i].group]) sel[i] = true;
+    return 0;
+}
+

@@ -1,0 +1,129 @@
+/* store_impl.h - what the residency store's files share: a store, its models
+ * and their tensors, and the functions that run under the store's lock (the
+ * pinned pool, the device block cache, selection, eviction). Private to
+ * resid/. The store reaches devices only through xfer.h. */
+#ifndef FERRY_STORE_IMPL_H
+#define FERRY_STORE_IMPL_H
+
+#include <pthread.h>
+
+#include "../common/ranges.h"
+#include "../xfer/xfer.h"
+#include "memstat.h"
+#include "policy.h"
+#include "spill.h"
+
+#define PCHUNK (256ull << 20) /* pinned pool grows by this much (at least) */
+
+typedef struct rtensor {
+    const struct ferry_model *owner; /* with group: a group's identity across models */
+    int32_t file;
+    int64_t idx; /* in its file */
+    const char *name;
+    uint64_t nbytes;
+    ferry_tier tier;
+    bool dirty;
+    int pins;
+    int64_t group;
+    fy_dptr dptr;   /* DEVICE */
+    uint64_t dsize; /* the device block's size (a reused block may be larger) */
+    void *host;     /* PINNED / HOST */
+    uint64_t soff;  /* SPILL: offset in the spill file */
+    bool keep;      /* evict_tensors: stays on the device with its group */
+} rtensor;
+
+struct ferry_model {
+    ferry_store *s;
+    char *name;
+    int priority;
+    uint64_t last_use;
+    ferry_file **files;
+    int nfiles;
+    rtensor *t;
+    int64_t n;
+    int64_t *by_name; /* tensor indices sorted by name */
+};
+
+/* pinned pool: chunks of pinned memory, each with its free ranges */
+typedef struct pchunk {
+    uint8_t *base;
+    uint64_t size;
+    fy_ranges fr;
+} pchunk;
+
+typedef struct counters {
+    uint64_t htod, dtoh, written, read, evicted, dropped;
+    double s_htod, s_dtoh;
+} counters;
+
+struct ferry_store {
+    ferry_device *dev;
+    ferry_ctx *ctx;
+    const ferry_allocator *m;
+    pthread_mutex_t lock;
+    ferry_store_opts o;
+    char *spill_dir;
+    ferry_model **models;
+    int nmodels, cap_models;
+    uint64_t clock;
+    uint64_t device_used, host_used, pinned_used; /* pinned_used: of the pool, in use */
+    pchunk *chunks;
+    int nchunks;
+    uint64_t pool_bytes;
+    fy_spill *spill;
+    bool spilling;
+    /* device blocks of evicted tensors, kept for reuse (no driver call, and
+     * memory the copy engine has written before: bench_alloc) until
+     * ferry_store_make_room gives them back */
+    fy_range *cache; /* off = device address, len = size */
+    int ncache, cap_cache;
+    uint64_t cached;
+    counters c;
+    /* the open job */
+    bool job_open;
+    char job[64];
+    double job_t0;
+    counters job_c;
+    fy_memsampler *sampler;
+};
+
+/* Every function below runs under s->lock. */
+
+/* ---- pool.c: the pinned pool and tensors' host copies ---- */
+int rs_pool_alloc(ferry_store *s, uint64_t n, void **out);
+/* Never fails: a range the free list cannot take is lost to fragmentation. */
+void rs_pool_free(ferry_store *s, void *p, uint64_t n);
+/* Unpin and free the pool's chunks that hold nothing. */
+void rs_pool_trim(ferry_store *s);
+/* Drop whatever copy t has off the device (after it came back, or on removal). */
+void rs_release_copy(ferry_store *s, rtensor *t);
+
+/* ---- blocks.c: the device block cache ---- */
+/* Give cached device blocks back to the driver until at least want bytes
+ * were returned (UINT64_MAX: all). */
+uint64_t rs_cache_release(ferry_store *s, uint64_t want);
+/* A device block for t: a cached one that fits, else a new one. */
+int rs_dev_alloc(ferry_store *s, rtensor *t);
+/* t's block goes to the cache (or back to the driver). */
+void rs_dev_free(ferry_store *s, rtensor *t);
+
+/* ---- model.c: models and groups ---- */
+void rs_model_free(ferry_model *m);
+ferry_model *rs_find_model(ferry_store *s, const char *name);
+/* sel[i] = true for tensors[0..n-1] (NULL: all) and every member of their groups */
+int rs_select_groups(ferry_model *m, const int64_t *tensors, int64_t n, bool *sel);
+
+/* ---- evict.c: eviction ---- */
+/* Take the listed device tensors off the device: clean ones dropped, dirty
+ * ones saved by the host policy; a group whose dirty member could not be
+ * saved stays. 0 or the first error. */
+int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n);
+/* Free bytes on the device, evicting by policy, protecting prot[] of pm.
+ * Bytes freed, or FERRY_E_BUDGET with *could = what could be made. */
+int64_t rs_make_room_locked(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, uint64_t *could);
+
+/* ---- stats.c ---- */
+/* Bytes per tier over every model. */
+void rs_tiers(ferry_store *s, uint64_t *tb);
+
+#endif

@@ -1,0 +1,108 @@
+/* tensor.c - one tensor of a model: dirty marks, use counts, state, and
+ * reading or writing its bytes wherever they are. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store_impl.h"
+
+static int check_t(ferry_model *m, int64_t t) { return m && t >= 0 && t < m->n ? 0 : FERRY_E_INVAL; }
+
+FERRY_API int ferry_model_mark_dirty(ferry_model *m, int64_t t)
+{
+    FY_TRY(check_t(m, t));
+    pthread_mutex_lock(&m->s->lock);
+    int rc = 0;
+    if (m->t[t].tier != FERRY_TIER_DEVICE)
+        rc = fy_seterr(&m->s->ctx->err, FERRY_E_INVAL, "model \"%s\": %s is not on the device (it is in %s)", m->name,
+                       m->t[t].name, ferry_tier_name(m->t[t].tier));
+    else
+        m->t[t].dirty = true;
+    pthread_mutex_unlock(&m->s->lock);
+    return rc;
+}
+
+static int pin(ferry_model *m, int64_t t, int d)
+{
+    if (!m || t >= m->n) return FERRY_E_INVAL;
+    pthread_mutex_lock(&m->s->lock);
+    int rc = 0;
+    for (int64_t i = t < 0 ? 0 : t; i < (t < 0 ? m->n : t + 1); i++) {
+        if (d < 0 && m->t[i].pins == 0) {
+            rc = fy_seterr(&m->s->ctx->err, FERRY_E_INVAL, "model \"%s\": %s is not pinned", m->name, m->t[i].name);
+            continue;
+        }
+        m->t[i].pins += d;
+    }
+    pthread_mutex_unlock(&m->s->lock);
+    return rc;
+}
+
+FERRY_API int ferry_model_pin(ferry_model *m, int64_t t) { return pin(m, t, 1); }
+FERRY_API int ferry_model_unpin(ferry_model *m, int64_t t) { return pin(m, t, -1); }
+
+FERRY_API int ferry_model_tensor_state(ferry_model *m, int64_t t, ferry_tensor_state *out)
+{
+    FY_TRY(check_t(m, t));
+    if (!out) return FERRY_E_INVAL;
+    pthread_mutex_lock(&m->s->lock);
+    const rtensor *r = &m->t[t];
+    out->name = r->name;
+    out->nbytes = r->nbytes;
+    out->tier = r->tier;
+    out->dirty = r->dirty;
+    out->pins = r->pins;
+    out->group = r->group;
+    out->dptr = r->tier == FERRY_TIER_DEVICE ? r->dptr : 0;
+    pthread_mutex_unlock(&m->s->lock);
+    return 0;
+}
+
+FERRY_API int ferry_model_read(ferry_model *m, int64_t t, void *buf)
+{
+    FY_TRY(check_t(m, t));
+    if (!buf) return FERRY_E_INVAL;
+    ferry_store *s = m->s;
+    pthread_mutex_lock(&s->lock);
+    rtensor *r = &m->t[t];
+    int rc = 0;
+    if (r->nbytes == 0) {
+    } else if (r->tier == FERRY_TIER_DEVICE) {
+        fy_hostrange h = {buf, r->dptr, r->nbytes};
+        rc = fy_xfer_device_to_host(s->dev, &h, 1, NULL);
+    } else if (r->tier == FERRY_TIER_PINNED || r->tier == FERRY_TIER_HOST) {
+        memcpy(buf, r->host, (size_t)r->nbytes);
+    } else if (r->tier == FERRY_TIER_SOURCE) {
+        rc = ferry_file_tensor_read(m->files[r->file], r->idx, 0, buf, (size_t)r->nbytes);
+    } else {
+        rc = fy_xfer_fd_to_host(s->dev, fy_spill_fd(s->spill), r->soff, buf, r->nbytes);
+        if (rc < 0) fy_seterr(&s->ctx->err, rc, "%s: reading back %s from the spill file: %s", s->spill_dir, r->name,
+                              ferry_strerror(rc));
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+FERRY_API int ferry_model_write(ferry_model *m, int64_t t, const void *buf)
+{
+    FY_TRY(check_t(m, t));
+    if (!buf) return FERRY_E_INVAL;
+    ferry_store *s = m->s;
+    pthread_mutex_lock(&s->lock);
+    rtensor *r = &m->t[t];
+    int rc = 0;
+    if (r->tier != FERRY_TIER_DEVICE) {
+        rc = fy_seterr(&s->ctx->err, FERRY_E_INVAL, "model \"%s\": %s is not on the device (it is in %s)", m->name,
+                       r->name, ferry_tier_name(r->tier));
+    } else if (r->nbytes) {
+        fy_hostrange h = {(void *)(uintptr_t)buf, r->dptr, r->nbytes};
+        rc = fy_xfer_host_to_device(s->dev, &h, 1, NULL);
+    }
+    if (rc == 0) r->dirty = true;
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
