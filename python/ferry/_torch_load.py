@@ -1,0 +1,252 @@
+"""_torch_load - ferry.torch.load_file, and the tensor plumbing every part of
+ferry.torch shares: ferry dtypes as torch dtypes, zero-copy views of ferry
+memory (a file's mapping, a load's blocks), empty tensors for ferry to fill,
+and reading a device argument.
+"""
+import os
+
+import torch
+
+from . import _core, _dlpack, _lib
+
+# ferry dtype name -> torch dtype attribute, taken where this torch has it
+_DTYPE_ATTRS = [
+    ("BOOL", "bool"), ("U8", "uint8"), ("I8", "int8"), ("I16", "int16"), ("I32", "int32"),
+    ("I64", "int64"), ("F16", "float16"), ("BF16", "bfloat16"), ("F32", "float32"),
+    ("F64", "float64"), ("C64", "complex64"), ("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64"),
+    ("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2"), ("F8_E4M3FNUZ", "float8_e4m3fnuz"),
+    ("F8_E5M2FNUZ", "float8_e5m2fnuz"), ("F8_E8M0", "float8_e8m0fnu"),
+]
+DTYPES = {name: getattr(torch, attr) for name, attr in _DTYPE_ATTRS if hasattr(torch, attr)}
+"""ferry dtype name -> torch.dtype, for the dtypes this torch has."""
+
+
+def dtype_for(info, path=None):
+    """The torch dtype of a ferry TensorInfo; None for ggml's block-quantized
+    types (GGUF Q4_K, ...), which load as raw uint8 tensors of shape [nbytes].
+    Raises UnsupportedError naming the tensor for dtypes this torch lacks
+    (F4, F6_*, and FP8 / U16-U64 before the torch versions that added them)."""
+    return _core.framework_dtype(DTYPES, info, path, f"torch dtype in torch {torch.__version__}")
+
+
+_ELEMENT_SIZE = {}
+
+
+def _element_size(dt):
+    n = _ELEMENT_SIZE.get(dt)
+    if n is None:
+        n = _ELEMENT_SIZE[dt] = torch.empty((), dtype=dt).element_size()
+    return n
+
+
+def _frombuffer(buf, dt):
+    try:
+        return torch.frombuffer(buf, dtype=dt)
+    except (TypeError, RuntimeError, ValueError):
+        return torch.frombuffer(buf, dtype=torch.uint8).view(dt)
+
+
+def _shape_view(base, info, dt, byte_offset):
+    """info's tensor as a view of the 1-D base that starts byte_offset before it."""
+    if dt is None:  # raw bytes of a block-quantized tensor
+        return base[byte_offset:byte_offset + info.nbytes]
+    es = _element_size(dt)
+    if info.strides is None and byte_offset == 0 and base.numel() * es == info.nbytes:
+        return base.view(info.shape)
+    strides = info.strides if info.strides is not None else _core.contiguous_strides(info.shape)
+    return base.as_strided(info.shape, strides, byte_offset // es)
+
+
+def _empty(info, dt, device):
+    return torch.empty(info.shape if dt is not None else (0,), dtype=dt or torch.uint8, device=device)
+
+
+def _views(h, infos, dts):
+    """Zero-copy tensors over h's mapping, name -> tensor."""
+    bases, where = _core.plan_views(infos)
+    base_tensors = []
+    for shard, start, end, first in bases:
+        buf = h.buffer(h.data(first), end - start)
+        base_tensors.append(_frombuffer(buf, dts[first] or torch.uint8))
+    out = {}
+    for t in infos:
+        dt = dts[t.index]
+        if not t.nbytes:
+            out[t.name] = _empty(t, dt, "cpu")
+        else:
+            b, off = where[t.index]
+            out[t.name] = _shape_view(base_tensors[b], t, dt, off)
+    return out
+
+
+def _alloc(infos, dts, device):
+    """Empty device tensors for infos, and the (index, address) pairs ferry
+    fills: name -> tensor, [index], [address]."""
+    bases, where = _core.plan_views(infos)
+    base_tensors = [None] * len(bases)  # made on first use
+    out, idx, ptrs = {}, [], []
+    for t in infos:
+        dt = dts[t.index]
+        if not t.nbytes:
+            out[t.name] = _empty(t, dt, device)
+            continue
+        b, off = where[t.index]
+        base = base_tensors[b]
+        if base is None:
+            shard, start, end, first = bases[b]
+            if (first == t.index and end - start == t.nbytes and t.strides is None and dt is not None
+                    and not t.flags & _lib.TENSOR_SHARED_STORAGE):
+                # the common case, a tensor alone in its storage: allocate it as it is
+                out[t.name] = torch.empty(t.shape, dtype=dt, device=device)
+                idx.append(t.index)
+                ptrs.append(out[t.name].data_ptr())
+                continue
+            bdt = dts[first] or torch.uint8
+            base = base_tensors[b] = torch.empty((end - start) // _element_size(bdt), dtype=bdt, device=device)
+        out[t.name] = _shape_view(base, t, dt, off)
+        idx.append(t.index)
+        ptrs.append(base.data_ptr() + off)
+    return out, idx, ptrs
+
+
+def _cuda_index(dev):
+    if dev.index is not None:
+        return dev.index
+    if torch.cuda.is_available():
+        return torch.cuda.current_device()
+    return 0  # ferry's device open then says why there is no GPU
+
+
+def _sync(dev):
+    """Wait for work queued on dev's current stream: memory the caching
+    allocator just handed out (or parameters about to be overwritten) may
+    still be used by kernels queued there, and ferry copies on its own streams."""
+    if torch.cuda.is_available():
+        torch.cuda.current_stream(dev).synchronize()
+
+
+def _by_name(tensors):
+    return {k: tensors[k] for k in sorted(tensors)}
+
+
+def _torch_device(device, who):
+    """device (an int N: cuda:N; a str; a torch.device) as a torch.device;
+    ValueError naming who for a bad string, TypeError for anything else."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return torch.device("cuda", device)
+    if isinstance(device, str):
+        try:
+            return torch.device(device)
+        except RuntimeError as e:
+            raise ValueError(f"{who}: bad device {device!r}: {e}") from None
+    if not isinstance(device, torch.device):
+        raise TypeError(f"device must be a str, int or torch.device, not {type(device).__name__}")
+    return device
+
+
+def _parse_device(device, owner):
+    if isinstance(device, str) and device.startswith("sim:"):
+        if owner != "ferry":
+            raise ValueError(f"device {device!r} (ferry's simulated GPU) needs owner='ferry'")
+        return device
+    device = _torch_device(device, "ferry.torch")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"ferry.torch: device must be cpu or cuda (or sim:SIZE with owner='ferry'), "
+                         f"not {device}")
+    return device
+
+
+def load_file(path, device="cpu", *, path_kind="auto", ring_buffers=None, ring_buffer_bytes=None,
+              threads=None, progress=None, owner="torch", stats=None):
+    """Load every tensor of a checkpoint (safetensors, *.safetensors.index.json,
+    GGUF, PyTorch zip) as a dict name -> torch.Tensor, sorted by name, with the
+    same dtypes, shapes and bytes as safetensors.torch.load_file.
+
+    device "cpu": zero-copy views of a copy-on-write private mapping of the
+    file. Nothing is read until touched; writing to a tensor changes only this
+    process's copy, never the file. The file stays mapped while any tensor lives.
+    device "cuda" / "cuda:N" / int N (plain "cuda": the current device): each
+    tensor is allocated with torch.empty (PyTorch's allocator owns it) and one
+    ferry_load_into fills them all through ferry's pinned ring; returns when the
+    data is on the device. path_kind ("auto", "ring", "direct", "register",
+    "cufile"), ring_buffers, ring_buffer_bytes (int or "16MiB") and threads set
+    ferry_load_opts; progress(done, total) is called from ferry's worker
+    threads (an exception it raises is raised here after the load). On cpu
+    nothing is read, so progress is called once with (total, total).
+
+    owner="ferry": ferry allocates the memory (ferry_load) and each tensor is
+    imported through DLPack; the memory is freed when the last tensor of the
+    load dies. device may then also be "sim:SIZE" (ferry's simulated GPU,
+    whose memory is host memory: the tensors come back as cpu tensors), and
+    "cpu" means a copy into ferry-owned host memory rather than views.
+
+    ggml's block-quantized GGUF tensors come back as raw uint8 tensors of
+    shape [nbytes] (their type: ferry.File(path).info(name).dtype). Dtypes this
+    torch lacks raise UnsupportedError naming the tensor. Non-row-major PyTorch
+    views keep their strides; views of one storage stay views of one storage
+    where they overlap. Errors: OSError (with errno and filename) for system
+    errors, ferry.FormatError / UnsupportedError / NoDeviceError / ... for the
+    library's.
+
+    stats: a dict to fill with the load's ferry_load_stats (path used, bytes,
+    seconds of the transfer itself, resident fraction, why that path); on cpu
+    path is "view" and nothing is read."""
+    path = os.fspath(path)
+    if owner not in ("torch", "ferry"):
+        raise ValueError(f"owner must be 'torch' or 'ferry', not {owner!r}")
+    device = _parse_device(device, owner)
+    opts = _core.LoadOptions(path_kind, threads, ring_buffers, ring_buffer_bytes, progress)
+    if owner == "ferry":
+        return _load_owned(path, device, opts, stats)
+    if device.type == "cpu":
+        h = _core._Handle(path, _lib.OPEN_PRIVATE)
+        infos = h.infos()
+        dts = {t.index: dtype_for(t, h.path) for t in infos}
+        out = _views(h, infos, dts)
+        if progress is not None:
+            total = sum(t.nbytes for t in infos)
+            progress(total, total)
+        if stats is not None:
+            stats.update(path="view", bytes=0, seconds=0.0, resident=-1.0,
+                         why="zero-copy views of a private mapping: nothing read")
+        return _by_name(out)
+    index = _cuda_index(device)
+    fdev = _core.device(f"cuda:{index}", path)
+    h = _core._Handle(path, 0)
+    infos = h.infos()
+    dts = {t.index: dtype_for(t, h.path) for t in infos}
+    tdev = torch.device("cuda", index)
+    out, idx, ptrs = _alloc(infos, dts, tdev)
+    _sync(tdev)
+    st = _core.load_into(fdev, h, idx, ptrs, opts)
+    if stats is not None:
+        stats.update(st)
+    return _by_name(out)
+
+
+def _load_owned(path, device, opts, stats):
+    if isinstance(device, str):  # sim:SIZE: host memory behind a GPU's interface
+        spec, dl, tdev = device, (_dlpack.KDL_CPU, 0), torch.device("cpu")
+    elif device.type == "cpu":
+        spec, dl, tdev = "cpu", (_dlpack.KDL_CPU, 0), device
+    else:
+        index = _cuda_index(device)
+        spec, dl, tdev = f"cuda:{index}", (_dlpack.KDL_CUDA, index), torch.device("cuda", index)
+    fdev = _core.device(spec, path)
+    h = _core._Handle(path, 0)
+    infos = h.infos()
+    dts = {t.index: dtype_for(t, h.path) for t in infos}
+    loaded = _core.Loaded(fdev, h, opts)
+    if stats is not None:
+        stats.update(loaded.stats)
+    out = {}
+    for t in infos:
+        dt = dts[t.index]
+        if not t.nbytes:
+            out[t.name] = _empty(t, dt, tdev)
+            continue
+        cap = _dlpack.capsule(loaded.ptr(t.index), t.nbytes, dl[0], dl[1], loaded)
+        raw = torch.utils.dlpack.from_dlpack(cap)
+        base = raw if dt is None else raw.view(dt)
+        out[t.name] = _shape_view(base, t, dt, 0)
+    return _by_name(out)

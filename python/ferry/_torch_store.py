@@ -1,0 +1,547 @@
+"""_torch_store - ferry.torch.Store: the residency store (the C objects are
+_store.StoreCore's) with nn.Modules attached, whose tensors are re-pointed at
+the store's device memory as it moves them, and their forward hooks; Job.
+"""
+import contextlib
+import ctypes
+import inspect
+import os
+import threading
+
+import torch
+
+from . import _core, _dlpack, _lib, _store, errors
+from ._torch_load import _cuda_index, _empty, _frombuffer, _shape_view, _torch_device, dtype_for
+from ._torch_match import _attach_plan, _repoint
+
+_UINT64_MAX = (1 << 64) - 1
+_HOOK_ALWAYS_CALL = "always_call" in inspect.signature(torch.nn.Module.register_forward_hook).parameters
+
+
+def _store_device(device):
+    """(ferry device spec, torch device of the views, DLPack device or None
+    for host memory) of a Store's device argument."""
+    if isinstance(device, str) and (device.startswith("sim:") or device == "cpu"):
+        # ferry's simulated GPU (and its cpu device): "device" memory is host memory
+        return device, torch.device("cpu"), None
+    device = _torch_device(device, "ferry.torch.Store")
+    if device.type != "cuda":
+        raise ValueError(f"ferry.torch.Store: device must be cuda[:N], sim:SIZE or cpu, not {device}")
+    index = _cuda_index(device)
+    return f"cuda:{index}", torch.device("cuda", index), (_dlpack.KDL_CUDA, index)
+
+
+def _size_opt(v, what):
+    if v is None:
+        return 0
+    try:
+        return _core.parse_size(v)
+    except ValueError as e:
+        raise ValueError(f"ferry.torch.Store: {what}: {e}") from None
+
+
+class _Attached:
+    """A module attached to a model of a Store: which tensor of the model each
+    of its parameters and buffers shows, and what it shows now."""
+
+    def __init__(self, module, plan):
+        self.module = module
+        self.plan = plan  # [(model index, TensorInfo, torch dtype, module entries)]
+        self.shown = {}   # model index -> (tier, dptr) the module's tensor is a view of
+        self.hooks = []
+        self.hook_pins = 0  # pins the forward hooks hold now
+
+
+class Job:
+    """`with store.job(name) as j:` - per-job memory statistics
+    (ferry_store_job_begin/end). j.stats is None inside the block and a dict
+    with ferry_job_stats's fields after it: job, seconds, rss, uss, pss and
+    cgroup (each {"start", "end", "peak"} in bytes; cgroup all 0 outside a
+    cgroup v2), device_bytes, pinned_bytes, host_bytes, spill_bytes (the
+    tiers at the end), bytes_htod, bytes_dtoh, bytes_written, bytes_read,
+    seconds_htod, seconds_dtoh, evicted, dropped (during the job)."""
+
+    def __init__(self, store, name):
+        self.store = store
+        self.name = name
+        self.stats = None
+
+    def __enter__(self):
+        with self.store._lock:
+            self.store._live().job_begin(self.name)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        with self.store._lock:
+            try:
+                self.stats = self.store._live().job_end()
+            except (errors.FerryError, OSError, ValueError):
+                if exc_type is None:
+                    raise  # else the block's own exception is the one to see
+        return False
+
+    def __repr__(self):
+        return f"<ferry.torch.Job {self.name!r} {'open' if self.stats is None else 'ended'}>"
+
+
+class Store:
+    """ferry's residency store (ferry_store_*) with nn.Modules attached: see
+    python/README.md ("Residency store").
+
+        store = ferry.torch.Store("cuda:0", device_budget="20GiB")
+        store.add("dit", "dit.safetensors", module=dit)      # dit's tensors now follow the store
+        dit(x)                        # a forward pre-hook brings it to the device, pinned while it runs
+        store.offload("dit")          # its parameters become meta tensors until the next use
+
+    Every call is thread-safe. After every call that can move tensors, each
+    attached module's parameters and buffers are re-pointed: zero-copy views of
+    the device copy while the tensor is on the device, meta tensors of the
+    right shape and dtype while it is not (so nothing ever points at memory the
+    store gave to another tensor). With torch 2.3 and later re-pointing keeps
+    the Parameter objects (their contents are swapped, requires_grad kept);
+    with older torch it puts new ones in: look them up on the module after a
+    store call rather than keeping them."""
+
+    def __init__(self, device="cuda", *, device_budget=None, device_reserve=None, host_budget=None,
+                 pinned_budget=None, host_reserve=None, spill_below=None, spill_above=None, spill_dir=None,
+                 path_kind="auto", threads=None, ring_buffers=None, ring_buffer_bytes=None):
+        self._core = None
+        self._lock = threading.RLock()
+        self._tls = threading.local()  # the forward pre-hooks' pins, per thread
+        self._attached = {}  # model name -> _Attached
+        self._states = {}    # model name -> [(tier, dptr)] of every tensor, as of the last call
+        spec, self._tdev, self._dl = _store_device(device)
+        self.device = spec
+        fdev = _core.device(spec)
+        opts = _core.LoadOptions(path_kind, threads, ring_buffers, ring_buffer_bytes)
+        self._core = _store.StoreCore(
+            fdev, device_budget=_size_opt(device_budget, "device_budget"),
+            device_reserve=_size_opt(device_reserve, "device_reserve"),
+            host_budget=_size_opt(host_budget, "host_budget"),
+            pinned_budget=_size_opt(pinned_budget, "pinned_budget"),
+            host_reserve=_size_opt(host_reserve, "host_reserve"),
+            spill_below=_size_opt(spill_below, "spill_below"), spill_above=_size_opt(spill_above, "spill_above"),
+            spill_dir=spill_dir, load_opts=opts.opts)
+
+    # ---- lookups ----
+
+    def _live(self):
+        if self._core is None:
+            raise ValueError(f"ferry.torch.Store on {self.device}: the store is closed")
+        return self._core
+
+    def _model(self, name):
+        core = self._live()
+        m = core.models.get(name) if isinstance(name, str) else None
+        if m is None:
+            have = ", ".join(f'"{k}"' for k in core.models) or "none"
+            raise errors.NotFoundError(_lib.E_NOTFOUND, f"ferry.torch.Store on {self.device}: no model called "
+                                                        f"{name!r} (models: {have})")
+        return m
+
+    def _tensor_index(self, m, key):
+        """Model index of a tensor given by name, index, or (for an attached
+        module) the tensor itself or a view of its device memory."""
+        if isinstance(key, bool):
+            raise TypeError("a tensor is named by its name, its index or the tensor itself")
+        if isinstance(key, int):
+            if not 0 <= key < len(m):
+                raise IndexError(f"model \"{m.name}\": tensor index {key} out of range (0..{len(m) - 1})")
+            return key
+        if isinstance(key, str):
+            i = m.find(key)
+            if i is None:
+                raise errors.NotFoundError(_lib.E_NOTFOUND, f"model \"{m.name}\": no tensor called '{key}'",
+                                           m.filename())
+            return i
+        if isinstance(key, torch.Tensor):
+            a = self._attached.get(m.name)
+            if a is not None:
+                for idx, info, dt, entries in a.plan:
+                    if any(key is getattr(mod, attr, None) for _, mod, attr, _, _ in entries):
+                        return idx
+            if not key.is_meta and key.device.type == self._tdev.type:
+                p = key.data_ptr()
+                for idx, (tier, dptr) in enumerate(self._states.get(m.name, ())):
+                    if tier == _lib.TIER_DEVICE and dptr and dptr <= p < dptr + m.infos[idx].nbytes:
+                        return idx
+            raise errors.NotFoundError(_lib.E_NOTFOUND, f"model \"{m.name}\": the {tuple(key.shape)} "
+                                       f"{key.dtype} tensor given is none of its tensors on the device",
+                                       m.filename())
+        raise TypeError(f"a tensor is named by its name, its index or the tensor itself, not "
+                        f"{type(key).__name__}")
+
+    def _indices(self, m, tensors):
+        if tensors is None:
+            return None
+        if isinstance(tensors, (str, int, torch.Tensor)):
+            tensors = [tensors]
+        return [self._tensor_index(m, t) for t in tensors]
+
+    def __contains__(self, name):
+        return self._core is not None and name in self._core.models
+
+    def __len__(self):
+        return 0 if self._core is None else len(self._core.models)
+
+    def names(self):
+        """The models' names, in the order added."""
+        return list(self._live().models)
+
+    def tensor_names(self, name):
+        """The tensors of a model, in the store's numbering (file by file)."""
+        return [t.name for t in self._model(name).infos]
+
+    def module(self, name):
+        """The module attached to a model, or None."""
+        self._model(name)
+        a = self._attached.get(name)
+        return a.module if a is not None else None
+
+    # ---- views ----
+
+    def _sync(self):
+        """Wait for every kernel queued on the store's GPU: tensors about to
+        move (or device blocks about to be reused) may still be in use."""
+        if self._tdev.type == "cuda":
+            torch.cuda.synchronize(self._tdev)
+
+    def _view(self, core, dptr, info, dt):
+        """A zero-copy tensor over device memory the store owns (its blocks
+        are freed by the store, never by the view; the view keeps the store)."""
+        if not info.nbytes:
+            return _empty(info, dt, self._tdev)
+        if self._dl is None:  # sim / cpu: host memory
+            buf = (ctypes.c_ubyte * info.nbytes).from_address(dptr)
+            buf._ferry_owner = core
+            base = _frombuffer(buf, dt or torch.uint8)
+        else:
+            cap = _dlpack.capsule(dptr, info.nbytes, self._dl[0], self._dl[1], core)
+            raw = torch.utils.dlpack.from_dlpack(cap)
+            base = raw if dt is None else raw.view(dt)
+        return _shape_view(base, info, dt, 0)
+
+    @staticmethod
+    def _placeholder(info, dt):
+        return torch.empty(info.shape if dt is not None else (info.nbytes,), dtype=dt or torch.uint8,
+                           device="meta")
+
+    def _all_on_device(self, m, idx=None):
+        st = self._states.get(m.name)
+        if st is None:
+            return False
+        ids = range(len(st)) if idx is None else idx
+        return all(st[i][0] == _lib.TIER_DEVICE for i in ids)
+
+    def _refresh(self, names=None):
+        """Read every tensor's tier and address and re-point what changed in
+        the attached modules."""
+        core = self._core
+        raw = _lib.TensorState()
+        for name, m in list(core.models.items()):
+            if names is not None and name not in names:
+                continue
+            st = [(s.tier, s.dptr) for s in (core.raw_state(m, i, raw) for i in range(len(m)))]
+            self._states[name] = st
+            a = self._attached.get(name)
+            if a is None:
+                continue
+            for idx, info, dt, entries in a.plan:
+                now = st[idx] if st[idx][0] == _lib.TIER_DEVICE else (st[idx][0], 0)
+                if a.shown.get(idx) == now:
+                    continue
+                if now[0] == _lib.TIER_DEVICE:
+                    new = self._view(core, now[1], info, dt)
+                else:
+                    new = self._placeholder(info, dt)
+                _repoint(entries, new)
+                a.shown[idx] = now
+
+    # ---- models ----
+
+    def add(self, name, path, *, module=None, priority=0, strict=True):
+        """Add a model called name holding every tensor of path (anything
+        ferry reads; a list of paths makes one model of several files). Its
+        tensors start in the checkpoint (tier "source"): nothing is read yet.
+        Higher priority models are evicted later.
+
+        module: an nn.Module whose parameter and persistent buffer names are
+        the checkpoint's tensor names. Keys, shapes and dtypes are checked
+        first (RuntimeError worded as load_state_dict's; strict=False lets
+        module tensors missing from the file stay as they are and file tensors
+        the module lacks stay in the store only). Its tensors then become meta
+        placeholders (whatever memory they had is dropped) and follow the
+        store from then on; a forward pre-hook brings the model to the device
+        and pins it while forward runs."""
+        if not isinstance(name, str) or not name:
+            raise TypeError("the model's name must be a non-empty str")
+        paths = [path] if isinstance(path, (str, bytes, os.PathLike)) else list(path)
+        if not paths:
+            raise ValueError(f"model \"{name}\": no files")
+        with self._lock:
+            core = self._live()
+            if name in core.models:
+                raise errors.InvalidArgumentError(_lib.E_INVAL, f"ferry.torch.Store: a model called "
+                                                               f"\"{name}\" is already in the store")
+            if module is not None:
+                if not isinstance(module, torch.nn.Module):
+                    raise TypeError(f"module must be an nn.Module, not {type(module).__name__}")
+                if getattr(module, "_ferry_store_model", None) is not None:
+                    raise ValueError(f"this {type(module).__name__} is already attached to model "
+                                     f"\"{module._ferry_store_model}\" of a ferry store")
+            handles, infos = core.open_files(paths)
+            plan = _attach_plan(module, infos, handles, strict) if module is not None else None
+            core.add(name, handles, infos, priority)
+            if module is not None:
+                a = self._attached[name] = _Attached(module, plan)
+                module._ferry_store_model = name
+                self._install_hooks(name, a)
+            self._refresh([name])
+        return name
+
+    def _install_hooks(self, name, a):
+        # Each forward hook undoes the pin of its own thread's pre-hook, if
+        # that pre-hook got as far as pinning (torch 2.1+ runs an always_call
+        # hook even when a pre-hook raised).
+        def pre(mod, args):
+            self._enter(name, hook=True)
+            stack = self._tls.__dict__.setdefault("pins", [])
+            stack.append(name)
+
+        def post(mod, args, out):
+            stack = self._tls.__dict__.get("pins")
+            if stack and name in stack:
+                del stack[len(stack) - 1 - stack[::-1].index(name)]
+                self._leave(name, hook=True)
+
+        a.hooks.append(a.module.register_forward_pre_hook(pre))
+        if _HOOK_ALWAYS_CALL:  # torch 2.1+: run even when forward raises
+            a.hooks.append(a.module.register_forward_hook(post, always_call=True))
+        else:
+            a.hooks.append(a.module.register_forward_hook(post))
+
+    def _enter(self, name, hook=False):
+        """to_device (which also marks the model used now) and pin it all."""
+        with self._lock:
+            m = self._model(name)
+            moving = not self._all_on_device(m)
+            if moving:
+                self._sync()
+            try:
+                self._core.to_device(m)
+            finally:
+                if moving:
+                    self._refresh()
+            self._core.pin(m, -1)
+            if hook:
+                self._attached[name].hook_pins += 1
+
+    def _leave(self, name, hook=False):
+        with self._lock:
+            core = self._core
+            m = core.models.get(name) if core is not None else None
+            if m is None:
+                return  # removed or closed meanwhile: nothing is pinned any more
+            if hook:
+                a = self._attached.get(name)
+                if a is None or a.hook_pins == 0:
+                    return
+                a.hook_pins -= 1
+            core.unpin(m, -1)
+
+    @contextlib.contextmanager
+    def use(self, name):
+        """`with store.use(name):` - the model on the device and pinned (never
+        evicted) inside the block, e.g. while calling its submodules directly
+        (the forward hooks are on the attached module only)."""
+        self._enter(name)
+        try:
+            yield self
+        finally:
+            self._leave(name)
+
+    def unpin(self, name):
+        """Drop the pins the forward hooks hold on a model. Needed only with
+        torch before 2.1 after a forward that raised (its forward hook did not
+        run, so the model stayed pinned and cannot be evicted)."""
+        with self._lock:
+            m = self._model(name)
+            a = self._attached.get(name)
+            while a is not None and a.hook_pins:
+                a.hook_pins -= 1
+                self._core.unpin(m, -1)
+            stack = self._tls.__dict__.get("pins")
+            while stack and name in stack:
+                stack.remove(name)
+
+    def to_device(self, name, tensors=None):
+        """Bring a model (or tensors: names, indices or tensors of it, with
+        their groups) to the device, evicting others as the policy decides
+        (least recently used, lowest priority first, never a pinned tensor).
+        Marks the model used now. BudgetError when even that cannot make room
+        (nothing evicted or moved then)."""
+        with self._lock:
+            m = self._model(name)
+            idx = self._indices(m, tensors)
+            moving = not self._all_on_device(m, idx)
+            if moving:
+                self._sync()
+            try:
+                self._core.to_device(m, idx)
+            finally:
+                if moving:
+                    self._refresh()
+
+    def offload(self, name, tensors=None):
+        """Take a model (or some of its tensors) off the device: clean tensors
+        are dropped, dirty ones saved to pinned RAM, host RAM or the spill
+        file. Attached modules' tensors become meta placeholders."""
+        with self._lock:
+            m = self._model(name)
+            idx = self._indices(m, tensors)
+            self._sync()
+            try:
+                self._core.evict(m, idx)
+            finally:
+                self._refresh([name])
+
+    evict = offload
+
+    def make_room(self, nbytes=None):
+        """Make nbytes (int or "2GiB"; None: everything evictable) of device
+        memory free for the caller, evicting what the policy picks, and give
+        the store's cached device blocks back to the driver. Returns the
+        tensor bytes evicted. BudgetError (with the library's message, and
+        .could = the most that could be made free) when it is impossible:
+        nothing is evicted then."""
+        n = _UINT64_MAX if nbytes is None else _size_opt(nbytes, "nbytes")
+        with self._lock:
+            core = self._live()
+            self._sync()
+            try:
+                return core.make_room(n)
+            finally:
+                self._refresh()
+
+    def mark_dirty(self, name, tensor):
+        """The caller changed tensors of a model in place on the device (names,
+        indices or the tensors themselves, e.g. module.blk.weight): they are
+        saved, not dropped, when they leave, and come back with the change."""
+        with self._lock:
+            m = self._model(name)
+            for i in self._indices(m, tensor):
+                self._core.mark_dirty(m, i)
+
+    def set_priority(self, name, priority):
+        with self._lock:
+            self._core.set_priority(self._model(name), priority)
+
+    def tensor_state(self, name, tensor):
+        """TensorState(name, nbytes, tier, dirty, pins, group, dptr) of one
+        tensor (by name, index or the tensor itself)."""
+        with self._lock:
+            m = self._model(name)
+            return self._core.state(m, self._tensor_index(m, tensor))
+
+    def tensor_states(self, name):
+        """{tensor name: TensorState} of every tensor of a model."""
+        with self._lock:
+            m = self._model(name)
+            out = {}
+            for i in range(len(m)):
+                s = self._core.state(m, i)
+                out.setdefault(s.name, s)
+            return out
+
+    def read(self, name, tensor):
+        """A cpu copy of a tensor's current bytes, from whichever tier holds
+        them (ferry_model_read)."""
+        with self._lock:
+            m = self._model(name)
+            i = self._tensor_index(m, tensor)
+            info = m.infos[i]
+            dt = dtype_for(info, m.filename())
+            raw = torch.empty(info.nbytes, dtype=torch.uint8)
+            if info.nbytes:
+                self._sync()
+                self._core.read(m, i, raw.data_ptr())
+            base = raw if dt is None or not info.nbytes else raw.view(dt)
+            return _shape_view(base, info, dt, 0) if info.nbytes else _empty(info, dt, "cpu")
+
+    def write(self, name, tensor, value):
+        """Overwrite a tensor on the device with value's bytes (same dtype and
+        number of bytes) and mark it dirty (ferry_model_write)."""
+        with self._lock:
+            m = self._model(name)
+            i = self._tensor_index(m, tensor)
+            info = m.infos[i]
+            src = value.detach().to("cpu").contiguous()
+            if src.numel() * src.element_size() != info.nbytes:
+                raise ValueError(f"model \"{name}\": {info.name} has {info.nbytes} bytes, the value "
+                                 f"{src.numel() * src.element_size()}")
+            self._sync()
+            dummy = ctypes.c_char()  # ferry_model_write wants a buffer even for 0 bytes
+            self._core.write(m, i, src.data_ptr() if info.nbytes else ctypes.addressof(dummy))
+
+    def stats(self):
+        """ferry_store_get_stats as a dict: tier_bytes {tier: bytes}, the
+        budgets, host_available and host_source, spilling, spill_path,
+        spill_file_bytes, bytes and seconds moved each way, bytes_written and
+        bytes_read, evicted, dropped, models, tensors, device_cached, pinned_pool_bytes."""
+        with self._lock:
+            return self._live().stats()
+
+    def job(self, name):
+        """`with store.job("denoise") as j: ...` then j.stats: see Job."""
+        if not isinstance(name, str):
+            raise TypeError("a job's name is a str")
+        return Job(self, name)
+
+    def _detach(self, name):
+        a = self._attached.pop(name, None)
+        if a is None:
+            return
+        for h in a.hooks:
+            h.remove()
+        for idx, info, dt, entries in a.plan:
+            if a.shown.get(idx, (None,))[0] == _lib.TIER_DEVICE:
+                _repoint(entries, self._placeholder(info, dt))
+        try:
+            del a.module._ferry_store_model
+        except AttributeError:
+            pass
+
+    def remove(self, name):
+        """Remove a model: it frees whatever the store holds of it; an
+        attached module is detached (hooks removed, its tensors left as meta
+        placeholders). InvalidArgumentError while it is pinned."""
+        with self._lock:
+            m = self._model(name)
+            self._sync()
+            self._core.remove(m)
+            self._states.pop(name, None)
+            self._detach(name)
+
+    def close(self):
+        """Detach every module (meta placeholders, hooks removed) and let the
+        store go: its memory is freed now unless a view taken from it is still
+        alive elsewhere (then when the last one goes)."""
+        with self._lock:
+            if self._core is None:
+                return
+            self._sync()
+            for name in list(self._attached):
+                self._detach(name)
+            self._states = {}
+            self._core = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        if self._core is None:
+            return f"<ferry.torch.Store on {self.device} (closed)>"
+        return f"<ferry.torch.Store on {self.device}: {', '.join(self._core.models) or 'no models'}>"

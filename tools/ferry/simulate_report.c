@@ -1,0 +1,154 @@
+/* simulate_report.c - `ferry simulate`'s report: a line of text per job and
+ * one for the store's totals, or the same as one JSON object per line
+ * (--json). */
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "simulate.h"
+
+static json_t *jrange(const ferry_mem_range *m)
+{
+    return json_pack("{s:I,s:I,s:I}", "start", (json_int_t)m->start, "end", (json_int_t)m->end, "peak",
+                     (json_int_t)m->peak);
+}
+
+static void model_tiers(sim_model *sm, uint64_t *tb)
+{
+    memset(tb, 0, FERRY_TIER_COUNT * sizeof *tb);
+    for (int64_t t = 0; t < sm->n; t++) {
+        ferry_tensor_state st;
+        if (ferry_model_tensor_state(sm->m, t, &st) == 0 && (unsigned)st.tier < FERRY_TIER_COUNT)
+            tb[st.tier] += st.nbytes;
+    }
+}
+
+void sim_print_job(scenario *sc, int ji, const ferry_job_stats *js, const job_result *r, bool json)
+{
+    const sim_job *j = &sc->jobs[ji];
+    if (json) {
+        json_t *o = json_object();
+        json_object_set_new(o, "job", json_string(j->name));
+        json_object_set_new(o, "index", json_integer(ji));
+        json_object_set_new(o, "seconds", json_real(js->seconds));
+        json_object_set_new(o, "rss", jrange(&js->rss));
+        json_object_set_new(o, "uss", jrange(&js->uss));
+        json_object_set_new(o, "pss", jrange(&js->pss));
+        bool cg = js->cgroup.start || js->cgroup.end || js->cgroup.peak;
+        json_object_set_new(o, "cgroup", cg ? jrange(&js->cgroup) : json_null());
+        json_object_set_new(o, "device_bytes", json_integer((json_int_t)js->device_bytes));
+        json_object_set_new(o, "pinned_bytes", json_integer((json_int_t)js->pinned_bytes));
+        json_object_set_new(o, "host_bytes", json_integer((json_int_t)js->host_bytes));
+        json_object_set_new(o, "spill_bytes", json_integer((json_int_t)js->spill_bytes));
+        json_object_set_new(o, "bytes_htod", json_integer((json_int_t)js->bytes_htod));
+        json_object_set_new(o, "bytes_dtoh", json_integer((json_int_t)js->bytes_dtoh));
+        json_object_set_new(o, "seconds_htod", json_real(js->seconds_htod));
+        json_object_set_new(o, "seconds_dtoh", json_real(js->seconds_dtoh));
+        json_object_set_new(o, "bytes_written", json_integer((json_int_t)js->bytes_written));
+        json_object_set_new(o, "bytes_read", json_integer((json_int_t)js->bytes_read));
+        json_object_set_new(o, "evicted", json_integer((json_int_t)js->evicted));
+        json_object_set_new(o, "dropped", json_integer((json_int_t)js->dropped));
+        json_object_set_new(o, "reserve", j->has_reserve ? json_integer((json_int_t)j->reserve) : json_null());
+        json_object_set_new(o, "reserve_freed",
+                            j->has_reserve && r->reserve_freed >= 0 ? json_integer(r->reserve_freed) : json_null());
+        json_object_set_new(o, "modified", json_integer(r->modified));
+        json_object_set_new(o, "modified_bytes", json_integer((json_int_t)r->modified_bytes));
+        json_object_set_new(o, "verified", j->verify ? json_integer(r->verified) : json_null());
+        json_object_set_new(o, "mismatches", json_integer(r->mismatches));
+        json_t *ms = json_object();
+        for (int i = 0; i < sc->nmodels; i++) {
+            uint64_t tb[FERRY_TIER_COUNT];
+            model_tiers(&sc->models[i], tb);
+            json_t *mo = json_object();
+            for (int t = 0; t < FERRY_TIER_COUNT; t++)
+                json_object_set_new(mo, ferry_tier_name((ferry_tier)t), json_integer((json_int_t)tb[t]));
+            json_object_set_new(ms, sc->models[i].name, mo);
+        }
+        json_object_set_new(o, "models", ms);
+        json_object_set_new(o, "error", r->failed ? json_string(r->err) : json_null());
+        json_dumpf(o, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        fputc('\n', stdout);
+        fflush(stdout);
+        json_decref(o);
+        return;
+    }
+    char a[32], b[32], c[32], d[32];
+#define H(buf, v) cli_human(buf, sizeof buf, v)
+    printf("[%d/%d] %s: %.3f s | rss %s -> %s (peak %s)", ji + 1, sc->njobs, j->name, js->seconds, H(a, js->rss.start),
+           H(b, js->rss.end), H(c, js->rss.peak));
+    printf(", uss %s -> %s (peak %s)", H(a, js->uss.start), H(b, js->uss.end), H(c, js->uss.peak));
+    printf(", pss %s -> %s (peak %s)", H(a, js->pss.start), H(b, js->pss.end), H(c, js->pss.peak));
+    if (js->cgroup.start || js->cgroup.end || js->cgroup.peak)
+        printf(", cgroup %s -> %s (peak %s)", H(a, js->cgroup.start), H(b, js->cgroup.end), H(c, js->cgroup.peak));
+    printf(" | device %s, pinned %s, host %s, spill %s", H(a, js->device_bytes), H(b, js->pinned_bytes),
+           H(c, js->host_bytes), H(d, js->spill_bytes));
+    printf(" | read %s, written %s | evicted %" PRIu64 " (%" PRIu64 " dropped)", H(a, js->bytes_read),
+           H(b, js->bytes_written), js->evicted, js->dropped);
+    if (j->has_reserve && r->reserve_freed >= 0)
+        printf(" | reserve %s: freed %s", H(a, j->reserve), H(b, (uint64_t)r->reserve_freed));
+    if (r->modified) printf(" | modified %" PRId64 " (%s)", r->modified, H(a, r->modified_bytes));
+    if (j->verify) printf(" | verified %" PRId64 ", %" PRId64 " mismatches", r->verified, r->mismatches);
+    if (r->failed) printf(" | ERROR: %s", r->err);
+    putchar('\n');
+    fflush(stdout);
+#undef H
+}
+
+void sim_print_summary(ferry_device *dev, ferry_store *store, int njobs, int ran, int failed, bool json)
+{
+    ferry_store_stats st;
+    if (ferry_store_get_stats(store, &st) < 0) memset(&st, 0, sizeof st);
+    if (json) {
+        json_t *tb = json_object();
+        for (int t = 0; t < FERRY_TIER_COUNT; t++)
+            json_object_set_new(tb, ferry_tier_name((ferry_tier)t), json_integer((json_int_t)st.tier_bytes[t]));
+        json_t *s = json_object();
+        json_object_set_new(s, "device", json_string(ferry_device_desc(dev)));
+        json_object_set_new(s, "jobs", json_integer(njobs));
+        json_object_set_new(s, "jobs_run", json_integer(ran));
+        json_object_set_new(s, "jobs_failed", json_integer(failed));
+        json_object_set_new(s, "ok", json_boolean(failed == 0 && ran == njobs));
+        json_object_set_new(s, "tier_bytes", tb);
+        json_object_set_new(s, "device_budget", json_integer((json_int_t)st.device_budget));
+        json_object_set_new(s, "host_budget", json_integer((json_int_t)st.host_budget));
+        json_object_set_new(s, "pinned_budget", json_integer((json_int_t)st.pinned_budget));
+        json_object_set_new(s, "host_available", json_integer((json_int_t)st.host_available));
+        json_object_set_new(s, "host_source", json_string(st.host_source));
+        json_object_set_new(s, "spilling", json_boolean(st.spilling));
+        json_object_set_new(s, "spill_dir", st.spill_path[0] ? json_string(st.spill_path) : json_null());
+        json_object_set_new(s, "spill_file_bytes", json_integer((json_int_t)st.spill_file_bytes));
+        json_object_set_new(s, "bytes_htod", json_integer((json_int_t)st.bytes_htod));
+        json_object_set_new(s, "bytes_dtoh", json_integer((json_int_t)st.bytes_dtoh));
+        json_object_set_new(s, "seconds_htod", json_real(st.seconds_htod));
+        json_object_set_new(s, "seconds_dtoh", json_real(st.seconds_dtoh));
+        json_object_set_new(s, "bytes_written", json_integer((json_int_t)st.bytes_written));
+        json_object_set_new(s, "bytes_read", json_integer((json_int_t)st.bytes_read));
+        json_object_set_new(s, "evicted", json_integer((json_int_t)st.evicted));
+        json_object_set_new(s, "dropped", json_integer((json_int_t)st.dropped));
+        json_object_set_new(s, "models", json_integer(st.models));
+        json_object_set_new(s, "tensors", json_integer(st.tensors));
+        json_t *o = json_pack("{s:o}", "summary", s);
+        json_dumpf(o, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        fputc('\n', stdout);
+        json_decref(o);
+        return;
+    }
+    char a[32], b[32], c[32], d[32], e[32];
+#define H(buf, v) cli_human(buf, sizeof buf, v)
+    printf("summary: %d of %d jobs run, %d failed, on %s | budgets: device %s, host %s (pinned %s); host available %s"
+           " (%s)",
+           ran, njobs, failed, ferry_device_desc(dev), H(a, st.device_budget), H(b, st.host_budget),
+           H(c, st.pinned_budget), H(d, st.host_available), st.host_source);
+    printf(" | now: device %s, pinned %s, host %s, spill %s, source %s", H(a, st.tier_bytes[FERRY_TIER_DEVICE]),
+           H(b, st.tier_bytes[FERRY_TIER_PINNED]), H(c, st.tier_bytes[FERRY_TIER_HOST]),
+           H(d, st.tier_bytes[FERRY_TIER_SPILL]), H(e, st.tier_bytes[FERRY_TIER_SOURCE]));
+    printf(" | to device %s in %.3f s, from device %s in %.3f s | read %s, written %s",
+           H(a, st.bytes_htod), st.seconds_htod, H(b, st.bytes_dtoh), st.seconds_dtoh, H(c, st.bytes_read),
+           H(d, st.bytes_written));
+    if (st.spill_path[0]) printf(" (spill file in %s: %s)", st.spill_path, H(a, st.spill_file_bytes));
+    printf(" | evicted %" PRIu64 " (%" PRIu64 " dropped)%s\n", st.evicted, st.dropped,
+           st.spilling ? " | spilling now" : "");
+#undef H
+}
