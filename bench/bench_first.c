@@ -55,14 +55,14 @@ static int load(ferry_device *d, ferry_file *f, fy_dptr base, uint64_t lo, const
     int64_t *idx = calloc((size_t)n + 1, sizeof *idx);
     uint64_t *dp = calloc((size_t)n + 1, sizeof *dp);
     for (int64_t i = 0; i < n; i++) {
-        ferry_tensor_info ti;
+        ferry_tensor_info ti = {.size = sizeof ti};
         ferry_file_tensor_info(f, i, &ti);
         idx[i] = i;
         dp[i] = base + (ti.offset - lo);
     }
     tl t = {0};
     ferry_load_opts o = {.size = sizeof o, .path = FERRY_PATH_RING, .progress = on_progress, .opaque = &t};
-    ferry_load_stats st;
+    ferry_load_stats st = {.size = sizeof st};
     t.t0 = now();
     int rc = ferry_load_into(d, f, idx, dp, n, &o, &st);
     double s = now() - t.t0;
@@ -101,7 +101,7 @@ int main(int argc, char **argv)
     fy_gpu *g = fy_device_gpu(d);
     uint64_t lo = UINT64_MAX, hi = 0;
     for (int64_t i = 0; i < ferry_file_tensor_count(f); i++) {
-        ferry_tensor_info ti;
+        ferry_tensor_info ti = {.size = sizeof ti};
         ferry_file_tensor_info(f, i, &ti);
         if (ti.offset < lo) lo = ti.offset;
         if (ti.offset + ti.nbytes > hi) hi = ti.offset + ti.nbytes;
@@ -147,7 +147,7 @@ int main(int argc, char **argv)
         rc = ferry_device_register_file(d, f, 0);
         printf("{\"what\": \"register\", \"seconds\": %.4f, \"rc\": %d}\n", now() - tr, rc);
         const uint8_t *map = NULL;
-        ferry_tensor_info t0i;
+        ferry_tensor_info t0i = {.size = sizeof t0i};
         ferry_file_tensor_info(f, 0, &t0i);
         ferry_file_tensor_data(f, 0, (const void **)&map);
         map -= t0i.offset - lo; /* map now points at file offset lo */
@@ -157,7 +157,7 @@ int main(int argc, char **argv)
         for (int rep = 0; rep < 2 && rc == 0; rep++) {
             double tc = now();
             for (int64_t i = 0; i < ferry_file_tensor_count(f); i++) {
-                ferry_tensor_info ti;
+                ferry_tensor_info ti = {.size = sizeof ti};
                 ferry_file_tensor_info(f, i, &ti);
                 if (ti.nbytes) g->ops->copy_htod(g, base + (ti.offset - lo), map + (ti.offset - lo), ti.nbytes, st[i % 4]);
             }

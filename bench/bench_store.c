@@ -43,7 +43,7 @@ static void report(ferry_store *s, const char *step, uint64_t bytes, int (*fn)(f
     double t0 = now();
     if (fn(m) < 0) die(step);
     double sec = now() - t0;
-    ferry_job_stats js;
+    ferry_job_stats js = {.size = sizeof js};
     ferry_store_job_end(s, &js);
     printf("{\"step\": \"%s\", \"bytes\": %" PRIu64 ", \"seconds\": %.4f, \"gbps\": %.2f, \"ms_per_gb\": %.3f, "
            "\"bytes_written\": %" PRIu64 ", \"rss_start_mib\": %.1f, \"rss_peak_mib\": %.1f, \"rss_end_mib\": %.1f, "
@@ -138,7 +138,7 @@ int main(int argc, char **argv)
         double t0 = now();
         int64_t got = ferry_store_make_room(s, UINT64_MAX, NULL);
         double sec = now() - t0;
-        ferry_job_stats js;
+        ferry_job_stats js = {.size = sizeof js};
         ferry_store_job_end(s, &js);
         printf("{\"step\": \"make_room(all): evict clean and give the device memory back\", \"bytes\": %" PRId64
                ", \"seconds\": %.4f, \"ms_per_gb\": %.3f, \"bytes_written\": %" PRIu64 "}\n",
@@ -188,7 +188,7 @@ int main(int argc, char **argv)
     report(s, "load", B, to_dev, m);
     dirty_all(m);
     report(s, "spill dirty model", B, evict, m);
-    ferry_store_stats st;
+    ferry_store_stats st = {.size = sizeof st};
     ferry_store_get_stats(s, &st);
     printf("{\"step\": \"spill file\", \"bytes_written\": %" PRIu64 ", \"spill_file_bytes\": %" PRIu64 "}\n",
            st.bytes_written, st.spill_file_bytes);

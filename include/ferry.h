@@ -8,13 +8,22 @@
  *    System errors are passed through as -errno (-ENOENT, -ENOMEM, ...); ferry's
  *    own codes (FERRY_E_*) are all below -4096. ferry_strerror() names any code.
  *  - On failure a detailed, one-line message naming the file and the problem is
- *    left on the handle the call was made on (see ferry_ctx_errmsg()). Pure
- *    argument checks (a NULL handle, an index out of range, ferry_file_find's
- *    FERRY_E_NOTFOUND) return the code alone: an earlier message may remain.
+ *    left on the handle the call was made on (ferry_file_errmsg(),
+ *    ferry_device_errmsg(), ferry_store_errmsg(), ferry_model_errmsg()) and on
+ *    its context (ferry_ctx_errmsg(): the context's latest, whichever handle).
+ *    Pure argument checks (a NULL handle, an index out of range,
+ *    ferry_file_find's FERRY_E_NOTFOUND) return the code alone: an earlier
+ *    message may remain.
  *  - Nothing here aborts, exits or prints on bad input.
  *  - Destructors accept NULL.
- *  - Options structs start with `uint32_t size` (set it to sizeof the struct) so
- *    fields can be appended without breaking callers built against older headers.
+ *  - Every struct passed in or filled out (options, statistics, tensor info and
+ *    state) starts with `uint32_t size`, which the caller sets to sizeof the
+ *    struct it was built with: fields are only ever appended, the library reads
+ *    no more than size bytes of an options struct (the rest keep their
+ *    defaults) and writes no more than size bytes of a struct it fills, so a
+ *    caller built against an older header keeps working. A size below
+ *    FERRY_STRUCT_MIN, or an options struct larger than this library knows,
+ *    is FERRY_E_INVAL.
  */
 #ifndef FERRY_H
 #define FERRY_H
@@ -58,7 +67,8 @@ enum {
     FERRY_E_DEVICE = -4104,      /* the device driver failed a call */
     FERRY_E_LIMIT = -4105,       /* a size limit of ferry's (e.g. header > 100 MB) */
     FERRY_E_INTERNAL = -4106,    /* a bug in ferry: please report it */
-    FERRY_E_LAST = -4106
+    FERRY_E_BUSY = -4107,        /* in use: a tensor held by ferry_model_use, a job already open */
+    FERRY_E_LAST = -4107
 };
 
 /* Static text for any code returned by ferry (including -errno values).
@@ -68,6 +78,10 @@ FERRY_API const char *ferry_strerror(int code);
 /* ---- context ----------------------------------------------------------- */
 
 typedef struct ferry_ctx ferry_ctx;
+typedef struct ferry_file ferry_file;
+typedef struct ferry_device ferry_device;
+typedef struct ferry_store ferry_store;
+typedef struct ferry_model ferry_model;
 
 /* Custom allocator (zstd's customMem). All three set, or all three NULL. */
 typedef struct ferry_allocator {
@@ -97,6 +111,18 @@ FERRY_API void ferry_ctx_free(ferry_ctx *ctx);
  * message; use one context per thread where that matters. ctx may be NULL:
  * then the message of the calling thread's last failed ferry_ctx_new(). */
 FERRY_API const char *ferry_ctx_errmsg(ferry_ctx *ctx);
+/* The message of the most recent failing call made on a handle (a copy owned
+ * by the calling thread, valid until its next *_errmsg call; "" when nothing
+ * failed or the handle is NULL). Each handle keeps its own, so threads working
+ * on different handles never see each other's. A model's failures also show
+ * on its store, a store's and a device's on their context. */
+FERRY_API const char *ferry_file_errmsg(ferry_file *f);
+FERRY_API const char *ferry_device_errmsg(ferry_device *dev);
+FERRY_API const char *ferry_store_errmsg(ferry_store *s);
+FERRY_API const char *ferry_model_errmsg(ferry_model *m);
+
+/* The smallest `size` any struct of this header accepts (its size field alone). */
+#define FERRY_STRUCT_MIN 4u
 
 /* ---- dtypes ------------------------------------------------------------ */
 
@@ -173,7 +199,6 @@ FERRY_API int ferry_dtype_block(ferry_dtype dt, int *block_elems, int *block_byt
 
 /* ---- files (checkpoints) ----------------------------------------------- */
 
-typedef struct ferry_file ferry_file;
 
 typedef enum ferry_format {
     FERRY_FORMAT_UNKNOWN = 0,
@@ -251,6 +276,7 @@ FERRY_API int ferry_file_metadata(const ferry_file *f, int64_t i, const char **k
                                   const char **value);
 
 typedef struct ferry_tensor_info {
+    uint32_t size;         /* sizeof(ferry_tensor_info), set by the caller */
     const char *name;      /* NUL-terminated UTF-8, valid while the file is open */
     ferry_dtype dtype;
     int32_t ndim;          /* 0 for a scalar */
@@ -325,7 +351,6 @@ FERRY_API uint64_t ferry_xxh3(const void *data, size_t len);
 
 /* ---- devices ----------------------------------------------------------- */
 
-typedef struct ferry_device ferry_device;
 
 /* Open a device: "cpu" (pageable host memory; loads read straight into it,
  * paths ring/auto only), "cuda:N" (the CUDA driver is loaded with dlopen at run time;
@@ -372,6 +397,7 @@ typedef struct ferry_load_opts {
 } ferry_load_opts;
 
 typedef struct ferry_load_stats {
+    uint32_t size;          /* sizeof(ferry_load_stats), set by the caller */
     ferry_path path;        /* the path actually used */
     uint64_t bytes;         /* tensor bytes moved */
     double seconds;         /* wall time of the load */
@@ -379,7 +405,8 @@ typedef struct ferry_load_stats {
                                estimated from 4096 pages spread over the files (measured
                                for FERRY_PATH_AUTO only; -1 otherwise; see
                                ferry_file_resident for an exact count) */
-    char why[256];          /* why that path (auto's reasoning, or "asked for") */
+    const char *why;        /* why that path (auto's reasoning, or "asked for"): static
+                               text, valid for the life of the library */
 } ferry_load_stats;
 
 typedef struct ferry_loaded ferry_loaded;
@@ -442,8 +469,6 @@ FERRY_API double ferry_file_resident(const ferry_file *f);
  * transfers run under it). A model's tensors are numbered file by file, each
  * file in its own order (ferry_file_tensor_info). */
 
-typedef struct ferry_store ferry_store;
-typedef struct ferry_model ferry_model;
 
 typedef enum ferry_tier {
     FERRY_TIER_DEVICE = 0,
@@ -471,9 +496,10 @@ typedef struct ferry_store_opts {
                                    memory is below this (0 = 2 x host_reserve) ... */
     uint64_t spill_above;       /* ... and go back to RAM once it is above this again
                                    (hysteresis; 0 = spill_below + 1 GiB) */
-    const char *spill_dir;      /* where the unnamed spill file lives (NULL: $FERRY_SPILL_DIR,
-                                   else /var/tmp); tmpfs and ramfs are refused */
-    ferry_load_opts load;       /* ring geometry for every move (size 0 = defaults) */
+    const char *spill_dir;      /* where the unnamed spill file lives (NULL: /var/tmp; the CLI
+                                   and the binding pass $FERRY_SPILL_DIR); tmpfs and ramfs are
+                                   refused. Copied: need not outlive the call */
+    const ferry_load_opts *load; /* ring geometry for every move (NULL = defaults); copied */
 } ferry_store_opts;
 
 /* Make a store on dev (which must outlive it). The spill file is created only
@@ -524,6 +550,7 @@ FERRY_API int ferry_model_pin(ferry_model *m, int64_t t);
 FERRY_API int ferry_model_unpin(ferry_model *m, int64_t t);
 
 typedef struct ferry_tensor_state {
+    uint32_t size;      /* sizeof(ferry_tensor_state), set by the caller */
     const char *name;   /* valid while the model exists */
     uint64_t nbytes;
     ferry_tier tier;
@@ -560,12 +587,11 @@ FERRY_API int ferry_model_write(ferry_model *m, int64_t t, const void *buf);
 FERRY_API int64_t ferry_store_make_room(ferry_store *s, uint64_t bytes, uint64_t *could);
 
 typedef struct ferry_store_stats {
+    uint32_t size;            /* sizeof(ferry_store_stats), set by the caller */
     uint64_t tier_bytes[FERRY_TIER_COUNT]; /* bytes of tensors now in each tier */
     uint64_t device_budget, pinned_budget, host_budget;
     uint64_t host_available;  /* the host's available memory now (cgroup-aware) */
-    char host_source[96];     /* where host_available came from ("cgroup /a/b: memory.max" ...) */
     int spilling;             /* dirty evictions currently go to disk (hysteresis state) */
-    char spill_path[256];     /* spill directory ("" before the first spill) */
     uint64_t spill_file_bytes; /* spill file's allocated size */
     uint64_t bytes_htod, bytes_dtoh;  /* moved to / from the device since the store was made */
     double seconds_htod, seconds_dtoh;
@@ -579,6 +605,13 @@ typedef struct ferry_store_stats {
                                    (pinned once, reused; make_room unpins what is unused) */
 } ferry_store_stats;
 FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out);
+/* The spill file's directory once the first spill made the file, else NULL.
+ * Valid while s exists. */
+FERRY_API const char *ferry_store_spill_dir(const ferry_store *s);
+/* The host's available memory now, cgroup-aware (what stores budget against),
+ * and where the figure came from ("cgroup /a/b: memory.max", "MemAvailable")
+ * into source[0..n-1] (may be NULL). 0 or -errno. Thread-safe. */
+FERRY_API int ferry_host_available(uint64_t *bytes, char *source, size_t n);
 
 /* Per-job memory statistics: between job_begin and job_end the process's
  * RSS, USS and PSS (/proc/self/smaps_rollup) are sampled (every 10 ms) for
@@ -587,7 +620,7 @@ typedef struct ferry_mem_range {
     uint64_t start, end, peak;
 } ferry_mem_range;
 typedef struct ferry_job_stats {
-    char job[64];
+    uint32_t size;            /* sizeof(ferry_job_stats), set by the caller */
     double seconds;
     ferry_mem_range rss, uss, pss;
     ferry_mem_range cgroup;   /* memory.current (peak: memory.peak when the kernel has it,
@@ -597,9 +630,13 @@ typedef struct ferry_job_stats {
     double seconds_htod, seconds_dtoh;
     uint64_t evicted, dropped;
 } ferry_job_stats;
-/* One job at a time per store: FERRY_E_INVAL if one is open. */
+/* One job at a time per store: FERRY_E_BUSY if one is open. */
 FERRY_API int ferry_store_job_begin(ferry_store *s, const char *name);
+/* FERRY_E_INVAL when no job is open. out may be NULL. */
 FERRY_API int ferry_store_job_end(ferry_store *s, ferry_job_stats *out);
+/* The open job's name, else the last ended one's, else NULL; valid until the
+ * next ferry_store_job_begin on s. */
+FERRY_API const char *ferry_store_job_name(const ferry_store *s);
 
 #ifdef __cplusplus
 }

@@ -231,8 +231,9 @@ FERRY_API int ferry_file_open(ferry_ctx *ctx, const char *path, uint32_t flags, 
     FY_RETURN_IF(flags & ~(uint32_t)FERRY_OPEN_PRIVATE, &ctx->err, FERRY_E_INVAL,
                  "ferry_file_open: unknown flags 0x%x", (unsigned)(flags & ~(uint32_t)FERRY_OPEN_PRIVATE));
     ferry_file *f = fy_calloc(&ctx->mem, 1, sizeof *f);
-    if (!f) return fy_seterr(&ctx->err, -ENOMEM, "%s: out of memory", path);
+    if (!f) return fy_seterr(&ctx->err, -ENOMEM, "%s: out of memory (%zu bytes)", path, sizeof *f);
     f->ctx = ctx;
+    fy_err_init_child(&f->err, &ctx->err);
     fy_table_init(&f->tb, &ctx->mem);
     int rc;
     if (ends_with(path, ".json")) {
@@ -293,8 +294,11 @@ FERRY_API void ferry_file_close(ferry_file *f)
     fy_free(m, f->shards);
     fy_free(m, f->by_name);
     fy_table_free(&f->tb);
+    fy_err_destroy(&f->err);
     fy_free(m, f);
 }
+
+FERRY_API const char *ferry_file_errmsg(ferry_file *f) { return f ? fy_err_public(&f->err) : ""; }
 
 FERRY_API ferry_format ferry_file_format(const ferry_file *f) { return f ? f->fmt : FERRY_FORMAT_UNKNOWN; }
 FERRY_API int64_t ferry_file_tensor_count(const ferry_file *f) { return f ? f->tb.n : FERRY_E_INVAL; }
@@ -321,16 +325,17 @@ FERRY_API int ferry_file_tensor_info(const ferry_file *f, int64_t i, ferry_tenso
 {
     if (!f || !out || i < 0 || i >= f->tb.n) return FERRY_E_INVAL;
     const fy_tensor *t = &f->tb.t[i];
-    out->name = t->name;
-    out->dtype = t->dtype;
-    out->ndim = t->ndim;
-    out->shape = t->shape;
-    out->nbytes = t->nbytes;
-    out->offset = t->offset;
-    out->shard = t->shard;
-    out->strides = t->strides;
-    out->flags = t->flags;
-    return 0;
+    ferry_tensor_info ti = {.size = sizeof ti};
+    ti.name = t->name;
+    ti.dtype = t->dtype;
+    ti.ndim = t->ndim;
+    ti.shape = t->shape;
+    ti.nbytes = t->nbytes;
+    ti.offset = t->offset;
+    ti.shard = t->shard;
+    ti.strides = t->strides;
+    ti.flags = t->flags;
+    return fy_struct_out(out, &ti, sizeof ti);
 }
 
 FERRY_API int64_t ferry_file_find(const ferry_file *f, const char *name)
@@ -360,7 +365,7 @@ FERRY_API int ferry_file_tensor_read(const ferry_file *f, int64_t i, uint64_t of
 {
     if (!f || i < 0 || i >= f->tb.n) return FERRY_E_INVAL;
     const fy_tensor *t = &f->tb.t[i];
-    fy_err *err = &f->ctx->err;
+    fy_err *err = (fy_err *)&f->err; /* see file_impl.h: the message slot is mutable */
     char q[128];
     uint64_t end;
     FY_RETURN_IF(fy_add_ovf(off, len, &end) || end > t->nbytes || (len && !buf), err, FERRY_E_INVAL,

@@ -15,6 +15,9 @@ typedef struct shard {
 
 struct ferry_file {
     ferry_ctx *ctx;
+    /* this file's messages (also its context's); calls that take a const
+     * ferry_file still record their failures here, so it is mutable */
+    fy_err err;
     ferry_format fmt;
     int32_t nshards;
     shard *shards;

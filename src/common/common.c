@@ -26,6 +26,7 @@ FERRY_API const char *ferry_strerror(int code)
     case FERRY_E_DEVICE: return "device error";
     case FERRY_E_LIMIT: return "size limit exceeded";
     case FERRY_E_INTERNAL: return "internal error";
+    case FERRY_E_BUSY: return "in use";
     default: break;
     }
     if (code < 0 && code > -4096) {
@@ -40,6 +41,13 @@ void fy_err_init(fy_err *e)
 {
     pthread_mutex_init(&e->lock, NULL);
     e->msg[0] = '\0';
+    e->parent = NULL;
+}
+
+void fy_err_init_child(fy_err *e, fy_err *parent)
+{
+    fy_err_init(e);
+    e->parent = parent;
 }
 
 void fy_err_destroy(fy_err *e) { pthread_mutex_destroy(&e->lock); }
@@ -52,7 +60,7 @@ int fy_vseterr(fy_err *e, int code, const char *fmt, va_list ap)
      * quotes raw input in its own messages). */
     for (char *c = tmp; *c; c++)
         if ((unsigned char)*c < 0x20 || *c == 0x7F) *c = '?';
-    if (e) {
+    for (; e; e = e->parent) {
         pthread_mutex_lock(&e->lock);
         memcpy(e->msg, tmp, sizeof tmp);
         pthread_mutex_unlock(&e->lock);
@@ -74,6 +82,49 @@ void fy_err_copy(fy_err *e, char *buf, size_t n)
     pthread_mutex_lock(&e->lock);
     snprintf(buf, n, "%s", e->msg);
     pthread_mutex_unlock(&e->lock);
+}
+
+static _Thread_local char tls_handle_msg[FY_ERRMSG_MAX];
+
+const char *fy_err_public(fy_err *e)
+{
+    if (!e) return "";
+    fy_err_copy(e, tls_handle_msg, sizeof tls_handle_msg);
+    return tls_handle_msg;
+}
+
+void fy_err_adopt(fy_err *e, const char *msg)
+{
+    pthread_mutex_lock(&e->lock);
+    snprintf(e->msg, sizeof e->msg, "%s", msg);
+    pthread_mutex_unlock(&e->lock);
+}
+
+int fy_struct_in(void *dst, size_t full, const void *in, fy_err *err, const char *what)
+{
+    memset(dst, 0, full);
+    if (in) {
+        uint32_t size;
+        memcpy(&size, in, sizeof size);
+        FY_RETURN_IF(size < FERRY_STRUCT_MIN || size > full, err, FERRY_E_INVAL,
+                     "%s: opts->size is %u, expected %u..%zu (sizeof the options struct)", what, size,
+                     FERRY_STRUCT_MIN, full);
+        memcpy(dst, in, size);
+    }
+    uint32_t size = (uint32_t)full;
+    memcpy(dst, &size, sizeof size);
+    return 0;
+}
+
+int fy_struct_out(void *out, const void *src, size_t full)
+{
+    if (!out) return FERRY_E_INVAL;
+    uint32_t size;
+    memcpy(&size, out, sizeof size);
+    if (size < FERRY_STRUCT_MIN) return FERRY_E_INVAL;
+    size_t n = size < full ? size : full;
+    memcpy((char *)out + sizeof size, (const char *)src + sizeof size, n - sizeof size);
+    return 0;
 }
 
 static void *sys_alloc(void *o, size_t n) { (void)o; return malloc(n); }

@@ -19,6 +19,7 @@
 typedef struct fy_err {
     pthread_mutex_t lock;
     char msg[FY_ERRMSG_MAX];
+    struct fy_err *parent; /* gets every message too (a handle's context), or NULL */
 } fy_err;
 
 struct ferry_ctx {
@@ -31,8 +32,25 @@ struct ferry_ctx {
 int fy_seterr(fy_err *e, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int fy_vseterr(fy_err *e, int code, const char *fmt, va_list ap) __attribute__((format(printf, 3, 0)));
 void fy_err_init(fy_err *e);
+/* A handle's message slot whose messages also go to parent (its context's). */
+void fy_err_init_child(fy_err *e, fy_err *parent);
 void fy_err_destroy(fy_err *e);
 void fy_err_copy(fy_err *e, char *buf, size_t n);
+/* A handle's message for ferry_*_errmsg: a copy owned by the calling thread,
+ * valid until its next *_errmsg call; "" for a NULL handle or no failure. */
+const char *fy_err_public(fy_err *e);
+/* Put msg on e alone (not its parents, which already have it). */
+void fy_err_adopt(fy_err *e, const char *msg);
+
+/* `size`-versioned structs (ferry.h's conventions), all checked here.
+ * In: copy the caller's options (in->size bytes, the rest of dst zeroed);
+ * FERRY_E_INVAL when size is below FERRY_STRUCT_MIN or above full. NULL in:
+ * all defaults. what names the call in the message. */
+int fy_struct_in(void *dst, size_t full, const void *in, fy_err *err, const char *what);
+/* Out: give the caller what src holds, no more than its size bytes (its size
+ * field is kept); FERRY_E_INVAL when out is NULL or its size is below
+ * FERRY_STRUCT_MIN. A larger size (a newer caller) gets full bytes. */
+int fy_struct_out(void *out, const void *src, size_t full);
 
 /* Error-path helpers (zstd's RETURN_ERROR_IF / FORWARD_IF_ERROR). */
 #define FY_RETURN_IF(cond, err, code, ...)            \

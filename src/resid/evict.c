@@ -18,7 +18,7 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
 {
     const ferry_allocator *m = s->m;
     int rc = fy_xfer_bind(s->dev);
-    if (rc < 0) return rc;
+    if (rc < 0) return rs_device_failed(s, NULL, rc);
     /* decide each dirty tensor's destination */
     fy_hoststate h = {.host_budget = s->o.host_budget, .host_used = s->host_used + s->pinned_used,
                       .pinned_budget = s->o.pinned_budget, .pinned_used = s->pinned_used,
@@ -32,7 +32,7 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     rtensor **frt = fy_calloc(m, (size_t)(n ? n : 1), sizeof *frt);
     int64_t nh = 0, nf = 0;
     if (!hr || !hrt || !fr || !frt) {
-        rc = fy_seterr(&s->ctx->err, -ENOMEM, "out of memory");
+        rc = fy_seterr(&s->err, -ENOMEM, "evicting: out of memory for the lists of %" PRId64 " tensors", n);
         goto out;
     }
     for (int64_t k = 0; k < n; k++) {
@@ -74,6 +74,7 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     if (nh) {
         rc = fy_xfer_device_to_host(s->dev, hr, nh, NULL);
         if (rc < 0) {
+            rs_device_failed(s, NULL, rc);
             for (int64_t k = 0; k < nh; k++) {
                 rs_release_copy(s, hrt[k]);
                 hrt[k]->tier = FERRY_TIER_DEVICE;
@@ -83,7 +84,7 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     }
     /* spills: reserve everything first, so a spill never fails half-way for space */
     if (rc == 0 && nf) {
-        if (!s->spill) rc = fy_spill_open(s->spill_dir, s->m, &s->ctx->err, &s->spill);
+        if (!s->spill) rc = fy_spill_open(s->spill_dir, s->m, &s->err, &s->spill);
         int64_t got = 0; /* ranges reserved: fr[0..got-1] */
         for (; rc == 0 && got < nf; got++) {
             rc = fy_spill_reserve(s->spill, fr[got].len, &fr[got].off);
@@ -93,13 +94,16 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
                 uint64_t need = 0;
                 for (int64_t k = got; k < nf; k++) need += fr[k].len;
                 char msg[FY_ERRMSG_MAX];
-                fy_err_copy(&s->ctx->err, msg, sizeof msg);
-                fy_seterr(&s->ctx->err, rc, "spilling %" PRId64 " dirty tensors needs %" PRIu64
+                fy_err_copy(&s->err, msg, sizeof msg);
+                fy_seterr(&s->err, rc, "spilling %" PRId64 " dirty tensors needs %" PRIu64
                           " more bytes in %s: %s (the tensors stay on the device)", nf - got, need, s->spill_dir, msg);
                 break;
             }
         }
-        if (rc == 0) rc = fy_xfer_device_to_fd(s->dev, fy_spill_fd(s->spill), s->spill_dir, fr, nf, &s->o.load, NULL);
+        if (rc == 0) {
+            rc = fy_xfer_device_to_fd(s->dev, fy_spill_fd(s->spill), s->spill_dir, fr, nf, &s->load, NULL);
+            if (rc < 0) rs_device_failed(s, NULL, rc);
+        }
         if (rc < 0) {
             fy_spill_hold(s->spill);
             for (int64_t k = 0; k < got && k < nf; k++) fy_spill_release(s->spill, fr[k].off, fr[k].len);
@@ -188,12 +192,12 @@ int64_t rs_make_room_locked(ferry_store *s, uint64_t bytes, ferry_model *pm, con
     int64_t *gm = fy_calloc(s->m, (size_t)(nc ? nc : 1), sizeof *gm); /* candidate -> model */
     if (!c || !out || !gm) {
         fy_free(s->m, c), fy_free(s->m, out), fy_free(s->m, gm);
-        return fy_seterr(&s->ctx->err, -ENOMEM, "out of memory");
+        return fy_seterr(&s->err, -ENOMEM, "making room: out of memory for %" PRId64 " candidates", nc);
     }
     int64_t *gid = fy_calloc(s->m, (size_t)(nc ? nc : 1), sizeof *gid); /* candidate -> group id */
     if (!gid) {
         fy_free(s->m, c), fy_free(s->m, out), fy_free(s->m, gm);
-        return fy_seterr(&s->ctx->err, -ENOMEM, "out of memory");
+        return fy_seterr(&s->err, -ENOMEM, "making room: out of memory for %" PRId64 " candidates", nc);
     }
     int64_t k = 0;
     for (int i = 0; i < s->nmodels; i++) {
@@ -224,7 +228,7 @@ int64_t rs_make_room_locked(ferry_store *s, uint64_t bytes, ferry_model *pm, con
     int64_t rc = 0;
     if (chosen < 0) {
         if (could) *could = freed + room;
-        rc = fy_seterr(&s->ctx->err, FERRY_E_BUDGET,
+        rc = fy_seterr(&s->err, FERRY_E_BUDGET,
                        "the device needs %" PRIu64 " bytes free but only %" PRIu64 " can be made (%" PRIu64
                        " free now + %" PRIu64 " evictable): nothing was evicted", bytes, freed + room, room, freed);
     } else if (chosen > 0) {
@@ -237,7 +241,7 @@ int64_t rs_make_room_locked(ferry_store *s, uint64_t bytes, ferry_model *pm, con
         }
         rtensor **ts = fy_calloc(s->m, (size_t)(nt ? nt : 1), sizeof *ts);
         if (!ts) {
-            rc = fy_seterr(&s->ctx->err, -ENOMEM, "out of memory");
+            rc = fy_seterr(&s->err, -ENOMEM, "making room: out of memory for a list of %" PRId64 " tensors", nt);
         } else {
             nt = 0;
             for (int64_t q = 0; q < chosen; q++) {
@@ -283,7 +287,7 @@ FERRY_API int ferry_model_evict(ferry_model *m, const int64_t *tensors, int64_t 
     rtensor **ts = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *ts);
     int rc = 0;
     if (!sel || !ts) {
-        rc = fy_seterr(&s->ctx->err, -ENOMEM, "out of memory");
+        rc = rs_merr(m, -ENOMEM, "ferry_model_evict: out of memory for the lists of %" PRId64 " tensors", m->n);
         goto out;
     }
     if ((rc = rs_select_groups(m, tensors, n, sel)) < 0) goto out;
@@ -291,13 +295,14 @@ FERRY_API int ferry_model_evict(ferry_model *m, const int64_t *tensors, int64_t 
     for (int64_t i = 0; i < m->n; i++) {
         if (!sel[i] || m->t[i].tier != FERRY_TIER_DEVICE) continue;
         if (m->t[i].pins) {
-            rc = fy_seterr(&s->ctx->err, FERRY_E_INVAL, "model \"%s\": tensor %s is pinned: unpin it before evicting",
-                           m->name, m->t[i].name);
+            char q[256];
+            rc = rs_merr(m, FERRY_E_BUSY, "tensor %s is in use: unpin it before evicting", RS_Q(q, m->t[i].name));
             goto out;
         }
         ts[nt++] = &m->t[i];
     }
     rc = rs_evict_tensors(s, ts, nt);
+    if (rc < 0) rs_model_failed(m, rc);
 out:
     fy_free(s->m, sel);
     fy_free(s->m, ts);

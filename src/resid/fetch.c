@@ -24,7 +24,7 @@ FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int6
     fy_fdrange *fr = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *fr);
     int rc = 0;
     if (!sel || !idx || !dp || !hr || !fr) {
-        rc = fy_seterr(&s->ctx->err, -ENOMEM, "out of memory");
+        rc = rs_merr(m, -ENOMEM, "ferry_model_to_device: out of memory for the lists of %" PRId64 " tensors", m->n);
         goto out;
     }
     if ((rc = rs_select_groups(m, tensors, n, sel)) < 0) goto out;
@@ -36,11 +36,14 @@ FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int6
     if (mr < 0) {
         rc = (int)mr;
         char msg[FY_ERRMSG_MAX];
-        fy_err_copy(&s->ctx->err, msg, sizeof msg);
-        fy_seterr(&s->ctx->err, rc, "model \"%s\": %s", m->name, msg);
+        fy_err_copy(&s->err, msg, sizeof msg);
+        rs_merr(m, rc, "%s", msg);
         goto out;
     }
-    if ((rc = fy_xfer_bind(s->dev)) < 0) goto out;
+    if ((rc = fy_xfer_bind(s->dev)) < 0) {
+        rs_device_failed(s, m, rc);
+        goto out;
+    }
     /* allocate, then move tier by tier; on failure free what this call allocated */
     for (int64_t i = 0; i < m->n && rc == 0; i++) {
         rtensor *t = &m->t[i];
@@ -61,7 +64,7 @@ FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int6
                 moved += t->nbytes;
             }
         }
-        if (cnt) rc = ferry_load_into(s->dev, m->files[k], idx, dp, cnt, &s->o.load, NULL);
+        if (cnt) rc = ferry_load_into(s->dev, m->files[k], idx, dp, cnt, &s->load, NULL);
     }
     read = moved;
     /* PINNED / HOST: plain copies */
@@ -73,11 +76,12 @@ FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int6
         if (t->tier == FERRY_TIER_SPILL) fr[nf++] = (fy_fdrange){t->soff, t->nbytes, t->dptr};
     }
     if (rc == 0 && nh) rc = fy_xfer_host_to_device(s->dev, hr, nh, NULL);
-    if (rc == 0 && nf) rc = fy_xfer_fd_to_device(s->dev, fy_spill_fd(s->spill), s->spill_dir, fr, nf, &s->o.load, NULL, NULL);
+    if (rc == 0 && nf) rc = fy_xfer_fd_to_device(s->dev, fy_spill_fd(s->spill), s->spill_dir, fr, nf, &s->load, NULL, NULL);
     double dt = fy_now() - t0;
     for (int64_t i = 0; i < nh; i++) moved += hr[i].len;
     for (int64_t i = 0; i < nf; i++) moved += fr[i].len, read += fr[i].len;
     if (rc < 0) { /* nothing moved: back to where they were */
+        rs_device_failed(s, m, rc);
         for (int64_t i = 0; i < m->n; i++) {
             rtensor *t = &m->t[i];
             if (sel[i] && t->tier != FERRY_TIER_DEVICE && t->dptr) rs_dev_free(s, t);

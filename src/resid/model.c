@@ -12,6 +12,34 @@
 
 /* ---- models ---- */
 
+int rs_merr(ferry_model *m, int code, const char *fmt, ...)
+{
+    char body[FY_ERRMSG_MAX], q[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(body, sizeof body, fmt, ap);
+    va_end(ap);
+    return fy_seterr(&m->err, code, "model %s: %s", RS_Q(q, m->name), body);
+}
+
+int rs_model_failed(ferry_model *m, int rc)
+{
+    char msg[FY_ERRMSG_MAX];
+    fy_err_copy(&m->s->err, msg, sizeof msg);
+    fy_err_adopt(&m->err, msg);
+    return rc;
+}
+
+int rs_device_failed(ferry_store *s, ferry_model *m, int rc)
+{
+    const char *msg = ferry_device_errmsg(s->dev);
+    fy_err_adopt(&s->err, msg);
+    if (m) fy_err_adopt(&m->err, msg);
+    return rc;
+}
+
+FERRY_API const char *ferry_model_errmsg(ferry_model *m) { return m ? fy_err_public(&m->err) : ""; }
+
 static int cmp_tname(const void *a, const void *b, void *arg)
 {
     const ferry_model *m = arg;
@@ -52,6 +80,7 @@ void rs_model_free(ferry_model *m)
     fy_free(s->m, m->by_name);
     fy_free(s->m, m->files);
     fy_free(s->m, m->name);
+    fy_err_destroy(&m->err);
     fy_free(s->m, m);
 }
 
@@ -73,26 +102,31 @@ FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *cons
     int rc = 0;
     ferry_model *m = NULL;
     if (rs_find_model(s, name)) {
-        rc = fy_seterr(&s->ctx->err, FERRY_E_INVAL, "ferry_store_add: a model called \"%s\" is already in the store",
-                       name);
+        char q[256];
+        rc = fy_seterr(&s->err, FERRY_E_INVAL, "ferry_store_add: a model called %s is already in the store",
+                       RS_Q(q, name));
         goto out;
     }
     int64_t n = 0;
     for (int k = 0; k < nfiles; k++) n += ferry_file_tensor_count(files[k]);
     m = fy_calloc(s->m, 1, sizeof *m);
-    if (m) m->s = s; /* model_free needs it on the failure path below */
+    if (m) { /* model_free needs both on the failure path below */
+        m->s = s;
+        fy_err_init_child(&m->err, &s->err);
+    }
     if (!m || !(m->name = fy_strndup(s->m, name, strlen(name))) ||
         !(m->files = fy_calloc(s->m, (size_t)nfiles, sizeof *m->files)) ||
         !(m->t = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->t)) ||
         !(m->by_name = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->by_name))) {
-        rc = fy_seterr(&s->ctx->err, -ENOMEM, "out of memory");
+        rc = fy_seterr(&s->err, -ENOMEM, "ferry_store_add: out of memory for a model of %" PRId64 " tensors (%zu bytes)",
+                       n, sizeof *m + (size_t)n * (sizeof *m->t + sizeof *m->by_name));
         goto out;
     }
     if (s->nmodels == s->cap_models) {
         int cap = s->cap_models ? 2 * s->cap_models : 8;
         ferry_model **nm = fy_realloc(s->m, s->models, (size_t)cap * sizeof *nm);
         if (!nm) {
-            rc = fy_seterr(&s->ctx->err, -ENOMEM, "out of memory");
+            rc = fy_seterr(&s->err, -ENOMEM, "ferry_store_add: out of memory for a list of %d models", cap);
             goto out;
         }
         s->models = nm;
@@ -107,7 +141,7 @@ FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *cons
     for (int k = 0; k < nfiles; k++)
         for (int64_t j = 0; j < ferry_file_tensor_count(files[k]); j++, i++) {
             rtensor *t = &m->t[i];
-            ferry_tensor_info ti;
+            ferry_tensor_info ti = {.size = sizeof ti};
             ferry_file_tensor_info(files[k], j, &ti); /* j is in range: cannot fail */
             t->owner = m;
             t->file = k;
@@ -145,9 +179,10 @@ FERRY_API int ferry_store_remove(ferry_model *m)
     pthread_mutex_lock(&s->lock);
     for (int64_t i = 0; i < m->n; i++)
         if (m->t[i].pins) {
+            char q[256];
+            int rc = rs_merr(m, FERRY_E_BUSY, "tensor %s is in use: unpin it first", RS_Q(q, m->t[i].name));
             pthread_mutex_unlock(&s->lock);
-            return fy_seterr(&s->ctx->err, FERRY_E_INVAL, "model \"%s\": tensor %s is pinned: unpin it first", m->name,
-                             m->t[i].name);
+            return rc;
         }
     for (int i = 0; i < s->nmodels; i++)
         if (s->models[i] == m) {
@@ -196,10 +231,9 @@ FERRY_API int ferry_model_group(ferry_model *m, const int64_t *tensors, int64_t 
     for (int64_t k = 1; k < n; k++)
         for (int64_t i = 0; i < m->n; i++)
             if (m->t[i].group == m->t[tensors[k]].group && (m->t[i].tier == FERRY_TIER_DEVICE) != on) {
+                int rc = rs_merr(m, FERRY_E_INVAL, "cannot group tensors of which some are on the device and some not");
                 pthread_mutex_unlock(&m->s->lock);
-                return fy_seterr(&m->s->ctx->err, FERRY_E_INVAL,
-                                 "model \"%s\": cannot group tensors of which some are on the device and some not",
-                                 m->name);
+                return rc;
             }
     int64_t g = m->t[tensors[0]].group;
     for (int64_t k = 1; k < n; k++) {
@@ -233,8 +267,8 @@ int rs_select_groups(ferry_model *m, const int64_t *tensors, int64_t n, bool *se
     memset(sel, 0, (size_t)m->n);
     for (int64_t k = 0; k < n; k++) {
         if (tensors[k] < 0 || tensors[k] >= m->n)
-            return fy_seterr(&m->s->ctx->err, FERRY_E_INVAL, "model \"%s\": tensor index %" PRId64 " out of range",
-                             m->name, tensors[k]);
+            return rs_merr(m, FERRY_E_INVAL, "tensor index %" PRId64 " out of range (%" PRId64 " tensors)",
+                           tensors[k], m->n);
         sel[tensors[k]] = true;
     }
     /* close over groups: a group is in when any member is */

@@ -19,34 +19,33 @@ void rs_tiers(ferry_store *s, uint64_t *tb)
 
 FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out)
 {
-    if (!s || !out) return FERRY_E_INVAL;
-    memset(out, 0, sizeof *out);
+    if (!s || !out || out->size < FERRY_STRUCT_MIN) return FERRY_E_INVAL;
+    ferry_store_stats st = {.size = sizeof st};
     pthread_mutex_lock(&s->lock);
-    rs_tiers(s, out->tier_bytes);
-    out->device_budget = s->o.device_budget;
-    out->pinned_budget = s->o.pinned_budget;
-    out->host_budget = s->o.host_budget;
-    fy_host_available(&out->host_available, out->host_source, sizeof out->host_source);
-    out->spilling = s->spilling;
+    rs_tiers(s, st.tier_bytes);
+    st.device_budget = s->o.device_budget;
+    st.pinned_budget = s->o.pinned_budget;
+    st.host_budget = s->o.host_budget;
+    fy_host_available(&st.host_available, NULL, 0);
+    st.spilling = s->spilling;
     if (s->spill) {
-        snprintf(out->spill_path, sizeof out->spill_path, "%s", s->spill_dir);
         uint64_t res = 0;
-        fy_spill_usage(s->spill, &res, &out->spill_file_bytes);
+        fy_spill_usage(s->spill, &res, &st.spill_file_bytes);
     }
-    out->bytes_htod = s->c.htod;
-    out->bytes_dtoh = s->c.dtoh;
-    out->seconds_htod = s->c.s_htod;
-    out->seconds_dtoh = s->c.s_dtoh;
-    out->bytes_written = s->c.written;
-    out->bytes_read = s->c.read;
-    out->evicted = s->c.evicted;
-    out->dropped = s->c.dropped;
-    out->device_cached = s->cached;
-    out->pinned_pool_bytes = s->pool_bytes;
-    out->models = s->nmodels;
-    for (int i = 0; i < s->nmodels; i++) out->tensors += s->models[i]->n;
+    st.bytes_htod = s->c.htod;
+    st.bytes_dtoh = s->c.dtoh;
+    st.seconds_htod = s->c.s_htod;
+    st.seconds_dtoh = s->c.s_dtoh;
+    st.bytes_written = s->c.written;
+    st.bytes_read = s->c.read;
+    st.evicted = s->c.evicted;
+    st.dropped = s->c.dropped;
+    st.device_cached = s->cached;
+    st.pinned_pool_bytes = s->pool_bytes;
+    st.models = s->nmodels;
+    for (int i = 0; i < s->nmodels; i++) st.tensors += s->models[i]->n;
     pthread_mutex_unlock(&s->lock);
-    return 0;
+    return fy_struct_out(out, &st, sizeof st);
 }
 
 FERRY_API int ferry_store_job_begin(ferry_store *s, const char *name)
@@ -54,13 +53,21 @@ FERRY_API int ferry_store_job_begin(ferry_store *s, const char *name)
     if (!s || !name) return FERRY_E_INVAL;
     pthread_mutex_lock(&s->lock);
     int rc = 0;
+    char q[256], q2[256];
+    char *copy = NULL;
     if (s->job_open) {
-        rc = fy_seterr(&s->ctx->err, FERRY_E_INVAL, "job \"%s\" is still open: end it before \"%s\"", s->job, name);
+        rc = fy_seterr(&s->err, FERRY_E_BUSY, "job %s is still open: end it before %s", RS_Q(q, s->job),
+                       RS_Q(q2, name));
+    } else if (!(copy = fy_strndup(s->m, name, strlen(name)))) {
+        rc = fy_seterr(&s->err, -ENOMEM, "job %s: out of memory for its name (%zu bytes)", RS_Q(q, name),
+                       strlen(name) + 1);
     } else if ((rc = fy_memsampler_start(s->m, 10, &s->sampler)) < 0) {
-        fy_seterr(&s->ctx->err, rc, "job \"%s\": cannot start the memory sampler: %s", name, ferry_strerror(rc));
+        fy_seterr(&s->err, rc, "job %s: cannot start the memory sampler: %s", RS_Q(q, name), ferry_strerror(rc));
+        fy_free(s->m, copy);
     } else {
         s->job_open = true;
-        snprintf(s->job, sizeof s->job, "%s", name);
+        fy_free(s->m, s->job);
+        s->job = copy;
         s->job_t0 = fy_now();
         s->job_c = s->c;
     }
@@ -68,42 +75,40 @@ FERRY_API int ferry_store_job_begin(ferry_store *s, const char *name)
     return rc;
 }
 
+FERRY_API const char *ferry_store_job_name(const ferry_store *s) { return s ? s->job : NULL; }
+
 FERRY_API int ferry_store_job_end(ferry_store *s, ferry_job_stats *out)
 {
-    if (!s) return FERRY_E_INVAL;
+    if (!s || (out && out->size < FERRY_STRUCT_MIN)) return FERRY_E_INVAL;
     pthread_mutex_lock(&s->lock);
     if (!s->job_open) {
         pthread_mutex_unlock(&s->lock);
-        return fy_seterr(&s->ctx->err, FERRY_E_INVAL, "no job is open");
+        return fy_seterr(&s->err, FERRY_E_INVAL, "no job is open");
     }
     fy_memsample_result r;
     fy_memsampler_stop(s->sampler, &r);
     s->sampler = NULL;
     s->job_open = false;
-    if (out) {
-        memset(out, 0, sizeof *out);
-        snprintf(out->job, sizeof out->job, "%s", s->job);
-        out->seconds = fy_now() - s->job_t0;
-        out->rss = (ferry_mem_range){r.start.rss, r.end.rss, r.peak.rss};
-        out->uss = (ferry_mem_range){r.start.uss, r.end.uss, r.peak.uss};
-        out->pss = (ferry_mem_range){r.start.pss, r.end.pss, r.peak.pss};
-        if (r.has_cgroup) out->cgroup = (ferry_mem_range){r.cg_start, r.cg_end, r.cg_peak};
-        uint64_t tb[FERRY_TIER_COUNT];
-        rs_tiers(s, tb);
-        out->device_bytes = tb[FERRY_TIER_DEVICE];
-        out->pinned_bytes = tb[FERRY_TIER_PINNED];
-        out->host_bytes = tb[FERRY_TIER_HOST];
-        out->spill_bytes = tb[FERRY_TIER_SPILL];
-        out->bytes_htod = s->c.htod - s->job_c.htod;
-        out->bytes_dtoh = s->c.dtoh - s->job_c.dtoh;
-        out->bytes_written = s->c.written - s->job_c.written;
-        out->bytes_read = s->c.read - s->job_c.read;
-        out->seconds_htod = s->c.s_htod - s->job_c.s_htod;
-        out->seconds_dtoh = s->c.s_dtoh - s->job_c.s_dtoh;
-        out->evicted = s->c.evicted - s->job_c.evicted;
-        out->dropped = s->c.dropped - s->job_c.dropped;
-    }
+    ferry_job_stats js = {.size = sizeof js};
+    js.seconds = fy_now() - s->job_t0;
+    js.rss = (ferry_mem_range){r.start.rss, r.end.rss, r.peak.rss};
+    js.uss = (ferry_mem_range){r.start.uss, r.end.uss, r.peak.uss};
+    js.pss = (ferry_mem_range){r.start.pss, r.end.pss, r.peak.pss};
+    if (r.has_cgroup) js.cgroup = (ferry_mem_range){r.cg_start, r.cg_end, r.cg_peak};
+    uint64_t tb[FERRY_TIER_COUNT];
+    rs_tiers(s, tb);
+    js.device_bytes = tb[FERRY_TIER_DEVICE];
+    js.pinned_bytes = tb[FERRY_TIER_PINNED];
+    js.host_bytes = tb[FERRY_TIER_HOST];
+    js.spill_bytes = tb[FERRY_TIER_SPILL];
+    js.bytes_htod = s->c.htod - s->job_c.htod;
+    js.bytes_dtoh = s->c.dtoh - s->job_c.dtoh;
+    js.bytes_written = s->c.written - s->job_c.written;
+    js.bytes_read = s->c.read - s->job_c.read;
+    js.seconds_htod = s->c.s_htod - s->job_c.s_htod;
+    js.seconds_dtoh = s->c.s_dtoh - s->job_c.s_dtoh;
+    js.evicted = s->c.evicted - s->job_c.evicted;
+    js.dropped = s->c.dropped - s->job_c.dropped;
     pthread_mutex_unlock(&s->lock);
-    return 0;
+    return out ? fy_struct_out(out, &js, sizeof js) : 0;
 }
-

@@ -27,14 +27,11 @@ FERRY_API int ferry_store_new(ferry_device *dev, const ferry_store_opts *opts, f
     if (!dev || !out) return FERRY_E_INVAL;
     *out = NULL;
     ferry_ctx *ctx = fy_device_ctx(dev);
-    ferry_store_opts o = {0};
-    if (opts) {
-        FY_RETURN_IF(opts->size < sizeof(uint32_t) || opts->size > sizeof o, &ctx->err, FERRY_E_INVAL,
-                     "ferry_store_new: opts->size is %u, expected %zu", opts->size, sizeof o);
-        memcpy(&o, opts, opts->size);
-    }
-    o.size = sizeof o;
-    if (o.load.size == 0) o.load.size = sizeof o.load; /* all defaults */
+    ferry_store_opts o;
+    ferry_load_opts lo;
+    /* messages before the store exists go to the device's context */
+    FY_TRY(fy_struct_in(&o, sizeof o, opts, &ctx->err, "ferry_store_new"));
+    FY_TRY(fy_struct_in(&lo, sizeof lo, o.load, &ctx->err, "ferry_store_new (opts->load)"));
     o.device_reserve = or_default(o.device_reserve, 512ull << 20);
     o.host_reserve = or_default(o.host_reserve, 1ull << 30);
     if (!o.device_budget) {
@@ -63,14 +60,17 @@ FERRY_API int ferry_store_new(ferry_device *dev, const ferry_store_opts *opts, f
     char *d = s ? fy_strndup(&ctx->mem, dir, strlen(dir)) : NULL;
     if (!s || !d) {
         fy_free(&ctx->mem, s);
-        return fy_seterr(&ctx->err, -ENOMEM, "out of memory");
+        return fy_seterr(&ctx->err, -ENOMEM, "ferry_store_new: out of memory (%zu bytes)", sizeof *s);
     }
     s->dev = dev;
+    fy_err_init_child(&s->err, &ctx->err);
+    s->load = lo;
     s->ctx = ctx;
     s->m = &ctx->mem;
     s->o = o;
     s->spill_dir = d;
     s->o.spill_dir = d;
+    s->o.load = &s->load;
     pthread_mutex_init(&s->lock, NULL);
     *out = s;
     return 0;
@@ -93,6 +93,18 @@ FERRY_API void ferry_store_free(ferry_store *s)
     if (s->sampler) fy_memsampler_stop(s->sampler, NULL);
     fy_free(s->m, s->spill_dir);
     pthread_mutex_destroy(&s->lock);
+    fy_free(s->m, s->job);
+    fy_err_destroy(&s->err);
     fy_free(s->m, s);
+}
+
+FERRY_API const char *ferry_store_errmsg(ferry_store *s) { return s ? fy_err_public(&s->err) : ""; }
+
+FERRY_API const char *ferry_store_spill_dir(const ferry_store *s) { return s && s->spill ? s->spill_dir : NULL; }
+
+FERRY_API int ferry_host_available(uint64_t *bytes, char *source, size_t n)
+{
+    if (!bytes) return FERRY_E_INVAL;
+    return fy_host_available(bytes, source, source ? n : 0);
 }
 

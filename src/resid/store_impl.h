@@ -34,6 +34,7 @@ typedef struct rtensor {
 
 struct ferry_model {
     ferry_store *s;
+    fy_err err; /* this model's messages (also the store's and the context's) */
     char *name;
     int priority;
     uint64_t last_use;
@@ -58,6 +59,8 @@ typedef struct counters {
 
 struct ferry_store {
     ferry_device *dev;
+    fy_err err;          /* this store's messages (also the context's) */
+    ferry_load_opts load; /* ring geometry for every move (a copy of the caller's) */
     ferry_ctx *ctx;
     const ferry_allocator *m;
     pthread_mutex_t lock;
@@ -81,11 +84,23 @@ struct ferry_store {
     counters c;
     /* the open job */
     bool job_open;
-    char job[64];
+    char *job; /* the open job, else the last one (NULL before the first) */
     double job_t0;
     counters job_c;
     fy_memsampler *sampler;
 };
+
+/* Messages name models and tensors one way everywhere: JSON-quoted
+ * (model "dit", tensor "blocks.3.w"), so a hostile name cannot break the line. */
+#define RS_Q(buf, name) fy_quote((buf), sizeof(buf), (name))
+/* A message on m ("model \"name\": ..."), which reaches its store and context. */
+int rs_merr(ferry_model *m, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* A call on m failed inside the store (its message is on s->err): give m the
+ * same message. Returns rc. */
+int rs_model_failed(ferry_model *m, int rc);
+/* A move failed inside the device (its message is on the device): give the
+ * store (and m, when not NULL) the same message. Returns rc. */
+int rs_device_failed(ferry_store *s, ferry_model *m, int rc);
 
 /* Every function below runs under s->lock. */
 

@@ -14,11 +14,12 @@ static int check_t(ferry_model *m, int64_t t) { return m && t >= 0 && t < m->n ?
 FERRY_API int ferry_model_mark_dirty(ferry_model *m, int64_t t)
 {
     FY_TRY(check_t(m, t));
+    char q[256];
     pthread_mutex_lock(&m->s->lock);
     int rc = 0;
     if (m->t[t].tier != FERRY_TIER_DEVICE)
-        rc = fy_seterr(&m->s->ctx->err, FERRY_E_INVAL, "model \"%s\": %s is not on the device (it is in %s)", m->name,
-                       m->t[t].name, ferry_tier_name(m->t[t].tier));
+        rc = rs_merr(m, FERRY_E_INVAL, "tensor %s is not on the device (it is in %s)", RS_Q(q, m->t[t].name),
+                     ferry_tier_name(m->t[t].tier));
     else
         m->t[t].dirty = true;
     pthread_mutex_unlock(&m->s->lock);
@@ -32,7 +33,9 @@ static int pin(ferry_model *m, int64_t t, int d)
     int rc = 0;
     for (int64_t i = t < 0 ? 0 : t; i < (t < 0 ? m->n : t + 1); i++) {
         if (d < 0 && m->t[i].pins == 0) {
-            rc = fy_seterr(&m->s->ctx->err, FERRY_E_INVAL, "model \"%s\": %s is not pinned", m->name, m->t[i].name);
+            char q[256];
+            rc = rs_merr(m, FERRY_E_INVAL, "tensor %s is not in use (unpinned more often than pinned)",
+                         RS_Q(q, m->t[i].name));
             continue;
         }
         m->t[i].pins += d;
@@ -47,18 +50,19 @@ FERRY_API int ferry_model_unpin(ferry_model *m, int64_t t) { return pin(m, t, -1
 FERRY_API int ferry_model_tensor_state(ferry_model *m, int64_t t, ferry_tensor_state *out)
 {
     FY_TRY(check_t(m, t));
-    if (!out) return FERRY_E_INVAL;
+    if (!out || out->size < FERRY_STRUCT_MIN) return FERRY_E_INVAL;
+    ferry_tensor_state st = {.size = sizeof st};
     pthread_mutex_lock(&m->s->lock);
     const rtensor *r = &m->t[t];
-    out->name = r->name;
-    out->nbytes = r->nbytes;
-    out->tier = r->tier;
-    out->dirty = r->dirty;
-    out->pins = r->pins;
-    out->group = r->group;
-    out->dptr = r->tier == FERRY_TIER_DEVICE ? r->dptr : 0;
+    st.name = r->name;
+    st.nbytes = r->nbytes;
+    st.tier = r->tier;
+    st.dirty = r->dirty;
+    st.pins = r->pins;
+    st.group = r->group;
+    st.dptr = r->tier == FERRY_TIER_DEVICE ? r->dptr : 0;
     pthread_mutex_unlock(&m->s->lock);
-    return 0;
+    return fy_struct_out(out, &st, sizeof st);
 }
 
 FERRY_API int ferry_model_read(ferry_model *m, int64_t t, void *buf)
@@ -73,14 +77,18 @@ FERRY_API int ferry_model_read(ferry_model *m, int64_t t, void *buf)
     } else if (r->tier == FERRY_TIER_DEVICE) {
         fy_hostrange h = {buf, r->dptr, r->nbytes};
         rc = fy_xfer_device_to_host(s->dev, &h, 1, NULL);
+        if (rc < 0) rs_device_failed(s, m, rc);
     } else if (r->tier == FERRY_TIER_PINNED || r->tier == FERRY_TIER_HOST) {
         memcpy(buf, r->host, (size_t)r->nbytes);
     } else if (r->tier == FERRY_TIER_SOURCE) {
         rc = ferry_file_tensor_read(m->files[r->file], r->idx, 0, buf, (size_t)r->nbytes);
+        if (rc < 0) rs_merr(m, rc, "%s", ferry_file_errmsg(m->files[r->file]));
     } else {
         rc = fy_xfer_fd_to_host(s->dev, fy_spill_fd(s->spill), r->soff, buf, r->nbytes);
-        if (rc < 0) fy_seterr(&s->ctx->err, rc, "%s: reading back %s from the spill file: %s", s->spill_dir, r->name,
-                              ferry_strerror(rc));
+        char q[256];
+        if (rc < 0)
+            rs_merr(m, rc, "%s: reading back tensor %s from the spill file: %s", s->spill_dir, RS_Q(q, r->name),
+                    ferry_strerror(rc));
     }
     pthread_mutex_unlock(&s->lock);
     return rc;
@@ -95,11 +103,13 @@ FERRY_API int ferry_model_write(ferry_model *m, int64_t t, const void *buf)
     rtensor *r = &m->t[t];
     int rc = 0;
     if (r->tier != FERRY_TIER_DEVICE) {
-        rc = fy_seterr(&s->ctx->err, FERRY_E_INVAL, "model \"%s\": %s is not on the device (it is in %s)", m->name,
-                       r->name, ferry_tier_name(r->tier));
+        char q[256];
+        rc = rs_merr(m, FERRY_E_INVAL, "tensor %s is not on the device (it is in %s)", RS_Q(q, r->name),
+                     ferry_tier_name(r->tier));
     } else if (r->nbytes) {
         fy_hostrange h = {(void *)(uintptr_t)buf, r->dptr, r->nbytes};
         rc = fy_xfer_host_to_device(s->dev, &h, 1, NULL);
+        if (rc < 0) rs_device_failed(s, m, rc);
     }
     if (rc == 0) r->dirty = true;
     pthread_mutex_unlock(&s->lock);

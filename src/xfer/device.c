@@ -22,10 +22,12 @@ FERRY_API int ferry_device_open(ferry_ctx *ctx, const char *spec, ferry_device *
     *out = NULL;
     FY_RETURN_IF(!spec, &ctx->err, FERRY_E_INVAL, "ferry_device_open: no device given");
     ferry_device *d = fy_calloc(&ctx->mem, 1, sizeof *d);
-    if (!d) return fy_seterr(&ctx->err, -ENOMEM, "out of memory");
+    if (!d) return fy_seterr(&ctx->err, -ENOMEM, "ferry_device_open: out of memory (%zu bytes)", sizeof *d);
     d->ctx = ctx;
-    int rc = fy_gpu_open(spec, &ctx->mem, &ctx->err, &d->g);
+    fy_err_init_child(&d->err, &ctx->err); /* the backend's messages land here and on ctx */
+    int rc = fy_gpu_open(spec, &ctx->mem, &d->err, &d->g);
     if (rc < 0) {
+        fy_err_destroy(&d->err);
         fy_free(&ctx->mem, d);
         return rc;
     }
@@ -56,11 +58,14 @@ FERRY_API void ferry_device_close(ferry_device *d)
     fy_gpu_close(d->g);
     pthread_mutex_destroy(&d->lock);
     pthread_mutex_destroy(&d->ring_lock);
+    fy_err_destroy(&d->err);
     fy_free(&d->ctx->mem, d);
 }
 
 fy_gpu *fy_device_gpu(ferry_device *d) { return d ? d->g : NULL; }
 ferry_ctx *fy_device_ctx(ferry_device *d) { return d ? d->ctx : NULL; }
+
+FERRY_API const char *ferry_device_errmsg(ferry_device *d) { return d ? fy_err_public(&d->err) : ""; }
 
 FERRY_API const char *ferry_device_desc(const ferry_device *d) { return d ? d->g->desc : ""; }
 
@@ -84,7 +89,7 @@ int xf_ring_get(ferry_device *d, uint32_t nbuf, uint64_t bytes)
     xf_ring_free(d);
     uint64_t stride = bytes + 2 * ALIGN;
     d->ring = fy_calloc(&d->ctx->mem, nbuf, sizeof *d->ring);
-    if (!d->ring) return fy_seterr(&d->ctx->err, -ENOMEM, "out of memory");
+    if (!d->ring) return fy_seterr(&d->err, -ENOMEM, "out of memory");
     int rc = d->g->ops->host_alloc(d->g, (size_t)(stride * nbuf), (void **)&d->ring_base);
     if (rc < 0) {
         fy_free(&d->ctx->mem, d->ring);

@@ -57,7 +57,7 @@ static void *host_worker(void *arg)
 
 int xf_run_host(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o, uint32_t nthreads)
 {
-    host_job j = {.f = f, .p = p, .err = &d->ctx->err, .o = o};
+    host_job j = {.f = f, .p = p, .err = &d->err, .o = o};
     xf_sched_init(&j.q, p, 64, nthreads);
     atomic_init(&j.rc, 0);
     fy_progress_init(&j.prog, o->progress, o->opaque, p->bytes);

@@ -32,42 +32,39 @@ static int choose_path(ferry_device *d, const ferry_file *f, const ferry_load_op
     st->resident = -1; /* measured only when auto needs it: mincore over 10 GB is not free */
     if (want == FERRY_PATH_CUFILE) {
         char why[256];
-        FY_RETURN_IF(strcmp(d->g->ops->name, "cuda") != 0, &d->ctx->err, FERRY_E_NODEV,
+        FY_RETURN_IF(strcmp(d->g->ops->name, "cuda") != 0, &d->err, FERRY_E_NODEV,
                      "cufile: GPUDirect Storage needs a cuda device, not %s", d->g->desc);
         if (fy_cufile_probe(f->shards[0].fd, why, sizeof why) < 0)
-            return fy_seterr(&d->ctx->err, FERRY_E_NODEV, "cufile unavailable: %s (use --path auto)", why);
-        return fy_seterr(&d->ctx->err, FERRY_E_UNSUPPORTED,
+            return fy_seterr(&d->err, FERRY_E_NODEV, "cufile unavailable: %s (use --path auto)", why);
+        return fy_seterr(&d->err, FERRY_E_UNSUPPORTED,
                          "cufile: the probe succeeded (%s), but ferry has no cuFile transfer yet (use --path auto)", why);
     }
     if (d->g->host_visible) {
-        FY_RETURN_IF(want != FERRY_PATH_AUTO && want != FERRY_PATH_RING, &d->ctx->err, FERRY_E_UNSUPPORTED,
+        FY_RETURN_IF(want != FERRY_PATH_AUTO && want != FERRY_PATH_RING, &d->err, FERRY_E_UNSUPPORTED,
                      "the cpu device reads straight into host memory: use --path ring or auto, not %s",
                      ferry_path_name(want));
-        snprintf(st->why, sizeof st->why, "host memory: threaded pread straight into the destination");
+        st->why = "host memory: threaded pread straight into the destination";
         return FERRY_PATH_RING;
     }
     if (want != FERRY_PATH_AUTO) {
-        snprintf(st->why, sizeof st->why, "asked for");
+        st->why = "asked for";
         return (int)want;
     }
     if (!f->private_map && xf_is_registered(d, f)) {
-        snprintf(st->why, sizeof st->why, "the file is registered with the device");
+        st->why = "the file is registered with the device";
         return FERRY_PATH_REGISTER;
     }
     st->resident = xf_resident_sampled(f);
     if (st->resident < 0) {
-        snprintf(st->why, sizeof st->why, "page-cache residency unknown (mincore failed): ring");
+        st->why = "page-cache residency unknown (mincore failed): ring";
         return FERRY_PATH_RING;
     }
     if (st->resident >= 0.5) {
-        snprintf(st->why, sizeof st->why,
-                 "%.0f%% of the data is in the page cache (sampled; cufile is probed only on request)",
-                 st->resident * 100);
+        st->why = "most of the data is in the page cache (sampled: see resident; cufile is probed only on request)";
         return FERRY_PATH_RING;
     }
-    snprintf(st->why, sizeof st->why,
-             "%.0f%% of the data is in the page cache (sampled): O_DIRECT reads (cufile is probed only on request)",
-             st->resident * 100);
+    st->why = "most of the data is not in the page cache (sampled: see resident): O_DIRECT reads (cufile is "
+              "probed only on request)";
     return FERRY_PATH_DIRECT;
 }
 
@@ -81,13 +78,13 @@ int xf_ring_geometry(ferry_device *d, const ferry_load_opts *o, uint32_t *nthrea
     uint32_t cpus = fy_ncpu();
     *nthreads = o->threads ? o->threads : (cpus < 12 ? cpus : 12);
     if (*nthreads > MAX_THREADS) *nthreads = MAX_THREADS;
-    FY_RETURN_IF(o->ring_buffer_bytes > (4ull << 30) || o->ring_buffers > 4096, &d->ctx->err, FERRY_E_INVAL,
+    FY_RETURN_IF(o->ring_buffer_bytes > (4ull << 30) || o->ring_buffers > 4096, &d->err, FERRY_E_INVAL,
                  "ferry_load: a ring of %u buffers of %llu bytes is outside the limits (4096 buffers, 4 GiB each)",
                  o->ring_buffers, (unsigned long long)o->ring_buffer_bytes);
     *bufsz = o->ring_buffer_bytes ? page_round(o->ring_buffer_bytes) : 4ull << 20;
     *nbuf = o->ring_buffers ? o->ring_buffers : 2 * *nthreads;
     if (*nbuf < 2) *nbuf = 2;
-    FY_RETURN_IF((uint64_t)*nbuf * *bufsz > (64ull << 30), &d->ctx->err, FERRY_E_LIMIT,
+    FY_RETURN_IF((uint64_t)*nbuf * *bufsz > (64ull << 30), &d->err, FERRY_E_LIMIT,
                  "ferry_load: a ring of %u x %llu bytes would pin more than 64 GiB", *nbuf,
                  (unsigned long long)*bufsz);
     return 0;
@@ -96,15 +93,13 @@ int xf_ring_geometry(ferry_device *d, const ferry_load_opts *o, uint32_t *nthrea
 int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, const ferry_load_opts *opts,
                       ferry_load_stats *stats)
 {
-    ferry_load_opts o = {0};
-    ferry_load_stats st = {0};
+    ferry_load_opts o;
+    ferry_load_stats st = {.size = sizeof st};
     const ferry_allocator *m = &d->ctx->mem;
-    fy_err *err = &d->ctx->err;
-    if (opts) {
-        FY_RETURN_IF(opts->size < sizeof(uint32_t) || opts->size > sizeof o, err, FERRY_E_INVAL,
-                     "ferry_load: opts->size is %u, expected %zu", opts->size, sizeof o);
-        memcpy(&o, opts, opts->size);
-    }
+    fy_err *err = &d->err;
+    FY_TRY(fy_struct_in(&o, sizeof o, opts, err, "ferry_load"));
+    FY_RETURN_IF(stats && stats->size < FERRY_STRUCT_MIN, err, FERRY_E_INVAL,
+                 "ferry_load: stats->size is %u: set it to sizeof(ferry_load_stats)", stats->size);
     FY_RETURN_IF((unsigned)o.path >= FERRY_PATH_COUNT, err, FERRY_E_INVAL, "ferry_load: unknown path %d", (int)o.path);
     uint32_t nthreads, nbuf;
     uint64_t bufsz;
@@ -135,7 +130,7 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
             if (rc == -EINVAL && st.path == FERRY_PATH_DIRECT && o.path == FERRY_PATH_AUTO) {
                 /* auto chose O_DIRECT on a file system without it (tmpfs, some FUSE): buffered reads */
                 st.path = FERRY_PATH_RING;
-                snprintf(st.why, sizeof st.why, "cold, but the file system refuses O_DIRECT: buffered reads");
+                st.why = "cold, but the file system refuses O_DIRECT: buffered reads";
                 rc = xf_run_ring(d, f, &p, false, &o, streams, nstreams, nthreads);
             }
             pthread_mutex_unlock(&d->ring_lock);
@@ -146,7 +141,7 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
     st.bytes = p.bytes;
     st.seconds = fy_now() - t0;
     xf_plan_free(m, &p);
-    if (stats) *stats = st;
+    if (stats) fy_struct_out(stats, &st, sizeof st);
     return rc;
 }
 
@@ -155,11 +150,11 @@ FERRY_API int ferry_load_into(ferry_device *d, const ferry_file *f, const int64_
 {
     if (!d || !f || n < 0 || (n && (!idx || !dptrs))) return FERRY_E_INVAL;
     item *it = fy_calloc(&d->ctx->mem, (size_t)(n ? n : 1), sizeof *it);
-    if (!it) return fy_seterr(&d->ctx->err, -ENOMEM, "out of memory");
+    if (!it) return fy_seterr(&d->err, -ENOMEM, "out of memory");
     for (int64_t k = 0; k < n; k++) {
         if (idx[k] < 0 || idx[k] >= f->tb.n) {
             fy_free(&d->ctx->mem, it);
-            return fy_seterr(&d->ctx->err, FERRY_E_INVAL, "ferry_load_into: tensor index %" PRId64 " out of range",
+            return fy_seterr(&d->err, FERRY_E_INVAL, "ferry_load_into: tensor index %" PRId64 " out of range",
                              idx[k]);
         }
         it[k].t = idx[k];
@@ -182,7 +177,7 @@ FERRY_API int ferry_load(ferry_device *d, const ferry_file *f, const ferry_load_
     if (l) l->dev = d, l->f = f;
     if (!l || !it || !(l->block = fy_calloc(m, (size_t)f->nshards, sizeof(fy_dptr))) ||
         !(l->dptr = fy_calloc(m, (size_t)(f->tb.n ? f->tb.n : 1), sizeof(uint64_t)))) {
-        rc = fy_seterr(&d->ctx->err, -ENOMEM, "out of memory");
+        rc = fy_seterr(&d->err, -ENOMEM, "out of memory");
         goto fail;
     }
     /* one block per shard spanning its tensors, laid out as in the file */

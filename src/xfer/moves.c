@@ -55,7 +55,7 @@ static int op_new(ferry_device *d, bool streams, fy_xfer_op **out)
 {
     fy_gpu *g = d->g;
     fy_xfer_op *op = fy_calloc(&d->ctx->mem, 1, sizeof *op);
-    if (!op) return fy_seterr(&d->ctx->err, -ENOMEM, "out of memory (a transfer's completion, %zu bytes)", sizeof *op);
+    if (!op) return fy_seterr(&d->err, -ENOMEM, "out of memory (a transfer's completion, %zu bytes)", sizeof *op);
     op->d = d;
     int rc = 0;
     for (int k = 0; streams && k < OP_STREAMS && rc == 0; k++) {
@@ -155,7 +155,7 @@ static int fd_to_device(ferry_device *d, int fd, const char *path, const fy_fdra
     item *it = fy_calloc(m, (size_t)n, sizeof *it);
     int rc = 0;
     if (!f.tb.t || !it) {
-        rc = fy_seterr(&d->ctx->err, -ENOMEM, "out of memory");
+        rc = fy_seterr(&d->err, -ENOMEM, "out of memory");
     } else {
         f.tb.n = n;
         for (int64_t k = 0; k < n; k++) {
@@ -218,7 +218,7 @@ static int device_to_fd(ferry_device *d, int fd, const char *path, const fy_fdra
                 if (rc == 0) {
                     rc = fy_pwrite_full(fd, rb->p, (size_t)pending[b].len, pending[b].off);
                     if (rc < 0)
-                        fy_seterr(&d->ctx->err, rc, "%s: writing %" PRIu64 " bytes at %" PRIu64 ": %s", path,
+                        fy_seterr(&d->err, rc, "%s: writing %" PRIu64 " bytes at %" PRIu64 ": %s", path,
                                   pending[b].len, pending[b].off, ferry_strerror(rc));
                 }
                 pending[b].busy = false;
@@ -241,7 +241,7 @@ static int device_to_fd(ferry_device *d, int fd, const char *path, const fy_fdra
         if (rc == 0) {
             rc = fy_pwrite_full(fd, d->ring[q].p, (size_t)pending[q].len, pending[q].off);
             if (rc < 0)
-                fy_seterr(&d->ctx->err, rc, "%s: writing %" PRIu64 " bytes at %" PRIu64 ": %s", path, pending[q].len,
+                fy_seterr(&d->err, rc, "%s: writing %" PRIu64 " bytes at %" PRIu64 ": %s", path, pending[q].len,
                           pending[q].off, ferry_strerror(rc));
         }
     }

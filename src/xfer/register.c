@@ -32,7 +32,7 @@ static int reg_add(ferry_device *d, const ferry_file *f, int32_t s)
     if (d->nregs == d->cap_regs) {
         int cap = d->cap_regs ? d->cap_regs * 2 : 8;
         reg_entry *n = fy_realloc(&d->ctx->mem, d->regs, (size_t)cap * sizeof *n);
-        if (!n) return fy_seterr(&d->ctx->err, -ENOMEM, "out of memory");
+        if (!n) return fy_seterr(&d->err, -ENOMEM, "out of memory");
         d->regs = n;
         d->cap_regs = cap;
     }
@@ -69,7 +69,7 @@ static int check_size(ferry_device *d, const ferry_file *f)
     for (int32_t s = 0; s < f->nshards; s++) {
         struct stat st;
         if (fstat(f->shards[s].fd, &st) == 0 && (uint64_t)st.st_size < f->shards[s].size)
-            return fy_seterr(&d->ctx->err, FERRY_E_CORRUPT,
+            return fy_seterr(&d->err, FERRY_E_CORRUPT,
                              "%s: the file shrank from %" PRIu64 " to %lld bytes since it was opened", f->shards[s].path,
                              f->shards[s].size, (long long)st.st_size);
     }
@@ -80,7 +80,7 @@ static int check_size(ferry_device *d, const ferry_file *f)
  * (hold) or in use by one more load. On failure nothing changes. */
 int xf_reg_acquire(ferry_device *d, const ferry_file *f, bool hold)
 {
-    FY_RETURN_IF(f->private_map, &d->ctx->err, FERRY_E_UNSUPPORTED,
+    FY_RETURN_IF(f->private_map, &d->err, FERRY_E_UNSUPPORTED,
                  "%s: opened with FERRY_OPEN_PRIVATE (a copy-on-write mapping), which must never be "
                  "page-locked: use the ring path", f->shards[0].path);
     FY_TRY(check_size(d, f));
@@ -115,7 +115,7 @@ FERRY_API int ferry_device_register_file(ferry_device *d, const ferry_file *f, u
     if (!d || !f) return FERRY_E_INVAL;
     uint64_t need = 0;
     for (int32_t s = 0; s < f->nshards; s++) need += page_round(f->shards[s].size);
-    FY_RETURN_IF(pinned_budget && need > pinned_budget, &d->ctx->err, FERRY_E_BUDGET,
+    FY_RETURN_IF(pinned_budget && need > pinned_budget, &d->err, FERRY_E_BUDGET,
                  "%s: registering %" PRIu64 " bytes exceeds the pinned budget of %" PRIu64 " bytes",
                  f->shards[0].path, need, pinned_budget);
     return xf_reg_acquire(d, f, true);
@@ -155,7 +155,7 @@ int xf_run_register(ferry_device *d, const ferry_file *f, const plan *p, const f
     if (o->pinned_budget && !xf_is_registered(d, f)) {
         uint64_t need = 0;
         for (int32_t k = 0; k < f->nshards; k++) need += page_round(f->shards[k].size);
-        FY_RETURN_IF(need > o->pinned_budget, &d->ctx->err, FERRY_E_BUDGET,
+        FY_RETURN_IF(need > o->pinned_budget, &d->err, FERRY_E_BUDGET,
                      "%s: registering %" PRIu64 " bytes exceeds the pinned budget of %" PRIu64 " bytes",
                      f->shards[0].path, need, o->pinned_budget);
     }

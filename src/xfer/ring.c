@@ -209,7 +209,7 @@ int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct
         for (int32_t s = 0; s < f->nshards; s++) j.dfd[s] = -1;
     pthread_t *th = fy_calloc(m, nthreads, sizeof(pthread_t));
     if (!j.free_list || !j.inflight || !j.dfd || !th) {
-        rc = fy_seterr(&d->ctx->err, -ENOMEM, "out of memory");
+        rc = fy_seterr(&d->err, -ENOMEM, "out of memory");
         goto out;
     }
     for (uint32_t i = 0; i < d->nring; i++) j.free_list[j.nfree++] = i;
@@ -218,7 +218,7 @@ int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct
             j.dfd[s] = open(f->shards[s].path, O_RDONLY | O_DIRECT | O_CLOEXEC);
             if (j.dfd[s] < 0) {
                 rc = -errno;
-                fy_seterr(&d->ctx->err, rc, "%s: open with O_DIRECT: %s%s", f->shards[s].path, ferry_strerror(rc),
+                fy_seterr(&d->err, rc, "%s: open with O_DIRECT: %s%s", f->shards[s].path, ferry_strerror(rc),
                           rc == -EINVAL ? " (this file system does not support O_DIRECT: use --path ring)" : "");
                 goto out;
             }

@@ -39,6 +39,7 @@ typedef struct ring_buf {
 
 struct ferry_device {
     ferry_ctx *ctx;
+    fy_err err;           /* this device's messages (also its context's); the backend's too */
     fy_gpu *g;
     pthread_mutex_t lock; /* guards regs */
     reg_entry *regs;

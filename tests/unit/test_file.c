@@ -147,7 +147,7 @@ static void test_open(ferry_ctx *ctx)
     int64_t i = ferry_file_find(f, "w.1");
     CHECK_EQ(i, 1);
     CHECK_EQ(ferry_file_find(f, "nope"), FERRY_E_NOTFOUND);
-    ferry_tensor_info ti;
+    ferry_tensor_info ti = {.size = sizeof ti};
     CHECK_EQ(ferry_file_tensor_info(f, i, &ti), 0);
     CHECK(strcmp(ti.name, "w.1") == 0);
     CHECK_EQ(ti.dtype, FERRY_DTYPE_F32);
@@ -204,7 +204,7 @@ static void test_open(ferry_ctx *ctx)
     f = NULL;
     CHECK_EQ(ferry_file_open(ctx, p, FERRY_OPEN_PRIVATE, &f), 0);
     if (f) {
-        ferry_tensor_info pti;
+        ferry_tensor_info pti = {.size = sizeof pti};
         void *v = NULL;
         CHECK_EQ(ferry_file_tensor_info(f, 0, &pti), 0);
         CHECK_EQ(ferry_file_tensor_data(f, 0, (const void **)&v), 0);
@@ -301,7 +301,7 @@ static void test_hash(ferry_ctx *ctx)
     CHECK_EQ(ferry_file_hash(ctx, f, h, &m1, NULL, NULL), 0);
     for (int i = 0; i < 3; i++) {
         const void *d;
-        ferry_tensor_info ti;
+        ferry_tensor_info ti = {.size = sizeof ti};
         ferry_file_tensor_info(f, i, &ti);
         ferry_file_tensor_data(f, i, &d);
         CHECK(h[i] == ferry_xxh3(d, (size_t)ti.nbytes));

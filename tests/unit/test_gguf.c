@@ -727,7 +727,7 @@ static void test_file_api(void)
         CHECK_EQ(ferry_file_total_bytes(ff), 68);
         int64_t i = ferry_file_find(ff, "blk.0.w");
         CHECK_EQ(i, 0);
-        ferry_tensor_info ti;
+        ferry_tensor_info ti = {.size = sizeof ti};
         CHECK_EQ(ferry_file_tensor_info(ff, 0, &ti), 0);
         CHECK_EQ(ti.dtype, FERRY_DTYPE_Q8_0);
         CHECK_EQ(ti.offset, start);

@@ -577,7 +577,7 @@ static void test_file(void)
         CHECK_EQ(ferry_file_tensor_count(f), 5);
         int64_t i = ferry_file_find(f, "state_dict.wt");
         CHECK(i >= 0);
-        ferry_tensor_info ti;
+        ferry_tensor_info ti = {.size = sizeof ti};
         CHECK_EQ(ferry_file_tensor_info(f, i, &ti), 0);
         CHECK(ti.strides != NULL && ti.strides[0] == 1 && ti.strides[1] == 3);
         CHECK_EQ(ti.flags, FERRY_TENSOR_NONCONTIGUOUS | FERRY_TENSOR_SHARED_STORAGE);

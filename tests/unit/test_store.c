@@ -73,7 +73,7 @@ static int verify(ferry_model *m, ferry_file *f, int64_t mod, uint8_t x)
 {
     int bad = 0;
     for (int64_t i = 0; i < ferry_model_tensor_count(m); i++) {
-        ferry_tensor_state st;
+        ferry_tensor_state st = {.size = sizeof st};
         ferry_model_tensor_state(m, i, &st);
         uint8_t *a = malloc(st.nbytes + 1), *b = malloc(st.nbytes + 1);
         int r1 = ferry_model_read(m, i, a), r2 = ferry_file_tensor_read(f, i, 0, b, st.nbytes);
@@ -91,14 +91,14 @@ static int verify(ferry_model *m, ferry_file *f, int64_t mod, uint8_t x)
 
 static uint64_t tier_bytes(ferry_store *s, ferry_tier t)
 {
-    ferry_store_stats st;
+    ferry_store_stats st = {.size = sizeof st};
     ferry_store_get_stats(s, &st);
     return st.tier_bytes[t];
 }
 
 static int modify(ferry_model *m, int64_t t, uint8_t x)
 {
-    ferry_tensor_state st;
+    ferry_tensor_state st = {.size = sizeof st};
     ferry_model_tensor_state(m, t, &st);
     uint8_t *b = malloc(st.nbytes);
     int rc = ferry_model_read(m, t, b);
@@ -184,9 +184,8 @@ static ferry_store *mk_store(ferry_device *d, uint64_t dev_budget, uint64_t host
     ferry_store_opts o = {.size = sizeof o, .device_budget = dev_budget, .host_budget = host_budget,
                           .pinned_budget = pinned_budget, .spill_dir = spill_dir,
                           .spill_below = 1, .spill_above = 2}; /* the host's real free memory does not decide here */
-    o.load.size = sizeof o.load;
-    o.load.ring_buffers = 4;
-    o.load.ring_buffer_bytes = 64 << 10;
+    static const ferry_load_opts lo = {.size = sizeof lo, .ring_buffers = 4, .ring_buffer_bytes = 64 << 10};
+    o.load = &lo;
     ferry_store *s = NULL;
     CHECK_EQ(ferry_store_new(d, &o, &s), 0);
     return s;
@@ -214,7 +213,7 @@ static void test_tiers(ferry_ctx *ctx)
     CHECK_EQ(tier_bytes(s, FERRY_TIER_SOURCE), A + B);
 
     /* groups: a weight and its bias */
-    ferry_tensor_state w, b;
+    ferry_tensor_state w = {.size = sizeof w}, b = {.size = sizeof b};
     ferry_model_tensor_state(ma, 2, &w);
     ferry_model_tensor_state(ma, 3, &b);
     CHECK_EQ(w.group, b.group);
@@ -231,7 +230,7 @@ static void test_tiers(ferry_ctx *ctx)
     CHECK_EQ(b.tier, FERRY_TIER_DEVICE);
     /* all of b: a (least recently used) must make room; clean: dropped, 0 written */
     CHECK_EQ(ferry_model_to_device(mb, NULL, 0), 0);
-    ferry_store_stats st;
+    ferry_store_stats st = {.size = sizeof st};
     ferry_store_get_stats(s, &st);
     CHECK_EQ(st.bytes_written, 0);
     CHECK(st.dropped > 0);
@@ -291,8 +290,8 @@ static void test_tiers(ferry_ctx *ctx)
     CHECK_EQ(tier_bytes(s, FERRY_TIER_DEVICE), w.nbytes + b.nbytes);
     /* again: nothing more to free, no loop */
     CHECK_EQ(ferry_store_make_room(s, UINT64_MAX, NULL), 0);
-    CHECK_EQ(ferry_model_evict(ma, NULL, 0), FERRY_E_INVAL); /* pinned */
-    CHECK_EQ(ferry_store_remove(ma), FERRY_E_INVAL);
+    CHECK_EQ(ferry_model_evict(ma, NULL, 0), FERRY_E_BUSY); /* pinned */
+    CHECK_EQ(ferry_store_remove(ma), FERRY_E_BUSY);
     CHECK_EQ(ferry_model_unpin(ma, 0), 0);
     CHECK_EQ(ferry_model_unpin(ma, 0), FERRY_E_INVAL);
     /* possible room: just enough, least recently used first */
@@ -353,17 +352,17 @@ static void test_spill(ferry_ctx *ctx)
                 break;
             }
             CHECK(rc < 0);
-            ferry_tensor_state w;
+            ferry_tensor_state w = {.size = sizeof w};
             ferry_model_tensor_state(ma, 2, &w);
             CHECK_EQ(w.tier, FERRY_TIER_DEVICE); /* the dirty tensor stayed */
             CHECK_EQ(verify(ma, fa, 2, 0x33), 0);
             CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
         }
-        ferry_tensor_state w;
+        ferry_tensor_state w = {.size = sizeof w};
         ferry_model_tensor_state(ma, 2, &w);
         CHECK_EQ(w.tier, FERRY_TIER_SPILL);
         CHECK_EQ(verify(ma, fa, 2, 0x33), 0);
-        ferry_store_stats st;
+        ferry_store_stats st = {.size = sizeof st};
         ferry_store_get_stats(s, &st);
         CHECK(st.bytes_written >= w.nbytes);
         CHECK(st.spill_file_bytes >= w.nbytes);
@@ -380,7 +379,7 @@ static void test_spill(ferry_ctx *ctx)
      * tensor stays in the spill file, nothing allocated stays behind */
     {
         CHECK_EQ(ferry_model_evict(ma, NULL, 0), 0);
-        ferry_tensor_state w;
+        ferry_tensor_state w = {.size = sizeof w};
         ferry_model_tensor_state(ma, 2, &w);
         CHECK_EQ(w.tier, FERRY_TIER_SPILL);
         for (long nth = 1; nth < 200; nth++) {
@@ -413,7 +412,7 @@ static void test_spill(ferry_ctx *ctx)
         fy_fault_arm(1, ENOSPC);
         CHECK(ferry_model_evict(ma, &g1, 1) < 0); /* blk.1's reservation fails */
         fy_fault_arm(0, 0);
-        ferry_tensor_state w;
+        ferry_tensor_state w = {.size = sizeof w};
         ferry_model_tensor_state(ma, 0, &w);
         CHECK_EQ(w.tier, FERRY_TIER_SPILL);
         uint8_t *a = malloc(w.nbytes), *b = malloc(w.nbytes);
@@ -450,7 +449,7 @@ static void test_refused_tmpfs(ferry_ctx *ctx)
         CHECK_EQ(modify(ma, 0, 0x11), 0);
         CHECK(ferry_model_evict(ma, NULL, 0) < 0);
         CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "tmpfs");
-        ferry_tensor_state w;
+        ferry_tensor_state w = {.size = sizeof w};
         ferry_model_tensor_state(ma, 0, &w);
         CHECK_EQ(w.tier, FERRY_TIER_DEVICE);
         CHECK_EQ(verify(ma, fa, 0, 0x11), 0);
@@ -494,7 +493,7 @@ static void test_device_faults(ferry_ctx *ctx)
     fy_gpu_sim_fault(g, FY_OP_COPY, 1);
     CHECK(ferry_model_evict(ma, NULL, 0) < 0);
     fy_gpu_sim_fault(g, FY_OP_COPY, 0);
-    ferry_tensor_state w;
+    ferry_tensor_state w = {.size = sizeof w};
     ferry_model_tensor_state(ma, 4, &w);
     CHECK_EQ(w.tier, FERRY_TIER_DEVICE);
     CHECK_EQ(verify(ma, fa, 4, 0x77), 0);
@@ -516,13 +515,13 @@ static void test_jobs(ferry_ctx *ctx)
     ferry_store *s = mk_store(d, 0, 64 << 20, 32 << 20);
     ferry_model *ma = NULL;
     CHECK_EQ(ferry_store_add(s, "a", &fa, 1, 0, &ma), 0);
-    ferry_job_stats js;
+    ferry_job_stats js = {.size = sizeof js};
     CHECK_EQ(ferry_store_job_end(s, &js), FERRY_E_INVAL);
     CHECK_EQ(ferry_store_job_begin(s, "load"), 0);
-    CHECK_EQ(ferry_store_job_begin(s, "again"), FERRY_E_INVAL);
+    CHECK_EQ(ferry_store_job_begin(s, "again"), FERRY_E_BUSY);
     CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
     CHECK_EQ(ferry_store_job_end(s, &js), 0);
-    CHECK(strcmp(js.job, "load") == 0);
+    CHECK(ferry_store_job_name(s) && strcmp(ferry_store_job_name(s), "load") == 0);
     CHECK(js.seconds > 0);
     CHECK(js.rss.peak >= js.rss.start && js.rss.peak >= js.rss.end && js.rss.start > 0);
     CHECK(js.pss.peak > 0 && js.uss.peak > 0);
@@ -665,7 +664,7 @@ static void test_review(ferry_ctx *ctx)
         int64_t one[] = {za};
         CHECK_EQ(ferry_model_group(mz, NULL, 0), 0);
         CHECK_EQ(ferry_model_to_device(mz, one, 1), 0);
-        ferry_tensor_state st;
+        ferry_tensor_state st = {.size = sizeof st};
         ferry_model_tensor_state(mz, za, &st);
         CHECK_EQ(st.tier, FERRY_TIER_DEVICE);
         CHECK_EQ(ferry_model_mark_dirty(mz, za), 0);
@@ -676,7 +675,7 @@ static void test_review(ferry_ctx *ctx)
         CHECK_EQ(verify(mz, fz, -1, 0), 0);
         if (ram) {
             CHECK_EQ(ferry_store_make_room(s, 0, NULL), 0);
-            ferry_store_stats ss;
+            ferry_store_stats ss = {.size = sizeof ss};
             ferry_store_get_stats(s, &ss);
             CHECK_EQ(ss.pinned_pool_bytes, 0);
         } else {
@@ -686,7 +685,7 @@ static void test_review(ferry_ctx *ctx)
             fy_fault_arm(1, ENOSPC);
             CHECK(ferry_model_evict(ma, NULL, 0) < 0);
             fy_fault_arm(0, 0);
-            ferry_tensor_state w, b;
+            ferry_tensor_state w = {.size = sizeof w}, b = {.size = sizeof b};
             ferry_model_tensor_state(ma, 0, &w);
             ferry_model_tensor_state(ma, 1, &b);
             CHECK_EQ(w.group, b.group);

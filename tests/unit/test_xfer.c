@@ -267,7 +267,7 @@ static int verify_loaded(ferry_loaded *l, const ferry_file *f, const char *what)
     int64_t *delta = calloc((size_t)ns, sizeof *delta);
     bool *seen = calloc((size_t)ns, sizeof *seen);
     for (int64_t i = 0; i < n; i++) {
-        ferry_tensor_info ti;
+        ferry_tensor_info ti = {.size = sizeof ti};
         const void *want = NULL;
         if (ferry_file_tensor_info(f, i, &ti) < 0 || ferry_file_tensor_data(f, i, &want) < 0) {
             bad++;
@@ -342,8 +342,9 @@ static void test_paths(ferry_ctx *ctx)
                     o.path = p;
                 }
                 ferry_loaded *l = NULL;
-                ferry_load_stats st;
+                ferry_load_stats st = {.size = sizeof st};
                 memset(&st, 0x55, sizeof st);
+                st.size = sizeof st;
                 char what[160];
                 snprintf(what, sizeof what, "%s --path %s (variant %d)", files[k], ferry_path_name(p), v);
                 int rc = ferry_load(d, f, &o, &l, &st);
@@ -358,7 +359,7 @@ static void test_paths(ferry_ctx *ctx)
                     /* one block per shard, spanning its tensors */
                     uint64_t lo = UINT64_MAX, hi = 0;
                     for (int64_t i = 0; i < ferry_file_tensor_count(f); i++) {
-                        ferry_tensor_info ti;
+                        ferry_tensor_info ti = {.size = sizeof ti};
                         ferry_file_tensor_info(f, i, &ti);
                         if (ti.shard != s || ti.nbytes == 0) continue;
                         if (ti.offset < lo) lo = ti.offset;
@@ -411,7 +412,7 @@ static void test_auto_cold(ferry_ctx *ctx)
         ferry_load_opts o = small_opts(FERRY_PATH_AUTO);
         o.ring_buffer_bytes = 256 * KiB;
         ferry_loaded *l = NULL;
-        ferry_load_stats st;
+        ferry_load_stats st = {.size = sizeof st};
         if (r >= 0.5) fprintf(stderr, "note: page cache not droppable here (%.0f%% resident): auto->direct not tested\n",
                               r * 100);
         if (r < 0.5 && !direct_ok) {
@@ -482,7 +483,7 @@ static bool dests_new(ferry_device *d, const ferry_file *f, uint32_t seed, dests
     memset(pat, 0xAA, 2 * MiB);
     bool ok = true;
     for (int64_t k = 0; k < x->m; k++) {
-        ferry_tensor_info ti;
+        ferry_tensor_info ti = {.size = sizeof ti};
         ferry_file_tensor_info(f, x->idx[k], &ti);
         x->bytes += ti.nbytes;
         if (ti.nbytes + CANARY > 2 * MiB || g->ops->mem_alloc(g, (size_t)ti.nbytes + CANARY, &x->dp[k]) < 0 ||
@@ -500,7 +501,7 @@ static int dests_verify(ferry_device *d, const ferry_file *f, const dests *x, co
     uint8_t canary[CANARY];
     memset(canary, 0xAA, sizeof canary);
     for (int64_t k = 0; k < x->m; k++) {
-        ferry_tensor_info ti;
+        ferry_tensor_info ti = {.size = sizeof ti};
         const void *want;
         ferry_file_tensor_info(f, x->idx[k], &ti);
         ferry_file_tensor_data(f, x->idx[k], &want);
@@ -532,7 +533,7 @@ static void load_into_case(ferry_ctx *ctx, ferry_device *d, const ferry_file *f,
     CHECK(setup);
     usage before = use_of(d);
     ferry_load_opts o = small_opts(p);
-    ferry_load_stats st;
+    ferry_load_stats st = {.size = sizeof st};
     int rc = setup ? ferry_load_into(d, f, x.idx, x.dp, x.m, &o, &st) : -1;
     if (rc < 0) fprintf(stderr, "%s: %s\n", what, ferry_ctx_errmsg(ctx));
     CHECK_EQ(rc, 0);
@@ -739,7 +740,7 @@ static void fault_loop(ferry_ctx *ctx, const ferry_file *f, const char *fname, f
         ferry_loaded *l = NULL;
         /* a known message first, so a failure without one of its own shows */
         CHECK_EQ(ferry_load(d, f, &bad, &l, NULL), FERRY_E_INVAL);
-        ferry_load_stats st;
+        ferry_load_stats st = {.size = sizeof st};
         arm(d, kind, n);
         int rc = ferry_load(d, f, &o, &l, &st);
         fired = disarm(d, kind);
@@ -914,7 +915,7 @@ static void test_register(ferry_ctx *ctx)
             CHECK_EQ(use_of(d).reg, 0);
             CHECK_EQ(use_of(d).dev, 0);
             o = small_opts(FERRY_PATH_AUTO);
-            ferry_load_stats st;
+            ferry_load_stats st = {.size = sizeof st};
             CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
             CHECK(st.path != FERRY_PATH_REGISTER);
             if (l) CHECK_EQ(verify_loaded(l, f, "private mapping, auto"), 0);
@@ -972,8 +973,7 @@ static void test_register(ferry_ctx *ctx)
             ferry_path p = v ? FERRY_PATH_AUTO : FERRY_PATH_REGISTER;
             o = small_opts(p);
             o.pinned_budget = 1; /* what is registered already does not count again */
-            ferry_load_stats st;
-            memset(&st, 0, sizeof st);
+            ferry_load_stats st = {.size = sizeof st};
             l = NULL;
             int rc = ferry_load(d, f, &o, &l, &st);
             if (rc < 0) fprintf(stderr, "registered %s: %s\n", ferry_path_name(p), ferry_ctx_errmsg(ctx));
@@ -991,14 +991,14 @@ static void test_register(ferry_ctx *ctx)
         {
             fy_gpu *g = fy_device_gpu(d);
             int64_t idx[1] = {ferry_file_tensor_count(f) - 2};
-            ferry_tensor_info ti;
+            ferry_tensor_info ti = {.size = sizeof ti};
             const void *want;
             ferry_file_tensor_info(f, idx[0], &ti);
             ferry_file_tensor_data(f, idx[0], &want);
             uint64_t dp[1] = {0};
             CHECK_EQ(g->ops->mem_alloc(g, (size_t)ti.nbytes, &dp[0]), 0);
             o = small_opts(FERRY_PATH_AUTO);
-            ferry_load_stats st;
+            ferry_load_stats st = {.size = sizeof st};
             CHECK_EQ(ferry_load_into(d, f, idx, dp, 1, &o, &st), 0);
             CHECK_EQ(st.path, FERRY_PATH_REGISTER);
             uint8_t *buf = malloc((size_t)ti.nbytes);
@@ -1025,7 +1025,7 @@ static void test_register(ferry_ctx *ctx)
         CHECK_EQ(ferry_device_register_file(NULL, f, 0), FERRY_E_INVAL);
         CHECK_EQ(ferry_device_register_file(d, NULL, 0), FERRY_E_INVAL);
         /* no longer registered: auto goes back to the ring */
-        ferry_load_stats st;
+        ferry_load_stats st = {.size = sizeof st};
         l = NULL;
         CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
         CHECK(st.path != FERRY_PATH_REGISTER);
@@ -1117,7 +1117,7 @@ static void test_api(ferry_ctx *ctx)
 
     ferry_loaded *l = NULL;
     ferry_load_opts o = small_opts(FERRY_PATH_CUFILE);
-    ferry_load_stats st;
+    ferry_load_stats st = {.size = sizeof st};
     CHECK_EQ(ferry_load(d, f, &o, &l, &st), FERRY_E_NODEV);
     CHECK(l == NULL);
     CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "cufile");

@@ -137,7 +137,7 @@ static int load_once(ferry_ctx *ctx, ferry_device *dev, ferry_file *f, ferry_pat
 {
     ferry_load_opts o = {.size = sizeof o, .path = p};
     ferry_loaded *l = NULL;
-    ferry_load_stats st;
+    ferry_load_stats st = {.size = sizeof st};
     int rc = ferry_load(dev, f, &o, &l, &st);
     ferry_loaded_free(l);
     return row_result(r, ctx, rc, &st);
@@ -234,7 +234,7 @@ static int run(int argc, char **argv)
             int64_t n = ferry_file_tensor_count(f);
             int64_t *idx = calloc((size_t)n + 1, sizeof *idx);
             uint64_t *dp = calloc((size_t)n + 1, sizeof *dp);
-            ferry_load_stats st;
+            ferry_load_stats st = {.size = sizeof st};
             int lr = idx && dp ? ferry_load(dev, f, &o, &l, &st) : -ENOMEM;
             for (int64_t i = 0; lr == 0 && i < n; i++) idx[i] = i, dp[i] = ferry_loaded_ptr(l, i);
             if (lr == 0) lr = ferry_load_into(dev, f, idx, dp, n, &o, &st);

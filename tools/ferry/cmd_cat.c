@@ -56,7 +56,7 @@ static int run(int argc, char **argv)
         ex = cli_fail("%s: no tensor named '%s' (see 'ferry inspect %s')", args[0], args[1], args[0]);
         goto out;
     }
-    ferry_tensor_info ti;
+    ferry_tensor_info ti = {.size = sizeof ti};
     ferry_file_tensor_info(f, i, &ti);
     size_t chunk = 8u << 20;
     char *buf = malloc(chunk);

@@ -68,7 +68,7 @@ static int run(int argc, char **argv)
         json_object_set_new(o, "total_bytes", json_integer((json_int_t)ferry_file_total_bytes(f)));
         json_object_set_new(o, "seconds", json_real(secs));
         for (int64_t i = 0; i < n; i++) {
-            ferry_tensor_info ti;
+            ferry_tensor_info ti = {.size = sizeof ti};
             ferry_file_tensor_info(f, i, &ti);
             json_t *t = json_object();
             snprintf(hex, sizeof hex, "%016" PRIx64, h[i]);
@@ -83,7 +83,7 @@ static int run(int argc, char **argv)
         json_decref(o);
     } else {
         for (int64_t i = 0; i < n; i++) {
-            ferry_tensor_info ti;
+            ferry_tensor_info ti = {.size = sizeof ti};
             ferry_file_tensor_info(f, i, &ti);
             printf("%016" PRIx64 "  %s\n", h[i], ti.name);
         }

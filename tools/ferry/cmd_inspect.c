@@ -50,7 +50,7 @@ static int print_json(ferry_file *f, const char *path)
         json_array_append_new(files, json_string(ferry_file_shard_path(f, s)));
     json_object_set_new(o, "files", files);
     for (int64_t i = 0; i < n; i++) {
-        ferry_tensor_info ti;
+        ferry_tensor_info ti = {.size = sizeof ti};
         ferry_file_tensor_info(f, i, &ti);
         json_t *t = json_object(), *shape = json_array();
         for (int d = 0; d < ti.ndim; d++) json_array_append_new(shape, json_integer(ti.shape[d]));
@@ -104,7 +104,7 @@ static void print_text(ferry_file *f, const char *path)
     int64_t cnt_dt[FERRY_DTYPE_COUNT] = {0};
     size_t w = 4;
     for (int64_t i = 0; i < n; i++) {
-        ferry_tensor_info ti;
+        ferry_tensor_info ti = {.size = sizeof ti};
         ferry_file_tensor_info(f, i, &ti);
         by_dt[ti.dtype] += ti.nbytes;
         cnt_dt[ti.dtype]++;
@@ -118,7 +118,7 @@ static void print_text(ferry_file *f, const char *path)
     if (w > 60) w = 60;
     printf("%-*s  %-11s  %-24s  %14s  %14s\n", (int)w, "NAME", "DTYPE", "SHAPE", "BYTES", "OFFSET");
     for (int64_t i = 0; i < n; i++) {
-        ferry_tensor_info ti;
+        ferry_tensor_info ti = {.size = sizeof ti};
         char shape[256];
         size_t o = 0;
         ferry_file_tensor_info(f, i, &ti);

@@ -58,7 +58,7 @@ static int64_t verify(ferry_ctx *ctx, ferry_file *f, ferry_loaded *l)
         return -1;
     }
     for (int64_t i = 0; i < n; i++) {
-        ferry_tensor_info ti;
+        ferry_tensor_info ti = {.size = sizeof ti};
         ferry_file_tensor_info(f, i, &ti);
         if (ti.nbytes > maxb) maxb = ti.nbytes;
     }
@@ -68,7 +68,7 @@ static int64_t verify(ferry_ctx *ctx, ferry_file *f, ferry_loaded *l)
         return -1;
     }
     for (int64_t i = 0; i < n; i++) {
-        ferry_tensor_info ti;
+        ferry_tensor_info ti = {.size = sizeof ti};
         ferry_file_tensor_info(f, i, &ti);
         if (ferry_loaded_read(l, i, buf) < 0) {
             bad = -1;
@@ -154,7 +154,7 @@ static int run(int argc, char **argv)
         lo.progress = cli_progress_update;
         lo.opaque = &p;
         ferry_loaded *l = NULL;
-        ferry_load_stats st;
+        ferry_load_stats st = {.size = sizeof st};
         rc = ferry_load(dev, f, &lo, &l, &st);
         cli_progress_end(&p);
         if (rc < 0) {

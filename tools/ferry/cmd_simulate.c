@@ -156,7 +156,7 @@ static int run(int argc, char **argv)
         ex = rc == FERRY_E_INVAL ? sim_scen_err(&sc, NULL, "%s", sim_errmsg(ctx, rc)) : cli_fail_ctx(ctx, rc);
         goto out;
     }
-    ferry_store_stats st0;
+    ferry_store_stats st0 = {.size = sizeof st0};
     if (ferry_store_get_stats(store, &st0) == 0 && st0.device_budget == 0) {
         uint64_t fr = 0, tot = 0;
         char h[32];
@@ -186,8 +186,7 @@ static int run(int argc, char **argv)
     int ran = 0, failed = 0;
     for (int ji = 0; ji < sc.njobs; ji++) {
         job_result r = {.reserve_freed = -1};
-        ferry_job_stats js;
-        memset(&js, 0, sizeof js);
+        ferry_job_stats js = {.size = sizeof js};
         sim_run_job(ctx, store, &sc, ji, &b, &r, &js);
         ran++;
         failed += r.failed;

@@ -19,7 +19,7 @@ static void model_tiers(sim_model *sm, uint64_t *tb)
 {
     memset(tb, 0, FERRY_TIER_COUNT * sizeof *tb);
     for (int64_t t = 0; t < sm->n; t++) {
-        ferry_tensor_state st;
+        ferry_tensor_state st = {.size = sizeof st};
         if (ferry_model_tensor_state(sm->m, t, &st) == 0 && (unsigned)st.tier < FERRY_TIER_COUNT)
             tb[st.tier] += st.nbytes;
     }
@@ -98,8 +98,11 @@ void sim_print_job(scenario *sc, int ji, const ferry_job_stats *js, const job_re
 
 void sim_print_summary(ferry_device *dev, ferry_store *store, int njobs, int ran, int failed, bool json)
 {
-    ferry_store_stats st;
-    if (ferry_store_get_stats(store, &st) < 0) memset(&st, 0, sizeof st);
+    ferry_store_stats st = {.size = sizeof st};
+    if (ferry_store_get_stats(store, &st) < 0) memset(&st, 0, sizeof st); /* prints zeros */
+    char source[128] = "unknown";
+    ferry_host_available(&st.host_available, source, sizeof source); /* the figure and its source together */
+    const char *spill_dir = ferry_store_spill_dir(store);
     if (json) {
         json_t *tb = json_object();
         for (int t = 0; t < FERRY_TIER_COUNT; t++)
@@ -115,9 +118,9 @@ void sim_print_summary(ferry_device *dev, ferry_store *store, int njobs, int ran
         json_object_set_new(s, "host_budget", json_integer((json_int_t)st.host_budget));
         json_object_set_new(s, "pinned_budget", json_integer((json_int_t)st.pinned_budget));
         json_object_set_new(s, "host_available", json_integer((json_int_t)st.host_available));
-        json_object_set_new(s, "host_source", json_string(st.host_source));
+        json_object_set_new(s, "host_source", json_string(source));
         json_object_set_new(s, "spilling", json_boolean(st.spilling));
-        json_object_set_new(s, "spill_dir", st.spill_path[0] ? json_string(st.spill_path) : json_null());
+        json_object_set_new(s, "spill_dir", spill_dir ? json_string(spill_dir) : json_null());
         json_object_set_new(s, "spill_file_bytes", json_integer((json_int_t)st.spill_file_bytes));
         json_object_set_new(s, "bytes_htod", json_integer((json_int_t)st.bytes_htod));
         json_object_set_new(s, "bytes_dtoh", json_integer((json_int_t)st.bytes_dtoh));
@@ -140,14 +143,14 @@ void sim_print_summary(ferry_device *dev, ferry_store *store, int njobs, int ran
     printf("summary: %d of %d jobs run, %d failed, on %s | budgets: device %s, host %s (pinned %s); host available %s"
            " (%s)",
            ran, njobs, failed, ferry_device_desc(dev), H(a, st.device_budget), H(b, st.host_budget),
-           H(c, st.pinned_budget), H(d, st.host_available), st.host_source);
+           H(c, st.pinned_budget), H(d, st.host_available), source);
     printf(" | now: device %s, pinned %s, host %s, spill %s, source %s", H(a, st.tier_bytes[FERRY_TIER_DEVICE]),
            H(b, st.tier_bytes[FERRY_TIER_PINNED]), H(c, st.tier_bytes[FERRY_TIER_HOST]),
            H(d, st.tier_bytes[FERRY_TIER_SPILL]), H(e, st.tier_bytes[FERRY_TIER_SOURCE]));
     printf(" | to device %s in %.3f s, from device %s in %.3f s | read %s, written %s",
            H(a, st.bytes_htod), st.seconds_htod, H(b, st.bytes_dtoh), st.seconds_dtoh, H(c, st.bytes_read),
            H(d, st.bytes_written));
-    if (st.spill_path[0]) printf(" (spill file in %s: %s)", st.spill_path, H(a, st.spill_file_bytes));
+    if (spill_dir) printf(" (spill file in %s: %s)", spill_dir, H(a, st.spill_file_bytes));
     printf(" | evicted %" PRIu64 " (%" PRIu64 " dropped)%s\n", st.evicted, st.dropped,
            st.spilling ? " | spilling now" : "");
 #undef H

@@ -41,7 +41,7 @@ static uint8_t mod_key(int ji, const char *name)
 /* Compare tensor t's current bytes with what they should be. */
 static int check_tensor(ferry_ctx *ctx, sim_model *sm, int64_t t, bufs *b, bool *same, job_result *r)
 {
-    ferry_tensor_state st = {0};
+    ferry_tensor_state st = {.size = sizeof st};
     int64_t rc = ferry_model_tensor_state(sm->m, t, &st);
     if (rc == 0) rc = ferry_model_read(sm->m, t, b->a);
     if (rc < 0) {
@@ -73,7 +73,7 @@ static void verify_model(ferry_ctx *ctx, sim_model *sm, bufs *b, job_result *r, 
         if (check_tensor(ctx, sm, t, b, &same, r) < 0) return;
         r->verified++;
         if (!same) {
-            ferry_tensor_state st = {0};
+            ferry_tensor_state st = {.size = sizeof st};
             ferry_model_tensor_state(sm->m, t, &st);
             if (r->mismatches < 4) {
                 size_t l = strlen(bad);
@@ -87,7 +87,7 @@ static void verify_model(ferry_ctx *ctx, sim_model *sm, bufs *b, job_result *r, 
 static void modify_tensor(ferry_ctx *ctx, scenario *sc, int ji, const sim_mod *md, bufs *b, job_result *r)
 {
     sim_model *sm = &sc->models[md->model];
-    ferry_tensor_state st = {0};
+    ferry_tensor_state st = {.size = sizeof st};
     int64_t rc = ferry_model_tensor_state(sm->m, md->t, &st);
     if (rc == 0 && st.tier != FERRY_TIER_DEVICE) rc = ferry_model_to_device(sm->m, &md->t, 1);
     if (rc == 0) rc = ferry_model_read(sm->m, md->t, b->a);

@@ -363,7 +363,7 @@ static int open_models(scenario *sc, ferry_ctx *ctx)
             sm->first[f] = sm->n;
             int64_t cnt = ferry_file_tensor_count(sm->files[f]);
             for (int64_t t = 0; t < cnt; t++) {
-                ferry_tensor_info ti;
+                ferry_tensor_info ti = {.size = sizeof ti};
                 if (ferry_file_tensor_info(sm->files[f], t, &ti) == 0 && ti.nbytes > sm->maxbytes)
                     sm->maxbytes = ti.nbytes;
             }
