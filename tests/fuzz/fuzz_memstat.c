@@ -30,7 +30,7 @@
  * FERRY_FUZZ_SKIP=exact leaves the worked-out results out (the always-checks
  * stay), to keep fuzzing past a known bug. */
 #define _GNU_SOURCE
-#include "resid/memstat.h"
+#include "io/memstat.h"
 
 #include <errno.h>
 #include <fcntl.h>
