@@ -1,5 +1,5 @@
 /* fuzz_memstat.c - libFuzzer target for the /proc and cgroup v2 parsers of
- * src/resid/memstat.c, driven through a fake tree on disk.
+ * src/io/memstat.c, driven through a fake tree on disk.
  *
  * The input is the tree's files one after the other, separated by lines "%%"
  * (the input is cut at every "\n%%\n"), in this order:
