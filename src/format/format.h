@@ -55,6 +55,29 @@ int fy_st_parse(const char *name, const uint8_t *hdr, uint64_t hlen, uint64_t fi
 /* Both steps over a whole file held in memory (tests, fuzzers). */
 int fy_st_parse_buffer(const char *name, const uint8_t *buf, size_t n, fy_table *tb, fy_err *err);
 
+/* Writing safetensors (st_write.c): the layout and header only; the caller
+ * writes the bytes. fy_st_dtype_ok: whether safetensors has a name for dt
+ * (block-quantized GGUF types it has not). fy_st_out_bytes: the bytes t takes
+ * in the output (a strided view is gathered into numel x element size). */
+bool fy_st_dtype_ok(ferry_dtype dt);
+uint64_t fy_st_out_bytes(const fy_tensor *t);
+/* The layout of tb as a safetensors file: order[k] is the tensor (index into
+ * tb) stored k-th, the tensors whose size is a multiple of align first (so
+ * that every one of them starts aligned), the others after in tb's order;
+ * hdr is the file's first hdr_len bytes: the 8-byte length, the JSON header
+ * (__metadata__ from tb's metadata, then the tensors in order) and spaces up
+ * to where the data starts, aligned. align 0 means 8; else a power of two up
+ * to 1 MiB. Errors (the message starts "convert: "): FERRY_E_INVAL (align),
+ * FERRY_E_UNSUPPORTED (a dtype safetensors lacks), FERRY_E_CORRUPT (a name
+ * twice, or "__metadata__"), -ENOMEM. On failure *out is empty. */
+typedef struct fy_st_out {
+    int64_t *order; /* tb->n entries */
+    uint8_t *hdr;
+    size_t hdr_len;
+} fy_st_out;
+int fy_st_layout(const fy_table *tb, uint64_t align, const ferry_allocator *mem, fy_st_out *out, fy_err *err);
+void fy_st_layout_free(fy_st_out *out, const ferry_allocator *mem);
+
 /* A sharded checkpoint's index (`*.safetensors.index.json`): fills names[i] ->
  * shard file (files[shard_of[i]]), and the index's metadata into tb's metadata
  * (non-string values as JSON text). Shard names must be plain relative paths

@@ -1,4 +1,6 @@
-/* io.c - system calls behind a fault-injection point. */
+/* io.c - the system-call table, its counted fault injection, and the calls
+ * built on them. Nothing here calls the C library's system calls directly:
+ * every one goes through sys[] below. */
 #define _GNU_SOURCE
 #include "io.h"
 
@@ -6,11 +8,103 @@
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
+
+/* ---- the table ------------------------------------------------------------ */
+
+enum {
+    S_OPEN, S_CLOSE, S_READ, S_WRITE, S_PREAD, S_PWRITE, S_STAT, S_FSTAT, S_FSTATFS, S_FALLOCATE,
+    S_FTRUNCATE, S_FCHMOD, S_FSYNC, S_MMAP, S_MUNMAP, S_MINCORE, S_MKOSTEMP, S_RENAME, S_UNLINK, S_COUNT
+};
+
+/* open(2) is variadic; the table's entry takes its mode always. */
+static int real_open(const char *path, int flags, mode_t mode) { return open(path, flags, mode); }
+
+static struct sys_entry {
+    const char *name;
+    fy_sys_fn real;
+    _Atomic(fy_sys_fn) now; /* NULL: the real call */
+} sys[S_COUNT] = {
+    [S_OPEN] = {"open", (fy_sys_fn)real_open, NULL},
+    [S_CLOSE] = {"close", (fy_sys_fn)close, NULL},
+    [S_READ] = {"read", (fy_sys_fn)read, NULL},
+    [S_WRITE] = {"write", (fy_sys_fn)write, NULL},
+    [S_PREAD] = {"pread", (fy_sys_fn)pread, NULL},
+    [S_PWRITE] = {"pwrite", (fy_sys_fn)pwrite, NULL},
+    [S_STAT] = {"stat", (fy_sys_fn)stat, NULL},
+    [S_FSTAT] = {"fstat", (fy_sys_fn)fstat, NULL},
+    [S_FSTATFS] = {"fstatfs", (fy_sys_fn)fstatfs, NULL},
+    [S_FALLOCATE] = {"fallocate", (fy_sys_fn)fallocate, NULL},
+    [S_FTRUNCATE] = {"ftruncate", (fy_sys_fn)ftruncate, NULL},
+    [S_FCHMOD] = {"fchmod", (fy_sys_fn)fchmod, NULL},
+    [S_FSYNC] = {"fsync", (fy_sys_fn)fsync, NULL},
+    [S_MMAP] = {"mmap", (fy_sys_fn)mmap, NULL},
+    [S_MUNMAP] = {"munmap", (fy_sys_fn)munmap, NULL},
+    [S_MINCORE] = {"mincore", (fy_sys_fn)mincore, NULL},
+    [S_MKOSTEMP] = {"mkostemp", (fy_sys_fn)mkostemp, NULL},
+    [S_RENAME] = {"rename", (fy_sys_fn)rename, NULL},
+    [S_UNLINK] = {"unlink", (fy_sys_fn)unlink, NULL},
+};
+
+static fy_sys_fn sys_fn(int i)
+{
+    fy_sys_fn f = atomic_load_explicit(&sys[i].now, memory_order_acquire);
+    return f ? f : sys[i].real;
+}
+
+/* Each entry called with its own type (io.h lists them). */
+#define SYS(i, type) ((type *)sys_fn(i))
+typedef int open_fn(const char *, int, mode_t);
+typedef int fd_fn(int);
+typedef ssize_t read_fn(int, void *, size_t);
+typedef ssize_t write_fn(int, const void *, size_t);
+typedef ssize_t pread_fn(int, void *, size_t, off_t);
+typedef ssize_t pwrite_fn(int, const void *, size_t, off_t);
+typedef int stat_fn(const char *, struct stat *);
+typedef int fstat_fn(int, struct stat *);
+typedef int fstatfs_fn(int, struct statfs *);
+typedef int fallocate_fn(int, int, off_t, off_t);
+typedef int ftruncate_fn(int, off_t);
+typedef int fchmod_fn(int, mode_t);
+typedef void *mmap_fn(void *, size_t, int, int, int, off_t);
+typedef int munmap_fn(void *, size_t);
+typedef int mincore_fn(void *, size_t, unsigned char *);
+typedef int mkostemp_fn(char *, int);
+typedef int rename_fn(const char *, const char *);
+typedef int path_fn(const char *);
+
+static int find(const char *name)
+{
+    for (int i = 0; name && i < S_COUNT; i++)
+        if (strcmp(sys[i].name, name) == 0) return i;
+    return -1;
+}
+
+int fy_sys_set(const char *name, fy_sys_fn fn)
+{
+    int i = find(name);
+    if (i < 0) return -ENOENT;
+    atomic_store_explicit(&sys[i].now, fn, memory_order_release);
+    return 0;
+}
+
+fy_sys_fn fy_sys_get(const char *name)
+{
+    int i = find(name);
+    return i < 0 ? NULL : sys_fn(i);
+}
+
+void fy_sys_reset(void)
+{
+    for (int i = 0; i < S_COUNT; i++) atomic_store_explicit(&sys[i].now, NULL, memory_order_release);
+}
+
+/* ---- counted faults ------------------------------------------------------- */
 
 /* Test machinery only: the production path costs one relaxed atomic load. */
 static atomic_long fault_nth, fault_calls;
@@ -24,10 +118,9 @@ void fy_fault_arm(long nth, int err)
     atomic_store(&fault_nth, nth);
 }
 
-long fy_fault_calls(void) { return atomic_load(&fault_calls); }
 bool fy_fault_fired(void) { return atomic_load(&fault_fired) != 0; }
 
-/* 0, or the -errno the current call must fail with. */
+/* 0, or the -errno the current counted call must fail with. */
 static int fault(void)
 {
     if (atomic_load_explicit(&fault_nth, memory_order_relaxed) == 0) return 0;
@@ -39,29 +132,43 @@ static int fault(void)
     return 0;
 }
 
+/* ---- the calls, as -errno ------------------------------------------------- */
+
+/* 0 or -errno from a call that returns -1 and sets errno. */
+static int rc_of(int r) { return r < 0 ? -errno : 0; }
+
+static int x_open(const char *path, int flags, mode_t mode)
+{
+    int fd;
+    do fd = SYS(S_OPEN, open_fn)(path, flags, mode);
+    while (fd < 0 && errno == EINTR);
+    return fd < 0 ? -errno : fd;
+}
+
+static int x_fstat(int fd, struct stat *st) { return rc_of(SYS(S_FSTAT, fstat_fn)(fd, st)); }
+
+/* ---- reading checkpoints -------------------------------------------------- */
+
 int fy_open_ro(const char *path, int *fd, uint64_t *size, fy_err *err)
 {
-    int rc = fault();
-    if (rc) return fy_seterr(err, rc, "%s: %s", path, ferry_strerror(rc));
     /* O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused
      * below. It changes nothing for regular files. */
-    int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (f < 0) {
-        rc = -errno;
-        return fy_seterr(err, rc, "%s: %s", path, ferry_strerror(rc));
-    }
+    int f = fault();
+    if (f == 0) f = x_open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0);
+    if (f < 0) return fy_seterr(err, f, "%s: %s", path, ferry_strerror(f));
     struct stat st;
-    if (fstat(f, &st) < 0) {
-        rc = -errno;
-        close(f);
+    int rc = fault();
+    if (rc == 0) rc = x_fstat(f, &st);
+    if (rc < 0) {
+        fy_close(f);
         return fy_seterr(err, rc, "%s: %s", path, ferry_strerror(rc));
     }
     if (S_ISDIR(st.st_mode)) {
-        close(f);
+        fy_close(f);
         return fy_seterr(err, -EISDIR, "%s: is a directory, not a checkpoint file", path);
     }
     if (!S_ISREG(st.st_mode)) {
-        close(f);
+        fy_close(f);
         return fy_seterr(err, FERRY_E_INVAL, "%s: not a regular file (ferry maps checkpoints; pipes and devices cannot be mapped)", path);
     }
     *fd = f;
@@ -69,7 +176,24 @@ int fy_open_ro(const char *path, int *fd, uint64_t *size, fy_err *err)
     return 0;
 }
 
-int fy_close(int fd) { return fd >= 0 ? close(fd) : 0; }
+int fy_open_direct(const char *path, int *fd)
+{
+    int f = fault();
+    if (f == 0) f = x_open(path, O_RDONLY | O_DIRECT | O_CLOEXEC, 0);
+    if (f < 0) return f;
+    *fd = f;
+    return 0;
+}
+
+int fy_close(int fd) { return fd >= 0 ? rc_of(SYS(S_CLOSE, fd_fn)(fd)) : 0; }
+
+int fy_fstat_size(int fd, uint64_t *size)
+{
+    struct stat st;
+    int rc = x_fstat(fd, &st);
+    if (rc == 0) *size = (uint64_t)st.st_size;
+    return rc;
+}
 
 int fy_pread_full(int fd, void *buf, size_t n, uint64_t off)
 {
@@ -77,7 +201,7 @@ int fy_pread_full(int fd, void *buf, size_t n, uint64_t off)
     while (n) {
         int rc = fault();
         if (rc) return rc;
-        ssize_t r = pread(fd, p, n > (1u << 30) ? (1u << 30) : n, (off_t)off);
+        ssize_t r = SYS(S_PREAD, pread_fn)(fd, p, n > (1u << 30) ? (1u << 30) : n, (off_t)off);
         if (r < 0) {
             if (errno == EINTR) continue;
             return -errno;
@@ -94,69 +218,78 @@ ssize_t fy_pread_some(int fd, void *buf, size_t n, uint64_t off)
 {
     int rc = fault();
     if (rc) return rc;
-    ssize_t r = pread(fd, buf, n, (off_t)off);
+    ssize_t r = SYS(S_PREAD, pread_fn)(fd, buf, n, (off_t)off);
     return r < 0 ? -errno : r;
 }
 
 int fy_reopen_ro(int fd, const char *path)
 {
     struct stat a, b;
-    if (fstat(fd, &a) != 0) return -errno;
+    int rc = x_fstat(fd, &a);
+    if (rc < 0) return rc;
     char proc[64];
     snprintf(proc, sizeof proc, "/proc/thread-self/fd/%d", fd);
-    int rc = -ENOENT;
+    rc = -ENOENT;
     for (int i = 0; i < 2; i++) {
         const char *p = i == 0 ? proc : path;
         if (!p) continue;
         /* the path may name another file by now: never open that one (a
          * device or FIFO could react to being opened) */
-        if (i == 1 && (stat(p, &b) != 0 || b.st_dev != a.st_dev || b.st_ino != a.st_ino)) {
+        if (i == 1 && (SYS(S_STAT, stat_fn)(p, &b) != 0 || b.st_dev != a.st_dev || b.st_ino != a.st_ino)) {
             rc = -ESTALE;
             continue;
         }
-        int f = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+        int f = x_open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0);
         if (f < 0) {
-            rc = -errno;
+            rc = f;
             continue;
         }
-        if (fstat(f, &b) != 0) {
-            rc = -errno;
+        if ((rc = x_fstat(f, &b)) < 0) {
+            /* rc says why */
         } else if (b.st_dev == a.st_dev && b.st_ino == a.st_ino) {
             return f;
         } else {
             rc = -ESTALE; /* replaced between the stat and the open */
         }
-        close(f);
+        fy_close(f);
     }
     return rc;
 }
 
-int fy_map_ro(int fd, uint64_t size, void **out)
+/* ---- mappings ------------------------------------------------------------- */
+
+static int map(int fd, uint64_t size, int prot, int flags, void **out)
 {
+    if (size == 0) {
+        *out = NULL;
+        return 0;
+    }
     int rc = fault();
     if (rc) return rc;
-    if (size == 0) { *out = NULL; return 0; }
-    void *p = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
+    void *p = SYS(S_MMAP, mmap_fn)(NULL, (size_t)size, prot, flags, fd, 0);
     if (p == MAP_FAILED) return -errno;
     *out = p;
     return 0;
+}
+
+int fy_map_ro(int fd, uint64_t size, void **out) { return map(fd, size, PROT_READ, MAP_SHARED, out); }
+
+int fy_map_private(int fd, uint64_t size, void **out)
+{
+    return map(fd, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, out);
 }
 
 void fy_unmap(void *p, uint64_t size)
 {
-    if (p && size) munmap(p, (size_t)size);
+    if (p && size) (void)SYS(S_MUNMAP, munmap_fn)(p, (size_t)size);
 }
 
-int fy_map_private(int fd, uint64_t size, void **out)
+int fy_mincore(void *addr, size_t len, unsigned char *vec)
 {
-    int rc = fault();
-    if (rc) return rc;
-    if (size == 0) { *out = NULL; return 0; }
-    void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) return -errno;
-    *out = p;
-    return 0;
+    return rc_of(SYS(S_MINCORE, mincore_fn)(addr, len, vec));
 }
+
+/* ---- writing -------------------------------------------------------------- */
 
 int fy_pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
 {
@@ -164,7 +297,7 @@ int fy_pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
     while (n) {
         int rc = fault();
         if (rc) return rc;
-        ssize_t r = pwrite(fd, p, n > (1u << 30) ? (1u << 30) : n, (off_t)off);
+        ssize_t r = SYS(S_PWRITE, pwrite_fn)(fd, p, n > (1u << 30) ? (1u << 30) : n, (off_t)off);
         if (r < 0) {
             if (errno == EINTR) continue;
             return -errno;
@@ -177,26 +310,53 @@ int fy_pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
     return 0;
 }
 
+int fy_write_full(int fd, const void *buf, size_t n)
+{
+    const char *p = buf;
+    while (n) {
+        int rc = fault();
+        if (rc) return rc;
+        ssize_t r = SYS(S_WRITE, write_fn)(fd, p, n > (1u << 30) ? (1u << 30) : n);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        if (r == 0) return -EIO;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
 int fy_fallocate(int fd, int mode, uint64_t off, uint64_t len)
 {
     int rc = fault();
     if (rc) return rc;
-    return fallocate(fd, mode, (off_t)off, (off_t)len) < 0 ? -errno : 0;
+    return rc_of(SYS(S_FALLOCATE, fallocate_fn)(fd, mode, (off_t)off, (off_t)len));
 }
 
 int fy_ftruncate(int fd, uint64_t len)
 {
     int rc = fault();
     if (rc) return rc;
-    return ftruncate(fd, (off_t)len) < 0 ? -errno : 0;
+    return rc_of(SYS(S_FTRUNCATE, ftruncate_fn)(fd, (off_t)len));
 }
+
+int fy_fsync(int fd)
+{
+    int rc = fault();
+    if (rc) return rc;
+    return rc_of(SYS(S_FSYNC, fd_fn)(fd));
+}
+
+int fy_fchmod(int fd, mode_t mode) { return rc_of(SYS(S_FCHMOD, fchmod_fn)(fd, mode)); }
 
 int fy_fs_info(int fd, uint64_t *free_bytes, long *fs_type)
 {
     int rc = fault();
     if (rc) return rc;
     struct statfs sf;
-    if (fstatfs(fd, &sf) < 0) return -errno;
+    if (SYS(S_FSTATFS, fstatfs_fn)(fd, &sf) < 0) return -errno;
     if (free_bytes) *free_bytes = (uint64_t)sf.f_bavail * (uint64_t)sf.f_bsize;
     if (fs_type) *fs_type = (long)sf.f_type;
     return 0;
@@ -204,10 +364,45 @@ int fy_fs_info(int fd, uint64_t *free_bytes, long *fs_type)
 
 int fy_open_tmpfile(const char *dir, int *fd)
 {
+    int f = fault();
+    if (f == 0) f = x_open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (f < 0) return f;
+    *fd = f;
+    return 0;
+}
+
+int fy_mkstemp(char *tmpl, int *fd)
+{
     int rc = fault();
     if (rc) return rc;
-    int f = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    int f = SYS(S_MKOSTEMP, mkostemp_fn)(tmpl, O_CLOEXEC);
     if (f < 0) return -errno;
     *fd = f;
     return 0;
+}
+
+int fy_rename(const char *from, const char *to)
+{
+    int rc = fault();
+    if (rc) return rc;
+    return rc_of(SYS(S_RENAME, rename_fn)(from, to));
+}
+
+int fy_unlink(const char *path)
+{
+    int rc = fault();
+    if (rc) return rc;
+    return rc_of(SYS(S_UNLINK, path_fn)(path));
+}
+
+/* ---- small system files --------------------------------------------------- */
+
+int fy_open_sysfile(const char *path) { return x_open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY, 0); }
+
+ssize_t fy_read_some(int fd, void *buf, size_t n)
+{
+    ssize_t r;
+    do r = SYS(S_READ, read_fn)(fd, buf, n);
+    while (r < 0 && errno == EINTR);
+    return r < 0 ? -errno : r;
 }

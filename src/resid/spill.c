@@ -8,9 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "../common/ranges.h"
 #include "../io/io.h"
@@ -34,28 +32,19 @@ struct fy_spill {
 static const char *errtext(int rc) { return ferry_strerror(rc); }
 
 /* Where O_TMPFILE is missing: a named file that lives only until the unlink
- * below. mkostemp is not in the fault table; it is the rare path. */
+ * below. */
 static int open_named_then_unlink(fy_spill *s, int *fd)
 {
     size_t n = strlen(s->dir) + sizeof "/.ferry-spill-XXXXXX";
     char *path = fy_malloc(&s->mem, n);
     if (!path) return -ENOMEM;
     snprintf(path, n, "%s/.ferry-spill-XXXXXX", s->dir);
-    int f = mkostemp(path, O_CLOEXEC);
-    if (f < 0) {
-        int rc = -errno;
-        fy_free(&s->mem, path);
-        return rc;
-    }
-    if (unlink(path) < 0) {
-        int rc = -errno;
-        close(f);
-        fy_free(&s->mem, path);
-        return rc;
-    }
+    int f = -1;
+    int rc = fy_mkstemp(path, &f);
+    if (rc == 0 && (rc = fy_unlink(path)) < 0) fy_close(f);
     fy_free(&s->mem, path);
-    *fd = f;
-    return 0;
+    if (rc == 0) *fd = f;
+    return rc;
 }
 
 int fy_spill_open(const char *dir, const ferry_allocator *mem, fy_err *err, fy_spill **out)

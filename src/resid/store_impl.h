@@ -9,7 +9,7 @@
 
 #include "../common/ranges.h"
 #include "../xfer/xfer.h"
-#include "memstat.h"
+#include "../io/memstat.h"
 #include "policy.h"
 #include "spill.h"
 

@@ -97,7 +97,7 @@ long long xf_next_batch(sched *q, long long *k, long long *end)
 int xf_own_fd(const ferry_file *f, own *o, int32_t s)
 {
     if (o->shard != s) {
-        if (o->shard >= 0 && o->fd >= 0) close(o->fd);
+        if (o->shard >= 0 && o->fd >= 0) fy_close(o->fd);
         o->shard = s;
         o->fd = fy_reopen_ro(f->shards[s].fd, f->shards[s].path); /* < 0: use the shared one */
     }
@@ -106,7 +106,7 @@ int xf_own_fd(const ferry_file *f, own *o, int32_t s)
 
 void xf_own_close(own *o)
 {
-    if (o->shard >= 0 && o->fd >= 0) close(o->fd);
+    if (o->shard >= 0 && o->fd >= 0) fy_close(o->fd);
     o->shard = -1;
 }
 

@@ -67,11 +67,11 @@ static void reg_release_unused(ferry_device *d, const ferry_file *f)
 static int check_size(ferry_device *d, const ferry_file *f)
 {
     for (int32_t s = 0; s < f->nshards; s++) {
-        struct stat st;
-        if (fstat(f->shards[s].fd, &st) == 0 && (uint64_t)st.st_size < f->shards[s].size)
+        uint64_t now = 0;
+        if (fy_fstat_size(f->shards[s].fd, &now) == 0 && now < f->shards[s].size)
             return fy_seterr(&d->err, FERRY_E_CORRUPT,
-                             "%s: the file shrank from %" PRIu64 " to %lld bytes since it was opened", f->shards[s].path,
-                             f->shards[s].size, (long long)st.st_size);
+                             "%s: the file shrank from %" PRIu64 " to %" PRIu64 " bytes since it was opened",
+                             f->shards[s].path, f->shards[s].size, now);
     }
     return 0;
 }

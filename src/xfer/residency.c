@@ -29,7 +29,7 @@ FERRY_API double ferry_file_resident(const ferry_file *f)
         for (uint64_t off = 0; off < sh->size; off += per * pg) {
             uint64_t len = sh->size - off;
             if (len > per * pg) len = per * pg;
-            if (mincore((char *)sh->map + off, (size_t)len, vec) < 0) continue;
+            if (fy_mincore((char *)sh->map + off, (size_t)len, vec) < 0) continue;
             uint64_t pages = (len + pg - 1) / pg;
             for (uint64_t p = 0; p < pages; p++) in += vec[p] & 1;
             all += pages;
@@ -62,7 +62,7 @@ double xf_resident_sampled(const ferry_file *f)
                 continue;
             }
             unsigned char v = 0;
-            if (mincore((char *)sh->map + page * pg, 1, &v) == 0) {
+            if (fy_mincore((char *)sh->map + page * pg, 1, &v) == 0) {
                 in += v & 1;
                 seen++;
             }

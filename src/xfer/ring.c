@@ -209,15 +209,16 @@ int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct
         for (int32_t s = 0; s < f->nshards; s++) j.dfd[s] = -1;
     pthread_t *th = fy_calloc(m, nthreads, sizeof(pthread_t));
     if (!j.free_list || !j.inflight || !j.dfd || !th) {
-        rc = fy_seterr(&d->err, -ENOMEM, "out of memory");
+        rc = fy_seterr(&d->err, -ENOMEM, "ferry_load: out of memory for the ring's lists (%u buffers, %u threads, %d shards)",
+                       d->nring, nthreads, (int)f->nshards);
         goto out;
     }
     for (uint32_t i = 0; i < d->nring; i++) j.free_list[j.nfree++] = i;
     if (direct) {
         for (int32_t s = 0; s < f->nshards; s++) {
-            j.dfd[s] = open(f->shards[s].path, O_RDONLY | O_DIRECT | O_CLOEXEC);
-            if (j.dfd[s] < 0) {
-                rc = -errno;
+            rc = fy_open_direct(f->shards[s].path, &j.dfd[s]);
+            if (rc < 0) {
+                j.dfd[s] = -1;
                 fy_seterr(&d->err, rc, "%s: open with O_DIRECT: %s%s", f->shards[s].path, ferry_strerror(rc),
                           rc == -EINVAL ? " (this file system does not support O_DIRECT: use --path ring)" : "");
                 goto out;
@@ -237,7 +238,7 @@ int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct
 out:
     if (j.dfd)
         for (int32_t s = 0; s < f->nshards; s++)
-            if (j.dfd[s] >= 0) close(j.dfd[s]);
+            if (j.dfd[s] >= 0) fy_close(j.dfd[s]);
     fy_free(m, j.free_list);
     fy_free(m, j.inflight);
     fy_free(m, j.dfd);

@@ -8,7 +8,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "../file_impl.h"
+#include "../file/file_impl.h"
 #include "../gpu/gpu.h"
 #include "../io/io.h"
 #include "xfer.h"

@@ -1,5 +1,5 @@
 /* fuzz_memstat.c - libFuzzer target for the /proc and cgroup v2 parsers of
- * src/resid/memstat.c, driven through a fake tree on disk.
+ * src/io/memstat.c, driven through a fake tree on disk.
  *
  * The input is the tree's files one after the other, separated by lines "%%"
  * (the input is cut at every "\n%%\n"), in this order:
@@ -30,7 +30,7 @@
  * FERRY_FUZZ_SKIP=exact leaves the worked-out results out (the always-checks
  * stay), to keep fuzzing past a known bug. */
 #define _GNU_SOURCE
-#include "resid/memstat.h"
+#include "io/memstat.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -18,7 +18,7 @@
 
 #include "alloc.h"
 #include "check.h"
-#include "resid/memstat.h"
+#include "io/memstat.h"
 
 #define KB 1024ull
 #define MIB (1024ull * 1024ull)

@@ -1,6 +1,7 @@
 /* memstat.h - what the host really allows, and what this process uses.
- * Reads /proc and cgroup v2 files; every path is relative to roots that tests
- * can redirect to a fake tree. Depends on common/ only.
+ * Reads /proc and cgroup v2 files through io.c's system-call table ("open",
+ * "read", "close": replaceable, not counted fault points); every path is
+ * relative to roots that tests can redirect to a fake tree.
  *
  * Parsing is strict and never trusts the files: a value that is not a plain
  * decimal number (or "max" where the kernel writes it), that overflows 64 bits

@@ -2,14 +2,13 @@
  * parsed line by line, so an odd file costs a clean error, never a crash. */
 #define _GNU_SOURCE
 #include "memstat.h"
+#include "io.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 /* ---- roots ---------------------------------------------------------------- */
 
@@ -50,34 +49,18 @@ static int join3(char *dst, size_t n, const char *a, const char *b, const char *
 /* fn returns 0 to go on, > 0 to stop early (success), < 0 to fail with it. */
 typedef int (*line_fn)(void *arg, const char *line, size_t len);
 
-static int open_ro(const char *path)
-{
-    int fd;
-    do fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-    while (fd < 0 && errno == EINTR);
-    return fd < 0 ? -errno : fd;
-}
-
-static ssize_t read_some(int fd, char *buf, size_t n)
-{
-    ssize_t r;
-    do r = read(fd, buf, n);
-    while (r < 0 && errno == EINTR);
-    return r < 0 ? -errno : r;
-}
-
 /* Call fn for every line of path (without its '\n'); a last line without a
  * newline counts too. */
 static int for_each_line(const char *path, line_fn fn, void *arg)
 {
-    int fd = open_ro(path);
+    int fd = fy_open_sysfile(path);
     if (fd < 0) return fd;
     char buf[LINE_BUF];
     size_t have = 0;
     bool skipping = false; /* inside a line longer than buf */
     int rc = 0;
     for (;;) {
-        ssize_t r = read_some(fd, buf + have, sizeof buf - have);
+        ssize_t r = fy_read_some(fd, buf + have, sizeof buf - have);
         if (r < 0) {
             rc = (int)r;
             break;
@@ -104,7 +87,7 @@ static int for_each_line(const char *path, line_fn fn, void *arg)
         }
     }
 out:
-    close(fd);
+    fy_close(fd);
     return rc < 0 ? rc : 0;
 }
 
@@ -147,13 +130,13 @@ static int kv_kb(const char *line, size_t len, const char *key, uint64_t *bytes)
  * max_ok. A uint64 has at most 20 digits, so anything long is malformed. */
 static int read_cg_value(const char *path, bool max_ok, uint64_t *v, bool *unlimited)
 {
-    int fd = open_ro(path);
+    int fd = fy_open_sysfile(path);
     if (fd < 0) return fd;
     char buf[64];
     size_t have = 0;
     ssize_t r = 0;
-    while (have < sizeof buf && (r = read_some(fd, buf + have, sizeof buf - have)) > 0) have += (size_t)r;
-    close(fd);
+    while (have < sizeof buf && (r = fy_read_some(fd, buf + have, sizeof buf - have)) > 0) have += (size_t)r;
+    fy_close(fd);
     if (r < 0) return (int)r;
     if (have == sizeof buf) return -EINVAL;
     while (have && is_blank(buf[have - 1])) have--;
