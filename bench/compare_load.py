@@ -29,7 +29,7 @@ download fill the cache), if it is not already fully cached. --warm-threads N
 reads it with N threads instead, interleaved on one descriptor: the kernel then
 caches it in single-page folios, and the first read afterwards, by any method,
 runs at about half speed while the kernel activates every page (bench/RESULTS.md,
-third GPU session; bench/folio_sizes.py shows the folios). The share of the
+third GPU session; bench/archive/folio_sizes.py shows the folios). The share of the
 file in the page cache just before each run is measured with mincore() and
 recorded, so a "cold" run that was not cold shows.
 

@@ -41,16 +41,13 @@ extern "C" {
 #define FERRY_API
 #endif
 
-#define FERRY_VERSION_MAJOR 0
-#define FERRY_VERSION_MINOR 1
-#define FERRY_VERSION_PATCH 0
-#define FERRY_VERSION_STRING "0.1.0"
+#include "ferry_version.h" /* FERRY_VERSION_MAJOR, _MINOR, _PATCH, _STRING */
 #define FERRY_VERSION_NUMBER \
     (FERRY_VERSION_MAJOR * 10000 + FERRY_VERSION_MINOR * 100 + FERRY_VERSION_PATCH)
 
 /* Version of the library actually loaded, as FERRY_VERSION_NUMBER. Thread-safe. */
 FERRY_API int ferry_version(void);
-/* The same as a static string ("0.1.0"). Thread-safe. */
+/* The same as a static string ("major.minor.patch"). Thread-safe. */
 FERRY_API const char *ferry_version_string(void);
 
 /* ---- errors ------------------------------------------------------------ */

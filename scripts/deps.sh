@@ -6,6 +6,143 @@
 # into libferry.so. We take jansson's source from Debian's own source package
 # (signature and checksums verified by apt) and build it with -fPIC as part of
 # ferry's build. xxhash is used header-only from libxxhash-dev.
+#
+# The test tools' Python packages from PyPI go into a virtual environment,
+# .deps/venv (Debian's python3 refuses pip installs, PEP 668); it sees the
+# system's packages too (python3-torch, pytest). scripts/test.sh configures the
+# tests with its interpreter.
+#
+# Sourced (`. scripts/deps.sh`), it only defines its functions (for
+# tests/scripts/test_deps_sources.sh).
+
+# deb_src_line SOURCE_LIST SOURCE_PARTS CODENAME: print the deb-src line for the
+# source of the machine's main archive, taken from the first `deb` entry whose
+# suite is CODENAME (not CODENAME-updates or -security) in apt's one-line
+# SOURCE_LIST and the *.list / *.sources (deb822) files of SOURCE_PARTS, in the
+# order apt reads them. Its signed-by / trusted options are kept, so a local
+# mirror with its own key works too. deb.debian.org when none is configured.
+deb_src_line() {
+    local list=$1 parts=$2 codename=$3 f line
+    local files=()
+    [ -f "$list" ] && files+=("$list")
+    # apt reads the parts in C-locale order and ignores other extensions
+    # (a .list.disabled file is off)
+    while IFS= read -r f; do
+        files+=("$f")
+    done < <(LC_ALL=C find "$parts" -maxdepth 1 -type f \( -name '*.list' -o -name '*.sources' \) 2>/dev/null | LC_ALL=C sort)
+    for f in "${files[@]}"; do
+        case $f in
+            *.sources) line=$(deb822_main_src "$codename" <"$f") ;;
+            *) line=$(oneline_main_src "$codename" <"$f") ;;
+        esac
+        if [ -n "$line" ]; then
+            echo "$line"
+            return 0
+        fi
+    done
+    echo "deb-src http://deb.debian.org/debian $codename main"
+}
+
+# oneline_main_src CODENAME < FILE: `deb [options] URI SUITE COMPONENTS...` lines
+oneline_main_src() {
+    awk -v cn="$1" '
+        { sub(/#.*/, "") }
+        $1 != "deb" { next }
+        {
+            i = 2; opts = ""
+            if ($2 ~ /^\[/) {   # [ opt=v opt=v ], with or without inner spaces
+                o = ""
+                for (; i <= NF; i++) { o = o " " $i; if ($i ~ /\]$/) { i++; break } }
+                gsub(/\[|\]/, " ", o)
+                n = split(o, w, " ")
+                for (k = 1; k <= n; k++)
+                    if (w[k] ~ /^(signed-by|trusted)=/) opts = opts (opts == "" ? "" : " ") w[k]
+            }
+            if ($(i + 1) == cn && $i !~ /^cdrom:/) {
+                print "deb-src " (opts == "" ? "" : "[" opts "] ") $i " " cn " main"
+                exit
+            }
+        }'
+}
+
+# deb822_main_src CODENAME < FILE: stanzas of `Field: value` lines (deb822),
+# separated by blank lines; a line starting with a space continues a field
+deb822_main_src() {
+    awk -v cn="$1" '
+        function flush(   n, k, t, s, u, opts, isdeb, hit) {
+            if (!("types" in f)) { delete f; return }
+            n = split(f["types"], t, " ")
+            for (k = 1; k <= n; k++) if (t[k] == "deb") isdeb = 1
+            n = split(f["suites"], s, " ")
+            for (k = 1; k <= n; k++) if (s[k] == cn) hit = 1
+            split(f["uris"], u, " ")
+            if (isdeb && hit && tolower(f["enabled"]) != "no" && u[1] != "" && u[1] !~ /^cdrom:/) {
+                opts = ""
+                # a key file (not a key pasted into the stanza, which one line cannot hold)
+                if (f["signed-by"] ~ /^\// && f["signed-by"] !~ / /) opts = "signed-by=" f["signed-by"]
+                if (tolower(f["trusted"]) == "yes") opts = opts (opts == "" ? "" : " ") "trusted=yes"
+                print "deb-src " (opts == "" ? "" : "[" opts "] ") u[1] " " cn " main"
+                found = 1
+                exit
+            }
+            delete f
+        }
+        /^#/ { next }
+        /^[ \t]*$/ { flush(); next }
+        /^[ \t]/ {   # continuation: one more word list, or a line of a pasted key
+            v = $0
+            gsub(/^[ \t]+|[ \t]+$/, "", v)
+            if (key != "") f[key] = (f[key] == "" ? v : f[key] " " v)
+            next
+        }
+        {
+            key = tolower(substr($0, 1, index($0, ":") - 1))
+            v = substr($0, index($0, ":") + 1)
+            gsub(/^[ \t]+|[ \t]+$/, "", v)
+            gsub(/[ \t]+/, " ", v)
+            f[key] = v
+        }
+        END { if (!found) flush() }'
+}
+
+# apt_get ARGS...: apt-get that waits up to 10 minutes for another apt or dpkg
+# (unattended-upgrades on a first boot) instead of failing. DPkg::Lock::Timeout
+# covers the dpkg locks only: `apt-get update` (apt 2.6, Debian 12) fails at
+# once on the lists lock, so an update is retried while that lock is held.
+apt_get() {
+    local a prev="" update="" err rc waited=0 LISTS=""
+    local conf=()
+    for a in "$@"; do
+        [ "$a" = update ] && update=1
+        [ "$prev" = -o ] && conf+=(-o "$a")
+        prev=$a
+    done
+    if [ -z "$update" ]; then
+        ${SUDO:-} apt-get -o DPkg::Lock::Timeout=600 "$@"
+        return
+    fi
+    # the lists directory of this call (the caller may name a private one)
+    eval "$(apt-config "${conf[@]}" shell LISTS Dir::State::Lists/d)"
+    err=$(mktemp)
+    while :; do
+        rc=0
+        ${SUDO:-} apt-get -o DPkg::Lock::Timeout=600 "$@" 2>"$err" || rc=$?
+        if [ "$rc" -ne 0 ] && [ "$waited" -lt 600 ] && grep -qF "${LISTS:-/var/lib/apt/lists/}lock" "$err"; then
+            [ "$waited" -gt 0 ] || echo "deps: waiting for another apt to release ${LISTS}lock"
+            sleep 5
+            waited=$((waited + 5))
+            continue
+        fi
+        cat "$err" >&2
+        rm -f "$err"
+        return "$rc"
+    done
+}
+
+if [ "${BASH_SOURCE[0]}" != "$0" ]; then
+    return 0
+fi
+
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,13 +152,13 @@ export DEBIAN_FRONTEND=noninteractive
 
 need=""
 for p in build-essential cmake ninja-build clang llvm libclang-rt-dev libxxhash-dev xxhash python3-pytest \
-         python3 ca-certificates dpkg-dev; do
+         python3 python3-venv pkgconf ca-certificates dpkg-dev; do
     [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || need="$need $p"
 done
 if [ -n "$need" ]; then
     echo "deps: installing$need"
-    $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq --no-install-recommends $need >/dev/null
+    apt_get update -qq
+    apt_get install -y -qq --no-install-recommends $need >/dev/null
 fi
 
 JANSSON_DIR=.deps/jansson
@@ -30,29 +167,46 @@ if [ ! -f "$JANSSON_DIR/CMakeLists.txt" ]; then
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT
     mkdir -p "$tmp/lists/partial"
-    # A private source list: the machine's own apt configuration is left alone.
+    # A private source list: the machine's own apt configuration is left alone,
+    # but its mirror (and, through apt-get, its proxy) is used.
     codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
-    echo "deb-src http://deb.debian.org/debian $codename main" > "$tmp/src.list"
+    eval "$(apt-config shell SOURCE_LIST Dir::Etc::SourceList/f SOURCE_PARTS Dir::Etc::SourceParts/d)"
+    deb_src_line "${SOURCE_LIST:-/etc/apt/sources.list}" "${SOURCE_PARTS:-/etc/apt/sources.list.d}" "$codename" \
+        > "$tmp/src.list"
+    echo "deps: $(cat "$tmp/src.list")"
     O=(-o "Dir::Etc::SourceList=$tmp/src.list" -o "Dir::Etc::SourceParts=$tmp/none"
        -o "Dir::State::Lists=$tmp/lists")
-    $SUDO apt-get "${O[@]}" update -qq
-    (cd "$tmp" && $SUDO apt-get "${O[@]}" source --download-only jansson >/dev/null 2>&1)
+    apt_get "${O[@]}" update -qq
+    (cd "$tmp" && apt_get "${O[@]}" source --download-only jansson >/dev/null 2>&1)
     # unpack beside, then move into place: an interrupted run leaves no half tree
     mkdir -p "$tmp/src" .deps
     tar -xf "$tmp"/jansson_*.orig.tar.* -C "$tmp/src" --strip-components=1
     rm -rf "$JANSSON_DIR"
     mv "$tmp/src" "$JANSSON_DIR"
 fi
+
+# The virtual environment, on Debian's interpreter where there is one (a fresh
+# Debian machine has it; python3 on PATH may be another) so that python3-torch
+# is visible in it. Made again when it no longer runs (its python was removed).
+VENV=.deps/venv
+base=/usr/bin/python3
+[ -x "$base" ] || base=$(command -v python3)
+if ! "$VENV/bin/python3" -c '' 2>/dev/null; then
+    echo "deps: creating $VENV (from $base)"
+    rm -rf "$VENV"
+    "$base" -m venv --system-site-packages "$VENV"
+fi
+PY=$VENV/bin/python3
 # The reference safetensors package (and numpy), for the convert cross-check;
 # small wheels from PyPI. Tests that need it say so and check less without it.
-if ! python3 -c "import safetensors, numpy" 2>/dev/null; then
-    python3 -m pip install --quiet --disable-pip-version-check safetensors numpy 2>/dev/null ||
+if ! "$PY" -c "import safetensors, numpy" 2>/dev/null; then
+    "$PY" -m pip install --quiet --disable-pip-version-check safetensors numpy ||
         echo "deps: could not install safetensors/numpy from PyPI; the convert test will check less"
 fi
 # The reference gguf package (llama.cpp's gguf-py, pure Python, needs numpy), for
 # the GGUF cross-check (ctest gguf_crosscheck skips itself without it).
-if ! python3 -c "import gguf, numpy" 2>/dev/null; then
-    python3 -m pip install --quiet --disable-pip-version-check gguf numpy 2>/dev/null ||
+if ! "$PY" -c "import gguf, numpy" 2>/dev/null; then
+    "$PY" -m pip install --quiet --disable-pip-version-check gguf numpy ||
         echo "deps: could not install gguf/numpy from PyPI; the GGUF cross-check will be skipped"
 fi
 # Real torch, for the PyTorch cross-check (ctest pytorch_crosscheck re-runs itself
@@ -62,7 +216,7 @@ fi
 # libraries. Optional: a failure here only skips that test.
 if [ "$(dpkg-query -W -f='${Status}' python3-torch 2>/dev/null)" != "install ok installed" ]; then
     echo "deps: installing python3-torch (for the PyTorch cross-check)"
-    { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends python3-torch >/dev/null; } ||
+    { apt_get update -qq && apt_get install -y -qq --no-install-recommends python3-torch >/dev/null; } ||
         echo "deps: could not install python3-torch; the PyTorch cross-check will be skipped"
 fi
 echo "deps: ready"

@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 
 jobs=$(nproc 2>/dev/null || echo 2)
 fuzz_secs=${FERRY_FUZZ_SECONDS:-60}
+# the tests' Python: deps.sh's venv (PyPI's reference packages, Debian's torch)
+python=$PWD/.deps/venv/bin/python3
 passed=0
 failed=0
 skipped=0
@@ -39,7 +41,7 @@ build() {
     local name=$1 dir=$2
     shift 2
     echo "== [$name] configure + build"
-    if cmake -S . -B "$dir" -G Ninja "$@" >/dev/null && cmake --build "$dir" -j "$jobs"; then
+    if cmake -S . -B "$dir" -G Ninja -DPython3_EXECUTABLE="$python" "$@" >/dev/null && cmake --build "$dir" -j "$jobs"; then
         return 0
     fi
     failed=$((failed + 1)); failures+=("$name: build failed")

@@ -21,7 +21,8 @@ from ._core import Device, File, TensorInfo, device, parse_size
 from .errors import (BudgetError, DeviceError, FerryError, FormatError, InternalError,
                      InvalidArgumentError, LimitError, NoDeviceError, NotFoundError, UnsupportedError)
 
-__version__ = "0.1.0"
+__version__ = _lib.version_string
+"""The version of the loaded libferry (ferry_version_string): the package is built with it."""
 
 library_path = _lib.path
 """The libferry.so this binding loaded."""

@@ -73,11 +73,17 @@ for name, dtype, shape, seed, nbytes in spec["tensors"]:
 if tensors:
     from safetensors.torch import save_file as save_torch
     import torch
-    tensors.update({k: torch.from_numpy(v) for k, v in arrays.items()})
+    for k, v in arrays.items():
+        try:
+            tensors[k] = torch.from_numpy(v)
+        except TypeError:  # no uint16/32/64 before torch 2.3 (Debian's 1.13)
+            pass
     save_torch(tensors, spec["path"], metadata=spec.get("metadata"))
+    wrote = list(tensors)
 else:
     save_file(arrays, spec["path"], metadata=spec.get("metadata"))
-print(json.dumps(sorted(list(arrays) + list(tensors))))
+    wrote = list(arrays)
+print(json.dumps(sorted(wrote)))
 '''
 
 

@@ -18,7 +18,7 @@
  * REPEAT (default 1) passes in the same process. One JSON line per pass, with
  * the file's share in the page cache and the system's Active(file) and
  * Inactive(file) before the pass, so "first read after a fresh read" shows.
- * bench/gpu_session3.sh runs it after dropping and re-reading the cache. */
+ * bench/archive/gpu_session3.sh runs it after dropping and re-reading the cache. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>

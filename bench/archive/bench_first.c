@@ -2,7 +2,7 @@
  *
  *   bench_first FILE MODE [DEVICE]
  *
- * Each MODE runs in its own (fresh) process; bench/gpu_first.sh alternates
+ * Each MODE runs in its own (fresh) process; bench/archive/gpu_first.sh alternates
  * them. Every mode opens the device, allocates one device block laid out like
  * the file, and loads every tensor into it with ferry_load_into (ring path),
  * timing the phases; the modes differ in what happens before the timed load:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 3's measurements after the one-block ring (bench/RESULTS.md):
-#   bench/gpu_issue3.sh BUILD OUTDIR
+#   bench/archive/gpu_issue3.sh BUILD OUTDIR
 set -uo pipefail
 B=$1 OUT=$2
 F=/tmp/cmp10g.safetensors

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 3's re-check and issue 4's targets on the GPU machine (bench/RESULTS.md):
-#   bench/gpu_issue4.sh BUILD OUTDIR
+#   bench/archive/gpu_issue4.sh BUILD OUTDIR
 set -uo pipefail
 B=$1 OUT=$2
 F=/tmp/cmp10g.safetensors

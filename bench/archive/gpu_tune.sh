@@ -2,7 +2,7 @@
 # Ring geometry sweep on the GPU machine: each configuration loads the hot
 # 10 GB checkpoint 3 times in one process (--repeat 3); the first load pays for
 # pinning the ring. Chooses the defaults of ferry_load_opts.
-#   bench/gpu_tune.sh BUILD
+#   bench/archive/gpu_tune.sh BUILD
 set -uo pipefail
 B=${1:-build-gpu}
 F=/tmp/bench10g.safetensors

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Why is a fresh process's first load slower? (issue 3) Each mode of
 # bench_first in its own process, alternated, ROUNDS rounds, hot file.
-#   bench/gpu_first.sh BUILD FILE [ROUNDS]
+#   bench/archive/gpu_first.sh BUILD FILE [ROUNDS]
 set -uo pipefail
 B=$1 F=$2 R=${3:-3}
 cat "$F" > /dev/null

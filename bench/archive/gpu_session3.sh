@@ -3,7 +3,7 @@
 # bench/compare_load.py ran at half their standalone rate, (B) the Python
 # binding's GPU tests incl. the Store part, (C) issue 3/4 figures re-taken after
 # the last refactors.
-#   bench/gpu_session3.sh BUILD OUTDIR [A|B|C]...
+#   bench/archive/gpu_session3.sh BUILD OUTDIR [A|B|C]...
 set -uo pipefail
 B=$1 OUT=$2; shift 2
 PARTS=${*:-B A C}
@@ -52,13 +52,13 @@ F)
     echo "== F $bb: drop, ferry load --path ring (cold), then x2 hot, then the folios"
     drop; "$bb"/ferry load --json --path ring $F | python3 -c 'import json,sys; d=json.load(sys.stdin); f=d["files"][0]; print("cold fill: %.2f GB/s" % f["gbps"])'
     for i in 1 2; do "$bb"/ferry load --json --path ring $F | python3 -c 'import json,sys; d=json.load(sys.stdin); f=d["files"][0]; print("hot: %.2f GB/s" % f["gbps"])'; done
-    python3 bench/folio_sizes.py $F
+    python3 bench/archive/folio_sizes.py $F
   done
   for t in 1 8; do
     echo "== F drop, compare_load.warm_cache(threads=$t), ferry load --path ring x2, folios"; drop
     python3 -c "import sys; sys.path.insert(0,'bench'); import compare_load as c; print('warm %.2f s' % c.warm_cache('$F', threads=$t))"
     for i in 1 2; do fload --path ring; done
-    python3 bench/folio_sizes.py $F
+    python3 bench/archive/folio_sizes.py $F
   done
   ;;
 G)
@@ -68,7 +68,7 @@ G)
   python3 tests/gpu/run_loads.py "$B"/ferry /tmp/golden cuda:0 | tail -1
   drop; "$B"/ferry load --path ring --verify $F | head -1
   for i in 1 2; do fload --path ring; done
-  python3 bench/folio_sizes.py $F
+  python3 bench/archive/folio_sizes.py $F
   [ -f /tmp/big.safetensors ] || python3 scripts/make_sample.py /tmp/big.safetensors --blocks 24 --hidden 2560 --bf16-only >/dev/null
   FERRY_LIBRARY=$PWD/$B/libferry.so timeout 300 python3 tests/gpu/test_torch_gpu.py --big /tmp/big.safetensors --ferry "$B"/ferry 2>&1 | tee "$OUT"/torch-gpu-final.log | grep -v "^PASS"
   ;;
@@ -77,7 +77,7 @@ E)
   timeout 460 python3 bench/compare_load.py --ferry "$B"/ferry --file $F --rounds 2 --make --budget-seconds 420 --out "$OUT"/compare.json 2>&1 | tail -25
   ;;
 C)
-  echo "=== C: bench/gpu_issue4.sh"
-  timeout 300 bash bench/gpu_issue4.sh "$B" "$OUT"
+  echo "=== C: bench/archive/gpu_issue4.sh"
+  timeout 300 bash bench/archive/gpu_issue4.sh "$B" "$OUT"
   ;;
 esac; done

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How large are the page-cache folios holding FILE? (root: reads /proc/kpageflags)
 
-    bench/folio_sizes.py FILE [--sample N]
+    bench/archive/folio_sizes.py FILE [--sample N]
 
 Maps FILE read-only, faults it in with MADV_POPULATE_READ (this marks the pages
 accessed: run it after the measurement it explains), reads each sampled page's
