@@ -245,7 +245,7 @@ FERRY_API int ferry_file_open(ferry_ctx *ctx, const char *path, uint32_t flags,
                                    views of ferry_file_tensor_data may be written, and a write
                                    lands in a private copy of the touched page (copy-on-write):
                                    the file never changes and other processes never see it.
-                                   Such a file cannot be page-locked: FERRY_PATH_REGISTER and
+                                   Such a file cannot be page-locked: FERRY_ROUTE_REGISTER and
                                    ferry_device_register_file refuse it (FERRY_E_UNSUPPORTED). */
 /* Close a file: unmaps it. Every pointer obtained from it becomes invalid. */
 FERRY_API void ferry_file_close(ferry_file *f);
@@ -365,23 +365,24 @@ FERRY_API int ferry_device_mem_info(ferry_device *dev, uint64_t *free_bytes, uin
 
 /* ---- loading ------------------------------------------------------------ */
 
-typedef enum ferry_path {
-    FERRY_PATH_AUTO = 0,  /* choose: register if registered, ring if mostly cached, else direct */
-    FERRY_PATH_RING,      /* threaded pread into a ring of pinned buffers, async copies */
-    FERRY_PATH_DIRECT,    /* the same ring filled with O_DIRECT reads (cold files) */
-    FERRY_PATH_REGISTER,  /* page-lock the read-only file mapping, copy from it directly */
-    FERRY_PATH_CUFILE,    /* GPUDirect Storage: only probed so far (FERRY_E_NODEV with the
+/* How a load's bytes travel from the file to the device. */
+typedef enum ferry_route {
+    FERRY_ROUTE_AUTO = 0,  /* choose: register if registered, ring if mostly cached, else direct */
+    FERRY_ROUTE_RING,      /* threaded pread into a ring of pinned buffers, async copies */
+    FERRY_ROUTE_DIRECT,    /* the same ring filled with O_DIRECT reads (cold files) */
+    FERRY_ROUTE_REGISTER,  /* page-lock the read-only file mapping, copy from it directly */
+    FERRY_ROUTE_CUFILE,    /* GPUDirect Storage: only probed so far (FERRY_E_NODEV with the
                              reason; FERRY_E_UNSUPPORTED if the probe succeeds) */
-    FERRY_PATH_COUNT
-} ferry_path;
+    FERRY_ROUTE_COUNT
+} ferry_route;
 
 /* "auto", "ring", "direct", "register", "cufile"; and back (-1 if unknown). */
-FERRY_API const char *ferry_path_name(ferry_path p);
-FERRY_API int ferry_path_parse(const char *name);
+FERRY_API const char *ferry_route_name(ferry_route p);
+FERRY_API int ferry_route_parse(const char *name);
 
 typedef struct ferry_load_opts {
     uint32_t size;              /* sizeof(ferry_load_opts) */
-    ferry_path path;            /* FERRY_PATH_AUTO by default */
+    ferry_route route;           /* how the bytes travel; FERRY_ROUTE_AUTO by default */
     uint32_t threads;           /* reader threads; 0 = default (min(12, CPUs)) */
     uint32_t streams;           /* copy streams; 0 = default (4), at least 2 are used */
     uint32_t ring_buffers;      /* pinned staging buffers; 0 = default (2 x threads) */
@@ -395,12 +396,12 @@ typedef struct ferry_load_opts {
 
 typedef struct ferry_load_stats {
     uint32_t size;          /* sizeof(ferry_load_stats), set by the caller */
-    ferry_path path;        /* the path actually used */
+    ferry_route route;       /* the route actually taken */
     uint64_t bytes;         /* tensor bytes moved */
     double seconds;         /* wall time of the load */
     double resident;        /* fraction of the data in the page cache before the load,
                                estimated from 4096 pages spread over the files (measured
-                               for FERRY_PATH_AUTO only; -1 otherwise; see
+                               for FERRY_ROUTE_AUTO only; -1 otherwise; see
                                ferry_file_resident for an exact count) */
     const char *why;        /* why that path (auto's reasoning, or "asked for"): static
                                text, valid for the life of the library */
@@ -434,7 +435,7 @@ FERRY_API int ferry_load_into(ferry_device *dev, const ferry_file *f, const int6
                               ferry_load_stats *stats);
 
 /* Page-lock f's read-only mappings for dev (cuMemHostRegister READ_ONLY) so
- * that loads with FERRY_PATH_REGISTER (and auto) copy from the page cache with
+ * that loads with FERRY_ROUTE_REGISTER (and auto) copy from the page cache with
  * no CPU copy and no registration cost. Registered pages cannot be reclaimed:
  * they count against pinned_budget (this file alone; 0 = no limit;
  * FERRY_E_BUDGET if over).
@@ -513,7 +514,7 @@ FERRY_API void ferry_store_free(ferry_store *s);
  * evicted later. The files must stay open while the model exists. */
 FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *const *files, int nfiles,
                               int priority, ferry_model **out);
-/* Remove a model: frees whatever it holds. FERRY_E_INVAL while a tensor is pinned. */
+/* Remove a model: frees whatever it holds. FERRY_E_BUSY while a tensor is held. */
 FERRY_API int ferry_store_remove(ferry_model *m);
 /* The model called name, or NULL. */
 FERRY_API ferry_model *ferry_store_find(ferry_store *s, const char *name);
@@ -528,7 +529,7 @@ FERRY_API int ferry_model_set_priority(ferry_model *m, int priority);
 
 /* Bring tensors[0..n-1] (tensors NULL: all) and their groups to the device,
  * first making room by evicting others as the policy decides (least recently
- * used, lowest priority first, never a pinned tensor, never one of these).
+ * used, lowest priority first, never a held tensor, never one of these).
  * Marks the model used now. When even evicting everything allowed cannot make
  * room: FERRY_E_BUDGET, with the bytes needed and the bytes that could be
  * freed in the message, and nothing evicted or moved. */
@@ -536,15 +537,17 @@ FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int6
 /* Take tensors[0..n-1] (NULL: all) and their groups off the device: clean
  * ones are dropped (0 bytes written), dirty ones saved to PINNED, HOST or
  * SPILL. On failure (spill file full, I/O error) the tensors that could not
- * be saved stay on the device; nothing is lost. Pinned tensors: FERRY_E_INVAL. */
+ * be saved stay on the device; nothing is lost. Held tensors: FERRY_E_BUSY. */
 FERRY_API int ferry_model_evict(ferry_model *m, const int64_t *tensors, int64_t n);
 /* The caller changed tensor t on the device: from now on it is dirty and is
  * saved, not dropped, when it leaves. FERRY_E_INVAL unless t is on the device. */
 FERRY_API int ferry_model_mark_dirty(ferry_model *m, int64_t t);
-/* Pin tensor t (t < 0: all) in its tier, e.g. while a kernel uses it: it is
- * never evicted until unpinned. Pins count; unpin as often as pinned. */
-FERRY_API int ferry_model_pin(ferry_model *m, int64_t t);
-FERRY_API int ferry_model_unpin(ferry_model *m, int64_t t);
+/* Hold tensor t (t < 0: all) in its tier while it is in use (e.g. a kernel
+ * reads it): it is never evicted until released. Holds count: release as
+ * often as held. Releasing a tensor not held: FERRY_E_INVAL. (A hold keeps
+ * a tensor where it is; it does not page-lock anything.) */
+FERRY_API int ferry_model_hold(ferry_model *m, int64_t t);
+FERRY_API int ferry_model_release(ferry_model *m, int64_t t);
 
 typedef struct ferry_tensor_state {
     uint32_t size;      /* sizeof(ferry_tensor_state), set by the caller */
@@ -552,7 +555,7 @@ typedef struct ferry_tensor_state {
     uint64_t nbytes;
     ferry_tier tier;
     int dirty;          /* differs from the checkpoint */
-    int pins;
+    int holds;          /* ferry_model_hold count: never evicted while > 0 */
     int64_t group;      /* tensors with the same group move together */
     uint64_t dptr;      /* device address while tier == DEVICE, else 0 */
 } ferry_tensor_state;
@@ -570,7 +573,7 @@ FERRY_API int ferry_model_write(ferry_model *m, int64_t t, const void *buf);
  * tensors' bytes and the device's real free memory (cuMemGetInfo: PyTorch's
  * allocations count) plus the blocks the store keeps for reuse. When that is
  * short, tensors are evicted: least recently used, lowest priority first,
- * whole groups at a time, pinned tensors never. Returns the tensor bytes
+ * whole groups at a time, held tensors never. Returns the tensor bytes
  * evicted (0 when there was room; more than the shortfall when whole groups
  * overshoot). bytes = UINT64_MAX evicts everything evictable. When it is not
  * possible: FERRY_E_BUDGET, nothing evicted, and *could (may be NULL) = the

@@ -61,7 +61,7 @@ static int load(ferry_device *d, ferry_file *f, fy_dptr base, uint64_t lo, const
         dp[i] = base + (ti.offset - lo);
     }
     tl t = {0};
-    ferry_load_opts o = {.size = sizeof o, .path = FERRY_PATH_RING, .progress = on_progress, .opaque = &t};
+    ferry_load_opts o = {.size = sizeof o, .route = FERRY_ROUTE_RING, .progress = on_progress, .opaque = &t};
     ferry_load_stats st = {.size = sizeof st};
     t.t0 = now();
     int rc = ferry_load_into(d, f, idx, dp, n, &o, &st);

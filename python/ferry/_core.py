@@ -285,7 +285,7 @@ class LoadOptions:
         o.size = ctypes.sizeof(_lib.LoadOpts)
         if path_kind is None:
             path_kind = "auto"
-        p = lib.ferry_path_parse(str(path_kind).encode())
+        p = lib.ferry_route_parse(str(path_kind).encode())
         if p < 0:
             raise ValueError(f"path_kind must be one of {', '.join(_lib.PATHS)}, not {path_kind!r}")
         o.path = p

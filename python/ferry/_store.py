@@ -182,10 +182,10 @@ class StoreCore:
         self.check(lib.ferry_model_mark_dirty(m.m, i), m.filename())
 
     def pin(self, m, i=-1):
-        self.check(lib.ferry_model_pin(m.m, i), m.filename())
+        self.check(lib.ferry_model_hold(m.m, i), m.filename())
 
     def unpin(self, m, i=-1):
-        self.check(lib.ferry_model_unpin(m.m, i), m.filename())
+        self.check(lib.ferry_model_release(m.m, i), m.filename())
 
     def set_priority(self, m, priority):
         self.check(lib.ferry_model_set_priority(m.m, int(priority)), m.filename())

@@ -220,7 +220,7 @@ int64_t rs_make_room_locked(ferry_store *s, uint64_t bytes, ferry_model *pm, con
             while (lo >= 0 && gm[lo] == i && gid[lo] != u->group) lo--; /* this model's candidates */
             if (lo < 0 || gm[lo] != i) continue;
             c[lo].bytes += u->nbytes;
-            if (u->pins || (m == pm && prot && prot[q])) c[lo].protect = true;
+            if (u->holds || (m == pm && prot && prot[q])) c[lo].protect = true;
         }
     }
     uint64_t freed = 0;
@@ -294,7 +294,7 @@ FERRY_API int ferry_model_evict(ferry_model *m, const int64_t *tensors, int64_t 
     int64_t nt = 0;
     for (int64_t i = 0; i < m->n; i++) {
         if (!sel[i] || m->t[i].tier != FERRY_TIER_DEVICE) continue;
-        if (m->t[i].pins) {
+        if (m->t[i].holds) {
             char q[256];
             rc = rs_merr(m, FERRY_E_BUSY, "tensor %s is in use: unpin it before evicting", RS_Q(q, m->t[i].name));
             goto out;

@@ -178,7 +178,7 @@ FERRY_API int ferry_store_remove(ferry_model *m)
     ferry_store *s = m->s;
     pthread_mutex_lock(&s->lock);
     for (int64_t i = 0; i < m->n; i++)
-        if (m->t[i].pins) {
+        if (m->t[i].holds) {
             char q[256];
             int rc = rs_merr(m, FERRY_E_BUSY, "tensor %s is in use: unpin it first", RS_Q(q, m->t[i].name));
             pthread_mutex_unlock(&s->lock);

@@ -23,7 +23,7 @@ typedef struct rtensor {
     uint64_t nbytes;
     ferry_tier tier;
     bool dirty;
-    int pins;
+    int holds;
     int64_t group;
     fy_dptr dptr;   /* DEVICE */
     uint64_t dsize; /* the device block's size (a reused block may be larger) */

@@ -32,20 +32,20 @@ static int pin(ferry_model *m, int64_t t, int d)
     pthread_mutex_lock(&m->s->lock);
     int rc = 0;
     for (int64_t i = t < 0 ? 0 : t; i < (t < 0 ? m->n : t + 1); i++) {
-        if (d < 0 && m->t[i].pins == 0) {
+        if (d < 0 && m->t[i].holds == 0) {
             char q[256];
             rc = rs_merr(m, FERRY_E_INVAL, "tensor %s is not in use (unpinned more often than pinned)",
                          RS_Q(q, m->t[i].name));
             continue;
         }
-        m->t[i].pins += d;
+        m->t[i].holds += d;
     }
     pthread_mutex_unlock(&m->s->lock);
     return rc;
 }
 
-FERRY_API int ferry_model_pin(ferry_model *m, int64_t t) { return pin(m, t, 1); }
-FERRY_API int ferry_model_unpin(ferry_model *m, int64_t t) { return pin(m, t, -1); }
+FERRY_API int ferry_model_hold(ferry_model *m, int64_t t) { return pin(m, t, 1); }
+FERRY_API int ferry_model_release(ferry_model *m, int64_t t) { return pin(m, t, -1); }
 
 FERRY_API int ferry_model_tensor_state(ferry_model *m, int64_t t, ferry_tensor_state *out)
 {
@@ -58,7 +58,7 @@ FERRY_API int ferry_model_tensor_state(ferry_model *m, int64_t t, ferry_tensor_s
     st.nbytes = r->nbytes;
     st.tier = r->tier;
     st.dirty = r->dirty;
-    st.pins = r->pins;
+    st.holds = r->holds;
     st.group = r->group;
     st.dptr = r->tier == FERRY_TIER_DEVICE ? r->dptr : 0;
     pthread_mutex_unlock(&m->s->lock);

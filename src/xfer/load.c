@@ -12,25 +12,25 @@
 
 #include "xfer_impl.h"
 
-FERRY_API const char *ferry_path_name(ferry_path p)
+FERRY_API const char *ferry_route_name(ferry_route p)
 {
     static const char *const names[] = {"auto", "ring", "direct", "register", "cufile"};
-    return (unsigned)p < FERRY_PATH_COUNT ? names[p] : "unknown";
+    return (unsigned)p < FERRY_ROUTE_COUNT ? names[p] : "unknown";
 }
 
-FERRY_API int ferry_path_parse(const char *name)
+FERRY_API int ferry_route_parse(const char *name)
 {
-    for (int p = 0; p < FERRY_PATH_COUNT; p++)
-        if (name && strcmp(name, ferry_path_name((ferry_path)p)) == 0) return p;
+    for (int p = 0; p < FERRY_ROUTE_COUNT; p++)
+        if (name && strcmp(name, ferry_route_name((ferry_route)p)) == 0) return p;
     return -1;
 }
 /* ---- choosing a path ---- */
 
 static int choose_path(ferry_device *d, const ferry_file *f, const ferry_load_opts *o, ferry_load_stats *st)
 {
-    ferry_path want = o->path;
+    ferry_route want = o->route;
     st->resident = -1; /* measured only when auto needs it: mincore over 10 GB is not free */
-    if (want == FERRY_PATH_CUFILE) {
+    if (want == FERRY_ROUTE_CUFILE) {
         char why[256];
         FY_RETURN_IF(strcmp(d->g->ops->name, "cuda") != 0, &d->err, FERRY_E_NODEV,
                      "cufile: GPUDirect Storage needs a cuda device, not %s", d->g->desc);
@@ -40,32 +40,32 @@ static int choose_path(ferry_device *d, const ferry_file *f, const ferry_load_op
                          "cufile: the probe succeeded (%s), but ferry has no cuFile transfer yet (use --path auto)", why);
     }
     if (d->g->host_visible) {
-        FY_RETURN_IF(want != FERRY_PATH_AUTO && want != FERRY_PATH_RING, &d->err, FERRY_E_UNSUPPORTED,
+        FY_RETURN_IF(want != FERRY_ROUTE_AUTO && want != FERRY_ROUTE_RING, &d->err, FERRY_E_UNSUPPORTED,
                      "the cpu device reads straight into host memory: use --path ring or auto, not %s",
-                     ferry_path_name(want));
+                     ferry_route_name(want));
         st->why = "host memory: threaded pread straight into the destination";
-        return FERRY_PATH_RING;
+        return FERRY_ROUTE_RING;
     }
-    if (want != FERRY_PATH_AUTO) {
+    if (want != FERRY_ROUTE_AUTO) {
         st->why = "asked for";
         return (int)want;
     }
     if (!f->private_map && xf_is_registered(d, f)) {
         st->why = "the file is registered with the device";
-        return FERRY_PATH_REGISTER;
+        return FERRY_ROUTE_REGISTER;
     }
     st->resident = xf_resident_sampled(f);
     if (st->resident < 0) {
         st->why = "page-cache residency unknown (mincore failed): ring";
-        return FERRY_PATH_RING;
+        return FERRY_ROUTE_RING;
     }
     if (st->resident >= 0.5) {
         st->why = "most of the data is in the page cache (sampled: see resident; cufile is probed only on request)";
-        return FERRY_PATH_RING;
+        return FERRY_ROUTE_RING;
     }
     st->why = "most of the data is not in the page cache (sampled: see resident): O_DIRECT reads (cufile is "
               "probed only on request)";
-    return FERRY_PATH_DIRECT;
+    return FERRY_ROUTE_DIRECT;
 }
 
 /* Threads and ring size from load options, with the defaults measured on the
@@ -100,7 +100,7 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
     FY_TRY(fy_struct_in(&o, sizeof o, opts, err, "ferry_load"));
     FY_RETURN_IF(stats && stats->size < FERRY_STRUCT_MIN, err, FERRY_E_INVAL,
                  "ferry_load: stats->size is %u: set it to sizeof(ferry_load_stats)", stats->size);
-    FY_RETURN_IF((unsigned)o.path >= FERRY_PATH_COUNT, err, FERRY_E_INVAL, "ferry_load: unknown path %d", (int)o.path);
+    FY_RETURN_IF((unsigned)o.route >= FERRY_ROUTE_COUNT, err, FERRY_E_INVAL, "ferry_load: unknown path %d", (int)o.route);
     uint32_t nthreads, nbuf;
     uint64_t bufsz;
     FY_TRY(xf_ring_geometry(d, &o, &nthreads, &nbuf, &bufsz));
@@ -111,9 +111,9 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
     double t0 = fy_now();
     int rc = choose_path(d, f, &o, &st);
     if (rc < 0) return rc;
-    st.path = (ferry_path)rc;
+    st.route = (ferry_route)rc;
     plan p;
-    rc = xf_plan_build(m, f, it, n, st.path == FERRY_PATH_REGISTER ? UINT64_MAX / 2 : bufsz, &p);
+    rc = xf_plan_build(m, f, it, n, st.route == FERRY_ROUTE_REGISTER ? UINT64_MAX / 2 : bufsz, &p);
     if (rc < 0) return fy_seterr(err, rc, "out of memory");
     fy_stream *streams[MAX_STREAMS] = {0};
     rc = d->g->ops->bind_thread(d->g);
@@ -121,15 +121,15 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
     if (rc == 0) {
         if (d->g->host_visible) {
             rc = xf_run_host(d, f, &p, &o, nthreads);
-        } else if (st.path == FERRY_PATH_REGISTER) {
+        } else if (st.route == FERRY_ROUTE_REGISTER) {
             rc = xf_run_register(d, f, &p, &o, streams, nstreams);
         } else {
             pthread_mutex_lock(&d->ring_lock);
             rc = xf_ring_get(d, nbuf, bufsz);
-            if (rc == 0) rc = xf_run_ring(d, f, &p, st.path == FERRY_PATH_DIRECT, &o, streams, nstreams, nthreads);
-            if (rc == -EINVAL && st.path == FERRY_PATH_DIRECT && o.path == FERRY_PATH_AUTO) {
+            if (rc == 0) rc = xf_run_ring(d, f, &p, st.route == FERRY_ROUTE_DIRECT, &o, streams, nstreams, nthreads);
+            if (rc == -EINVAL && st.route == FERRY_ROUTE_DIRECT && o.route == FERRY_ROUTE_AUTO) {
                 /* auto chose O_DIRECT on a file system without it (tmpfs, some FUSE): buffered reads */
-                st.path = FERRY_PATH_RING;
+                st.route = FERRY_ROUTE_RING;
                 st.why = "cold, but the file system refuses O_DIRECT: buffered reads";
                 rc = xf_run_ring(d, f, &p, false, &o, streams, nstreams, nthreads);
             }

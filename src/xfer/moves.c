@@ -168,7 +168,7 @@ static int fd_to_device(ferry_device *d, int fd, const char *path, const fy_fdra
         ferry_load_opts lo = {0};
         if (o) memcpy(&lo, o, o->size && o->size <= sizeof lo ? o->size : 0);
         lo.size = sizeof lo;
-        lo.path = FERRY_PATH_RING;
+        lo.route = FERRY_ROUTE_RING;
         rc = xf_load_items(d, &f, it, n, &lo, st);
     }
     fy_free(m, f.tb.t);

@@ -274,7 +274,7 @@ static void test_tiers(ferry_ctx *ctx)
     CHECK(pin_after < pin_before);
 
     /* pins: never evicted; free-all frees the rest; impossible requests evict nothing */
-    CHECK_EQ(ferry_model_pin(ma, 0), 0);
+    CHECK_EQ(ferry_model_hold(ma, 0), 0);
     uint64_t could = 0;
     int64_t r = ferry_store_make_room(s, A + B + 1, &could);
     CHECK_EQ(r, FERRY_E_BUDGET);
@@ -292,8 +292,8 @@ static void test_tiers(ferry_ctx *ctx)
     CHECK_EQ(ferry_store_make_room(s, UINT64_MAX, NULL), 0);
     CHECK_EQ(ferry_model_evict(ma, NULL, 0), FERRY_E_BUSY); /* pinned */
     CHECK_EQ(ferry_store_remove(ma), FERRY_E_BUSY);
-    CHECK_EQ(ferry_model_unpin(ma, 0), 0);
-    CHECK_EQ(ferry_model_unpin(ma, 0), FERRY_E_INVAL);
+    CHECK_EQ(ferry_model_release(ma, 0), 0);
+    CHECK_EQ(ferry_model_release(ma, 0), FERRY_E_INVAL);
     /* possible room: just enough, least recently used first */
     CHECK_EQ(ferry_model_to_device(mb, NULL, 0), 0);
     r = ferry_store_make_room(s, (A + B - 1) - tier_bytes(s, FERRY_TIER_DEVICE) + 1, NULL);

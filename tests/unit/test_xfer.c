@@ -216,12 +216,12 @@ static ferry_device *open_dev(ferry_ctx *ctx, const char *spec)
 /* The ring of opts o: its buffers and their O_DIRECT slack. */
 static uint64_t ring_pinned(uint32_t nbuf, uint64_t bytes) { return nbuf * (page_round(bytes) + 2 * PAGE); }
 
-static ferry_load_opts small_opts(ferry_path p)
+static ferry_load_opts small_opts(ferry_route p)
 {
     ferry_load_opts o;
     memset(&o, 0, sizeof o);
     o.size = sizeof o;
-    o.path = p;
+    o.route = p;
     o.threads = 3;
     o.ring_buffers = 2;
     o.ring_buffer_bytes = 4096;
@@ -229,7 +229,7 @@ static ferry_load_opts small_opts(ferry_path p)
 }
 #define SMALL_RING ring_pinned(2, 4096)
 
-static bool uses_ring(ferry_path p) { return p == FERRY_PATH_RING || p == FERRY_PATH_DIRECT || p == FERRY_PATH_AUTO; }
+static bool uses_ring(ferry_route p) { return p == FERRY_ROUTE_RING || p == FERRY_ROUTE_DIRECT || p == FERRY_ROUTE_AUTO; }
 
 /* Copy n bytes of device memory back, synchronously. */
 static int dev_read(ferry_device *d, uint64_t src, void *dst, size_t n)
@@ -298,20 +298,20 @@ static int verify_loaded(ferry_loaded *l, const ferry_file *f, const char *what)
 
 /* ---- 1. every path, every shape of checkpoint ---- */
 
-static ferry_path all_paths[] = {FERRY_PATH_RING, FERRY_PATH_DIRECT, FERRY_PATH_REGISTER, FERRY_PATH_AUTO};
+static ferry_route all_paths[] = {FERRY_ROUTE_RING, FERRY_ROUTE_DIRECT, FERRY_ROUTE_REGISTER, FERRY_ROUTE_AUTO};
 #define NPATHS 4
 
-static void check_stats(const ferry_load_stats *st, ferry_path asked, const ferry_file *f)
+static void check_stats(const ferry_load_stats *st, ferry_route asked, const ferry_file *f)
 {
     CHECK_EQ(st->bytes, ferry_file_total_bytes(f));
     CHECK(st->seconds >= 0);
     CHECK(st->why[0] != '\0');
-    if (asked == FERRY_PATH_AUTO) {
+    if (asked == FERRY_ROUTE_AUTO) {
         CHECK(st->resident >= 0 && st->resident <= 1);
         /* auto: ring for cached data, O_DIRECT for cold data */
-        CHECK_EQ(st->path, st->resident >= 0.5 ? FERRY_PATH_RING : FERRY_PATH_DIRECT);
+        CHECK_EQ(st->route, st->resident >= 0.5 ? FERRY_ROUTE_RING : FERRY_ROUTE_DIRECT);
     } else {
-        CHECK_EQ(st->path, asked);
+        CHECK_EQ(st->route, asked);
         CHECK(st->resident == -1);
     }
 }
@@ -325,8 +325,8 @@ static void test_paths(ferry_ctx *ctx)
         ferry_device *d = open_dev(ctx, "sim:256MiB");
         if (!f || !d) goto next;
         for (int pi = 0; pi < NPATHS; pi++) {
-            ferry_path p = all_paths[pi];
-            if (p == FERRY_PATH_DIRECT && !direct_ok) continue;
+            ferry_route p = all_paths[pi];
+            if (p == FERRY_ROUTE_DIRECT && !direct_ok) continue;
             /* small ring (tensors span many buffers, 3 readers share 2
              * buffers), many streams, and the defaults */
             for (int v = 0; v < 3; v++) {
@@ -339,14 +339,14 @@ static void test_paths(ferry_ctx *ctx)
                 if (v == 2) {
                     memset(&o, 0, sizeof o);
                     o.size = sizeof o;
-                    o.path = p;
+                    o.route = p;
                 }
                 ferry_loaded *l = NULL;
                 ferry_load_stats st = {.size = sizeof st};
                 memset(&st, 0x55, sizeof st);
                 st.size = sizeof st;
                 char what[160];
-                snprintf(what, sizeof what, "%s --path %s (variant %d)", files[k], ferry_path_name(p), v);
+                snprintf(what, sizeof what, "%s --path %s (variant %d)", files[k], ferry_route_name(p), v);
                 int rc = ferry_load(d, f, &o, &l, &st);
                 if (rc < 0) fprintf(stderr, "%s: %s\n", what, ferry_ctx_errmsg(ctx));
                 CHECK_EQ(rc, 0);
@@ -373,7 +373,7 @@ static void test_paths(ferry_ctx *ctx)
                 u = use_of(d);
                 CHECK_EQ(u.dev, 0);
                 CHECK_EQ(u.reg, 0);
-                if (uses_ring(st.path)) { /* the device keeps this load's ring */
+                if (uses_ring(st.route)) { /* the device keeps this load's ring */
                     if (v == 0) CHECK_EQ(u.pinned, SMALL_RING);
                     if (v == 1) CHECK_EQ(u.pinned, ring_pinned(2, 4 * PAGE)); /* 3 pages + 1 rounds up */
                     if (v == 2) CHECK(u.pinned > 0);
@@ -409,7 +409,7 @@ static void test_auto_cold(ferry_ctx *ctx)
     ferry_device *d = open_dev(ctx, "sim:256MiB");
     if (f && d) {
         double r = ferry_file_resident(f);
-        ferry_load_opts o = small_opts(FERRY_PATH_AUTO);
+        ferry_load_opts o = small_opts(FERRY_ROUTE_AUTO);
         o.ring_buffer_bytes = 256 * KiB;
         ferry_loaded *l = NULL;
         ferry_load_stats st = {.size = sizeof st};
@@ -423,9 +423,9 @@ static void test_auto_cold(ferry_ctx *ctx)
             if (rc < 0) fprintf(stderr, "auto cold: %s\n", ferry_ctx_errmsg(ctx));
             CHECK_EQ(rc, 0);
             if (rc == 0) {
-                check_stats(&st, FERRY_PATH_AUTO, f);
+                check_stats(&st, FERRY_ROUTE_AUTO, f);
                 if (r < 0.5) {
-                    CHECK_EQ(st.path, FERRY_PATH_DIRECT);
+                    CHECK_EQ(st.route, FERRY_ROUTE_DIRECT);
                     CHECK_STR_HAS(st.why, "O_DIRECT");
                 }
                 CHECK_EQ(verify_loaded(l, f, "auto cold"), 0);
@@ -435,7 +435,7 @@ static void test_auto_cold(ferry_ctx *ctx)
             l = NULL;
             CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
             CHECK(ferry_file_resident(f) >= 0.5);
-            CHECK_EQ(st.path, FERRY_PATH_RING);
+            CHECK_EQ(st.route, FERRY_ROUTE_RING);
             ferry_loaded_free(l);
         }
     }
@@ -525,7 +525,7 @@ static void dests_free(ferry_device *d, dests *x)
     memset(x, 0, sizeof *x);
 }
 
-static void load_into_case(ferry_ctx *ctx, ferry_device *d, const ferry_file *f, ferry_path p, uint32_t seed,
+static void load_into_case(ferry_ctx *ctx, ferry_device *d, const ferry_file *f, ferry_route p, uint32_t seed,
                            const char *what)
 {
     dests x;
@@ -538,7 +538,7 @@ static void load_into_case(ferry_ctx *ctx, ferry_device *d, const ferry_file *f,
     if (rc < 0) fprintf(stderr, "%s: %s\n", what, ferry_ctx_errmsg(ctx));
     CHECK_EQ(rc, 0);
     if (rc == 0) {
-        CHECK_EQ(st.path, p == FERRY_PATH_AUTO ? (st.resident >= 0.5 ? FERRY_PATH_RING : FERRY_PATH_DIRECT) : p);
+        CHECK_EQ(st.route, p == FERRY_ROUTE_AUTO ? (st.resident >= 0.5 ? FERRY_ROUTE_RING : FERRY_ROUTE_DIRECT) : p);
         CHECK_EQ(dests_verify(d, f, &x, what), 0);
         CHECK_EQ(st.bytes, x.bytes);
     }
@@ -559,10 +559,10 @@ static void test_load_into(ferry_ctx *ctx)
         ferry_file *f = open_file(ctx, files[k]);
         if (!f) continue;
         for (int pi = 0; pi < NPATHS; pi++) {
-            if (all_paths[pi] == FERRY_PATH_DIRECT && !direct_ok) continue;
-            if (k == 2 && all_paths[pi] != FERRY_PATH_RING) continue; /* 1300 tiny tensors: once is enough */
+            if (all_paths[pi] == FERRY_ROUTE_DIRECT && !direct_ok) continue;
+            if (k == 2 && all_paths[pi] != FERRY_ROUTE_RING) continue; /* 1300 tiny tensors: once is enough */
             char what[160];
-            snprintf(what, sizeof what, "load_into %s --path %s", files[k], ferry_path_name(all_paths[pi]));
+            snprintf(what, sizeof what, "load_into %s --path %s", files[k], ferry_route_name(all_paths[pi]));
             load_into_case(ctx, d, f, all_paths[pi], (uint32_t)(k * 10 + (size_t)pi + 1), what);
         }
         ferry_file_close(f);
@@ -571,9 +571,9 @@ static void test_load_into(ferry_ctx *ctx)
     /* nothing to do */
     ferry_file *f = open_file(ctx, "small.safetensors");
     if (!f) goto out;
-    ferry_load_opts o = small_opts(FERRY_PATH_RING);
+    ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
     CHECK_EQ(ferry_load_into(d, f, NULL, NULL, 0, &o, NULL), 0);
-    o.path = FERRY_PATH_REGISTER;
+    o.route = FERRY_ROUTE_REGISTER;
     CHECK_EQ(ferry_load_into(d, f, NULL, NULL, 0, &o, NULL), 0);
     CHECK_EQ(use_of(d).reg, 0);
 
@@ -582,7 +582,7 @@ static void test_load_into(ferry_ctx *ctx)
     uint64_t dp[2] = {0, 0};
     CHECK_EQ(g->ops->mem_alloc(g, 16 * KiB, &dp[0]), 0);
     CHECK_EQ(g->ops->mem_alloc(g, 16 * KiB, &dp[1]), 0);
-    o.path = FERRY_PATH_RING;
+    o.route = FERRY_ROUTE_RING;
     CHECK_EQ(ferry_load_into(NULL, f, idx, dp, 2, &o, NULL), FERRY_E_INVAL);
     CHECK_EQ(ferry_load_into(d, NULL, idx, dp, 2, &o, NULL), FERRY_E_INVAL);
     CHECK_EQ(ferry_load_into(d, f, NULL, dp, 2, &o, NULL), FERRY_E_INVAL);
@@ -597,16 +597,16 @@ static void test_load_into(ferry_ctx *ctx)
     idx[1] = 3;
     o.size = 2;
     CHECK_EQ(ferry_load_into(d, f, idx, dp, 2, &o, NULL), FERRY_E_INVAL);
-    o = small_opts(FERRY_PATH_COUNT);
+    o = small_opts(FERRY_ROUTE_COUNT);
     CHECK_EQ(ferry_load_into(d, f, idx, dp, 2, &o, NULL), FERRY_E_INVAL);
-    o.path = FERRY_PATH_CUFILE;
+    o.route = FERRY_ROUTE_CUFILE;
     CHECK_EQ(ferry_load_into(d, f, idx, dp, 2, &o, NULL), FERRY_E_NODEV);
     CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "cufile");
     /* a destination too small (9000 bytes into 16 KiB is fine; into the
      * last 100 bytes of it is not), and one that is no device memory: a
      * clean error through every path, nothing left registered */
     for (int pi = 0; pi < NPATHS; pi++) {
-        if (all_paths[pi] == FERRY_PATH_DIRECT && !direct_ok) continue;
+        if (all_paths[pi] == FERRY_ROUTE_DIRECT && !direct_ok) continue;
         o = small_opts(all_paths[pi]);
         uint64_t bad[2] = {dp[0], dp[1] + 16 * KiB - 100};
         int rc = ferry_load_into(d, f, idx, bad, 2, &o, NULL);
@@ -666,9 +666,9 @@ static bool disarm(ferry_device *d, int kind)
 
 /* Can a fault of this kind hit a load through path p? (warm: the device's
  * ring is already cached, so no pinned allocation happens.) */
-static bool kind_applies(int kind, ferry_path p, bool warm)
+static bool kind_applies(int kind, ferry_route p, bool warm)
 {
-    bool reg = p == FERRY_PATH_REGISTER;
+    bool reg = p == FERRY_ROUTE_REGISTER;
     switch (kind) {
     case K_HOST_ALLOC: return !reg && !warm;
     case K_HOST_REGISTER: return reg;
@@ -716,10 +716,10 @@ static void fd0_guard(void)
  * registered, the ring whole or gone); a clean load on the same device must
  * then work. cold: a fresh device each time (the ring gets allocated under
  * the fault); warm: one device whose ring is cached (and must stay the same). */
-static void fault_loop(ferry_ctx *ctx, const ferry_file *f, const char *fname, ferry_path p, int kind, bool warm)
+static void fault_loop(ferry_ctx *ctx, const ferry_file *f, const char *fname, ferry_route p, int kind, bool warm)
 {
     char what[200];
-    snprintf(what, sizeof what, "%s --path %s, %s faults, %s device", fname, ferry_path_name(p), kind_name[kind],
+    snprintf(what, sizeof what, "%s --path %s, %s faults, %s device", fname, ferry_route_name(p), kind_name[kind],
              warm ? "warm" : "cold");
     ferry_load_opts o = small_opts(p);
     ferry_load_opts bad = o;
@@ -759,11 +759,11 @@ static void fault_loop(ferry_ctx *ctx, const ferry_file *f, const char *fname, f
                 if (bad_msg++ < 3) fprintf(stderr, "%s: call %d: code %d, message \"%s\"\n", what, n, rc, msg);
             }
         } else {
-            if (fired && kind == K_MALLOC && p == FERRY_PATH_AUTO && st.resident < 0) {
+            if (fired && kind == K_MALLOC && p == FERRY_ROUTE_AUTO && st.resident < 0) {
                 /* documented fallback: the residency probe could not allocate,
                  * so auto says "unknown" and takes the ring */
                 CHECK_STR_HAS(st.why, "unknown");
-                CHECK_EQ(st.path, FERRY_PATH_RING);
+                CHECK_EQ(st.route, FERRY_ROUTE_RING);
             } else if (fired && swallowed++ < 3) { /* the fault hit and the load says it worked */
                 fprintf(stderr, "%s: call %d: the fault fired, yet the load succeeded\n", what, n);
             }
@@ -814,10 +814,10 @@ static void fault_loop(ferry_ctx *ctx, const ferry_file *f, const char *fname, f
  * caller's memory allocated and nothing else (no device memory, nothing
  * registered). One device for the loop: its ring is allocated under the
  * first faults and cached after. */
-static void fault_loop_into(ferry_ctx *ctx, const ferry_file *f, const char *fname, ferry_path p, int kind)
+static void fault_loop_into(ferry_ctx *ctx, const ferry_file *f, const char *fname, ferry_route p, int kind)
 {
     char what[200];
-    snprintf(what, sizeof what, "load_into %s --path %s, %s faults", fname, ferry_path_name(p), kind_name[kind]);
+    snprintf(what, sizeof what, "load_into %s --path %s, %s faults", fname, ferry_route_name(p), kind_name[kind]);
     ferry_device *d = open_dev(ctx, "sim:64MiB");
     if (!d) return;
     dests x;
@@ -871,12 +871,12 @@ static void test_faults(ferry_ctx *ctx)
         ferry_file *f = open_file(ctx, files[k]);
         if (!f) continue;
         for (int pi = 0; pi < NPATHS; pi++) {
-            ferry_path p = all_paths[pi];
-            if (p == FERRY_PATH_DIRECT && !direct_ok) continue;
+            ferry_route p = all_paths[pi];
+            if (p == FERRY_ROUTE_DIRECT && !direct_ok) continue;
             for (int kind = 0; kind < K_COUNT; kind++) {
                 fault_loop(ctx, f, files[k], p, kind, false);
                 if (k == 0) fault_loop(ctx, f, files[k], p, kind, true);
-                if (k == 1 && p != FERRY_PATH_AUTO) fault_loop_into(ctx, f, files[k], p, kind);
+                if (k == 1 && p != FERRY_ROUTE_AUTO) fault_loop_into(ctx, f, files[k], p, kind);
             }
         }
         ferry_file_close(f);
@@ -908,16 +908,16 @@ static void test_register(ferry_ctx *ctx)
         if (f && d) {
             CHECK_EQ(ferry_device_register_file(d, f, 0), FERRY_E_UNSUPPORTED);
             CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "copy-on-write");
-            ferry_load_opts o = small_opts(FERRY_PATH_REGISTER);
+            ferry_load_opts o = small_opts(FERRY_ROUTE_REGISTER);
             ferry_loaded *l = NULL;
             CHECK_EQ(ferry_load(d, f, &o, &l, NULL), FERRY_E_UNSUPPORTED);
             CHECK(l == NULL);
             CHECK_EQ(use_of(d).reg, 0);
             CHECK_EQ(use_of(d).dev, 0);
-            o = small_opts(FERRY_PATH_AUTO);
+            o = small_opts(FERRY_ROUTE_AUTO);
             ferry_load_stats st = {.size = sizeof st};
             CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
-            CHECK(st.path != FERRY_PATH_REGISTER);
+            CHECK(st.route != FERRY_ROUTE_REGISTER);
             if (l) CHECK_EQ(verify_loaded(l, f, "private mapping, auto"), 0);
             ferry_loaded_free(l);
         }
@@ -939,7 +939,7 @@ static void test_register(ferry_ctx *ctx)
         CHECK_EQ(ferry_device_register_file(d, f, 1), FERRY_E_BUDGET);
         CHECK_EQ(use_of(d).reg, 0);
         /* the same budget through a register load */
-        ferry_load_opts o = small_opts(FERRY_PATH_REGISTER);
+        ferry_load_opts o = small_opts(FERRY_ROUTE_REGISTER);
         o.pinned_budget = need / 2;
         ferry_loaded *l = NULL;
         CHECK_EQ(ferry_load(d, f, &o, &l, NULL), FERRY_E_BUDGET);
@@ -970,15 +970,15 @@ static void test_register(ferry_ctx *ctx)
         CHECK_EQ(ferry_device_register_file(d, f, 0), 0); /* again: no change */
         CHECK_EQ(use_of(d).reg, need);
         for (int v = 0; v < 2; v++) {
-            ferry_path p = v ? FERRY_PATH_AUTO : FERRY_PATH_REGISTER;
+            ferry_route p = v ? FERRY_ROUTE_AUTO : FERRY_ROUTE_REGISTER;
             o = small_opts(p);
             o.pinned_budget = 1; /* what is registered already does not count again */
             ferry_load_stats st = {.size = sizeof st};
             l = NULL;
             int rc = ferry_load(d, f, &o, &l, &st);
-            if (rc < 0) fprintf(stderr, "registered %s: %s\n", ferry_path_name(p), ferry_ctx_errmsg(ctx));
+            if (rc < 0) fprintf(stderr, "registered %s: %s\n", ferry_route_name(p), ferry_ctx_errmsg(ctx));
             CHECK_EQ(rc, 0);
-            CHECK_EQ(st.path, FERRY_PATH_REGISTER);
+            CHECK_EQ(st.route, FERRY_ROUTE_REGISTER);
             if (v) CHECK_STR_HAS(st.why, "registered");
             if (l) CHECK_EQ(verify_loaded(l, f, "registered"), 0);
             ferry_loaded_free(l);
@@ -997,10 +997,10 @@ static void test_register(ferry_ctx *ctx)
             ferry_file_tensor_data(f, idx[0], &want);
             uint64_t dp[1] = {0};
             CHECK_EQ(g->ops->mem_alloc(g, (size_t)ti.nbytes, &dp[0]), 0);
-            o = small_opts(FERRY_PATH_AUTO);
+            o = small_opts(FERRY_ROUTE_AUTO);
             ferry_load_stats st = {.size = sizeof st};
             CHECK_EQ(ferry_load_into(d, f, idx, dp, 1, &o, &st), 0);
-            CHECK_EQ(st.path, FERRY_PATH_REGISTER);
+            CHECK_EQ(st.route, FERRY_ROUTE_REGISTER);
             uint8_t *buf = malloc((size_t)ti.nbytes);
             CHECK_EQ(dev_read(d, dp[0], buf, (size_t)ti.nbytes), 0);
             CHECK(memcmp(buf, want, (size_t)ti.nbytes) == 0);
@@ -1009,7 +1009,7 @@ static void test_register(ferry_ctx *ctx)
         }
         /* a failed load on a registered file keeps the registration */
         fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, 1);
-        o = small_opts(FERRY_PATH_AUTO);
+        o = small_opts(FERRY_ROUTE_AUTO);
         l = NULL;
         CHECK_EQ(ferry_load(d, f, &o, &l, NULL), FERRY_E_DEVICE);
         CHECK_EQ(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, 0), 0);
@@ -1028,7 +1028,7 @@ static void test_register(ferry_ctx *ctx)
         ferry_load_stats st = {.size = sizeof st};
         l = NULL;
         CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
-        CHECK(st.path != FERRY_PATH_REGISTER);
+        CHECK(st.route != FERRY_ROUTE_REGISTER);
         ferry_loaded_free(l);
         CHECK_EQ(use_of(d).reg, 0);
         /* left registered at close: close unregisters (ASan/LSan see the rest) */
@@ -1054,7 +1054,7 @@ static void test_capacity(ferry_ctx *ctx)
         ferry_device *d = open_dev(ctx, c[k].dev);
         if (!f || !d) goto next;
         for (int pi = 0; pi < NPATHS; pi++) {
-            if (all_paths[pi] == FERRY_PATH_DIRECT && !direct_ok) continue;
+            if (all_paths[pi] == FERRY_ROUTE_DIRECT && !direct_ok) continue;
             ferry_load_opts o = small_opts(all_paths[pi]);
             ferry_loaded *l = (ferry_loaded *)&o; /* must be reset */
             int rc = ferry_load(d, f, &o, &l, NULL);
@@ -1078,23 +1078,23 @@ static void test_capacity(ferry_ctx *ctx)
 
 static void test_api(ferry_ctx *ctx)
 {
-    for (int p = 0; p < FERRY_PATH_COUNT; p++) {
-        const char *n = ferry_path_name((ferry_path)p);
+    for (int p = 0; p < FERRY_ROUTE_COUNT; p++) {
+        const char *n = ferry_route_name((ferry_route)p);
         CHECK(n && strcmp(n, "unknown") != 0);
-        CHECK_EQ(ferry_path_parse(n), p);
+        CHECK_EQ(ferry_route_parse(n), p);
     }
-    CHECK(strcmp(ferry_path_name(FERRY_PATH_AUTO), "auto") == 0);
-    CHECK(strcmp(ferry_path_name(FERRY_PATH_RING), "ring") == 0);
-    CHECK(strcmp(ferry_path_name(FERRY_PATH_DIRECT), "direct") == 0);
-    CHECK(strcmp(ferry_path_name(FERRY_PATH_REGISTER), "register") == 0);
-    CHECK(strcmp(ferry_path_name(FERRY_PATH_CUFILE), "cufile") == 0);
-    CHECK(strcmp(ferry_path_name(FERRY_PATH_COUNT), "unknown") == 0);
-    CHECK(strcmp(ferry_path_name((ferry_path)-1), "unknown") == 0);
-    CHECK_EQ(ferry_path_parse("nope"), -1);
-    CHECK_EQ(ferry_path_parse(""), -1);
-    CHECK_EQ(ferry_path_parse(NULL), -1);
-    CHECK_EQ(ferry_path_parse("rin"), -1);
-    CHECK_EQ(ferry_path_parse("ring "), -1);
+    CHECK(strcmp(ferry_route_name(FERRY_ROUTE_AUTO), "auto") == 0);
+    CHECK(strcmp(ferry_route_name(FERRY_ROUTE_RING), "ring") == 0);
+    CHECK(strcmp(ferry_route_name(FERRY_ROUTE_DIRECT), "direct") == 0);
+    CHECK(strcmp(ferry_route_name(FERRY_ROUTE_REGISTER), "register") == 0);
+    CHECK(strcmp(ferry_route_name(FERRY_ROUTE_CUFILE), "cufile") == 0);
+    CHECK(strcmp(ferry_route_name(FERRY_ROUTE_COUNT), "unknown") == 0);
+    CHECK(strcmp(ferry_route_name((ferry_route)-1), "unknown") == 0);
+    CHECK_EQ(ferry_route_parse("nope"), -1);
+    CHECK_EQ(ferry_route_parse(""), -1);
+    CHECK_EQ(ferry_route_parse(NULL), -1);
+    CHECK_EQ(ferry_route_parse("rin"), -1);
+    CHECK_EQ(ferry_route_parse("ring "), -1);
 
     ferry_device *d = NULL;
     CHECK_EQ(ferry_device_open(ctx, "sim:0", &d), FERRY_E_INVAL);
@@ -1116,7 +1116,7 @@ static void test_api(ferry_ctx *ctx)
     CHECK_EQ(ferry_device_mem_info(NULL, &fr, &tot), FERRY_E_INVAL);
 
     ferry_loaded *l = NULL;
-    ferry_load_opts o = small_opts(FERRY_PATH_CUFILE);
+    ferry_load_opts o = small_opts(FERRY_ROUTE_CUFILE);
     ferry_load_stats st = {.size = sizeof st};
     CHECK_EQ(ferry_load(d, f, &o, &l, &st), FERRY_E_NODEV);
     CHECK(l == NULL);
@@ -1129,15 +1129,15 @@ static void test_api(ferry_ctx *ctx)
     CHECK_EQ(ferry_load(d, f, NULL, NULL, NULL), FERRY_E_INVAL);
     static const uint32_t bad_sizes[] = {0, 3, sizeof(ferry_load_opts) + 1, 4096};
     for (size_t k = 0; k < sizeof bad_sizes / sizeof *bad_sizes; k++) {
-        o = small_opts(FERRY_PATH_RING);
+        o = small_opts(FERRY_ROUTE_RING);
         o.size = bad_sizes[k];
         CHECK_EQ(ferry_load(d, f, &o, &l, NULL), FERRY_E_INVAL);
         CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "opts->size");
         CHECK(l == NULL);
     }
-    static const int bad_paths[] = {FERRY_PATH_COUNT, FERRY_PATH_COUNT + 1, -1, 1000};
+    static const int bad_paths[] = {FERRY_ROUTE_COUNT, FERRY_ROUTE_COUNT + 1, -1, 1000};
     for (size_t k = 0; k < sizeof bad_paths / sizeof *bad_paths; k++) {
-        o = small_opts((ferry_path)bad_paths[k]);
+        o = small_opts((ferry_route)bad_paths[k]);
         CHECK_EQ(ferry_load(d, f, &o, &l, NULL), FERRY_E_INVAL);
         CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "unknown path");
         CHECK(l == NULL);
@@ -1146,15 +1146,15 @@ static void test_api(ferry_ctx *ctx)
     CHECK_EQ(u.dev, 0);
     CHECK_EQ(u.reg, 0);
     /* an older, shorter opts struct: the fields it lacks take their defaults */
-    o = small_opts(FERRY_PATH_REGISTER);
+    o = small_opts(FERRY_ROUTE_REGISTER);
     o.size = (uint32_t)offsetof(ferry_load_opts, threads);
     o.pinned_budget = 1; /* beyond size: ignored */
     CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
-    CHECK_EQ(st.path, FERRY_PATH_REGISTER);
+    CHECK_EQ(st.route, FERRY_ROUTE_REGISTER);
     o.size = (uint32_t)sizeof(uint32_t); /* size alone: auto */
     ferry_loaded *l2 = NULL;
     CHECK_EQ(ferry_load(d, f, &o, &l2, &st), 0);
-    CHECK(st.path == FERRY_PATH_RING || st.path == FERRY_PATH_DIRECT);
+    CHECK(st.route == FERRY_ROUTE_RING || st.route == FERRY_ROUTE_DIRECT);
     /* the results */
     if (l) {
         uint8_t buf[16];
@@ -1191,9 +1191,9 @@ static void test_ring_reuse(ferry_ctx *ctx)
     ferry_device *d = open_dev(ctx, "sim:256MiB");
     if (!f || !d) goto out;
     CHECK_EQ(use_of(d).pinned, 0);
-    ferry_load_opts o = small_opts(FERRY_PATH_RING);
+    ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
     for (int i = 0; i < 4; i++) {
-        if (i == 2 && direct_ok) o.path = FERRY_PATH_DIRECT; /* direct shares the ring */
+        if (i == 2 && direct_ok) o.route = FERRY_ROUTE_DIRECT; /* direct shares the ring */
         ferry_loaded *l = NULL;
         CHECK_EQ(ferry_load(d, f, &o, &l, NULL), 0);
         CHECK_EQ(use_of(d).pinned, SMALL_RING); /* the same ring, not another one */
@@ -1215,13 +1215,13 @@ static void test_ring_reuse(ferry_ctx *ctx)
     if (l) CHECK_EQ(verify_loaded(l, f, "ring of 2 x 1 byte"), 0);
     ferry_loaded_free(l);
     CHECK_EQ(use_of(d).pinned, ring_pinned(2, PAGE));
-    o.path = FERRY_PATH_REGISTER;
+    o.route = FERRY_ROUTE_REGISTER;
     l = NULL;
     CHECK_EQ(ferry_load(d, f, &o, &l, NULL), 0);
     ferry_loaded_free(l);
     CHECK_EQ(use_of(d).pinned, ring_pinned(2, PAGE));
     /* many threads and streams (clamped) on a tiny ring */
-    o = small_opts(FERRY_PATH_RING);
+    o = small_opts(FERRY_ROUTE_RING);
     o.threads = 100;
     o.streams = 100;
     l = NULL;
@@ -1275,15 +1275,15 @@ static void test_huge(ferry_ctx *ctx)
     ferry_device *d = open_dev(ctx, "sim:256MiB");
     if (!f || !d) goto out;
     for (int pi = 0; pi < NPATHS; pi++) {
-        ferry_path pa = all_paths[pi];
-        if (pa == FERRY_PATH_DIRECT && !direct_ok) continue;
+        ferry_route pa = all_paths[pi];
+        if (pa == FERRY_ROUTE_DIRECT && !direct_ok) continue;
         ferry_load_opts o;
         memset(&o, 0, sizeof o);
         o.size = sizeof o;
-        o.path = pa;
+        o.route = pa;
         ferry_loaded *l = NULL;
         char what[64];
-        snprintf(what, sizeof what, "64 MiB + 4097 bytes --path %s", ferry_path_name(pa));
+        snprintf(what, sizeof what, "64 MiB + 4097 bytes --path %s", ferry_route_name(pa));
         int rc = ferry_load(d, f, &o, &l, NULL);
         if (rc < 0) fprintf(stderr, "%s: %s\n", what, ferry_ctx_errmsg(ctx));
         CHECK_EQ(rc, 0);
@@ -1348,8 +1348,8 @@ static void test_truncated(ferry_ctx *ctx)
     if (!f || !d) goto out;
     CHECK_EQ(truncate(p, 3000), 0);
     for (int pi = 0; pi < 2; pi++) {
-        ferry_path pa = pi ? FERRY_PATH_DIRECT : FERRY_PATH_RING;
-        if (pa == FERRY_PATH_DIRECT && !direct_ok) continue;
+        ferry_route pa = pi ? FERRY_ROUTE_DIRECT : FERRY_ROUTE_RING;
+        if (pa == FERRY_ROUTE_DIRECT && !direct_ok) continue;
         ferry_load_opts o = small_opts(pa);
         ferry_loaded *l = NULL;
         CHECK_EQ(ferry_load(d, f, &o, &l, NULL), FERRY_E_CORRUPT);
@@ -1442,7 +1442,7 @@ static void test_own_fds(ferry_ctx *ctx)
     ferry_device *devs[2] = {d, c};
     for (int k = 0; k < 16; k++) {
         const ferry_file *ff = files[k / 4];
-        ferry_load_opts opt = small_opts(FERRY_PATH_RING);
+        ferry_load_opts opt = small_opts(FERRY_ROUTE_RING);
         /* one reader (the count in the callback is its own), three, and more
          * readers than batches (tiny: one small batch; empty: none) */
         opt.threads = (uint32_t[]){1, 3, 16, 16}[k % 4];
@@ -1513,14 +1513,14 @@ static void test_progress(ferry_ctx *ctx)
     for (int k = 0; k < 2; k++) {
         uint64_t total = ferry_file_total_bytes(files[k]);
         for (int pi = 0; pi < NPATHS; pi++) {
-            ferry_path p = all_paths[pi];
-            if (p == FERRY_PATH_DIRECT && !direct_ok) continue;
+            ferry_route p = all_paths[pi];
+            if (p == FERRY_ROUTE_DIRECT && !direct_ok) continue;
             /* one reader thread: calls come in order */
             ferry_load_opts o = small_opts(p);
             o.threads = 1;
             prog pg;
             run_progress(d, files[k], o, &pg);
-            CHECK(pg.calls >= (p == FERRY_PATH_REGISTER ? ferry_file_shard_count(files[k]) : 2));
+            CHECK(pg.calls >= (p == FERRY_ROUTE_REGISTER ? ferry_file_shard_count(files[k]) : 2));
             CHECK_EQ(pg.backwards, 0);
             CHECK_EQ(pg.bad_total, 0);
             CHECK_EQ(pg.total_seen, total);
@@ -1529,7 +1529,7 @@ static void test_progress(ferry_ctx *ctx)
              * is the total (the order of calls: see known bugs) */
             o.threads = 3;
             run_progress(d, files[k], o, &pg);
-            CHECK(pg.calls >= (p == FERRY_PATH_REGISTER ? ferry_file_shard_count(files[k]) : 2));
+            CHECK(pg.calls >= (p == FERRY_ROUTE_REGISTER ? ferry_file_shard_count(files[k]) : 2));
             CHECK_EQ(pg.bad_total, 0);
             CHECK_EQ(pg.total_seen, total);
             CHECK_EQ(pg.max, total);
@@ -1568,9 +1568,9 @@ static void test_concurrent(ferry_ctx *ctx)
     ferry_file *s = open_file(ctx, "sh.safetensors.index.json");
     ferry_device *d = open_dev(ctx, "sim:256MiB");
     if (!f || !s || !d) goto out;
-    worker w[3] = {{d, f, small_opts(FERRY_PATH_RING), 0},
-                   {d, s, small_opts(FERRY_PATH_RING), 0},
-                   {d, s, small_opts(direct_ok ? FERRY_PATH_DIRECT : FERRY_PATH_RING), 0}};
+    worker w[3] = {{d, f, small_opts(FERRY_ROUTE_RING), 0},
+                   {d, s, small_opts(FERRY_ROUTE_RING), 0},
+                   {d, s, small_opts(direct_ok ? FERRY_ROUTE_DIRECT : FERRY_ROUTE_RING), 0}};
     w[1].o.ring_buffers = 3; /* a different ring: the device's ring is replaced back and forth */
     pthread_t th[3];
     for (int i = 0; i < 3; i++) pthread_create(&th[i], NULL, load_worker, &w[i]);
@@ -1613,7 +1613,7 @@ static void test_regressions(ferry_ctx *ctx)
      * the caller makes while the load runs: register_file says 0, and when
      * the load ends the file is no longer registered. */
     reg_during r = {d, f, -1, 0};
-    ferry_load_opts o = small_opts(FERRY_PATH_REGISTER);
+    ferry_load_opts o = small_opts(FERRY_ROUTE_REGISTER);
     o.progress = register_in_progress;
     o.opaque = &r;
     ferry_loaded *l = NULL;
@@ -1629,7 +1629,7 @@ static void test_regressions(ferry_ctx *ctx)
     if (g) {
         int backwards = 0, not_last = 0;
         for (int i = 0; i < 20; i++) {
-            ferry_load_opts q = small_opts(FERRY_PATH_RING);
+            ferry_load_opts q = small_opts(FERRY_ROUTE_RING);
             q.threads = 4;
             prog pg;
             memset(&pg, 0, sizeof pg);
@@ -1663,7 +1663,7 @@ static void test_regressions(ferry_ctx *ctx)
         char p[512];
         path_of(p, sizeof p, "bus.safetensors");
         if (!b || !e || truncate(p, 3000) != 0) _exit(2);
-        ferry_load_opts o2 = small_opts(FERRY_PATH_REGISTER);
+        ferry_load_opts o2 = small_opts(FERRY_ROUTE_REGISTER);
         ferry_loaded *lb = NULL;
         int rc = ferry_load(e, b, &o2, &lb, NULL);
         _exit(rc < 0 ? 0 : 3);

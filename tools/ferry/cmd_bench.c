@@ -133,9 +133,9 @@ static int row_result(row *r, ferry_ctx *ctx, int rc, const ferry_load_stats *st
     return 0;
 }
 
-static int load_once(ferry_ctx *ctx, ferry_device *dev, ferry_file *f, ferry_path p, row *r)
+static int load_once(ferry_ctx *ctx, ferry_device *dev, ferry_file *f, ferry_route p, row *r)
 {
-    ferry_load_opts o = {.size = sizeof o, .path = p};
+    ferry_load_opts o = {.size = sizeof o, .route = p};
     ferry_loaded *l = NULL;
     ferry_load_stats st = {.size = sizeof st};
     int rc = ferry_load(dev, f, &o, &l, &st);
@@ -193,15 +193,15 @@ static int run(int argc, char **argv)
     }
     row rows[16];
     int nr = 0;
-    static const ferry_path paths[] = {FERRY_PATH_RING, FERRY_PATH_DIRECT, FERRY_PATH_REGISTER};
+    static const ferry_route paths[] = {FERRY_ROUTE_RING, FERRY_ROUTE_DIRECT, FERRY_ROUTE_REGISTER};
     for (int c = cold ? 0 : 1; c < 2; c++) {
         for (size_t k = 0; k < 3; k++) {
-            row *r = row_add(rows, &nr, ferry_path_name(paths[k]), c == 0 ? "cold" : "hot", c == 0 ? disk : h2d,
+            row *r = row_add(rows, &nr, ferry_route_name(paths[k]), c == 0 ? "cold" : "hot", c == 0 ? disk : h2d,
                              c == 0 ? "O_DIRECT read" : "pinned copy");
             if (c == 0) drop_cache(f);
             else if (ferry_file_resident(f) < 0.99) {
                 row warm = {0};
-                load_once(ctx, dev, f, FERRY_PATH_RING, &warm); /* reads the file into the cache */
+                load_once(ctx, dev, f, FERRY_ROUTE_RING, &warm); /* reads the file into the cache */
             }
             load_once(ctx, dev, f, paths[k], r);
         }
@@ -211,7 +211,7 @@ static int run(int argc, char **argv)
         row *r = row_add(rows, &nr, "register (pre-registered)", "hot", h2d, "pinned copy");
         if (ferry_file_resident(f) < 0.99) {
             row warm = {0};
-            load_once(ctx, dev, f, FERRY_PATH_RING, &warm);
+            load_once(ctx, dev, f, FERRY_ROUTE_RING, &warm);
         }
         double t0 = cli_now();
         rc = ferry_device_register_file(dev, f, 0);
@@ -220,8 +220,8 @@ static int run(int argc, char **argv)
             snprintf(r->note, sizeof r->note, "%s", ferry_ctx_errmsg(ctx));
         } else {
             row first = {0};
-            load_once(ctx, dev, f, FERRY_PATH_REGISTER, &first);
-            load_once(ctx, dev, f, FERRY_PATH_REGISTER, r);
+            load_once(ctx, dev, f, FERRY_ROUTE_REGISTER, &first);
+            load_once(ctx, dev, f, FERRY_ROUTE_REGISTER, r);
             snprintf(r->note, sizeof r->note,
                      "registering took %.3f s; second load, into device memory just freed by the first", treg);
             /* the same into device memory that was written before (what a caller
@@ -230,7 +230,7 @@ static int run(int argc, char **argv)
              * (bench_alloc: 49 against 55 GB/s) */
             row *r2 = row_add(rows, &nr, "register (pre-registered)", "hot", h2d, "pinned copy");
             ferry_loaded *l = NULL;
-            ferry_load_opts o = {.size = sizeof o, .path = FERRY_PATH_REGISTER};
+            ferry_load_opts o = {.size = sizeof o, .route = FERRY_ROUTE_REGISTER};
             int64_t n = ferry_file_tensor_count(f);
             int64_t *idx = calloc((size_t)n + 1, sizeof *idx);
             uint64_t *dp = calloc((size_t)n + 1, sizeof *dp);
@@ -248,7 +248,7 @@ static int run(int argc, char **argv)
     }
     {
         row *r = row_add(rows, &nr, "cufile", "-", 0, "-");
-        ferry_load_opts o = {.size = sizeof o, .path = FERRY_PATH_CUFILE};
+        ferry_load_opts o = {.size = sizeof o, .route = FERRY_ROUTE_CUFILE};
         ferry_loaded *l = NULL;
         if (ferry_load(dev, f, &o, &l, NULL) < 0) snprintf(r->note, sizeof r->note, "unavailable: %s", ferry_ctx_errmsg(ctx));
         ferry_loaded_free(l);

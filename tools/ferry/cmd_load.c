@@ -107,9 +107,9 @@ static int run(int argc, char **argv)
             if (!v) ex = cli_usage_error(&cmd_load, "%s needs a value", a);
             else if (strcmp(a, "--device") == 0) dev_spec = v;
             else if (strcmp(a, "--path") == 0) {
-                int p = ferry_path_parse(v);
+                int p = ferry_route_parse(v);
                 if (p < 0) ex = cli_usage_error(&cmd_load, "--path takes auto, ring, direct, register or cufile, not '%s'", v);
-                else lo.path = (ferry_path)p;
+                else lo.route = (ferry_route)p;
             } else if (strcmp(a, "--threads") == 0) {
                 if (!parse_u32(v, 1, 64, &lo.threads)) ex = cli_usage_error(&cmd_load, "--threads takes 1..64");
             } else if (strcmp(a, "--repeat") == 0) {
@@ -181,7 +181,7 @@ static int run(int argc, char **argv)
         json_object_set_new(o, "bytes", json_integer((json_int_t)st.bytes));
         json_object_set_new(o, "seconds", json_real(st.seconds));
         json_object_set_new(o, "gbps", json_real(gbps));
-        json_object_set_new(o, "path_used", json_string(ferry_path_name(st.path)));
+        json_object_set_new(o, "path_used", json_string(ferry_route_name(st.route)));
         json_object_set_new(o, "why", json_string(st.why));
         json_object_set_new(o, "resident_before", json_real(st.resident));
         if (do_verify) json_object_set_new(o, "verified", json_boolean(bad == 0));
@@ -190,7 +190,7 @@ static int run(int argc, char **argv)
             char h[32];
             printf("%s: %" PRId64 " tensors, %s in %.3f s = %.2f GB/s via %s (%s)%s\n", paths[k],
                    ferry_file_tensor_count(f), cli_human(h, sizeof h, st.bytes), st.seconds, gbps,
-                   ferry_path_name(st.path), st.why, do_verify && bad == 0 ? "; verified bit-identical" : "");
+                   ferry_route_name(st.route), st.why, do_verify && bad == 0 ? "; verified bit-identical" : "");
         }
         ferry_loaded_free(l);
         ferry_file_close(f);

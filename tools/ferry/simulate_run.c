@@ -125,7 +125,7 @@ static void run_steps(ferry_ctx *ctx, ferry_store *store, scenario *sc, int ji, 
             goto unpin;
         }
         if (!pinned[j->use[u]]) {
-            if ((rc = ferry_model_pin(sm->m, -1)) < 0) {
+            if ((rc = ferry_model_hold(sm->m, -1)) < 0) {
                 job_err(r, "use %s: pinning: %s", sm->name, sim_errmsg(ctx, rc));
                 r->stop = true;
                 goto unpin;
@@ -146,7 +146,7 @@ static void run_steps(ferry_ctx *ctx, ferry_store *store, scenario *sc, int ji, 
     for (int q = 0; q < j->nmod; q++) modify_tensor(ctx, sc, ji, &j->mod[q], b, r);
 unpin:
     for (int i = 0; i < sc->nmodels; i++)
-        if (pinned[i] && (rc = ferry_model_unpin(sc->models[i].m, -1)) < 0)
+        if (pinned[i] && (rc = ferry_model_release(sc->models[i].m, -1)) < 0)
             job_err(r, "unpinning %s: %s", sc->models[i].name, sim_errmsg(ctx, rc));
     free(pinned);
     if (r->stop) return;
