@@ -638,6 +638,22 @@ FERRY_API int ferry_store_job_end(ferry_store *s, ferry_job_stats *out);
  * next ferry_store_job_begin on s. */
 FERRY_API const char *ferry_store_job_name(const ferry_store *s);
 
+/* ---- the ABI by name (for bindings) ---------------------------------------- */
+
+/* The library's view of its public structs and enums, so a binding that
+ * mirrors this header (python/ferry) can check its copy at load time instead
+ * of trusting it. Thread-safe; FERRY_E_NOTFOUND (or NULL) for unknown names.
+ * type: a struct's name as declared here ("ferry_load_opts"). */
+FERRY_API int64_t ferry_abi_sizeof(const char *type);
+FERRY_API int64_t ferry_abi_offsetof(const char *type, const char *field);
+/* The name of field k (0 = the first) of type, or NULL past the last. */
+FERRY_API const char *ferry_abi_field(const char *type, int k);
+/* Number of values of "ferry_dtype", "ferry_route", "ferry_tier", "ferry_format"
+ * (0 .. count-1 have names) or "ferry_error" (FERRY_E_BASE down to FERRY_E_LAST). */
+FERRY_API int ferry_abi_enum_count(const char *type);
+/* "BUSY" for FERRY_E_BUSY and so on; NULL for anything that is not a FERRY_E_* code. */
+FERRY_API const char *ferry_error_name(int code);
+
 #ifdef __cplusplus
 }
 #endif
