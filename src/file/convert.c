@@ -8,9 +8,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../common/common.h"
-#include "../format/format.h"
-#include "../io/io.h"
+#include "common/common.h"
+#include "format/format.h"
+#include "io/io.h"
 #include "file_impl.h"
 
 #define CHUNK (8u << 20)

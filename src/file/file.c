@@ -12,9 +12,9 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "../common/common.h"
-#include "../format/format.h"
-#include "../io/io.h"
+#include "common/common.h"
+#include "format/format.h"
+#include "io/io.h"
 
 #include "file_impl.h"
 

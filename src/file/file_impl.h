@@ -3,8 +3,8 @@
 #ifndef FERRY_FILE_IMPL_H
 #define FERRY_FILE_IMPL_H
 
-#include "../common/common.h"
-#include "../format/format.h"
+#include "common/common.h"
+#include "format/format.h"
 
 typedef struct shard {
     char *path;

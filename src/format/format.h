@@ -4,7 +4,7 @@
 #ifndef FERRY_FORMAT_H
 #define FERRY_FORMAT_H
 
-#include "../common/common.h"
+#include "common/common.h"
 
 /* safetensors' rule: a header is at most 100 MB. */
 #define FY_ST_MAX_HEADER 100000000ull

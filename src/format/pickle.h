@@ -6,7 +6,7 @@
 #ifndef FERRY_FORMAT_PICKLE_H
 #define FERRY_FORMAT_PICKLE_H
 
-#include "../common/common.h"
+#include "common/common.h"
 
 /* ferry's limits on a data.pkl (FERRY_E_LIMIT beyond them). */
 #define FY_PK_MAX_PICKLE 100000000ull /* bytes, as safetensors' header limit */

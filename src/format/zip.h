@@ -5,7 +5,7 @@
 #ifndef FERRY_FORMAT_ZIP_H
 #define FERRY_FORMAT_ZIP_H
 
-#include "../common/common.h"
+#include "common/common.h"
 
 typedef struct fy_zip_entry {
     const char *name;  /* into the buffer: name_len bytes of UTF-8, no NUL */

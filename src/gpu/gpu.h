@@ -6,7 +6,7 @@
 #ifndef FERRY_GPU_H
 #define FERRY_GPU_H
 
-#include "../common/common.h"
+#include "common/common.h"
 
 typedef struct fy_gpu fy_gpu;
 typedef struct fy_stream fy_stream;

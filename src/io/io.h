@@ -5,7 +5,7 @@
 #define FERRY_IO_H
 
 #include <sys/types.h>
-#include "../common/common.h"
+#include "common/common.h"
 
 /* ---- the system-call table (tests) ----------------------------------------
  * Entries, by name, with the prototype a replacement must have (the real

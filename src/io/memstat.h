@@ -11,7 +11,7 @@
 #ifndef FERRY_MEMSTAT_H
 #define FERRY_MEMSTAT_H
 
-#include "../common/common.h"
+#include "common/common.h"
 
 /* Tests: read "/proc/..." from proc_root and "/sys/fs/cgroup/..." from
  * cgroup_root instead (each NULL restores its real one): "/proc/meminfo" is

@@ -10,8 +10,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../common/ranges.h"
-#include "../io/io.h"
+#include "common/ranges.h"
+#include "io/io.h"
 
 /* linux/magic.h */
 #define FY_TMPFS_MAGIC 0x01021994L

@@ -6,7 +6,7 @@
 #ifndef FERRY_SPILL_H
 #define FERRY_SPILL_H
 
-#include "../common/common.h"
+#include "common/common.h"
 
 #define FY_SPILL_ALIGN 4096u /* every range starts and ends on this */
 

@@ -7,9 +7,9 @@
 
 #include <pthread.h>
 
-#include "../common/ranges.h"
-#include "../xfer/xfer.h"
-#include "../io/memstat.h"
+#include "common/ranges.h"
+#include "xfer/xfer.h"
+#include "io/memstat.h"
 #include "policy.h"
 #include "spill.h"
 

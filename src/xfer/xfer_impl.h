@@ -8,9 +8,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "../file/file_impl.h"
-#include "../gpu/gpu.h"
-#include "../io/io.h"
+#include "file/file_impl.h"
+#include "gpu/gpu.h"
+#include "io/io.h"
 #include "xfer.h"
 
 #define ALIGN 4096u

@@ -4,7 +4,7 @@
 #ifndef FERRY_XFER_TEST_H
 #define FERRY_XFER_TEST_H
 
-#include "../gpu/gpu.h"
+#include "gpu/gpu.h"
 #include "xfer.h"
 
 fy_gpu *fy_device_gpu(ferry_device *d);
