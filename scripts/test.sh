@@ -2,7 +2,8 @@
 # ferry's whole test suite on a fresh Debian machine (this is what CI runs):
 #   1. plain build (gcc, warnings as errors) + ctest
 #   2. the same suite under AddressSanitizer + UndefinedBehaviorSanitizer
-#   3. the libFuzzer targets (clang), each run fresh for FERRY_FUZZ_SECONDS (60)
+#   3. the threaded unit-test cases under ThreadSanitizer
+#   4. the libFuzzer targets (clang), each run fresh for FERRY_FUZZ_SECONDS (60)
 # Ends with one line "N passed, N failed" over all stages; exit 1 on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,12 +17,14 @@ passed=0
 failed=0
 skipped=0
 failures=()
+ctest_wrap=() # a command run_ctest runs ctest under (setarch -R for TSan where needed)
 
-# run_ctest NAME BUILD_DIR: add ctest's counts to the totals
+# run_ctest NAME BUILD_DIR [CTEST-ARGS...]: add ctest's counts to the totals
 run_ctest() {
     local name=$1 dir=$2 log
+    shift 2
     log=$(mktemp)
-    (cd "$dir" && ctest --output-on-failure -j "$jobs" --timeout 600) 2>&1 | tee "$log"
+    (cd "$dir" && "${ctest_wrap[@]}" ctest --output-on-failure -j "$jobs" --timeout 600 "$@") 2>&1 | tee "$log"
     local line total nfail nskip
     line=$(grep -E '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1)
     nskip=$(grep -cE 'Not Run|\*\*\*Skipped' "$log" || true)
@@ -36,12 +39,13 @@ run_ctest() {
     rm -f "$log"
 }
 
-# build NAME DIR CMAKE-ARGS...: configure and build, counting a failure as one
+# build NAME DIR CMAKE-ARGS...: configure and build (only the targets in
+# $targets when set), counting a failure as one
 build() {
     local name=$1 dir=$2
     shift 2
     echo "== [$name] configure + build"
-    if cmake -S . -B "$dir" -G Ninja -DPython3_EXECUTABLE="$python" "$@" >/dev/null && cmake --build "$dir" -j "$jobs"; then
+    if cmake -S . -B "$dir" -G Ninja -DPython3_EXECUTABLE="$python" "$@" >/dev/null && cmake --build "$dir" -j "$jobs" ${targets:+--target $targets}; then
         return 0
     fi
     failed=$((failed + 1)); failures+=("$name: build failed")
@@ -57,6 +61,25 @@ if build sanitize build-asan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=ON; then
     echo "== [sanitize] tests under ASan+UBSan"
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         run_ctest sanitize build-asan
+fi
+
+# ThreadSanitizer: the cases whose code runs on several threads (the ring
+# readers and sim streams of xfer, the store under concurrent callers,
+# ferry_file_hash's workers, the memstat sampler), not the whole suite: TSan
+# is slow, and the single-threaded cases have nothing to show it.
+tsan_cases='^(test_xfer\.(paths|load_into|ring_reuse|own_fds|progress|concurrent|faults|regressions)'
+tsan_cases+='|test_store\.(tiers|spill|device_faults|jobs|kill9|threads|review)'
+tsan_cases+='|test_file\.(hash|allocator)|test_gpu\.threads|test_memstat\.sampler_(fake|real))$'
+if targets="test_xfer test_store test_file test_gpu test_memstat" \
+    build tsan build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_TSAN=ON; then
+    echo "== [tsan] threaded cases under ThreadSanitizer"
+    # gcc 12's TSan refuses the address layout some kernels randomise into
+    # ("unexpected memory mapping"): run without ASLR there.
+    if ! build-tsan/tests/unit/test_gpu --list >/dev/null 2>&1 && setarch "$(uname -m)" -R true 2>/dev/null; then
+        ctest_wrap=(setarch "$(uname -m)" -R)
+    fi
+    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest tsan build-tsan -R "$tsan_cases"
+    ctest_wrap=()
 fi
 
 if CC=clang build fuzz build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_FUZZ=ON -DFERRY_SANITIZE=ON; then

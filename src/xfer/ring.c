@@ -72,8 +72,11 @@ static int ring_acquire(job *j, uint32_t *out)
             pthread_mutex_unlock(&j->lock);
             int rc = j->d->g->ops->event_sync(j->d->g, j->d->ring[b].ev);
             if (rc < 0) {
+                /* b's copies may still be running (a failed sync says nothing
+                 * about them): it is not free. Fail the job so no reader waits
+                 * for it; run_ring syncs every stream before the ring goes. */
+                job_fail(j, rc);
                 pthread_mutex_lock(&j->lock);
-                j->free_list[j->nfree++] = b;
                 pthread_cond_broadcast(&j->cv);
                 pthread_mutex_unlock(&j->lock);
                 return rc;
@@ -172,9 +175,9 @@ static void *ring_worker(void *arg)
         }
         if (rc == 0) rc = g->ops->event_record(g, j->d->ring[b].ev, st);
         if (rc < 0) {
-            /* copies may be queued: wait for the stream before reusing buf */
-            g->ops->stream_sync(g, st);
-            ring_return(j, b);
+            /* copies may be queued: buf is free again only once the stream
+             * is known to be done with it (else run_ring's final syncs wait) */
+            if (g->ops->stream_sync(g, st) == 0) ring_return(j, b);
             job_fail(j, rc);
             break;
         }

@@ -228,25 +228,53 @@ static void test_gpu(fy_gpu *g)
     o->event_free(g, NULL);
 }
 
-int main(void)
+/* Both cases share the one open of cuda:0 main makes: `device` runs where it
+ * succeeded, `nodev` where it failed; the other one skips. */
+static int open_rc;
+static fy_gpu *gpu;
+
+static void case_device(void)
 {
-    fy_err_init(&err);
-    fy_gpu *g = NULL;
-    int rc = fy_gpu_cuda_open(0, fy_default_allocator(), &err, &g);
-    if (rc == 0) {
-        test_gpu(g);
-        g->ops->close(g);
-        /* Open and close again: the primary context is retained afresh. */
-        g = NULL;
-        CHECK_EQ(fy_gpu_cuda_open(0, NULL, &err, &g), 0);
-        if (g) {
-            uint64_t f = 0;
-            CHECK_EQ(g->ops->mem_info(g, &f, NULL), 0);
-            g->ops->close(g);
-        }
-    } else {
-        test_nodev(rc, g);
+    if (open_rc != 0) {
+        check_skip("no usable CUDA device");
+        return;
     }
+    test_gpu(gpu);
+    gpu->ops->close(gpu);
+    /* Open and close again: the primary context is retained afresh. */
+    gpu = NULL;
+    CHECK_EQ(fy_gpu_cuda_open(0, NULL, &err, &gpu), 0);
+    if (gpu) {
+        uint64_t f = 0;
+        CHECK_EQ(gpu->ops->mem_info(gpu, &f, NULL), 0);
+        gpu->ops->close(gpu);
+    }
+    gpu = NULL;
+}
+
+static void case_nodev(void)
+{
+    if (open_rc == 0) {
+        check_skip("a CUDA device opened");
+        return;
+    }
+    test_nodev(open_rc, gpu);
+}
+
+/* `test_cuda_nodev CASE` runs one of these, `--list` names them (check.h). */
+#define CASES(CASE)                                                              \
+    CASE(device, case_device())                                                  \
+    CASE(nodev, case_nodev())
+CHECK_CASES(CASES)
+
+int main(int argc, char **argv)
+{
+    int rc = check_args(argc, argv);
+    if (rc >= 0) return rc;
+    fy_err_init(&err);
+    open_rc = fy_gpu_cuda_open(0, fy_default_allocator(), &err, &gpu);
+    check_run();
+    if (open_rc == 0 && gpu) gpu->ops->close(gpu); /* `nodev` alone leaves it open */
     fy_err_destroy(&err);
     return check_summary();
 }

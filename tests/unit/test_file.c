@@ -402,8 +402,21 @@ static void test_allocator(void)
     CHECK_EQ(ferry_ctx_new(NULL, NULL), FERRY_E_INVAL);
 }
 
-int main(void)
+/* `test_file CASE` runs one of these, `--list` names them (check.h); main
+ * makes the files and the ctx they share. */
+static ferry_ctx *ctx;
+#define CASES(CASE)                                                              \
+    CASE(open, test_open(ctx))                                                   \
+    CASE(open_touches_header_only, test_open_touches_header_only(ctx))           \
+    CASE(hash, test_hash(ctx))                                                   \
+    CASE(faults, test_faults(ctx))                                               \
+    CASE(allocator, test_allocator())
+CHECK_CASES(CASES)
+
+int main(int argc, char **argv)
 {
+    int rc = check_args(argc, argv);
+    if (rc >= 0) return rc;
     const char *tmp = getenv("TMPDIR");
     snprintf(dir, sizeof dir, "%s/ferry-test-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(dir)) {
@@ -411,14 +424,9 @@ int main(void)
         return 1;
     }
     make_files();
-    ferry_ctx *ctx;
     CHECK_EQ(ferry_ctx_new(NULL, &ctx), 0);
-    test_open(ctx);
-    test_open_touches_header_only(ctx);
-    test_hash(ctx);
-    test_faults(ctx);
+    check_run();
     ferry_ctx_free(ctx);
-    test_allocator();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);

@@ -268,13 +268,20 @@ static void test_helpers(void)
     CHECK(strcmp(ferry_version_string(), FERRY_VERSION_STRING) == 0);
 }
 
-int main(void)
+/* `test_format CASE` runs one of these, `--list` names them (check.h). */
+#define CASES(CASE)                                                              \
+    CASE(valid, test_valid())                                                    \
+    CASE(invalid, test_invalid())                                                \
+    CASE(index, test_index())                                                    \
+    CASE(helpers, test_helpers())
+CHECK_CASES(CASES)
+
+int main(int argc, char **argv)
 {
+    int rc = check_args(argc, argv);
+    if (rc >= 0) return rc;
     fy_err_init(&err);
-    test_valid();
-    test_invalid();
-    test_index();
-    test_helpers();
+    check_run();
     fy_err_destroy(&err);
     return check_summary();
 }

@@ -757,17 +757,24 @@ static void test_file_api(void)
     rmdir(d);
 }
 
-int main(void)
+/* `test_gguf CASE` runs one of these, `--list` names them (check.h). */
+#define CASES(CASE)                                                              \
+    CASE(dtypes, test_dtypes())                                                  \
+    CASE(valid, test_valid())                                                    \
+    CASE(types, test_types())                                                    \
+    CASE(metadata, test_metadata())                                              \
+    CASE(invalid, test_invalid())                                                \
+    CASE(sweeps, test_sweeps())                                                  \
+    CASE(oom, test_oom())                                                        \
+    CASE(file_api, test_file_api())
+CHECK_CASES(CASES)
+
+int main(int argc, char **argv)
 {
+    int rc = check_args(argc, argv);
+    if (rc >= 0) return rc;
     fy_err_init(&err);
-    test_dtypes();
-    test_valid();
-    test_types();
-    test_metadata();
-    test_invalid();
-    test_sweeps();
-    test_oom();
-    test_file_api();
+    check_run();
     fy_err_destroy(&err);
     return check_summary();
 }

@@ -737,18 +737,25 @@ static void test_close_leftovers(void)
     fy_gpu_close(g);      /* ASan/LSan: nothing may leak */
 }
 
-int main(void)
+/* `test_gpu CASE` runs one of these, `--list` names them (check.h). */
+#define CASES(CASE)                                                              \
+    CASE(parse_size, test_parse_size())                                          \
+    CASE(open, test_open())                                                      \
+    CASE(capacity, test_capacity())                                              \
+    CASE(register, test_register())                                              \
+    CASE(async, test_async())                                                    \
+    CASE(bounds, test_bounds())                                                  \
+    CASE(threads, test_threads())                                                \
+    CASE(faults, test_faults())                                                  \
+    CASE(close_leftovers, test_close_leftovers())
+CHECK_CASES(CASES)
+
+int main(int argc, char **argv)
 {
+    int rc = check_args(argc, argv);
+    if (rc >= 0) return rc;
     fy_err_init(&err);
-    test_parse_size();
-    test_open();
-    test_capacity();
-    test_register();
-    test_async();
-    test_bounds();
-    test_threads();
-    test_faults();
-    test_close_leftovers();
+    check_run();
     fy_err_destroy(&err);
     return check_summary();
 }

@@ -688,8 +688,24 @@ static void test_threads(void)
     fy_close(shared_fd);
 }
 
-int main(void)
+/* `test_io CASE` runs one of these, `--list` names them (check.h); main makes
+ * the temp dir and the ctx they share and remembers the real calls. */
+static ferry_ctx *ctx;
+#define CASES(CASE)                                                              \
+    CASE(table, test_table())                                                    \
+    CASE(reads, if (ctx) test_reads(ctx))                                        \
+    CASE(mincore, test_mincore())                                                \
+    CASE(convert, test_convert())                                                \
+    CASE(spill, test_spill())                                                    \
+    CASE(memstat, test_memstat())                                                \
+    CASE(uncounted, test_uncounted())                                            \
+    CASE(threads, test_threads())
+CHECK_CASES(CASES)
+
+int main(int argc, char **argv)
 {
+    int rc = check_args(argc, argv);
+    if (rc >= 0) return rc;
     const char *tmp = getenv("TMPDIR");
     snprintf(dir, sizeof dir, "%s/ferry-io-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(dir)) {
@@ -700,16 +716,8 @@ int main(void)
     real_read = (rw_fn *)fy_sys_get("read");
     real_write = (write_fn *)fy_sys_get("write");
     real_open = (open_fn *)fy_sys_get("open");
-    ferry_ctx *ctx = NULL;
     CHECK_EQ(ferry_ctx_new(NULL, &ctx), 0);
-    test_table();
-    if (ctx) test_reads(ctx);
-    test_mincore();
-    test_convert();
-    test_spill();
-    test_memstat();
-    test_uncounted();
-    test_threads();
+    check_run();
     ferry_ctx_free(ctx);
     char cmd[PATH_MAX + 16];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

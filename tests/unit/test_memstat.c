@@ -759,30 +759,38 @@ static void test_sampler_fake(void)
     CHECK_EQ(r.end.uss, 5 * KB);
 }
 
-int main(void)
+/* `test_memstat CASE` runs one of these, `--list` names them (check.h); each
+ * scenario makes its own tree under main's temp dir. */
+#define CASES(CASE)                                                              \
+    CASE(no_cgroup_v2, test_no_cgroup_v2())                                      \
+    CASE(unlimited, test_unlimited())                                            \
+    CASE(own_limit, test_own_limit())                                            \
+    CASE(ancestor_limit, test_ancestor_limit())                                  \
+    CASE(high_below_max, test_high_below_max())                                  \
+    CASE(missing_peak, test_missing_peak())                                      \
+    CASE(over_limit, test_over_limit())                                          \
+    CASE(host_lower, test_host_lower())                                          \
+    CASE(malformed_cgroup, test_malformed_cgroup())                              \
+    CASE(long_name, test_long_name())                                            \
+    CASE(meminfo_malformed, test_meminfo_malformed())                            \
+    CASE(rollup_fake, test_rollup_fake())                                        \
+    CASE(sampler_fake, test_sampler_fake())                                      \
+    CASE(rollup_real, test_rollup_real())                                        \
+    CASE(cgroup_real, test_cgroup_real())                                        \
+    CASE(sampler_real, test_sampler_real())
+CHECK_CASES(CASES)
+
+int main(int argc, char **argv)
 {
+    int rc = check_args(argc, argv);
+    if (rc >= 0) return rc;
     const char *tmp = getenv("TMPDIR");
     snprintf(base, sizeof base, "%s/memstat.XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(base)) {
         perror("mkdtemp");
         return 1;
     }
-    test_no_cgroup_v2();
-    test_unlimited();
-    test_own_limit();
-    test_ancestor_limit();
-    test_high_below_max();
-    test_missing_peak();
-    test_over_limit();
-    test_host_lower();
-    test_malformed_cgroup();
-    test_long_name();
-    test_meminfo_malformed();
-    test_rollup_fake();
-    test_sampler_fake();
-    test_rollup_real();
-    test_cgroup_real();
-    test_sampler_real();
+    check_run();
     fy_memstat_set_roots(NULL, NULL);
     nftw(base, rm_one, 16, FTW_DEPTH | FTW_PHYS);
     return check_summary();

@@ -606,16 +606,23 @@ static void test_file(void)
     ferry_ctx_free(ctx);
 }
 
-int main(void)
+/* `test_pytorch CASE` runs one of these, `--list` names them (check.h). */
+#define CASES(CASE)                                                              \
+    CASE(valid, test_valid())                                                    \
+    CASE(protocol4_v3, test_protocol4_v3())                                      \
+    CASE(pickles, test_pickles())                                                \
+    CASE(geometry, test_geometry())                                              \
+    CASE(zip, test_zip())                                                        \
+    CASE(alloc_faults, test_alloc_faults())                                      \
+    CASE(file, test_file())
+CHECK_CASES(CASES)
+
+int main(int argc, char **argv)
 {
+    int rc = check_args(argc, argv);
+    if (rc >= 0) return rc;
     fy_err_init(&err);
-    test_valid();
-    test_protocol4_v3();
-    test_pickles();
-    test_geometry();
-    test_zip();
-    test_alloc_faults();
-    test_file();
+    check_run();
     fy_err_destroy(&err);
     return check_summary();
 }

@@ -64,8 +64,7 @@ static bool dir_empty(const char *path)
 
 static void make_dir(char *out, size_t n, const char *parent)
 {
-    snprintf(out, n, "%s/ferry-spill-XXXXXX", parent);
-    if (!mkdtemp(out)) {
+    if (snprintf(out, n, "%s/ferry-spill-XXXXXX", parent) >= (int)n || !mkdtemp(out)) {
         perror(out);
         exit(1);
     }
@@ -810,8 +809,28 @@ static void test_kill9(int fallback)
     CHECK_EQ(rmdir(d), 0);
 }
 
-int main(void)
+/* `test_spill CASE` runs one of these, `--list` names them (check.h); each
+ * makes its own directory under base. */
+#define CASES(CASE)                                                              \
+    CASE(basic, test_basic())                                                    \
+    CASE(reuse_merge_truncate, test_reuse_merge_truncate())                      \
+    CASE(punch, test_punch())                                                    \
+    CASE(model, test_model())                                                    \
+    CASE(refusals, test_refusals())                                              \
+    CASE(fallback, test_fallback())                                              \
+    CASE(enospc, test_enospc())                                                  \
+    CASE(fault_open, test_fault_open())                                          \
+    CASE(fault_alloc, test_fault_alloc())                                        \
+    CASE(fault_reserve, test_fault_reserve())                                    \
+    CASE(fault_release, test_fault_release())                                    \
+    CASE(kill9, test_kill9(0))                                                   \
+    CASE(kill9_fallback, test_kill9(1))
+CHECK_CASES(CASES)
+
+int main(int argc, char **argv)
 {
+    int rc = check_args(argc, argv);
+    if (rc >= 0) return rc;
     fy_err_init(&err);
     const char *t = getenv("TMPDIR");
     const char *cand[] = {t && *t ? t : NULL, "/var/tmp"};
@@ -825,19 +844,7 @@ int main(void)
         printf("skip: neither $TMPDIR nor /var/tmp is on a disk-backed file system\n");
         return 77;
     }
-    test_basic();
-    test_reuse_merge_truncate();
-    test_punch();
-    test_model();
-    test_refusals();
-    test_fallback();
-    test_enospc();
-    test_fault_open();
-    test_fault_alloc();
-    test_fault_reserve();
-    test_fault_release();
-    test_kill9(0);
-    test_kill9(1);
+    check_run();
     fy_err_destroy(&err);
     return check_summary();
 }

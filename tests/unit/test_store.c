@@ -736,8 +736,26 @@ static void test_add_oom(void)
     CHECK_EQ(atomic_load(&live), 0); /* every failed add gave back what it had */
 }
 
-int main(void)
+/* `test_store CASE` runs one of these, `--list` names them (check.h); main
+ * writes the models and makes the ctx they share. */
+static ferry_ctx *ctx;
+#define CASES(CASE)                                                              \
+    CASE(policy, test_policy())                                                  \
+    CASE(tiers, test_tiers(ctx))                                                 \
+    CASE(spill, test_spill(ctx))                                                 \
+    CASE(refused_tmpfs, test_refused_tmpfs(ctx))                                 \
+    CASE(device_faults, test_device_faults(ctx))                                 \
+    CASE(jobs, test_jobs(ctx))                                                   \
+    CASE(kill9, test_kill9(ctx))                                                 \
+    CASE(threads, test_threads(ctx))                                             \
+    CASE(review, test_review(ctx))                                               \
+    CASE(add_oom, test_add_oom())
+CHECK_CASES(CASES)
+
+int main(int argc, char **argv)
 {
+    int rc = check_args(argc, argv);
+    if (rc >= 0) return rc;
     const char *tmp = getenv("TMPDIR");
     snprintf(dir, sizeof dir, "%s/ferry-store-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(dir)) {
@@ -749,20 +767,8 @@ int main(void)
     write_model("a.safetensors", 6, 100000, 1);
     write_model("b.safetensors", 5, 130001, 2);
     write_model("big.safetensors", 16, 4 << 20, 3);
-    test_policy();
-    ferry_ctx *ctx = NULL;
     CHECK_EQ(ferry_ctx_new(NULL, &ctx), 0);
-    if (ctx) {
-        test_tiers(ctx);
-        test_spill(ctx);
-        test_refused_tmpfs(ctx);
-        test_device_faults(ctx);
-        test_jobs(ctx);
-        test_kill9(ctx);
-        test_threads(ctx);
-        test_review(ctx);
-    }
-    test_add_oom();
+    if (ctx) check_run();
     ferry_ctx_free(ctx);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

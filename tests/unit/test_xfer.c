@@ -1678,8 +1678,32 @@ out:
     ferry_file_close(f);
 }
 
-int main(void)
+/* `test_xfer CASE` runs one of these, `--list` names them (check.h); main
+ * makes the files and the ctx they share, and checks afterwards that the
+ * cases left descriptor 0 open and freed everything ferry allocated. */
+static ferry_ctx *ctx;
+#define CASES(CASE)                                                              \
+    CASE(api, test_api(ctx))                                                     \
+    CASE(paths, test_paths(ctx))                                                 \
+    CASE(auto_cold, test_auto_cold(ctx))                                         \
+    CASE(load_into, test_load_into(ctx))                                         \
+    CASE(register, test_register(ctx))                                           \
+    CASE(capacity, test_capacity(ctx))                                           \
+    CASE(ring_reuse, test_ring_reuse(ctx))                                       \
+    CASE(huge, test_huge(ctx))                                                   \
+    CASE(truncated, test_truncated(ctx))                                         \
+    CASE(own_fds, test_own_fds(ctx))                                             \
+    CASE(copy_rate, test_copy_rate(ctx))                                         \
+    CASE(progress, test_progress(ctx))                                           \
+    CASE(concurrent, test_concurrent(ctx))                                       \
+    CASE(faults, test_faults(ctx))                                               \
+    CASE(regressions, test_regressions(ctx))
+CHECK_CASES(CASES)
+
+int main(int argc, char **argv)
 {
+    int rc = check_args(argc, argv);
+    if (rc >= 0) return rc;
     const char *tmp = getenv("TMPDIR");
     snprintf(dir, sizeof dir, "%s/ferry-xfer-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(dir)) {
@@ -1691,29 +1715,14 @@ int main(void)
     fd0_guard(); /* descriptor 0 open, so no test file gets it */
     fd0_closed = 0;
     ferry_ctx_opts co = {.size = sizeof co, .nthreads = 2, .allocator = COUNTING_ALLOCATOR_INIT};
-    ferry_ctx *ctx = NULL;
     CHECK_EQ(ferry_ctx_new(&co, &ctx), 0);
     if (!ctx) return check_summary();
-    test_api(ctx);
-    test_paths(ctx);
-    test_auto_cold(ctx);
-    test_load_into(ctx);
-    test_register(ctx);
-    test_capacity(ctx);
-    test_ring_reuse(ctx);
-    test_huge(ctx);
-    test_truncated(ctx);
-    test_own_fds(ctx);
-    test_copy_rate(ctx);
-    test_progress(ctx);
-    test_concurrent(ctx);
-    test_faults(ctx);
+    check_run();
     /* regressions of bugs this test found (now fixed): an allocation failure in
      * the ring path closed descriptor 0; a register load dropped a registration
      * made while it ran; progress went backwards; a register load of a file
-     * truncated after open died of SIGBUS */
+     * truncated after open died of SIGBUS (the regressions case) */
     CHECK_EQ(fd0_closed, 0);
-    test_regressions(ctx);
     printf("fault loops: %d faulted loads\n", total_iters);
     ferry_ctx_free(ctx);
     CHECK_EQ(atomic_load(&live), 0); /* everything ferry allocated, it freed */
