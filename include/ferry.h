@@ -15,7 +15,10 @@
  *    ferry_file_find's FERRY_E_NOTFOUND) return the code alone: an earlier
  *    message may remain.
  *  - Nothing here aborts, exits or prints on bad input.
- *  - Destructors accept NULL.
+ *  - Destructors accept NULL. Getters given a NULL handle answer the same way
+ *    everywhere: counts FERRY_E_INVAL, names and descriptions "", strings that
+ *    may be absent (a shard's path, the spill directory, a job's name) NULL,
+ *    sizes, addresses and other unsigned figures 0.
  *  - Every struct passed in or filled out (options, statistics, tensor info and
  *    state) starts with `uint32_t size`, which the caller sets to sizeof the
  *    struct it was built with: fields are only ever appended, the library reads

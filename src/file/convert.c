@@ -68,7 +68,7 @@ FERRY_API int ferry_file_convert(ferry_ctx *ctx, const ferry_file *f, const char
     char *tmp = NULL;
     int fd = -1, rc = 0;
     if (!buf) {
-        rc = fy_seterr(err, -ENOMEM, "convert: out of memory");
+        rc = fy_seterr(err, -ENOMEM, "convert: out of memory for the %u-byte copy buffer", (unsigned)CHUNK);
         goto out;
     }
 
@@ -76,7 +76,7 @@ FERRY_API int ferry_file_convert(ferry_ctx *ctx, const ferry_file *f, const char
     size_t pl = strlen(out_path);
     tmp = fy_malloc(m, pl + 16);
     if (!tmp) {
-        rc = fy_seterr(err, -ENOMEM, "convert: out of memory");
+        rc = fy_seterr(err, -ENOMEM, "convert: out of memory for the temporary name beside %s", out_path);
         goto out;
     }
     snprintf(tmp, pl + 16, "%s.tmp-XXXXXX", out_path);

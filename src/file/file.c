@@ -97,7 +97,9 @@ static int build_name_index(ferry_file *f)
 {
     fy_err *err = &f->ctx->err;
     f->by_name = fy_calloc(&f->ctx->mem, (size_t)(f->tb.n ? f->tb.n : 1), sizeof(int64_t));
-    if (!f->by_name) return fy_seterr(err, -ENOMEM, "out of memory");
+    if (!f->by_name)
+        return fy_seterr(err, -ENOMEM, "%s: out of memory for the name index of %" PRId64 " tensors", f->shards[0].path,
+                         f->tb.n);
     for (int64_t i = 0; i < f->tb.n; i++) f->by_name[i] = i;
     qsort_r(f->by_name, (size_t)f->tb.n, sizeof(int64_t), cmp_name_idx, &f->tb);
     for (int64_t i = 1; i < f->tb.n; i++) {
@@ -136,7 +138,7 @@ static int check_index(ferry_file *f, const char *path, const fy_index *ix)
     fy_err *err = &f->ctx->err;
     char q[128];
     int64_t *order = fy_calloc(&f->ctx->mem, (size_t)ix->n, sizeof(int64_t));
-    if (!order) return fy_seterr(err, -ENOMEM, "out of memory");
+    if (!order) return fy_seterr(err, -ENOMEM, "%s: out of memory checking %" PRId64 " weight_map entries", path, ix->n);
     for (int64_t i = 0; i < ix->n; i++) order[i] = i;
     qsort_r(order, (size_t)ix->n, sizeof(int64_t), cmp_str, (void *)ix);
     int64_t i = 0, j = 0;
@@ -192,12 +194,18 @@ static int open_index(ferry_file *f, const char *path)
     if (rc < 0) return rc;
 
     f->shards = fy_calloc(&ctx->mem, (size_t)ix.nfiles, sizeof(shard));
-    if (!f->shards) { rc = fy_seterr(err, -ENOMEM, "out of memory"); goto out; }
+    if (!f->shards) {
+        rc = fy_seterr(err, -ENOMEM, "%s: out of memory for %d shards", path, (int)ix.nfiles);
+        goto out;
+    }
     for (int32_t s = 0; s < ix.nfiles; s++) {
         f->shards[s].fd = -1;
         f->nshards++;
         f->shards[s].path = join_dir(&ctx->mem, path, ix.files[s]);
-        if (!f->shards[s].path) { rc = fy_seterr(err, -ENOMEM, "out of memory"); goto out; }
+        if (!f->shards[s].path) {
+            rc = fy_seterr(err, -ENOMEM, "%s: out of memory for the path of shard %d", path, (int)s);
+            goto out;
+        }
         fy_table part;
         fy_table_init(&part, &ctx->mem);
         ferry_format sf = FERRY_FORMAT_SAFETENSORS;
@@ -214,7 +222,11 @@ static int open_index(ferry_file *f, const char *path)
             if (rc == 0) part.t[k].name = NULL, part.t[k].shape = NULL, part.t[k].strides = NULL;
         }
         fy_table_free(&part);
-        if (rc < 0) { fy_seterr(err, rc, "out of memory"); goto out; }
+        if (rc < 0) {
+            fy_seterr(err, rc, "%s: out of memory for the table of shard %s (%" PRId64 " tensors so far)", path,
+                      f->shards[s].path, f->tb.n);
+            goto out;
+        }
     }
     if ((rc = build_name_index(f)) < 0) goto out;
     rc = check_index(f, path, &ix);
@@ -249,7 +261,7 @@ FERRY_API int ferry_file_open(ferry_ctx *ctx, const char *path, uint32_t flags, 
             f->shards[0].fd = -1;
             f->shards[0].path = fy_strndup(&ctx->mem, path, strlen(path));
             rc = f->shards[0].path ? open_st(ctx, path, 0, &f->shards[0], &f->tb, &f->fmt)
-                                   : fy_seterr(&ctx->err, -ENOMEM, "out of memory");
+                                   : fy_seterr(&ctx->err, -ENOMEM, "%s: out of memory for its path", path);
             if (rc == 0) rc = build_name_index(f);
         }
     }
@@ -457,7 +469,7 @@ FERRY_API int ferry_file_hash(ferry_ctx *ctx, const ferry_file *f, uint64_t *per
     pthread_t *th = fy_calloc(m, ctx->nthreads, sizeof(pthread_t));
     int rc = 0;
     if (!hashes || !order || !th) {
-        rc = fy_seterr(&ctx->err, -ENOMEM, "hash: out of memory");
+        rc = fy_seterr(&ctx->err, -ENOMEM, "hash: out of memory for the lists of %zu tensors", n);
         goto out;
     }
     hash_job j = {.f = f, .order = order, .out = hashes};
@@ -475,7 +487,7 @@ FERRY_API int ferry_file_hash(ferry_ctx *ctx, const ferry_file *f, uint64_t *per
     fy_progress_destroy(&j.prog);
     rc = atomic_load(&j.rc);
     if (rc < 0) {
-        if (rc == -ENOMEM) fy_seterr(&ctx->err, rc, "hash: out of memory");
+        if (rc == -ENOMEM) fy_seterr(&ctx->err, rc, "hash: out of memory for a reader's buffer");
         else if (ctx != f->ctx) { /* the failing read left its message on f's context */
             char msg[FY_ERRMSG_MAX];
             fy_err_copy(&f->ctx->err, msg, sizeof msg);

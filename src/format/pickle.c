@@ -212,7 +212,7 @@ static int fail(pk *k, int code, const char *fmt, ...)
     return fy_seterr(k->err, code, "%s: offset %zu: %s", k->where, k->op_at, msg);
 }
 
-static int oom(pk *k) { return fail(k, -ENOMEM, "out of memory"); }
+static int oom(pk *k) { return fail(k, -ENOMEM, "out of memory for the unpickler's stack or memo"); }
 
 /* Grow *arr (of *cap elements of size sz) to hold at least need elements. */
 static int grow(pk *k, void **arr, size_t *cap, size_t need, size_t sz, size_t first)

@@ -49,7 +49,7 @@ static int header_json(const fy_table *tb, const int64_t *order, char **text, fy
     json_t *hdr = json_object(), *meta = json_object();
     int rc = 0;
     if (!hdr || !meta) {
-        rc = fy_seterr(err, -ENOMEM, "convert: out of memory");
+        rc = fy_seterr(err, -ENOMEM, "convert: out of memory building the header (a JSON object)");
         goto out;
     }
     /* __metadata__ (the source's string metadata), then the tensors */
@@ -69,13 +69,13 @@ static int header_json(const fy_table *tb, const int64_t *order, char **text, fy
             goto out;
         }
         if (!e || json_object_set_new(hdr, t->name, e) < 0) {
-            rc = fy_seterr(err, -ENOMEM, "convert: out of memory");
+            rc = fy_seterr(err, -ENOMEM, "convert: out of memory building the header (a tensor's entry)");
             goto out;
         }
         pos += nb;
     }
     *text = json_dumps(hdr, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    if (!*text) rc = fy_seterr(err, -ENOMEM, "convert: out of memory");
+    if (!*text) rc = fy_seterr(err, -ENOMEM, "convert: out of memory for the header's text");
 out:
     json_decref(meta);
     json_decref(hdr);
@@ -96,7 +96,7 @@ int fy_st_layout(const fy_table *tb, uint64_t align, const ferry_allocator *mem,
                      ferry_dtype_name(tb->t[i].dtype));
 
     out->order = fy_calloc(mem, n ? n : 1, sizeof *out->order);
-    if (!out->order) return fy_seterr(err, -ENOMEM, "convert: out of memory");
+    if (!out->order) return fy_seterr(err, -ENOMEM, "convert: out of memory for the order of the tensors");
     for (size_t i = 0; i < n; i++) out->order[i] = (int64_t)i;
     out_order oo = {tb, align};
     qsort_r(out->order, n, sizeof *out->order, cmp_out, &oo);
@@ -108,7 +108,7 @@ int fy_st_layout(const fy_table *tb, uint64_t align, const ferry_allocator *mem,
         uint64_t hl = tl + ((align - (8 + tl) % align) % align); /* pad: the data starts aligned */
         out->hdr = fy_malloc(mem, (size_t)(8 + hl));
         if (!out->hdr) {
-            rc = fy_seterr(err, -ENOMEM, "convert: out of memory");
+            rc = fy_seterr(err, -ENOMEM, "convert: out of memory for the %" PRIu64 "-byte header", 8 + hl);
         } else {
             for (int i = 0; i < 8; i++) out->hdr[i] = (uint8_t)(hl >> (8 * i));
             memcpy(out->hdr + 8, text, tl);

@@ -50,8 +50,12 @@ static void cf_load(void)
     cf.opened = true;
 }
 
-int fy_cufile_probe(int fd, char *why, size_t n)
+int fy_cufile_probe(fy_gpu *g, int fd, char *why, size_t n)
 {
+    if (strcmp(g->ops->name, "cuda") != 0) { /* only gpu/ tells its backends apart */
+        snprintf(why, n, "GPUDirect Storage needs a cuda device, not %s", g->desc);
+        return FERRY_E_NODEV;
+    }
     pthread_once(&cf_once, cf_load);
     if (!cf.opened) {
         snprintf(why, n, "%s", cf.why);

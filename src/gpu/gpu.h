@@ -89,7 +89,7 @@ int fy_gpu_sim_usage(fy_gpu *g, uint64_t *device, uint64_t *pinned, uint64_t *re
 /* GPUDirect Storage probe: loads libcufile (dlopen), opens its driver and
  * registers a handle for fd. 0 if cuFile accepts the file, else FERRY_E_NODEV
  * with the reason in why. The first call may take a while (driver start-up). */
-int fy_cufile_probe(int fd, char *why, size_t n);
+int fy_cufile_probe(fy_gpu *g, int fd, char *why, size_t n);
 
 /* Parse "24GiB", "512MiB", "1.5GB", "4096" into bytes; false if malformed. */
 bool fy_parse_size(const char *s, uint64_t *out);

@@ -89,7 +89,7 @@ int xf_ring_get(ferry_device *d, uint32_t nbuf, uint64_t bytes)
     xf_ring_free(d);
     uint64_t stride = bytes + 2 * ALIGN;
     d->ring = fy_calloc(&d->ctx->mem, nbuf, sizeof *d->ring);
-    if (!d->ring) return fy_seterr(&d->err, -ENOMEM, "out of memory");
+    if (!d->ring) return fy_seterr(&d->err, -ENOMEM, "out of memory for a ring of %u buffers", nbuf);
     int rc = d->g->ops->host_alloc(d->g, (size_t)(stride * nbuf), (void **)&d->ring_base);
     if (rc < 0) {
         fy_free(&d->ctx->mem, d->ring);

@@ -32,9 +32,7 @@ static int choose_path(ferry_device *d, const ferry_file *f, const ferry_load_op
     st->resident = -1; /* measured only when auto needs it: mincore over 10 GB is not free */
     if (want == FERRY_ROUTE_CUFILE) {
         char why[256];
-        FY_RETURN_IF(strcmp(d->g->ops->name, "cuda") != 0, &d->err, FERRY_E_NODEV,
-                     "cufile: GPUDirect Storage needs a cuda device, not %s", d->g->desc);
-        if (fy_cufile_probe(f->shards[0].fd, why, sizeof why) < 0)
+        if (fy_cufile_probe(d->g, f->shards[0].fd, why, sizeof why) < 0)
             return fy_seterr(&d->err, FERRY_E_NODEV, "cufile unavailable: %s (use --path auto)", why);
         return fy_seterr(&d->err, FERRY_E_UNSUPPORTED,
                          "cufile: the probe succeeded (%s), but ferry has no cuFile transfer yet (use --path auto)", why);
@@ -114,7 +112,7 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
     st.route = (ferry_route)rc;
     plan p;
     rc = xf_plan_build(m, f, it, n, st.route == FERRY_ROUTE_REGISTER ? UINT64_MAX / 2 : bufsz, &p);
-    if (rc < 0) return fy_seterr(err, rc, "out of memory");
+    if (rc < 0) return fy_seterr(err, rc, "ferry_load: out of memory for the plan of %" PRId64 " tensors", n);
     fy_stream *streams[MAX_STREAMS] = {0};
     rc = d->g->ops->bind_thread(d->g);
     for (uint32_t s = 0; s < nstreams && rc == 0; s++) rc = d->g->ops->stream_new(d->g, &streams[s]);
@@ -150,7 +148,7 @@ FERRY_API int ferry_load_into(ferry_device *d, const ferry_file *f, const int64_
 {
     if (!d || !f || n < 0 || (n && (!idx || !dptrs))) return FERRY_E_INVAL;
     item *it = fy_calloc(&d->ctx->mem, (size_t)(n ? n : 1), sizeof *it);
-    if (!it) return fy_seterr(&d->err, -ENOMEM, "out of memory");
+    if (!it) return fy_seterr(&d->err, -ENOMEM, "ferry_load_into: out of memory for %" PRId64 " tensors", n);
     for (int64_t k = 0; k < n; k++) {
         if (idx[k] < 0 || idx[k] >= f->tb.n) {
             fy_free(&d->ctx->mem, it);
@@ -177,7 +175,7 @@ FERRY_API int ferry_load(ferry_device *d, const ferry_file *f, const ferry_load_
     if (l) l->dev = d, l->f = f;
     if (!l || !it || !(l->block = fy_calloc(m, (size_t)f->nshards, sizeof(fy_dptr))) ||
         !(l->dptr = fy_calloc(m, (size_t)(f->tb.n ? f->tb.n : 1), sizeof(uint64_t)))) {
-        rc = fy_seterr(&d->err, -ENOMEM, "out of memory");
+        rc = fy_seterr(&d->err, -ENOMEM, "ferry_load: out of memory for the lists of %" PRId64 " tensors", f->tb.n);
         goto fail;
     }
     /* one block per shard spanning its tensors, laid out as in the file */

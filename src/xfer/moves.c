@@ -155,7 +155,7 @@ static int fd_to_device(ferry_device *d, int fd, const char *path, const fy_fdra
     item *it = fy_calloc(m, (size_t)n, sizeof *it);
     int rc = 0;
     if (!f.tb.t || !it) {
-        rc = fy_seterr(&d->err, -ENOMEM, "out of memory");
+        rc = fy_seterr(&d->err, -ENOMEM, "%s: out of memory for the plan of %" PRId64 " ranges", path, n);
     } else {
         f.tb.n = n;
         for (int64_t k = 0; k < n; k++) {

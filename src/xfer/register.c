@@ -32,7 +32,7 @@ static int reg_add(ferry_device *d, const ferry_file *f, int32_t s)
     if (d->nregs == d->cap_regs) {
         int cap = d->cap_regs ? d->cap_regs * 2 : 8;
         reg_entry *n = fy_realloc(&d->ctx->mem, d->regs, (size_t)cap * sizeof *n);
-        if (!n) return fy_seterr(&d->err, -ENOMEM, "out of memory");
+        if (!n) return fy_seterr(&d->err, -ENOMEM, "%s: out of memory for %d registrations", f->shards[s].path, cap);
         d->regs = n;
         d->cap_regs = cap;
     }

@@ -317,6 +317,10 @@ int sim_scenario_parse(scenario *sc)
         if (!json_is_string(x) || !*json_string_value(x))
             return sim_scen_err(sc, "spill_dir", "expected a directory (a non-empty string), not %s", jtype(x));
         sc->o.spill_dir = json_string_value(x);
+    } else {
+        /* the library reads no environment: the CLI passes the default on */
+        const char *env = getenv("FERRY_SPILL_DIR");
+        if (env && *env) sc->o.spill_dir = env;
     }
     x = json_object_get(sc->root, "models");
     if (!x) return sim_scen_err(sc, NULL, "no \"models\": give {name: checkpoint path, ...}");
