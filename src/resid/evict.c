@@ -296,7 +296,7 @@ FERRY_API int ferry_model_evict(ferry_model *m, const int64_t *tensors, int64_t 
         if (!sel[i] || m->t[i].tier != FERRY_TIER_DEVICE) continue;
         if (m->t[i].holds) {
             char q[256];
-            rc = rs_merr(m, FERRY_E_BUSY, "tensor %s is in use: unpin it before evicting", RS_Q(q, m->t[i].name));
+            rc = rs_merr(m, FERRY_E_BUSY, "tensor %s is in use: release it before evicting", RS_Q(q, m->t[i].name));
             goto out;
         }
         ts[nt++] = &m->t[i];

@@ -180,7 +180,7 @@ FERRY_API int ferry_store_remove(ferry_model *m)
     for (int64_t i = 0; i < m->n; i++)
         if (m->t[i].holds) {
             char q[256];
-            int rc = rs_merr(m, FERRY_E_BUSY, "tensor %s is in use: unpin it first", RS_Q(q, m->t[i].name));
+            int rc = rs_merr(m, FERRY_E_BUSY, "tensor %s is in use: release it first", RS_Q(q, m->t[i].name));
             pthread_mutex_unlock(&s->lock);
             return rc;
         }

@@ -34,7 +34,7 @@ static int pin(ferry_model *m, int64_t t, int d)
     for (int64_t i = t < 0 ? 0 : t; i < (t < 0 ? m->n : t + 1); i++) {
         if (d < 0 && m->t[i].holds == 0) {
             char q[256];
-            rc = rs_merr(m, FERRY_E_INVAL, "tensor %s is not in use (unpinned more often than pinned)",
+            rc = rs_merr(m, FERRY_E_INVAL, "tensor %s is not in use (released more often than held)",
                          RS_Q(q, m->t[i].name));
             continue;
         }
