@@ -1678,6 +1678,83 @@ out:
     ferry_file_close(f);
 }
 
+/* ---- the moves resid/ asks for (xfer.h), with and without a completion ---- */
+
+static void test_moves(ferry_ctx *ctx)
+{
+    ferry_device *d = open_dev(ctx, "sim:64MiB");
+    if (!d) return;
+    CHECK_EQ(fy_xfer_bind(d), 0);
+    const uint64_t n = 3 << 20; /* more than one copy piece per stream is not needed: 3 MiB */
+    void *pin = NULL;
+    fy_dptr dev = 0;
+    CHECK_EQ(fy_xfer_pinned_alloc(d, n, &pin), 0);
+    CHECK_EQ(fy_xfer_dev_alloc(d, n, &dev), 0);
+    uint8_t *back = malloc(n);
+    if (!pin || !dev || !back) goto out;
+    for (uint64_t i = 0; i < n; i++) ((uint8_t *)pin)[i] = (uint8_t)(i * 13 + 1);
+    /* queued: returns with a completion; waiting gives the bytes */
+    fy_hostrange r = {pin, dev, n};
+    fy_xfer_op *op = NULL;
+    CHECK_EQ(fy_xfer_host_to_device(d, &r, 1, &op), 0);
+    CHECK(op != NULL);
+    int q = fy_xfer_op_query(op);
+    CHECK(q == 0 || q == 1);
+    CHECK_EQ(fy_xfer_op_wait(op), 0);
+    fy_hostrange rb = {back, dev, n};
+    CHECK_EQ(fy_xfer_device_to_host(d, &rb, 1, NULL), 0); /* NULL: waits before returning */
+    CHECK(memcmp(back, pin, n) == 0);
+    /* a file move finishes before returning and hands back a completed op */
+    char path[600];
+    snprintf(path, sizeof path, "%s/moves.bin", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    CHECK(fd >= 0);
+    if (fd >= 0) {
+        fy_fdrange fr = {4096, n, dev};
+        op = NULL;
+        CHECK_EQ(fy_xfer_device_to_fd(d, fd, path, &fr, 1, NULL, &op), 0);
+        CHECK(op != NULL);
+        CHECK_EQ(fy_xfer_op_query(op), 1);
+        CHECK_EQ(fy_xfer_op_wait(op), 0);
+        memset(back, 0, n);
+        CHECK_EQ(fy_xfer_fd_to_host(d, fd, 4096, back, n), 0);
+        CHECK(memcmp(back, pin, n) == 0);
+        /* and back to the device through the ring, into a second block */
+        fy_dptr dev2 = 0;
+        CHECK_EQ(fy_xfer_dev_alloc(d, n, &dev2), 0);
+        fy_fdrange fr2 = {4096, n, dev2};
+        op = NULL;
+        CHECK_EQ(fy_xfer_fd_to_device(d, fd, path, &fr2, 1, NULL, NULL, &op), 0);
+        CHECK_EQ(fy_xfer_op_wait(op), 0);
+        memset(back, 0, n);
+        fy_hostrange rb2 = {back, dev2, n};
+        CHECK_EQ(fy_xfer_device_to_host(d, &rb2, 1, NULL), 0);
+        CHECK(memcmp(back, pin, n) == 0);
+        fy_xfer_dev_free(d, dev2);
+        /* a read past the end of the file is an error, with no op to wait on */
+        CHECK_EQ(fy_xfer_fd_to_host(d, fd, 4096 + n, back, 16), FERRY_E_CORRUPT);
+        close(fd);
+        unlink(path);
+    }
+    /* a queued copy that fails: the call waits for what it queued, no op */
+    CHECK(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, 1) >= 0);
+    op = (fy_xfer_op *)(uintptr_t)1;
+    CHECK(fy_xfer_host_to_device(d, &r, 1, &op) < 0);
+    CHECK(op == NULL);
+    CHECK_EQ(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, 0), 0);
+    CHECK_EQ(fy_xfer_op_wait(NULL), FERRY_E_INVAL);
+    CHECK_EQ(fy_xfer_op_query(NULL), FERRY_E_INVAL);
+out:
+    free(back);
+    usage before = use_of(d);
+    if (dev) fy_xfer_dev_free(d, dev);
+    if (pin) fy_xfer_pinned_free(d, pin);
+    usage u = use_of(d);
+    CHECK_EQ(u.dev, 0);                       /* every block went back */
+    CHECK(before.pinned - u.pinned >= n);     /* (what stays pinned is the device's ring) */
+    ferry_device_close(d);
+}
+
 /* `test_xfer CASE` runs one of these, `--list` names them (check.h); main
  * makes the files and the ctx they share, and checks afterwards that the
  * cases left descriptor 0 open and freed everything ferry allocated. */
@@ -1697,7 +1774,8 @@ static ferry_ctx *ctx;
     CASE(progress, test_progress(ctx))                                           \
     CASE(concurrent, test_concurrent(ctx))                                       \
     CASE(faults, test_faults(ctx))                                               \
-    CASE(regressions, test_regressions(ctx))
+    CASE(regressions, test_regressions(ctx))                                     \
+    CASE(moves, test_moves(ctx))
 CHECK_CASES(CASES)
 
 int main(int argc, char **argv)
