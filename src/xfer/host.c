@@ -39,12 +39,7 @@ static void *host_worker(void *arg)
             rc = fy_pread_full(fd, (void *)(uintptr_t)pc->dst, (size_t)pc->len, pc->off);
         }
         if (rc < 0) {
-            if (rc == FERRY_E_CORRUPT)
-                fy_seterr(j->err, rc, "%s: the file ended early at byte %" PRIu64 " (truncated after it was opened?)",
-                          sh->path, bt->off);
-            else
-                fy_seterr(j->err, rc, "%s: read of %" PRIu64 " bytes at %" PRIu64 ": %s", sh->path, bt->len, bt->off,
-                          ferry_strerror(rc));
+            xf_read_failed(j->err, rc, sh->path, bt, false);
             int zero = 0;
             atomic_compare_exchange_strong(&j->rc, &zero, rc);
             break;

@@ -104,6 +104,15 @@ int xf_own_fd(const ferry_file *f, own *o, int32_t s)
     return o->fd >= 0 ? o->fd : f->shards[s].fd;
 }
 
+int xf_read_failed(fy_err *err, int rc, const char *path, const batch *bt, bool direct)
+{
+    if (rc == FERRY_E_CORRUPT)
+        return fy_seterr(err, rc, "%s: the file ended early at byte %" PRIu64 " (truncated after it was opened?)", path,
+                         bt->off);
+    return fy_seterr(err, rc, "%s: %sread of %" PRIu64 " bytes at %" PRIu64 ": %s", path, direct ? "O_DIRECT " : "",
+                     bt->len, bt->off, ferry_strerror(rc));
+}
+
 void xf_own_close(own *o)
 {
     if (o->shard >= 0 && o->fd >= 0) fy_close(o->fd);

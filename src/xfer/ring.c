@@ -158,13 +158,7 @@ static void *ring_worker(void *arg)
         uint64_t skew;
         rc = read_batch(j, bt, buf, &skew, &o);
         if (rc < 0) {
-            const char *path = j->f->shards[bt->shard].path;
-            if (rc == FERRY_E_CORRUPT)
-                fy_seterr(g->err, rc, "%s: the file ended early at byte %" PRIu64 " (truncated after it was opened?)",
-                          path, bt->off);
-            else
-                fy_seterr(g->err, rc, "%s: %sread of %" PRIu64 " bytes at %" PRIu64 ": %s", path,
-                          j->direct ? "O_DIRECT " : "", bt->len, bt->off, ferry_strerror(rc));
+            xf_read_failed(g->err, rc, j->f->shards[bt->shard].path, bt, j->direct);
             ring_return(j, b);
             job_fail(j, rc);
             break;

@@ -152,6 +152,8 @@ long long xf_next_batch(sched *q, long long *k, long long *end);
 /* The descriptor a reader reads shard s through: its own when it could open one. */
 int xf_own_fd(const ferry_file *f, own *o, int32_t s);
 void xf_own_close(own *o);
+/* A reader's failed read of batch bt: the message, with the file and where. */
+int xf_read_failed(fy_err *err, int rc, const char *path, const batch *bt, bool direct);
 
 /* ---- ring.c / host.c: the pipelines ---- */
 
