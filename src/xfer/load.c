@@ -58,11 +58,11 @@ static int choose_path(ferry_device *d, const ferry_file *f, const ferry_load_op
         return FERRY_ROUTE_RING;
     }
     if (st->resident >= 0.5) {
-        st->why = "most of the data is in the page cache (sampled: see resident; cufile is probed only on request)";
+        st->why = "most of the data is in the page cache (sampled; cufile is probed only on request)";
         return FERRY_ROUTE_RING;
     }
-    st->why = "most of the data is not in the page cache (sampled: see resident): O_DIRECT reads (cufile is "
-              "probed only on request)";
+    st->why = "most of the data is not in the page cache (sampled): O_DIRECT reads (cufile is probed only on "
+              "request)";
     return FERRY_ROUTE_DIRECT;
 }
 

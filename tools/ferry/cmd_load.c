@@ -187,10 +187,11 @@ static int run(int argc, char **argv)
         if (do_verify) json_object_set_new(o, "verified", json_boolean(bad == 0));
         json_array_append_new(files, o);
         if (!json) {
-            char h[32];
-            printf("%s: %" PRId64 " tensors, %s in %.3f s = %.2f GB/s via %s (%s)%s\n", paths[k],
+            char h[32], cached[48] = "";
+            if (st.resident >= 0) snprintf(cached, sizeof cached, "; %.0f%% cached", st.resident * 100);
+            printf("%s: %" PRId64 " tensors, %s in %.3f s = %.2f GB/s via %s (%s%s)%s\n", paths[k],
                    ferry_file_tensor_count(f), cli_human(h, sizeof h, st.bytes), st.seconds, gbps,
-                   ferry_route_name(st.route), st.why, do_verify && bad == 0 ? "; verified bit-identical" : "");
+                   ferry_route_name(st.route), st.why, cached, do_verify && bad == 0 ? "; verified bit-identical" : "");
         }
         ferry_loaded_free(l);
         ferry_file_close(f);
