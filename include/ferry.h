@@ -67,7 +67,7 @@ enum {
     FERRY_E_DEVICE = -4104,      /* the device driver failed a call */
     FERRY_E_LIMIT = -4105,       /* a size limit of ferry's (e.g. header > 100 MB) */
     FERRY_E_INTERNAL = -4106,    /* a bug in ferry: please report it */
-    FERRY_E_BUSY = -4107,        /* in use: a tensor held by ferry_model_use, a job already open */
+    FERRY_E_BUSY = -4107,        /* in use: a tensor held by ferry_model_hold, a job already open */
     FERRY_E_LAST = -4107
 };
 
