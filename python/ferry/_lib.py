@@ -267,7 +267,10 @@ def _index(names, name, what):
 TIER_DEVICE = _index(TIER_NAMES, "device", "tier")
 TIER_SOURCE = _index(TIER_NAMES, "source", "tier")
 
-# code -> name ("BUSY") of every FERRY_E_* code, FERRY_E_BASE downwards
+# code -> name ("BUSY") of every FERRY_E_* code, FERRY_E_BASE downwards; E_BASE
+# (ferry.h's fixed boundary below the -errno range) must be where they start
+if lib.ferry_error_name(E_BASE + 1) is not None or lib.ferry_error_name(E_BASE) is None:
+    raise ImportError(f"ferry: {path} ({version_string}): its error codes do not start at {E_BASE}")
 ERROR_NAMES = {}
 for _k in range(_enum_count("ferry_error")):
     _n = lib.ferry_error_name(E_BASE - _k)

@@ -229,9 +229,9 @@ def test_a_wrong_mirror_is_refused():
     assert off_why > off_resident
     with pytest.raises(ImportError) as e:
         _lib.check_mirror(_variant(_lib.LoadStats, swapped))
-    assert str(e.value) == (f"ferry: {__file__}'s ferry_load_stats does not match libferry {ferry.library_version} "
-                            f"({ferry.library_path}): field 'why' at {off_resident}, the library has it at "
-                            f"{off_why}")
+    assert str(e.value) == (f"ferry: {__file__}'s ferry_load_stats does not match libferry "
+                            f"{ferry.library_version} ({ferry.library_path}): field 'why' at {off_resident}, "
+                            f"the library has it at {off_why}")
     with pytest.raises(ImportError, match=f"ferry_load_stats does not match .*: the library has field 'why' at "
                                           f"{off_why}, which this mirror lacks"):
         _lib.check_mirror(_variant(_lib.LoadStats, f[:-1]))
