@@ -18,7 +18,7 @@ neither torch nor numpy. See python/README.md.
 """
 from . import _lib
 from ._core import Device, File, TensorInfo, device, parse_size
-from .errors import (BudgetError, DeviceError, FerryError, FormatError, InternalError,
+from .errors import (BudgetError, BusyError, DeviceError, FerryError, FormatError, InternalError,
                      InvalidArgumentError, LimitError, NoDeviceError, NotFoundError, UnsupportedError)
 
 __version__ = _lib.version_string
@@ -32,5 +32,5 @@ library_version = _lib.version_string
 __all__ = [
     "File", "TensorInfo", "Device", "device", "parse_size", "library_path", "library_version",
     "FerryError", "FormatError", "UnsupportedError", "LimitError", "InvalidArgumentError",
-    "NotFoundError", "BudgetError", "NoDeviceError", "DeviceError", "InternalError",
+    "NotFoundError", "BudgetError", "NoDeviceError", "DeviceError", "InternalError", "BusyError",
 ]

@@ -14,7 +14,7 @@ import threading
 from . import _lib
 from ._lib import lib
 from . import errors
-from .errors import check, error
+from .errors import check, check_on, error
 
 TensorInfo = collections.namedtuple(
     "TensorInfo", "index name dtype shape nbytes offset shard strides flags")
@@ -75,12 +75,16 @@ class _Handle:
         if not self.users and self.finalized:
             self._close()
 
+    def check(self, rc):
+        """rc, or the exception for it with the message left on this file."""
+        return check_on(rc, _lib.file_errmsg, self.f, self.path)
+
     def count(self):
         return lib.ferry_file_tensor_count(self.f)
 
     def info(self, i):
         ti = _lib.TensorInfo()
-        check(lib.ferry_file_tensor_info(self.f, i, ctypes.byref(ti)), self.ctx, self.path)
+        self.check(lib.ferry_file_tensor_info(self.f, i, ctypes.byref(ti)))
         shape = tuple(ti.shape[k] for k in range(ti.ndim))
         strides = tuple(ti.strides[k] for k in range(ti.ndim)) if ti.strides else None
         dt = _lib.DTYPE_NAMES[ti.dtype] if 0 <= ti.dtype < len(_lib.DTYPE_NAMES) else \
@@ -94,7 +98,7 @@ class _Handle:
     def data(self, i):
         """Address of tensor i's bytes in the mapping."""
         p = ctypes.c_void_p()
-        check(lib.ferry_file_tensor_data(self.f, i, ctypes.byref(p)), self.ctx, self.path)
+        self.check(lib.ferry_file_tensor_data(self.f, i, ctypes.byref(p)))
         return p.value or 0
 
     def buffer(self, address, nbytes):
@@ -156,7 +160,7 @@ class File:
         out = {}
         k, v = ctypes.c_char_p(), ctypes.c_char_p()
         for i in range(lib.ferry_file_metadata_count(h.f)):
-            check(lib.ferry_file_metadata(h.f, i, ctypes.byref(k), ctypes.byref(v)), h.ctx, self.path)
+            h.check(lib.ferry_file_metadata(h.f, i, ctypes.byref(k), ctypes.byref(v)))
             out[k.value.decode("utf-8")] = v.value.decode("utf-8")
         return out
 
@@ -183,7 +187,7 @@ class File:
         i = lib.ferry_file_find(h.f, name.encode("utf-8"))
         if i == _lib.E_NOTFOUND:
             return None
-        return check(i, h.ctx, self.path)
+        return h.check(i)
 
     def info(self, key):
         """TensorInfo of a tensor, by name or index (KeyError if absent)."""
@@ -200,7 +204,7 @@ class File:
         t = self.info(key)
         buf = ctypes.create_string_buffer(t.nbytes)
         if t.nbytes:
-            check(lib.ferry_file_tensor_read(h.f, t.index, 0, buf, t.nbytes), h.ctx, self.path)
+            h.check(lib.ferry_file_tensor_read(h.f, t.index, 0, buf, t.nbytes))
         return buf.raw
 
     def resident(self):
@@ -229,6 +233,10 @@ class Device:
             raise error(rc, msg, filename or spec)
         self.dev = d
 
+    def check(self, rc, filename=None):
+        """rc, or the exception for it with the message left on this device."""
+        return check_on(rc, _lib.device_errmsg, self.dev, filename)
+
     @property
     def description(self):
         return lib.ferry_device_desc(self.dev).decode("utf-8", "replace")
@@ -236,8 +244,7 @@ class Device:
     def mem_info(self):
         """(free bytes, total bytes)."""
         free, total = ctypes.c_uint64(), ctypes.c_uint64()
-        check(lib.ferry_device_mem_info(self.dev, ctypes.byref(free), ctypes.byref(total)), self.ctx,
-              self.spec)
+        self.check(lib.ferry_device_mem_info(self.dev, ctypes.byref(free), ctypes.byref(total)), self.spec)
         return free.value, total.value
 
     def __repr__(self):
@@ -281,14 +288,13 @@ class LoadOptions:
 
     def __init__(self, path_kind="auto", threads=None, ring_buffers=None, ring_buffer_bytes=None,
                  progress=None, offset=0, total=None):
-        o = _lib.LoadOpts()
-        o.size = ctypes.sizeof(_lib.LoadOpts)
+        o = _lib.LoadOpts()  # size set
         if path_kind is None:
             path_kind = "auto"
         p = lib.ferry_route_parse(str(path_kind).encode())
         if p < 0:
-            raise ValueError(f"path_kind must be one of {', '.join(_lib.PATHS)}, not {path_kind!r}")
-        o.path = p
+            raise ValueError(f"path_kind must be one of {', '.join(_lib.ROUTES)}, not {path_kind!r}")
+        o.route = p
         if threads is not None:
             if threads < 0:
                 raise ValueError("threads must be >= 0")
@@ -324,9 +330,10 @@ class LoadOptions:
 
 
 def stats_dict(st):
-    return {"path": _lib.PATHS[st.path] if 0 <= st.path < len(_lib.PATHS) else str(st.path),
+    """ferry_load_stats as a dict; "path" is the route taken (ferry_route_name)."""
+    return {"path": _lib.ROUTES[st.route] if 0 <= st.route < len(_lib.ROUTES) else str(st.route),
             "bytes": st.bytes, "seconds": st.seconds,
-            "resident": st.resident, "why": st.why.decode("utf-8", "replace")}
+            "resident": st.resident, "why": st.why.decode("utf-8", "replace") if st.why else ""}
 
 
 def load_into(dev, handle, idx, ptrs, opts):
@@ -340,7 +347,7 @@ def load_into(dev, handle, idx, ptrs, opts):
         rc = lib.ferry_load_into(dev.dev, handle.f, ia, pa, n, ctypes.byref(opts.opts), ctypes.byref(st))
         if rc < 0:
             opts.errors = []
-            check(rc, dev.ctx, handle.path)
+            dev.check(rc, handle.path)
     opts.raise_pending()
     return stats_dict(st)
 
@@ -360,7 +367,7 @@ class Loaded:
         rc = lib.ferry_load(dev.dev, handle.f, ctypes.byref(opts.opts), ctypes.byref(out), ctypes.byref(st))
         if rc < 0:
             opts.errors = []
-            check(rc, dev.ctx, handle.path)
+            dev.check(rc, handle.path)
         self.l = out
         handle.acquire()
         self.stats = stats_dict(st)
@@ -372,7 +379,7 @@ class Loaded:
     def read(self, i, nbytes):
         """A copy of tensor i's bytes, read back from the device."""
         buf = ctypes.create_string_buffer(max(nbytes, 1))
-        check(lib.ferry_loaded_read(self.l, i, buf), self.dev.ctx, self.handle.path)
+        self.dev.check(lib.ferry_loaded_read(self.l, i, buf), self.handle.path)
         return buf.raw[:nbytes]
 
     def __del__(self):
@@ -425,10 +432,7 @@ def contiguous_strides(shape):
 
 def is_block_type(dtype_name):
     """ggml's block-quantized types (Q4_K, IQ2_XXS, ...): no framework has them."""
-    try:
-        return _lib.DTYPE_NAMES.index(dtype_name) >= _lib.DTYPE_FIRST_BLOCK
-    except ValueError:
-        return False
+    return dtype_name in _lib.BLOCK_DTYPES
 
 
 def framework_dtype(table, info, path, what):

@@ -1,8 +1,12 @@
 """_lib - ctypes declarations of include/ferry.h and the search for libferry.so.
 
-Everything here is a transcription of the C header: structs with the same
-fields in the same order, one argtypes/restype pair per function. The library
-is found, in this order:
+The structs are transcriptions of the C header (ctypes needs them), checked at
+import against the layout the loaded library reports (ferry_abi_sizeof,
+_offsetof, _field): a mirror that differs in size, field order or any offset
+is an ImportError naming the struct and the field. Enum tables (dtype, route,
+tier and format names, error codes and their names) are not copied: they are
+read from the library (ferry_abi_enum_count and the ferry_*_name functions).
+One argtypes/restype pair per function. The library is found, in this order:
   1. the copy bundled into the installed package (ferry/libferry.so, put there
      by `pip install ./python`, see python/setup.py),
   2. the file (or folder holding libferry.so) named by $FERRY_LIBRARY,
@@ -11,44 +15,40 @@ is found, in this order:
 import ctypes
 import errno
 import os
+import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 # The oldest library this binding was written against (FERRY_VERSION_NUMBER).
 MIN_VERSION = 100  # 0.1.0
 
-# ---- error codes (ferry.h) -------------------------------------------------
-E_CORRUPT = -4097
-E_UNSUPPORTED = -4098
-E_FORMAT = -4099
-E_INVAL = -4100
-E_NOTFOUND = -4101
-E_BUDGET = -4102
-E_NODEV = -4103
-E_DEVICE = -4104
-E_LIMIT = -4105
-E_INTERNAL = -4106
-
 OPEN_PRIVATE = 0x1
 TENSOR_NONCONTIGUOUS = 0x1
 TENSOR_SHARED_STORAGE = 0x2
 
-# ferry_dtype values, in the order of the enum (0 = INVALID)
-DTYPE_NAMES = [
-    "INVALID", "BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64", "F16", "BF16", "F32",
-    "F64", "C64", "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0", "F6_E2M3",
-    "F6_E3M2", "F4", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K",
-    "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S",
-    "IQ4_XS", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4", "Q1_0", "Q2_0",
-]
-# the first of ggml's block-quantized types: these travel as raw bytes
-DTYPE_FIRST_BLOCK = DTYPE_NAMES.index("Q4_0")
-
-PATHS = ("auto", "ring", "direct", "register", "cufile")
+# ferry's own codes start here and go down (FERRY_E_BASE); how many there are
+# and their names come from the library (ferry_abi_enum_count, ferry_error_name).
+E_BASE = -4097
 
 
-class TensorInfo(ctypes.Structure):
+class Struct(ctypes.Structure):
+    """A mirror of one of ferry.h's structs. _ferry_name_ is its C name, under
+    which the library describes its layout (ferry_abi_*): check_mirror compares
+    the two at import. An instance starts with `size` set to sizeof the struct
+    (ferry.h's rule for every struct passed in or filled out)."""
+
+    _ferry_name_ = None
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        if self._fields_ and self._fields_[0][0] == "size":
+            self.size = ctypes.sizeof(self)
+
+
+class TensorInfo(Struct):
+    _ferry_name_ = "ferry_tensor_info"
     _fields_ = [
+        ("size", ctypes.c_uint32),
         ("name", ctypes.c_char_p),
         ("dtype", ctypes.c_int),
         ("ndim", ctypes.c_int32),
@@ -64,10 +64,11 @@ class TensorInfo(ctypes.Structure):
 PROGRESS_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64)
 
 
-class LoadOpts(ctypes.Structure):
+class LoadOpts(Struct):
+    _ferry_name_ = "ferry_load_opts"
     _fields_ = [
         ("size", ctypes.c_uint32),
-        ("path", ctypes.c_int),
+        ("route", ctypes.c_int),
         ("threads", ctypes.c_uint32),
         ("streams", ctypes.c_uint32),
         ("ring_buffers", ctypes.c_uint32),
@@ -78,23 +79,22 @@ class LoadOpts(ctypes.Structure):
     ]
 
 
-class LoadStats(ctypes.Structure):
+class LoadStats(Struct):
+    _ferry_name_ = "ferry_load_stats"
     _fields_ = [
-        ("path", ctypes.c_int),
+        ("size", ctypes.c_uint32),
+        ("route", ctypes.c_int),
         ("bytes", ctypes.c_uint64),
         ("seconds", ctypes.c_double),
         ("resident", ctypes.c_double),
-        ("why", ctypes.c_char * 256),
+        ("why", ctypes.c_char_p),  # static text of the library's
     ]
 
 
 # ---- residency store (ferry_store_*, ferry_model_*) ---------------------------
-TIER_NAMES = ["device", "pinned", "host", "source", "spill"]  # ferry_tier, in enum order
-TIER_DEVICE = 0
-TIER_SOURCE = 3
 
-
-class StoreOpts(ctypes.Structure):
+class StoreOpts(Struct):
+    _ferry_name_ = "ferry_store_opts"
     _fields_ = [
         ("size", ctypes.c_uint32),
         ("device_budget", ctypes.c_uint64),
@@ -105,55 +105,33 @@ class StoreOpts(ctypes.Structure):
         ("spill_below", ctypes.c_uint64),
         ("spill_above", ctypes.c_uint64),
         ("spill_dir", ctypes.c_char_p),
-        ("load", LoadOpts),
+        ("load", ctypes.POINTER(LoadOpts)),  # copied by ferry_store_new
     ]
 
 
-class TensorState(ctypes.Structure):
+class TensorState(Struct):
+    _ferry_name_ = "ferry_tensor_state"
     _fields_ = [
+        ("size", ctypes.c_uint32),
         ("name", ctypes.c_char_p),
         ("nbytes", ctypes.c_uint64),
         ("tier", ctypes.c_int),
         ("dirty", ctypes.c_int),
-        ("pins", ctypes.c_int),
+        ("holds", ctypes.c_int),
         ("group", ctypes.c_int64),
         ("dptr", ctypes.c_uint64),
     ]
 
 
-class StoreStats(ctypes.Structure):
-    _fields_ = [
-        ("tier_bytes", ctypes.c_uint64 * 5),
-        ("device_budget", ctypes.c_uint64),
-        ("pinned_budget", ctypes.c_uint64),
-        ("host_budget", ctypes.c_uint64),
-        ("host_available", ctypes.c_uint64),
-        ("host_source", ctypes.c_char * 96),
-        ("spilling", ctypes.c_int),
-        ("spill_path", ctypes.c_char * 256),
-        ("spill_file_bytes", ctypes.c_uint64),
-        ("bytes_htod", ctypes.c_uint64),
-        ("bytes_dtoh", ctypes.c_uint64),
-        ("seconds_htod", ctypes.c_double),
-        ("seconds_dtoh", ctypes.c_double),
-        ("bytes_written", ctypes.c_uint64),
-        ("bytes_read", ctypes.c_uint64),
-        ("evicted", ctypes.c_uint64),
-        ("dropped", ctypes.c_uint64),
-        ("models", ctypes.c_int64),
-        ("tensors", ctypes.c_int64),
-        ("device_cached", ctypes.c_uint64),
-        ("pinned_pool_bytes", ctypes.c_uint64),
-    ]
-
-
-class MemRange(ctypes.Structure):
+class MemRange(Struct):
+    _ferry_name_ = "ferry_mem_range"
     _fields_ = [("start", ctypes.c_uint64), ("end", ctypes.c_uint64), ("peak", ctypes.c_uint64)]
 
 
-class JobStats(ctypes.Structure):
+class JobStats(Struct):
+    _ferry_name_ = "ferry_job_stats"
     _fields_ = [
-        ("job", ctypes.c_char * 64),
+        ("size", ctypes.c_uint32),
         ("seconds", ctypes.c_double),
         ("rss", MemRange),
         ("uss", MemRange),
@@ -178,69 +156,6 @@ _vp = ctypes.c_void_p
 _i32, _u32, _i64, _u64 = ctypes.c_int, ctypes.c_uint32, ctypes.c_int64, ctypes.c_uint64
 _cp = ctypes.c_char_p
 _P = ctypes.POINTER
-
-# name: (restype, argtypes)
-_SIGNATURES = {
-    "ferry_version": (_i32, []),
-    "ferry_version_string": (_cp, []),
-    "ferry_strerror": (_cp, [_i32]),
-    "ferry_ctx_new": (_i32, [_vp, _P(_vp)]),
-    "ferry_ctx_free": (None, [_vp]),
-    "ferry_ctx_errmsg": (_cp, [_vp]),
-    "ferry_dtype_name": (_cp, [_i32]),
-    "ferry_dtype_bits": (_i32, [_i32]),
-    "ferry_dtype_block": (_i32, [_i32, _P(_i32), _P(_i32)]),
-    "ferry_format_name": (_cp, [_i32]),
-    "ferry_file_open": (_i32, [_vp, _cp, _u32, _P(_vp)]),
-    "ferry_file_close": (None, [_vp]),
-    "ferry_file_format": (_i32, [_vp]),
-    "ferry_file_tensor_count": (_i64, [_vp]),
-    "ferry_file_total_bytes": (_u64, [_vp]),
-    "ferry_file_shard_count": (_i32, [_vp]),
-    "ferry_file_shard_path": (_cp, [_vp, _i32]),
-    "ferry_file_metadata_count": (_i64, [_vp]),
-    "ferry_file_metadata": (_i32, [_vp, _i64, _P(_cp), _P(_cp)]),
-    "ferry_file_tensor_info": (_i32, [_vp, _i64, _P(TensorInfo)]),
-    "ferry_file_find": (_i64, [_vp, _cp]),
-    "ferry_file_tensor_data": (_i32, [_vp, _i64, _P(_vp)]),
-    "ferry_file_tensor_read": (_i32, [_vp, _i64, _u64, _vp, ctypes.c_size_t]),
-    "ferry_file_resident": (ctypes.c_double, [_vp]),
-    "ferry_parse_size": (_i32, [_cp, _P(_u64)]),
-    "ferry_device_open": (_i32, [_vp, _cp, _P(_vp)]),
-    "ferry_device_close": (None, [_vp]),
-    "ferry_device_desc": (_cp, [_vp]),
-    "ferry_device_mem_info": (_i32, [_vp, _P(_u64), _P(_u64)]),
-    "ferry_route_name": (_cp, [_i32]),
-    "ferry_route_parse": (_i32, [_cp]),
-    "ferry_load": (_i32, [_vp, _vp, _P(LoadOpts), _P(_vp), _P(LoadStats)]),
-    "ferry_loaded_ptr": (_u64, [_vp, _i64]),
-    "ferry_loaded_read": (_i32, [_vp, _i64, _vp]),
-    "ferry_loaded_free": (None, [_vp]),
-    "ferry_load_into": (_i32, [_vp, _vp, _P(_i64), _P(_u64), _i64, _P(LoadOpts), _P(LoadStats)]),
-    "ferry_tier_name": (_cp, [_i32]),
-    "ferry_store_new": (_i32, [_vp, _P(StoreOpts), _P(_vp)]),
-    "ferry_store_free": (None, [_vp]),
-    "ferry_store_add": (_i32, [_vp, _cp, _P(_vp), _i32, _i32, _P(_vp)]),
-    "ferry_store_remove": (_i32, [_vp]),
-    "ferry_store_find": (_vp, [_vp, _cp]),
-    "ferry_model_name": (_cp, [_vp]),
-    "ferry_model_tensor_count": (_i64, [_vp]),
-    "ferry_model_find": (_i64, [_vp, _cp]),
-    "ferry_model_group": (_i32, [_vp, _P(_i64), _i64]),
-    "ferry_model_set_priority": (_i32, [_vp, _i32]),
-    "ferry_model_to_device": (_i32, [_vp, _P(_i64), _i64]),
-    "ferry_model_evict": (_i32, [_vp, _P(_i64), _i64]),
-    "ferry_model_mark_dirty": (_i32, [_vp, _i64]),
-    "ferry_model_hold": (_i32, [_vp, _i64]),
-    "ferry_model_release": (_i32, [_vp, _i64]),
-    "ferry_model_tensor_state": (_i32, [_vp, _i64, _P(TensorState)]),
-    "ferry_model_read": (_i32, [_vp, _i64, _vp]),
-    "ferry_model_write": (_i32, [_vp, _i64, _vp]),
-    "ferry_store_make_room": (_i64, [_vp, _u64, _P(_u64)]),
-    "ferry_store_get_stats": (_i32, [_vp, _P(StoreStats)]),
-    "ferry_store_job_begin": (_i32, [_vp, _cp]),
-    "ferry_store_job_end": (_i32, [_vp, _P(JobStats)]),
-}
 
 
 def _candidates():
@@ -278,25 +193,281 @@ def _load():
 
 lib, path = _load()
 path = os.path.abspath(path)
-for _name, (_res, _args) in _SIGNATURES.items():
-    _fn = getattr(lib, _name)
-    _fn.restype = _res
-    _fn.argtypes = _args
 
+
+def _bind(signatures):
+    for name, (res, args) in signatures.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            raise ImportError(f"ferry: {path} has no {name}: it is older than this binding "
+                              f"(python/ferry); rebuild the library or use the binding of its version") from None
+        fn.restype = res
+        fn.argtypes = args
+
+
+_bind({
+    "ferry_version": (_i32, []),
+    "ferry_version_string": (_cp, []),
+})
 version = lib.ferry_version()
 version_string = lib.ferry_version_string().decode()
 if version // 10000 != MIN_VERSION // 10000 or version < MIN_VERSION:
     raise ImportError(f"ferry: {path} is version {version_string}; this binding needs "
                       f"{MIN_VERSION // 10000}.{MIN_VERSION // 100 % 100}.x or newer of the same major version")
 
+# ---- what the library says about its own ABI (ferry_abi_*) ---------------------
+_bind({
+    "ferry_abi_sizeof": (_i64, [_cp]),
+    "ferry_abi_offsetof": (_i64, [_cp, _cp]),
+    "ferry_abi_field": (_cp, [_cp, _i32]),
+    "ferry_abi_enum_count": (_i32, [_cp]),
+    "ferry_error_name": (_cp, [_i32]),
+    "ferry_dtype_name": (_cp, [_i32]),
+    "ferry_route_name": (_cp, [_i32]),
+    "ferry_tier_name": (_cp, [_i32]),
+    "ferry_format_name": (_cp, [_i32]),
+    "ferry_dtype_bits": (_i32, [_i32]),
+    "ferry_dtype_block": (_i32, [_i32, _P(_i32), _P(_i32)]),
+})
+
+
+def _enum_count(type_name):
+    n = lib.ferry_abi_enum_count(type_name.encode())
+    if n < 0:
+        raise ImportError(f"ferry: {path} ({version_string}) does not describe the enum {type_name}")
+    return n
+
+
+def _names(type_name, name_fn):
+    """The names of an enum's values 0..count-1, in the library's order."""
+    return tuple(name_fn(i).decode() for i in range(_enum_count(type_name)))
+
+
+DTYPE_NAMES = _names("ferry_dtype", lib.ferry_dtype_name)  # index = ferry_dtype value
+# ggml's block-quantized types (no whole number of bits per element, yet a
+# valid block): these travel as raw bytes
+BLOCK_DTYPES = frozenset(n for i, n in enumerate(DTYPE_NAMES)
+                         if lib.ferry_dtype_bits(i) == 0 and lib.ferry_dtype_block(i, None, None) == 0)
+ROUTES = _names("ferry_route", lib.ferry_route_name)        # "auto", "ring", ...
+PATHS = ROUTES  # the binding's old name for them (path_kind=)
+TIER_NAMES = _names("ferry_tier", lib.ferry_tier_name)      # "device", "pinned", ...
+FORMAT_NAMES = _names("ferry_format", lib.ferry_format_name)
+TIER_COUNT = len(TIER_NAMES)
+
+
+def _index(names, name, what):
+    try:
+        return names.index(name)
+    except ValueError:
+        raise ImportError(f"ferry: {path} ({version_string}) has no {what} {name!r}, which this "
+                          f"binding uses (it has {', '.join(names)})") from None
+
+
+TIER_DEVICE = _index(TIER_NAMES, "device", "tier")
+TIER_SOURCE = _index(TIER_NAMES, "source", "tier")
+
+# code -> name ("BUSY") of every FERRY_E_* code, FERRY_E_BASE downwards; E_BASE
+# (ferry.h's fixed boundary below the -errno range) must be where they start
+if lib.ferry_error_name(E_BASE + 1) is not None or lib.ferry_error_name(E_BASE) is None:
+    raise ImportError(f"ferry: {path} ({version_string}): its error codes do not start at {E_BASE}")
+ERROR_NAMES = {}
+for _k in range(_enum_count("ferry_error")):
+    _n = lib.ferry_error_name(E_BASE - _k)
+    if _n is None:
+        raise ImportError(f"ferry: {path} ({version_string}) has no name for its error code {E_BASE - _k}")
+    ERROR_NAMES[E_BASE - _k] = _n.decode()
+ERROR_CODES = {name: code for code, name in ERROR_NAMES.items()}
+
+
+def _error_code(name):
+    code = ERROR_CODES.get(name)
+    if code is None:
+        raise ImportError(f"ferry: {path} ({version_string}) has no FERRY_E_{name}, which this binding uses")
+    return code
+
+
+# the codes the binding itself raises or tests for
+E_UNSUPPORTED = _error_code("UNSUPPORTED")
+E_INVAL = _error_code("INVAL")
+E_NOTFOUND = _error_code("NOTFOUND")
+E_INTERNAL = _error_code("INTERNAL")
+E_BUSY = _error_code("BUSY")
+
+
+class StoreStats(Struct):
+    _ferry_name_ = "ferry_store_stats"
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("tier_bytes", ctypes.c_uint64 * TIER_COUNT),  # FERRY_TIER_COUNT
+        ("device_budget", ctypes.c_uint64),
+        ("pinned_budget", ctypes.c_uint64),
+        ("host_budget", ctypes.c_uint64),
+        ("host_available", ctypes.c_uint64),
+        ("spilling", ctypes.c_int),
+        ("spill_file_bytes", ctypes.c_uint64),
+        ("bytes_htod", ctypes.c_uint64),
+        ("bytes_dtoh", ctypes.c_uint64),
+        ("seconds_htod", ctypes.c_double),
+        ("seconds_dtoh", ctypes.c_double),
+        ("bytes_written", ctypes.c_uint64),
+        ("bytes_read", ctypes.c_uint64),
+        ("evicted", ctypes.c_uint64),
+        ("dropped", ctypes.c_uint64),
+        ("models", ctypes.c_int64),
+        ("tensors", ctypes.c_int64),
+        ("device_cached", ctypes.c_uint64),
+        ("pinned_pool_bytes", ctypes.c_uint64),
+    ]
+
+
+MIRRORS = (TensorInfo, LoadOpts, LoadStats, StoreOpts, TensorState, StoreStats, MemRange, JobStats)
+
+
+def mirror_mismatch(cls):
+    """What differs between the ctypes mirror cls and the library's layout of
+    cls._ferry_name_ (size, field names in order, each field's offset), as a
+    sentence; None when they agree."""
+    cname = cls._ferry_name_
+    c = cname.encode()
+    size = lib.ferry_abi_sizeof(c)
+    if size < 0:
+        return "the library does not know this struct"
+    lib_fields = []
+    while True:
+        f = lib.ferry_abi_field(c, len(lib_fields))
+        if f is None:
+            break
+        lib_fields.append(f.decode())
+    ours = [f[0] for f in cls._fields_]
+    for name in ours:
+        off = getattr(cls, name).offset
+        if name not in lib_fields:
+            return f"field '{name}' at {off}: the library has no such field (its fields: {', '.join(lib_fields)})"
+        theirs = lib.ferry_abi_offsetof(c, name.encode())
+        if theirs != off:
+            return f"field '{name}' at {off}, the library has it at {theirs}"
+    for name in lib_fields:
+        if name not in ours:
+            return (f"the library has field '{name}' at {lib.ferry_abi_offsetof(c, name.encode())}, "
+                    f"which this mirror lacks")
+    if ours != lib_fields:
+        return f"fields in the order {', '.join(ours)}, the library's are {', '.join(lib_fields)}"
+    if ctypes.sizeof(cls) != size:
+        return f"sizeof {ctypes.sizeof(cls)}, the library's is {size}"
+    return None
+
+
+def check_mirror(cls):
+    """Raise ImportError naming the first difference between the ctypes
+    mirror cls and the loaded library's struct."""
+    why = mirror_mismatch(cls)
+    if why is not None:
+        mod = sys.modules.get(cls.__module__)
+        where = getattr(mod, "__file__", None) or cls.__module__
+        raise ImportError(f"ferry: {where}'s {cls._ferry_name_} does not match libferry {version_string} "
+                          f"({path}): {why}")
+
+
+for _cls in MIRRORS:
+    check_mirror(_cls)
+
+# name: (restype, argtypes)
+_bind({
+    "ferry_strerror": (_cp, [_i32]),
+    "ferry_ctx_new": (_i32, [_vp, _P(_vp)]),
+    "ferry_ctx_free": (None, [_vp]),
+    "ferry_ctx_errmsg": (_cp, [_vp]),
+    "ferry_file_errmsg": (_cp, [_vp]),
+    "ferry_device_errmsg": (_cp, [_vp]),
+    "ferry_store_errmsg": (_cp, [_vp]),
+    "ferry_model_errmsg": (_cp, [_vp]),
+    "ferry_file_open": (_i32, [_vp, _cp, _u32, _P(_vp)]),
+    "ferry_file_close": (None, [_vp]),
+    "ferry_file_format": (_i32, [_vp]),
+    "ferry_file_tensor_count": (_i64, [_vp]),
+    "ferry_file_total_bytes": (_u64, [_vp]),
+    "ferry_file_shard_count": (_i32, [_vp]),
+    "ferry_file_shard_path": (_cp, [_vp, _i32]),
+    "ferry_file_metadata_count": (_i64, [_vp]),
+    "ferry_file_metadata": (_i32, [_vp, _i64, _P(_cp), _P(_cp)]),
+    "ferry_file_tensor_info": (_i32, [_vp, _i64, _P(TensorInfo)]),
+    "ferry_file_find": (_i64, [_vp, _cp]),
+    "ferry_file_tensor_data": (_i32, [_vp, _i64, _P(_vp)]),
+    "ferry_file_tensor_read": (_i32, [_vp, _i64, _u64, _vp, ctypes.c_size_t]),
+    "ferry_file_resident": (ctypes.c_double, [_vp]),
+    "ferry_parse_size": (_i32, [_cp, _P(_u64)]),
+    "ferry_device_open": (_i32, [_vp, _cp, _P(_vp)]),
+    "ferry_device_close": (None, [_vp]),
+    "ferry_device_desc": (_cp, [_vp]),
+    "ferry_device_mem_info": (_i32, [_vp, _P(_u64), _P(_u64)]),
+    "ferry_route_parse": (_i32, [_cp]),
+    "ferry_load": (_i32, [_vp, _vp, _P(LoadOpts), _P(_vp), _P(LoadStats)]),
+    "ferry_loaded_ptr": (_u64, [_vp, _i64]),
+    "ferry_loaded_read": (_i32, [_vp, _i64, _vp]),
+    "ferry_loaded_free": (None, [_vp]),
+    "ferry_load_into": (_i32, [_vp, _vp, _P(_i64), _P(_u64), _i64, _P(LoadOpts), _P(LoadStats)]),
+    "ferry_store_new": (_i32, [_vp, _P(StoreOpts), _P(_vp)]),
+    "ferry_store_free": (None, [_vp]),
+    "ferry_store_add": (_i32, [_vp, _cp, _P(_vp), _i32, _i32, _P(_vp)]),
+    "ferry_store_remove": (_i32, [_vp]),
+    "ferry_store_find": (_vp, [_vp, _cp]),
+    "ferry_model_name": (_cp, [_vp]),
+    "ferry_model_tensor_count": (_i64, [_vp]),
+    "ferry_model_find": (_i64, [_vp, _cp]),
+    "ferry_model_group": (_i32, [_vp, _P(_i64), _i64]),
+    "ferry_model_set_priority": (_i32, [_vp, _i32]),
+    "ferry_model_to_device": (_i32, [_vp, _P(_i64), _i64]),
+    "ferry_model_evict": (_i32, [_vp, _P(_i64), _i64]),
+    "ferry_model_mark_dirty": (_i32, [_vp, _i64]),
+    "ferry_model_hold": (_i32, [_vp, _i64]),
+    "ferry_model_release": (_i32, [_vp, _i64]),
+    "ferry_model_tensor_state": (_i32, [_vp, _i64, _P(TensorState)]),
+    "ferry_model_read": (_i32, [_vp, _i64, _vp]),
+    "ferry_model_write": (_i32, [_vp, _i64, _vp]),
+    "ferry_store_make_room": (_i64, [_vp, _u64, _P(_u64)]),
+    "ferry_store_get_stats": (_i32, [_vp, _P(StoreStats)]),
+    "ferry_store_spill_dir": (_cp, [_vp]),
+    "ferry_host_available": (_i32, [_P(_u64), _cp, ctypes.c_size_t]),
+    "ferry_store_job_begin": (_i32, [_vp, _cp]),
+    "ferry_store_job_end": (_i32, [_vp, _P(JobStats)]),
+    "ferry_store_job_name": (_cp, [_vp]),
+})
+
+
+def _text(b):
+    return b.decode("utf-8", "replace") if b else ""
+
 
 def strerror(code):
-    return lib.ferry_strerror(code).decode("utf-8", "replace")
+    return _text(lib.ferry_strerror(code))
 
 
 def errmsg(ctx):
-    m = lib.ferry_ctx_errmsg(ctx)
-    return m.decode("utf-8", "replace") if m else ""
+    """The context's latest message (ctx None: this thread's last failed ferry_ctx_new)."""
+    return _text(lib.ferry_ctx_errmsg(ctx))
+
+
+# the message a failing call left on the handle it was made on
+def file_errmsg(f):
+    return _text(lib.ferry_file_errmsg(f))
+
+
+def device_errmsg(dev):
+    return _text(lib.ferry_device_errmsg(dev))
+
+
+def store_errmsg(s):
+    return _text(lib.ferry_store_errmsg(s))
+
+
+def model_errmsg(m):
+    return _text(lib.ferry_model_errmsg(m))
+
+
+def error_name(code):
+    """"BUSY" for FERRY_E_BUSY and so on; None for other codes (-errno)."""
+    return ERROR_NAMES.get(code)
 
 
 def is_system_error(code):

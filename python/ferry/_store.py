@@ -8,8 +8,13 @@ StoreCore, so the store outlives every view made from it (a view of a tensor
 the store has since moved away is stale, not freed memory: the store frees
 its blocks only when it is freed or make_room gives them back).
 
-Errors of every store call are reported on the device's ferry_ctx (the store
-has no ctx of its own), so they are read from there.
+Errors are read from the handle the failing call was made on: the model's
+message (ferry_model_errmsg) for ferry_model_* and ferry_store_remove, the
+store's (ferry_store_errmsg) for ferry_store_*, and the device's context for
+ferry_store_new (the store does not exist yet).
+
+The library reads no environment: when no spill_dir is given, $FERRY_SPILL_DIR
+(if set and not empty) is passed, as the CLI does.
 """
 import collections
 import ctypes
@@ -17,12 +22,13 @@ import os
 
 from . import _core, _lib
 from ._lib import lib
-from .errors import check, error
+from .errors import check, check_on, error
 
 TensorState = collections.namedtuple("TensorState", "name nbytes tier dirty pins group dptr")
 TensorState.__doc__ = """One tensor of a store's model (ferry_model_tensor_state): tier is
 "device", "pinned", "host", "source" or "spill"; dirty: it differs from the
-checkpoint; pins: how often it is pinned; group: tensors with the same group
+checkpoint; pins: how often it is held (ferry_tensor_state.holds: never
+evicted while > 0); group: tensors with the same group
 move together; dptr: its device address while tier == "device", else 0."""
 
 UINT64_MAX = (1 << 64) - 1
@@ -32,30 +38,48 @@ def tier_name(t):
     return _lib.TIER_NAMES[t] if 0 <= t < len(_lib.TIER_NAMES) else lib.ferry_tier_name(t).decode()
 
 
-def _struct_dict(st):
-    """A ctypes struct of numbers, strings and ferry_mem_range as a dict."""
-    out = {}
+def _struct_dict(st, extra=None):
+    """A ctypes struct of numbers, strings and ferry_mem_range as a dict,
+    without its size field; extra: {field: {key: value}} puts those keys right
+    after that field (None: first)."""
+    extra = extra or {}
+    out = dict(extra.get(None, {}))
     for name, typ in st._fields_:
+        if name == "size":
+            continue
         v = getattr(st, name)
         if isinstance(v, bytes):
             v = v.decode("utf-8", "replace")
         elif isinstance(v, _lib.MemRange):
             v = {"start": v.start, "end": v.end, "peak": v.peak}
         out[name] = v
+        out.update(extra.get(name, {}))
     return out
 
 
-def stats_dict(st):
-    """ferry_store_stats as a dict: tier_bytes becomes {tier name: bytes}."""
-    out = _struct_dict(st)
+def host_source():
+    """Where the host's available memory figure comes from ("cgroup /a/b:
+    memory.max", "MemAvailable"): ferry_host_available's source."""
+    avail = ctypes.c_uint64()
+    buf = ctypes.create_string_buffer(256)
+    rc = lib.ferry_host_available(ctypes.byref(avail), buf, len(buf))
+    return buf.value.decode("utf-8", "replace") if rc >= 0 else ""
+
+
+def stats_dict(st, spill_path="", source=""):
+    """ferry_store_stats as a dict: tier_bytes becomes {tier name: bytes};
+    host_source and spill_path (no longer in the struct: ferry_host_available,
+    ferry_store_spill_dir) are put where the struct used to have them."""
+    out = _struct_dict(st, {"host_available": {"host_source": source}, "spilling": {"spill_path": spill_path}})
     out["tier_bytes"] = {tier_name(i): st.tier_bytes[i] for i in range(len(_lib.TIER_NAMES))}
     out["spilling"] = bool(st.spilling)
     return out
 
 
-def job_dict(st):
-    """ferry_job_stats as a dict (rss, uss, pss, cgroup: {start, end, peak})."""
-    return _struct_dict(st)
+def job_dict(st, job):
+    """ferry_job_stats as a dict (rss, uss, pss, cgroup: {start, end, peak}),
+    with the job's name first (ferry_store_job_name)."""
+    return _struct_dict(st, {None: {"job": job}})
 
 
 class Model:
@@ -96,8 +120,7 @@ class StoreCore:
         self.s = None
         self.dev = dev
         self.models = {}  # name -> Model, in the order added
-        o = _lib.StoreOpts()
-        o.size = ctypes.sizeof(_lib.StoreOpts)
+        o = _lib.StoreOpts()  # size set
         o.device_budget = device_budget
         o.device_reserve = device_reserve
         o.host_budget = host_budget
@@ -105,16 +128,24 @@ class StoreCore:
         o.host_reserve = host_reserve
         o.spill_below = spill_below
         o.spill_above = spill_above
-        self._spill_dir = os.fsencode(os.fspath(spill_dir)) if spill_dir is not None else None
-        o.spill_dir = self._spill_dir
+        if spill_dir is None:
+            spill_dir = os.environ.get("FERRY_SPILL_DIR") or None  # the library reads no environment
+        o.spill_dir = os.fsencode(os.fspath(spill_dir)) if spill_dir is not None else None
         if load_opts is not None:
-            o.load = load_opts
+            o.load = ctypes.pointer(load_opts)  # copied by ferry_store_new, as is spill_dir
         out = ctypes.c_void_p()
-        self.check(lib.ferry_store_new(dev.dev, ctypes.byref(o), ctypes.byref(out)), dev.spec)
+        # before the store exists its messages go to the device's context
+        check(lib.ferry_store_new(dev.dev, ctypes.byref(o), ctypes.byref(out)), dev.ctx, dev.spec)
         self.s = out
 
     def check(self, rc, filename=None):
-        return check(rc, self.dev.ctx, filename)
+        """rc, or the exception for it with the message left on the store."""
+        return check_on(rc, _lib.store_errmsg, self.s, filename)
+
+    @staticmethod
+    def check_model(m, rc):
+        """rc, or the exception for it with the message left on model m."""
+        return check_on(rc, _lib.model_errmsg, m.m, m.filename())
 
     def __del__(self):
         if self.s is not None:
@@ -158,7 +189,7 @@ class StoreCore:
         return m
 
     def remove(self, m):
-        self.check(lib.ferry_store_remove(m.m), m.filename())
+        self.check_model(m, lib.ferry_store_remove(m.m))
         m.removed = True
         del self.models[m.name]
         for h in m.handles:
@@ -172,40 +203,40 @@ class StoreCore:
 
     def to_device(self, m, idx=None):
         arr, n = self._index_array(idx)
-        self.check(lib.ferry_model_to_device(m.m, arr, n), m.filename())
+        self.check_model(m, lib.ferry_model_to_device(m.m, arr, n))
 
     def evict(self, m, idx=None):
         arr, n = self._index_array(idx)
-        self.check(lib.ferry_model_evict(m.m, arr, n), m.filename())
+        self.check_model(m, lib.ferry_model_evict(m.m, arr, n))
 
     def mark_dirty(self, m, i):
-        self.check(lib.ferry_model_mark_dirty(m.m, i), m.filename())
+        self.check_model(m, lib.ferry_model_mark_dirty(m.m, i))
 
     def pin(self, m, i=-1):
-        self.check(lib.ferry_model_hold(m.m, i), m.filename())
+        self.check_model(m, lib.ferry_model_hold(m.m, i))
 
     def unpin(self, m, i=-1):
-        self.check(lib.ferry_model_release(m.m, i), m.filename())
+        self.check_model(m, lib.ferry_model_release(m.m, i))
 
     def set_priority(self, m, priority):
-        self.check(lib.ferry_model_set_priority(m.m, int(priority)), m.filename())
+        self.check_model(m, lib.ferry_model_set_priority(m.m, int(priority)))
 
     def raw_state(self, m, i, st):
         """Fill st (a _lib.TensorState) with tensor i's state."""
-        self.check(lib.ferry_model_tensor_state(m.m, i, ctypes.byref(st)), m.filename())
+        self.check_model(m, lib.ferry_model_tensor_state(m.m, i, ctypes.byref(st)))
         return st
 
     def state(self, m, i):
         st = self.raw_state(m, i, _lib.TensorState())
-        return TensorState(st.name.decode("utf-8"), st.nbytes, tier_name(st.tier), bool(st.dirty), st.pins,
+        return TensorState(st.name.decode("utf-8"), st.nbytes, tier_name(st.tier), bool(st.dirty), st.holds,
                            st.group, st.dptr)
 
     def read(self, m, i, address):
         """Copy tensor i's bytes (from whichever tier holds them) to address."""
-        self.check(lib.ferry_model_read(m.m, i, address), m.filename())
+        self.check_model(m, lib.ferry_model_read(m.m, i, address))
 
     def write(self, m, i, address):
-        self.check(lib.ferry_model_write(m.m, i, address), m.filename())
+        self.check_model(m, lib.ferry_model_write(m.m, i, address))
 
     def make_room(self, nbytes):
         """Bytes evicted; raises BudgetError (with .could, the most that could
@@ -213,7 +244,7 @@ class StoreCore:
         could = ctypes.c_uint64()
         rc = lib.ferry_store_make_room(self.s, nbytes, ctypes.byref(could))
         if rc < 0:
-            e = error(rc, _lib.errmsg(self.dev.ctx))
+            e = error(rc, _lib.store_errmsg(self.s))
             e.could = could.value
             raise e
         return rc
@@ -221,7 +252,8 @@ class StoreCore:
     def stats(self):
         st = _lib.StoreStats()
         self.check(lib.ferry_store_get_stats(self.s, ctypes.byref(st)))
-        return stats_dict(st)
+        d = lib.ferry_store_spill_dir(self.s)  # NULL before the first spill
+        return stats_dict(st, os.fsdecode(d) if d else "", host_source())
 
     def job_begin(self, name):
         self.check(lib.ferry_store_job_begin(self.s, name.encode("utf-8")))
@@ -229,4 +261,5 @@ class StoreCore:
     def job_end(self):
         st = _lib.JobStats()
         self.check(lib.ferry_store_job_end(self.s, ctypes.byref(st)))
-        return job_dict(st)
+        name = lib.ferry_store_job_name(self.s)  # the job just ended
+        return job_dict(st, name.decode("utf-8", "replace") if name else "")

@@ -54,8 +54,9 @@ class _Attached:
 
 class Job:
     """`with store.job(name) as j:` - per-job memory statistics
-    (ferry_store_job_begin/end). j.stats is None inside the block and a dict
-    with ferry_job_stats's fields after it: job, seconds, rss, uss, pss and
+    (ferry_store_job_begin/end; one at a time per store, else BusyError).
+    j.stats is None inside the block and a dict
+    with ferry_job_stats's fields after it: job (ferry_store_job_name), seconds, rss, uss, pss and
     cgroup (each {"start", "end", "peak"} in bytes; cgroup all 0 outside a
     cgroup v2), device_bytes, pinned_bytes, host_bytes, spill_bytes (the
     tiers at the end), bytes_htod, bytes_dtoh, bytes_written, bytes_read,
@@ -514,7 +515,8 @@ class Store:
     def remove(self, name):
         """Remove a model: it frees whatever the store holds of it; an
         attached module is detached (hooks removed, its tensors left as meta
-        placeholders). InvalidArgumentError while it is pinned."""
+        placeholders). BusyError (an InvalidArgumentError) while it is pinned
+        (held: in a forward or use())."""
         with self._lock:
             m = self._model(name)
             self._sync()

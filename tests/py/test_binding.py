@@ -154,6 +154,128 @@ def test_error_classes():
     assert errors.error(-4097, "", "f").message  # falls back to ferry_strerror
 
 
+def test_error_map_covers_every_library_code():
+    """Every FERRY_E_* code the library has (ferry_abi_enum_count) has its
+    library name and a class; BUSY is BusyError, also an InvalidArgumentError
+    (what those failures were before the code existed)."""
+    from ferry import _lib, errors
+    lib = _lib.lib
+    n = lib.ferry_abi_enum_count(b"ferry_error")
+    assert n >= 11  # CORRUPT .. BUSY
+    codes = [_lib.E_BASE - k for k in range(n)]
+    assert sorted(errors._CLASSES) == sorted(codes) == sorted(_lib.ERROR_NAMES)
+    for code in codes:
+        name = lib.ferry_error_name(code).decode()
+        e = errors.error(code, "", "f")
+        assert isinstance(e, ferry.FerryError) and e.code == code and e.name == name, (code, name)
+        assert type(e) is errors._BY_NAME[name], (code, name)  # every library code has its own class
+        assert e.message == lib.ferry_strerror(code).decode()
+    # one past the last is no ferry code: a plain FerryError, no name
+    assert lib.ferry_error_name(_lib.E_BASE - n) is None
+    e = errors.error(_lib.E_BASE - n, "m", "f")
+    assert type(e) is ferry.FerryError and e.name is None
+    busy = errors.error(_lib.ERROR_CODES["BUSY"], "tensor \"w\" is in use", "f")
+    assert type(busy) is ferry.BusyError and isinstance(busy, ferry.InvalidArgumentError)
+    assert busy.code == _lib.E_BUSY == -4107 and busy.strerror == "in use"
+
+
+def test_enum_tables_come_from_the_library():
+    from ferry import _lib
+    lib = _lib.lib
+    for table, enum, name_fn in ((_lib.DTYPE_NAMES, b"ferry_dtype", lib.ferry_dtype_name),
+                                 (_lib.ROUTES, b"ferry_route", lib.ferry_route_name),
+                                 (_lib.TIER_NAMES, b"ferry_tier", lib.ferry_tier_name),
+                                 (_lib.FORMAT_NAMES, b"ferry_format", lib.ferry_format_name)):
+        n = lib.ferry_abi_enum_count(enum)
+        assert n > 0 and list(table) == [name_fn(i).decode() for i in range(n)], enum
+    assert _lib.TIER_NAMES[_lib.TIER_DEVICE] == "device" and _lib.TIER_NAMES[_lib.TIER_SOURCE] == "source"
+    assert {"Q4_0", "Q4_K", "IQ2_XXS"} <= _lib.BLOCK_DTYPES
+    assert not {"INVALID", "F32", "F4", "F6_E2M3", "BF16"} & _lib.BLOCK_DTYPES
+    for route in _lib.ROUTES:  # every route the library names is a path_kind
+        assert ferry._core.LoadOptions(route).opts.route == lib.ferry_route_parse(route.encode())
+    with pytest.raises(ValueError, match="path_kind must be one of " + ", ".join(_lib.ROUTES)):
+        ferry._core.LoadOptions("teleport")
+
+
+def test_struct_mirrors_match_the_library():
+    import ctypes
+    from ferry import _lib
+    for cls in _lib.MIRRORS:
+        assert _lib.mirror_mismatch(cls) is None, cls._ferry_name_
+        assert ctypes.sizeof(cls) == _lib.lib.ferry_abi_sizeof(cls._ferry_name_.encode())
+        if cls._fields_[0][0] == "size":  # set for the library on every new instance
+            assert cls().size == ctypes.sizeof(cls)
+
+
+def _variant(base, fields):
+    """A copy of the mirror base with other fields, under the same C name."""
+    import ctypes
+    return type(base.__name__, (ctypes.Structure,), {"_ferry_name_": base._ferry_name_, "_fields_": fields})
+
+
+def test_a_wrong_mirror_is_refused():
+    """A mirror that differs from the library (fields swapped, one missing or
+    extra, a wrong type) is refused, naming the struct, the field and both
+    offsets."""
+    import ctypes
+    from ferry import _lib
+    f = list(_lib.LoadStats._fields_)
+    names = [n for n, _ in f]
+    i, j = names.index("resident"), names.index("why")
+    swapped = list(f)
+    swapped[i], swapped[j] = f[j], f[i]
+    off_resident = _lib.lib.ferry_abi_offsetof(b"ferry_load_stats", b"resident")
+    off_why = _lib.lib.ferry_abi_offsetof(b"ferry_load_stats", b"why")
+    assert off_why > off_resident
+    with pytest.raises(ImportError) as e:
+        _lib.check_mirror(_variant(_lib.LoadStats, swapped))
+    assert str(e.value) == (f"ferry: {__file__}'s ferry_load_stats does not match libferry "
+                            f"{ferry.library_version} ({ferry.library_path}): field 'why' at {off_resident}, "
+                            f"the library has it at {off_why}")
+    with pytest.raises(ImportError, match=f"ferry_load_stats does not match .*: the library has field 'why' at "
+                                          f"{off_why}, which this mirror lacks"):
+        _lib.check_mirror(_variant(_lib.LoadStats, f[:-1]))
+    with pytest.raises(ImportError, match=f"field 'extra' at {ctypes.sizeof(_lib.LoadStats)}: the library has no "
+                                          f"such field"):
+        _lib.check_mirror(_variant(_lib.LoadStats, f + [("extra", ctypes.c_uint64)]))
+    # same names and offsets, a different size: the old char why[256]
+    with pytest.raises(ImportError, match=f"sizeof {off_why + 256}, the library's is {off_why + 8}"):
+        _lib.check_mirror(_variant(_lib.LoadStats, f[:-1] + [("why", ctypes.c_char * 256)]))
+    # the store's old layout (no size field first): the first field is off
+    old = [(n, t) for n, t in _lib.TensorState._fields_ if n != "size"]
+    off_name = _lib.lib.ferry_abi_offsetof(b"ferry_tensor_state", b"name")
+    with pytest.raises(ImportError, match=f"ferry_tensor_state does not match .*: field 'name' at 0, the library "
+                                          f"has it at {off_name}"):
+        _lib.check_mirror(_variant(_lib.TensorState, old))
+    unknown = type("Nope", (ctypes.Structure,), {"_ferry_name_": "ferry_nope", "_fields_": f})
+    with pytest.raises(ImportError, match="ferry_nope does not match .*: the library does not know this struct"):
+        _lib.check_mirror(unknown)
+
+
+def test_a_wrong_mirror_fails_the_import(tmp_path, lib_path):
+    """The check runs at import: a copy of the package whose _lib.py has two
+    fields of ferry_load_stats swapped cannot be imported."""
+    import shutil
+    pkg = tmp_path / "ferry"
+    shutil.copytree(os.path.join(conftest.ROOT, "python", "ferry"), pkg,
+                    ignore=shutil.ignore_patterns("__pycache__", "libferry.so*"))
+    src = (pkg / "_lib.py").read_text()
+    a = '        ("resident", ctypes.c_double),\n'
+    b = '        ("why", ctypes.c_char_p),  # static text of the library\'s\n'
+    assert src.count(a + b) == 1
+    (pkg / "_lib.py").write_text(src.replace(a + b, b + a))
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), FERRY_LIBRARY=lib_path, PYTHONDONTWRITEBYTECODE="1")
+    r = subprocess.run([sys.executable, "-c", "import ferry"], env=env, capture_output=True, text=True,
+                       cwd=tmp_path)
+    assert r.returncode != 0
+    assert (f"ImportError: ferry: {pkg / '_lib.py'}'s ferry_load_stats does not match libferry "
+            f"{ferry.library_version}") in r.stderr, r.stderr
+    lib = ferry._lib.lib
+    off_resident = lib.ferry_abi_offsetof(b"ferry_load_stats", b"resident")
+    off_why = lib.ferry_abi_offsetof(b"ferry_load_stats", b"why")
+    assert f"field 'why' at {off_resident}, the library has it at {off_why}" in r.stderr, r.stderr
+
+
 def test_no_device():
     # this machine may have a GPU; an absurd ordinal never exists
     with pytest.raises(ferry.NoDeviceError) as e:

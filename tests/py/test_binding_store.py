@@ -7,6 +7,7 @@ or the spill file; job statistics; errors."""
 import ctypes
 import gc
 import os
+import re
 import tempfile
 
 import pytest
@@ -559,11 +560,90 @@ def test_device_arguments(tmp_path):
 
 
 def test_store_struct_layouts():
-    """The ctypes structs have the C sizes (x86-64 / aarch64 LP64)."""
+    """The ctypes structs have the C sizes (x86-64 / aarch64 LP64), which are
+    the sizes the library reports."""
     from ferry import _lib
     if ctypes.sizeof(ctypes.c_void_p) != 8:
         pytest.skip("LP64 only")
-    assert ctypes.sizeof(_lib.StoreOpts) == 128
-    assert ctypes.sizeof(_lib.StoreStats) == 536
-    assert ctypes.sizeof(_lib.JobStats) == 264
-    assert ctypes.sizeof(_lib.TensorState) == 48
+    assert ctypes.sizeof(_lib.StoreOpts) == 80
+    assert ctypes.sizeof(_lib.StoreStats) == 192
+    assert ctypes.sizeof(_lib.JobStats) == 208
+    assert ctypes.sizeof(_lib.TensorState) == 56
+    for cls in (_lib.StoreOpts, _lib.StoreStats, _lib.JobStats, _lib.TensorState):
+        assert ctypes.sizeof(cls) == _lib.lib.ferry_abi_sizeof(cls._ferry_name_.encode()), cls
+
+
+def test_busy_tensors_and_jobs(tmp_path, sim_free):
+    """FERRY_E_BUSY is BusyError, with the model's message: evicting or
+    removing a model while it is in use, opening a second job."""
+    from ferry import _lib
+    _, path = ref_and_file(tmp_path)
+    with ft.Store(SIM) as store:
+        store.add("net", path)
+        with store.use("net"):
+            with pytest.raises(ferry.BusyError, match="is in use") as e:
+                store.offload("net")
+            assert e.value.code == _lib.E_BUSY and e.value.name == "BUSY" and e.value.filename == str(path)
+            assert re.fullmatch(r"""model (['"])net\1: tensor (['"])[a-z0-9.]+\2 is in use: unpin it before """
+                                r"evicting", e.value.message), e.value.message
+            with pytest.raises(ferry.BusyError) as e:
+                store.remove("net")
+            assert re.fullmatch(r"""model (['"])net\1: tensor (['"])[a-z0-9.]+\2 is in use: unpin it first""",
+                                e.value.message), e.value.message
+            del e  # its traceback holds the store
+            assert "net" in store and set(tiers(store, "net").values()) == {"device"}
+        store.offload("net")
+        store.remove("net")
+        assert "net" not in store
+        with store.job("a") as j:
+            with pytest.raises(ferry.BusyError) as e:
+                with store.job("b"):
+                    pass
+            assert re.fullmatch(r"""job (['"])a\1 is still open: end it before (['"])b\2""", e.value.message), \
+                e.value.message
+            del e
+        assert j.stats["job"] == "a"
+
+
+def test_spill_dir_from_the_environment(tmp_path, spill_dir, sim_free, monkeypatch):
+    """The library reads no environment: with no spill_dir the binding passes
+    $FERRY_SPILL_DIR; an explicit spill_dir wins over it."""
+    ref, path = ref_and_file(tmp_path)
+
+    def spill_once(store):
+        m = Net(device="meta")
+        store.add("net", path, module=m)
+        assert store.stats()["spill_path"] == ""  # no spill file yet
+        same_output(m, ref)
+        store.mark_dirty("net", "out.bias")
+        store.offload("net")
+        assert store.tensor_state("net", "out.bias").tier == "spill"
+        s = store.stats()
+        assert s["tier_bytes"]["spill"] == 8 * 4
+        d = ferry._lib.lib.ferry_store_spill_dir(store._core.s)
+        assert d is not None and s["spill_path"] == os.fsdecode(d)
+        return s["spill_path"]
+
+    monkeypatch.setenv("FERRY_SPILL_DIR", spill_dir)
+    with ft.Store(SIM, host_budget="1") as store:
+        assert spill_once(store) == spill_dir
+    monkeypatch.setenv("FERRY_SPILL_DIR", str(tmp_path / "not-there"))  # would fail the spill
+    with ft.Store(SIM, host_budget="1", spill_dir=spill_dir) as store:
+        assert spill_once(store) == spill_dir
+
+
+def test_stats_keys_kept(tmp_path, sim_free):
+    """stats() keeps the keys (and their order) the struct used to have:
+    host_source after host_available, spill_path after spilling; no size."""
+    _, path = ref_and_file(tmp_path)
+    with ft.Store(SIM) as store:
+        store.add("net", path)
+        s = store.stats()
+        keys = list(s)
+        assert "size" not in keys and keys[0] == "tier_bytes"
+        assert keys[keys.index("host_available") + 1] == "host_source" and s["host_source"]
+        assert keys[keys.index("spilling") + 1] == "spill_path" and s["spill_path"] == ""
+        assert s["models"] == 1 and s["tensors"] == len(store.tensor_names("net"))
+        with store.job("j") as j:
+            pass
+        assert list(j.stats)[:2] == ["job", "seconds"] and "size" not in j.stats
