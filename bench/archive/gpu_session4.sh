@@ -35,6 +35,7 @@ B)
 C)
   echo "=== C: bench_store"
   cat $F >/dev/null
+  mkdir -p /var/tmp/ferry-spill  # bench_store does not make its spill directory
   "$B"/bench_store $F /var/tmp/ferry-spill | tee "$OUT"/store.json
   ;;
 D)
@@ -44,6 +45,6 @@ D)
   ;;
 E)
   echo "=== E: bench/compare_load.py"
-  timeout 470 python3 bench/compare_load.py --ferry "$B"/ferry --file $F --rounds 2 --make --budget-seconds 420 --out "$OUT"/compare.json 2>&1 | tail -25
+  timeout 420 python3 bench/compare_load.py --ferry "$B"/ferry --file $F --rounds 2 --make --budget-seconds 360 --out "$OUT"/compare.json 2>&1 | tail -25
   ;;
 esac; done
