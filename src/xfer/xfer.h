@@ -33,9 +33,10 @@ void fy_xfer_pinned_free(ferry_device *d, void *p);
 /* ---- completions ---- */
 
 /* A queued move. Every move below takes `fy_xfer_op **op`: NULL waits for the
- * move before returning; otherwise *op receives its completion, which the
- * caller must give to fy_xfer_op_wait exactly once (also on failure of the
- * move itself; *op is NULL when the call fails before queueing anything).
+ * move before returning; otherwise, when the call returns 0, *op receives its
+ * completion, which the caller must give to fy_xfer_op_wait exactly once (a
+ * copy that fails after queueing reports there). When the call itself fails
+ * it has waited for whatever it queued, and *op is NULL.
  * Copies between page-locked memory and the device are queued on the
  * engine's streams and the call returns at once (the host memory must stay
  * valid until the wait); moves that go through reader threads (files) finish
