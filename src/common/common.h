@@ -102,5 +102,7 @@ void fy_progress_destroy(fy_progress *p);
 uint32_t fy_ncpu(void);
 /* Seconds on the monotonic clock. */
 double fy_now(void);
+/* Sleep until fy_now() reaches t (signals do not cut it short). */
+void fy_sleep_until(double t);
 
 #endif /* FERRY_COMMON_H */

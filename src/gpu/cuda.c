@@ -67,6 +67,7 @@ typedef struct cu_api {
     CUresult (*EventRecord)(CUevent e, CUstream s);
     CUresult (*EventSynchronize)(CUevent e);
     CUresult (*EventQuery)(CUevent e);
+    CUresult (*StreamWaitEvent)(CUstream s, CUevent e, unsigned flags);
     CUresult (*MemcpyHtoDAsync)(CUdeviceptr dst, const void *src, size_t n, CUstream s);
     CUresult (*MemcpyDtoHAsync)(void *dst, CUdeviceptr src, size_t n, CUstream s);
     CUresult (*MemsetD8Async)(CUdeviceptr dst, unsigned char v, size_t n, CUstream s); /* optional */
@@ -131,6 +132,7 @@ static void cu_load(void)
     CU_LOAD(EventRecord, "cuEventRecord");
     CU_LOAD(EventSynchronize, "cuEventSynchronize");
     CU_LOAD(EventQuery, "cuEventQuery");
+    CU_LOAD(StreamWaitEvent, "cuStreamWaitEvent");
     CU_LOAD(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
     CU_LOAD(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
 #undef CU_LOAD
@@ -460,6 +462,22 @@ static int cu_event_sync(fy_gpu *g, fy_event *e)
     return 0;
 }
 
+/* The caller's stream (PyTorch's current one, say) waits on the device for
+ * e: ordering without a host sync. */
+static int cu_stream_wait(fy_gpu *g, uint64_t raw, fy_event *e)
+{
+    FY_TRY(cu_enter(g));
+    CUresult rc = cu.StreamWaitEvent((CUstream)(uintptr_t)raw, e->e, 0);
+    if (rc != CUDA_SUCCESS) return cu_fail(g, rc, "cuStreamWaitEvent");
+    return 0;
+}
+
+static uint64_t cu_stream_raw(fy_gpu *g, fy_stream *s)
+{
+    (void)g;
+    return (uint64_t)(uintptr_t)s->s;
+}
+
 static int cu_event_query(fy_gpu *g, fy_event *e)
 {
     FY_TRY(cu_enter(g));
@@ -512,6 +530,8 @@ static const fy_gpu_ops cu_ops = {
     .copy_htod = cu_copy_htod,
     .copy_dtoh = cu_copy_dtoh,
     .bind_thread = cu_bind_thread,
+    .stream_wait = cu_stream_wait,
+    .stream_raw = cu_stream_raw,
 };
 
 /* ---- open ---- */

@@ -67,7 +67,8 @@ FERRY_API int ferry_parse_size(const char *s, uint64_t *out)
 
 int fy_gpu_open(const char *spec, const ferry_allocator *mem, fy_err *err, fy_gpu **out)
 {
-    static const char forms[] = "expected cuda, cuda:N (N = device number), sim:SIZE (e.g. sim:24GiB) or cpu";
+    static const char forms[] =
+        "expected cuda, cuda:N (N = device number), sim:SIZE[,RATE/s] (e.g. sim:24GiB or sim:24GiB,25GB/s) or cpu";
     char q[128];
     if (!out) return fy_seterr(err, FERRY_E_INVAL, "fy_gpu_open: no place for the device handle");
     *out = NULL;
@@ -90,20 +91,35 @@ int fy_gpu_open(const char *spec, const ferry_allocator *mem, fy_err *err, fy_gp
                          fy_quote(q, sizeof q, spec), forms);
     }
     if (strncmp(spec, "sim:", 4) == 0) {
-        uint64_t cap;
-        if (!fy_parse_size(spec + 4, &cap))
+        uint64_t cap, rate = 0;
+        char size[64];
+        const char *comma = strchr(spec + 4, ',');
+        size_t sl = comma ? (size_t)(comma - (spec + 4)) : strlen(spec + 4);
+        if (comma) { /* the modelled copy rate: "25GB/s" */
+            size_t rl = strlen(comma + 1);
+            char r[64];
+            if (rl < 3 || rl >= sizeof r || strcmp(comma + 1 + rl - 2, "/s") != 0 ||
+                (memcpy(r, comma + 1, rl - 2), r[rl - 2] = '\0', !fy_parse_size(r, &rate)) || rate == 0)
+                return fy_seterr(err, FERRY_E_INVAL,
+                                 "device %s: bad copy rate after the comma (examples: 25GB/s, 12.5GiB/s): %s",
+                                 fy_quote(q, sizeof q, spec), forms);
+        }
+        if (sl >= sizeof size) sl = sizeof size - 1; /* too long to be a size: refused below */
+        memcpy(size, spec + 4, sl);
+        size[sl] = '\0';
+        if (!fy_parse_size(size, &cap))
             return fy_seterr(err, FERRY_E_INVAL,
                              "device %s: bad size (examples: 24GiB, 24G, 512MiB, 1.5GB, 1000000): %s",
                              fy_quote(q, sizeof q, spec), forms);
         if (cap == 0)
             return fy_seterr(err, FERRY_E_INVAL, "device %s: a sim device needs a capacity above 0 bytes",
                              fy_quote(q, sizeof q, spec));
-        return fy_gpu_sim_open(cap, mem, err, out);
+        return fy_gpu_sim_open(cap, rate, mem, err, out);
     }
     if (strcmp(spec, "cpu") == 0) {
         long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
         uint64_t ram = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : (1ull << 34);
-        int rc = fy_gpu_sim_open(ram, mem, err, out);
+        int rc = fy_gpu_sim_open(ram, 0, mem, err, out);
         if (rc < 0) return rc;
         (*out)->host_visible = true;
         snprintf((*out)->desc, sizeof (*out)->desc, "cpu (pageable host memory, %.1f GiB)", (double)ram / (1u << 30));

@@ -56,6 +56,14 @@ typedef struct fy_gpu_ops {
     /* make the device's context current on the calling thread (cuda: the
      * primary context, shared with PyTorch); no-op for sim */
     int (*bind_thread)(fy_gpu *g);
+    /* Make a stream that is not ours wait, on the device, until e's latest
+     * record has completed; the host does not block. raw is the backend's
+     * own stream handle: cuda a CUstream (0: the legacy default stream), e.g.
+     * PyTorch's current stream; sim a fy_stream of this device, 0 meaning
+     * "the caller's thread" (the call then waits on the host). */
+    int (*stream_wait)(fy_gpu *g, uint64_t raw, fy_event *e);
+    /* The raw handle stream_wait takes for one of our streams. */
+    uint64_t (*stream_raw)(fy_gpu *g, fy_stream *s);
 } fy_gpu_ops;
 
 /* Every backend's handle starts with this. */
@@ -78,7 +86,9 @@ int fy_gpu_open(const char *spec, const ferry_allocator *mem, fy_err *err, fy_gp
 void fy_gpu_close(fy_gpu *g);
 
 int fy_gpu_cuda_open(int ordinal, const ferry_allocator *mem, fy_err *err, fy_gpu **out);
-int fy_gpu_sim_open(uint64_t capacity, const ferry_allocator *mem, fy_err *err, fy_gpu **out);
+/* bytes_per_s: the modelled copy rate per direction (copies on every stream
+ * share it, as on one copy engine per direction); 0 = as fast as memcpy. */
+int fy_gpu_sim_open(uint64_t capacity, uint64_t bytes_per_s, const ferry_allocator *mem, fy_err *err, fy_gpu **out);
 
 /* Sim only: the nth call (1 = next) of kind op fails (FERRY_E_DEVICE, or -ENOMEM
  * for allocations); 0 disarms. Returns FERRY_E_INVAL for a non-sim device. */

@@ -54,6 +54,8 @@ typedef struct sim_gpu sim_gpu;
 typedef struct sim_op {
     struct sim_op *next;
     bool is_copy;
+    bool is_wait;  /* a stream_wait: hold the stream until ev reaches seq */
+    bool to_dev;   /* copy direction (each has its own modelled link) */
     void *dst; /* copy */
     const void *src;
     size_t n;
@@ -87,6 +89,8 @@ struct sim_gpu {
     pthread_cond_t ev_done;  /* some event completed */
     pthread_cond_t released; /* some range's inflight count dropped to 0 */
     uint64_t capacity;
+    double rate;          /* modelled copy bytes/s per direction, 0 = unmodelled */
+    double link_free[2];  /* per direction (0 dtoh, 1 htod): when the link is free next (fy_now) */
     sim_table dev, pinned, reg;
     struct { long nth, left; } fault[FY_OP_COUNT];
     fy_stream *streams;
@@ -457,12 +461,25 @@ static void *stream_worker(void *arg)
         s->head = op->next;
         if (!s->head) s->tail = NULL;
         if (op->is_copy) {
+            /* a modelled link: copies in one direction take turns at the rate,
+             * whichever stream they are on, so overlap and stalls are real */
+            double until = 0;
+            if (g->rate > 0) {
+                double *link = &g->link_free[op->to_dev], now = fy_now();
+                until = (*link > now ? *link : now) + (double)op->n / g->rate;
+                *link = until;
+            }
             pthread_mutex_unlock(&g->lock);
             memcpy(op->dst, op->src, op->n);
+            if (until > 0) fy_sleep_until(until);
             pthread_mutex_lock(&g->lock);
             bool zero = --op->dev->inflight == 0;
             if (op->pinned && --op->pinned->inflight == 0) zero = true;
             if (zero) pthread_cond_broadcast(&g->released);
+        } else if (op->is_wait) {
+            fy_event *e = op->ev;
+            while (e->completed < op->seq) pthread_cond_wait(&g->ev_done, &g->lock);
+            if (--e->markers == 0 && e->freed) fy_free(g->base.mem, e);
         } else {
             fy_event *e = op->ev;
             if (op->seq > e->completed) e->completed = op->seq;
@@ -747,6 +764,7 @@ static int copy_queue(sim_gpu *g, const char *name, bool to_dev, fy_dptr d, void
     sim_op *op = fy_calloc(g->base.mem, 1, sizeof *op);
     if (!op) return fy_seterr(err, -ENOMEM, "sim: %s: out of host memory", name);
     op->is_copy = true;
+    op->to_dev = to_dev;
     op->n = n;
     op->dst = to_dev ? (void *)(uintptr_t)d : host;
     op->src = to_dev ? (const void *)host : (const void *)(uintptr_t)d;
@@ -774,6 +792,37 @@ static int sim_copy_dtoh(fy_gpu *gg, void *dst, fy_dptr src, size_t n, fy_stream
     int rc = copy_queue(g, "copy_dtoh", false, src, dst, n, s);
     pthread_mutex_unlock(&g->lock);
     return rc;
+}
+
+static int sim_stream_wait(fy_gpu *gg, uint64_t raw, fy_event *e)
+{
+    if (raw == 0) return sim_event_sync(gg, e); /* the caller's thread */
+    sim_gpu *g = (sim_gpu *)gg;
+    fy_stream *s = (fy_stream *)(uintptr_t)raw;
+    int rc;
+    pthread_mutex_lock(&g->lock);
+    if (!e || !event_known(g, e)) rc = bad_event(g, "stream_wait", e);
+    else if (!stream_known(g, s)) rc = bad_stream(g, "stream_wait", s);
+    else if ((rc = fault_hit(g, FY_OP_EVENT, "stream_wait")) == 0) {
+        sim_op *op = fy_calloc(gg->mem, 1, sizeof *op);
+        if (!op) {
+            rc = fy_seterr(gg->err, -ENOMEM, "sim: stream_wait: out of host memory (%zu bytes)", sizeof *op);
+        } else { /* as cuStreamWaitEvent: the record current at the call */
+            op->is_wait = true;
+            op->ev = e;
+            op->seq = e->recorded;
+            e->markers++;
+            enqueue(s, op);
+        }
+    }
+    pthread_mutex_unlock(&g->lock);
+    return rc;
+}
+
+static uint64_t sim_stream_raw(fy_gpu *gg, fy_stream *s)
+{
+    (void)gg;
+    return (uint64_t)(uintptr_t)s;
 }
 
 static int sim_bind_thread(fy_gpu *gg)
@@ -819,7 +868,7 @@ static void sim_close(fy_gpu *gg)
     fy_free(gg->mem, g);
 }
 
-int fy_gpu_sim_open(uint64_t capacity, const ferry_allocator *mem, fy_err *err, fy_gpu **out)
+int fy_gpu_sim_open(uint64_t capacity, uint64_t bytes_per_s, const ferry_allocator *mem, fy_err *err, fy_gpu **out)
 {
     char s[32];
     if (!out) return fy_seterr(err, FERRY_E_INVAL, "sim: open: out is NULL");
@@ -832,8 +881,13 @@ int fy_gpu_sim_open(uint64_t capacity, const ferry_allocator *mem, fy_err *err, 
     g->base.mem = mem;
     g->base.err = err;
     g->base.ordinal = 0;
-    snprintf(g->base.desc, sizeof g->base.desc, "sim (%s)", fmt_size(s, sizeof s, capacity));
+    if (bytes_per_s)
+        snprintf(g->base.desc, sizeof g->base.desc, "sim (%s, copies at %.1f GB/s)", fmt_size(s, sizeof s, capacity),
+                 (double)bytes_per_s / 1e9);
+    else
+        snprintf(g->base.desc, sizeof g->base.desc, "sim (%s)", fmt_size(s, sizeof s, capacity));
     g->capacity = capacity;
+    g->rate = (double)bytes_per_s;
     int rc;
     if ((rc = pthread_mutex_init(&g->lock, NULL)) != 0) goto fail_lock;
     if ((rc = pthread_cond_init(&g->ev_done, NULL)) != 0) goto fail_ev;
@@ -871,4 +925,6 @@ static const fy_gpu_ops sim_ops = {
     .copy_htod = sim_copy_htod,
     .copy_dtoh = sim_copy_dtoh,
     .bind_thread = sim_bind_thread,
+    .stream_wait = sim_stream_wait,
+    .stream_raw = sim_stream_raw,
 };

@@ -98,6 +98,18 @@ int fy_xfer_op_query(fy_xfer_op *op)
     return 1;
 }
 
+int fy_xfer_op_order(fy_xfer_op *op, uint64_t stream)
+{
+    if (!op) return FERRY_E_INVAL;
+    fy_gpu *g = op->d->g;
+    for (int k = 0; k < OP_STREAMS; k++) {
+        if (!op->ev[k]) continue; /* a move that finished before returning needs no ordering */
+        int rc = g->ops->stream_wait(g, stream, op->ev[k]);
+        if (rc < 0) return rc;
+    }
+    return 0;
+}
+
 /* A move that already ran: hand back a completed op, or nothing when the
  * caller waits (op NULL) or the move failed. */
 static int done(ferry_device *d, int rc, fy_xfer_op **op)

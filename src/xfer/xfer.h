@@ -47,6 +47,11 @@ typedef struct fy_xfer_op fy_xfer_op;
 int fy_xfer_op_wait(fy_xfer_op *op);
 /* 1 done, 0 still running, < 0 failed (wait still frees it). Does not block. */
 int fy_xfer_op_query(fy_xfer_op *op);
+/* Make a caller's stream wait, on the device, for the move (the host does not
+ * block): stream is the backend's raw handle (cuda: a CUstream such as
+ * PyTorch's current stream, 0 the legacy default stream). Work queued on it
+ * afterwards sees the moved bytes. The op stays the caller's to wait on. */
+int fy_xfer_op_order(fy_xfer_op *op, uint64_t stream);
 
 /* ---- moves ---- */
 

@@ -25,7 +25,7 @@ static fy_err err;
 static fy_gpu *open_sim(uint64_t cap)
 {
     fy_gpu *g = NULL;
-    int rc = fy_gpu_sim_open(cap, NULL, &err, &g);
+    int rc = fy_gpu_sim_open(cap, 0, NULL, &err, &g);
     CHECK_EQ(rc, 0);
     return g;
 }
@@ -197,7 +197,7 @@ static void test_open(void)
     CHECK_EQ(fy_gpu_sim_fault(&fake, FY_OP_ANY, 1), FERRY_E_INVAL);
     CHECK_EQ(fy_gpu_sim_usage(&fake, &d, NULL, NULL), FERRY_E_INVAL);
     CHECK_EQ(fy_gpu_sim_fault(NULL, FY_OP_ANY, 1), FERRY_E_INVAL);
-    CHECK_EQ(fy_gpu_sim_open(0, NULL, &err, &g), FERRY_E_INVAL);
+    CHECK_EQ(fy_gpu_sim_open(0, 0, NULL, &err, &g), FERRY_E_INVAL);
 }
 
 /* ---- capacity, allocation tables, mem_info ---- */

@@ -1736,6 +1736,59 @@ static void test_moves(ferry_ctx *ctx)
         close(fd);
         unlink(path);
     }
+    /* ordering another stream after a queued move, on a device whose copies
+     * take modelled time (64 MiB at 0.5 GB/s: at least 0.13 s) */
+    {
+        ferry_device *slow = open_dev(ctx, "sim:256MiB,0.5GB/s");
+        if (slow) {
+            CHECK_STR_HAS(ferry_device_desc(slow), "copies at 0.5 GB/s");
+            fy_gpu *g = fy_device_gpu(slow);
+            const uint64_t big = 64ull << 20;
+            void *src = NULL, *dst = NULL;
+            fy_dptr dbig = 0;
+            fy_stream *theirs = NULL; /* stands in for the caller's (PyTorch's) stream */
+            CHECK_EQ(fy_xfer_bind(slow), 0);
+            CHECK_EQ(fy_xfer_pinned_alloc(slow, big, &src), 0);
+            CHECK_EQ(fy_xfer_pinned_alloc(slow, big, &dst), 0);
+            CHECK_EQ(fy_xfer_dev_alloc(slow, big, &dbig), 0);
+            CHECK_EQ(g->ops->stream_new(g, &theirs), 0);
+            if (src && dst && dbig && theirs) {
+                for (uint64_t i = 0; i < big; i += 4096) ((uint8_t *)src)[i] = (uint8_t)(i >> 12 | 1);
+                memset(dst, 0, big);
+                double t0 = fy_now();
+                fy_hostrange in = {src, dbig, big};
+                fy_xfer_op *mv = NULL;
+                CHECK_EQ(fy_xfer_host_to_device(slow, &in, 1, &mv), 0);
+                /* their stream reads the block back only after the move landed,
+                 * though nothing on the host waited for it */
+                CHECK_EQ(fy_xfer_op_order(mv, g->ops->stream_raw(g, theirs)), 0);
+                CHECK_EQ(g->ops->copy_dtoh(g, dst, dbig, (size_t)big, theirs), 0);
+                CHECK_EQ(g->ops->stream_sync(g, theirs), 0);
+                CHECK(memcmp(dst, src, big) == 0);
+                CHECK(fy_now() - t0 >= 0.12); /* the modelled rate held: 64 MiB in, 64 MiB out */
+                CHECK_EQ(fy_xfer_op_query(mv), 1);
+                CHECK_EQ(fy_xfer_op_wait(mv), 0);
+                /* raw 0 on sim: the caller's own thread waits */
+                mv = NULL;
+                CHECK_EQ(fy_xfer_host_to_device(slow, &in, 1, &mv), 0);
+                CHECK_EQ(fy_xfer_op_order(mv, 0), 0);
+                CHECK_EQ(fy_xfer_op_query(mv), 1);
+                CHECK_EQ(fy_xfer_op_wait(mv), 0);
+                CHECK(fy_xfer_op_order(NULL, 0) == FERRY_E_INVAL);
+            }
+            if (theirs) g->ops->stream_free(g, theirs);
+            if (dbig) fy_xfer_dev_free(slow, dbig);
+            if (dst) fy_xfer_pinned_free(slow, dst);
+            if (src) fy_xfer_pinned_free(slow, src);
+            ferry_device_close(slow);
+        }
+        ferry_device *bad = NULL;
+        CHECK_EQ(ferry_device_open(ctx, "sim:64MiB,fast", &bad), FERRY_E_INVAL);
+        CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "copy rate");
+        CHECK_EQ(ferry_device_open(ctx, "sim:64MiB,0GB/s", &bad), FERRY_E_INVAL);
+        CHECK_EQ(ferry_device_open(ctx, "sim:64MiB,25GB", &bad), FERRY_E_INVAL);
+        CHECK(bad == NULL);
+    }
     /* a queued copy that fails: the call waits for what it queued, no op */
     CHECK(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, 1) >= 0);
     op = (fy_xfer_op *)(uintptr_t)1;

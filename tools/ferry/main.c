@@ -24,7 +24,8 @@ static void usage(FILE *out)
     fprintf(out,
             "\n"
             "Devices: cuda:N (the CUDA driver is loaded at run time; no GPU needed to build),\n"
-            "sim:SIZE, a GPU emulated in host memory (e.g. sim:24GiB), or cpu.\n"
+            "sim:SIZE[,RATE/s], a GPU emulated in host memory (e.g. sim:24GiB, or sim:24GiB,25GB/s\n"
+            "to model the copy rate of each direction), or cpu.\n"
             "\n"
             "Checkpoints: .safetensors files, sharded checkpoints opened through their\n"
             "*.safetensors.index.json, GGUF files and PyTorch zip checkpoints (.pt, .ckpt,\n"
