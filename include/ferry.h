@@ -537,6 +537,41 @@ FERRY_API int ferry_model_set_priority(ferry_model *m, int priority);
  * room: FERRY_E_BUDGET, with the bytes needed and the bytes that could be
  * freed in the message, and nothing evicted or moved. */
 FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int64_t n);
+/* Queued moves. ferry_model_to_device_async does what ferry_model_to_device
+ * does (room first, by the same policy, then the moves), but returns once the
+ * moves are queued: copies from pinned RAM run on ferry's streams while the
+ * caller goes on; moves that read files (the checkpoint, the spill file) run
+ * their reader threads in the call. The store's lock is not held across any
+ * transfer, so other threads may prefetch, release or evict meanwhile. Until
+ * the op has landed its tensors keep their old copies and cannot be evicted,
+ * read or written; a later call that needs them lands the op first.
+ * *op (on success) must be given to ferry_op_wait exactly once, before the
+ * store is freed. Errors of the queueing itself as for ferry_model_to_device
+ * (nothing moved, *op NULL); errors of the copies come from ferry_op_wait,
+ * which then leaves every tensor where it was. Thread-safe. */
+typedef struct ferry_op ferry_op;
+FERRY_API int ferry_model_to_device_async(ferry_model *m, const int64_t *tensors, int64_t n, ferry_op **op);
+/* Wait on the host until the op's moves have landed, then free it: 0, or the
+ * first error of its copies (the message on its model). NULL: FERRY_E_INVAL. */
+FERRY_API int ferry_op_wait(ferry_op *op);
+/* 1 when the op's copies are done (ferry_op_wait will not block), 0 if not yet,
+ * < 0 on failure. Does not block. */
+FERRY_API int ferry_op_query(ferry_op *op);
+/* Order a CUDA stream of the caller's (a CUstream as an integer, e.g.
+ * torch.cuda.current_stream().cuda_stream; 0 the legacy default stream)
+ * after the op's copies, without a host sync: kernels queued on it afterwards
+ * read the landed bytes. The device addresses are ferry_model_tensor_state's
+ * dptr once the call that queued the op returned. ferry_op_wait is still owed.
+ * On a sim device the stream is a sim stream, 0 the caller's thread (waits). */
+FERRY_API int ferry_op_stream_wait(ferry_op *op, uint64_t cu_stream);
+/* Release a hold (ferry_model_hold) of tensor t (t < 0: all) once the work
+ * already queued on cu_stream has run: until an event recorded there now has
+ * completed the tensor stays held, so its device memory is never reused while
+ * a kernel may still read it. The host does not wait; the store drops such
+ * holds as their events complete (and waits for them when it needs the room).
+ * FERRY_E_INVAL for a tensor not held. */
+FERRY_API int ferry_model_release_after(ferry_model *m, int64_t t, uint64_t cu_stream);
+
 /* Take tensors[0..n-1] (NULL: all) and their groups off the device: clean
  * ones are dropped (0 bytes written), dirty ones saved to PINNED, HOST or
  * SPILL. On failure (spill file full, I/O error) the tensors that could not
@@ -587,6 +622,10 @@ FERRY_API int ferry_model_write(ferry_model *m, int64_t t, const void *buf);
  * ranges freed when tensors came back stay allocated for the next spill until
  * then, or until the next spill, which punches out what it did not reuse. The
  * pinned pool's unused chunks are unpinned and freed by it too. */
+/* Holds released with ferry_model_release_after count until their stream has
+ * run that far; when that leaves too little room, or bytes is UINT64_MAX, the
+ * call waits for those streams and then evicts what they held too. Tensors of
+ * a queued move that has not landed are never evicted. */
 FERRY_API int64_t ferry_store_make_room(ferry_store *s, uint64_t bytes, uint64_t *could);
 
 typedef struct ferry_store_stats {

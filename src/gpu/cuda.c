@@ -472,6 +472,14 @@ static int cu_stream_wait(fy_gpu *g, uint64_t raw, fy_event *e)
     return 0;
 }
 
+static int cu_event_record_raw(fy_gpu *g, fy_event *e, uint64_t raw)
+{
+    FY_TRY(cu_enter(g));
+    CUresult rc = cu.EventRecord(e->e, (CUstream)(uintptr_t)raw);
+    if (rc != CUDA_SUCCESS) return cu_fail(g, rc, "cuEventRecord");
+    return 0;
+}
+
 static uint64_t cu_stream_raw(fy_gpu *g, fy_stream *s)
 {
     (void)g;
@@ -532,6 +540,7 @@ static const fy_gpu_ops cu_ops = {
     .bind_thread = cu_bind_thread,
     .stream_wait = cu_stream_wait,
     .stream_raw = cu_stream_raw,
+    .event_record_raw = cu_event_record_raw,
 };
 
 /* ---- open ---- */

@@ -64,6 +64,9 @@ typedef struct fy_gpu_ops {
     int (*stream_wait)(fy_gpu *g, uint64_t raw, fy_event *e);
     /* The raw handle stream_wait takes for one of our streams. */
     uint64_t (*stream_raw)(fy_gpu *g, fy_stream *s);
+    /* Record e on a stream that is not ours (raw as for stream_wait; sim: 0
+     * means the caller's thread, so e is complete at once). */
+    int (*event_record_raw)(fy_gpu *g, fy_event *e, uint64_t raw);
 } fy_gpu_ops;
 
 /* Every backend's handle starts with this. */

@@ -819,6 +819,18 @@ static int sim_stream_wait(fy_gpu *gg, uint64_t raw, fy_event *e)
     return rc;
 }
 
+static int sim_event_record_raw(fy_gpu *gg, fy_event *e, uint64_t raw)
+{
+    if (raw) return sim_event_record(gg, e, (fy_stream *)(uintptr_t)raw);
+    sim_gpu *g = (sim_gpu *)gg; /* the caller's thread: nothing of it is queued here */
+    int rc;
+    pthread_mutex_lock(&g->lock);
+    if (!e || !event_known(g, e)) rc = bad_event(g, "event_record", e);
+    else if ((rc = fault_hit(g, FY_OP_EVENT, "event_record")) == 0) e->completed = ++e->recorded;
+    pthread_mutex_unlock(&g->lock);
+    return rc;
+}
+
 static uint64_t sim_stream_raw(fy_gpu *gg, fy_stream *s)
 {
     (void)gg;
@@ -927,4 +939,5 @@ static const fy_gpu_ops sim_ops = {
     .bind_thread = sim_bind_thread,
     .stream_wait = sim_stream_wait,
     .stream_raw = sim_stream_raw,
+    .event_record_raw = sim_event_record_raw,
 };

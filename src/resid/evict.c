@@ -178,7 +178,24 @@ static uint64_t room_now(ferry_store *s)
 
 /* Make bytes of room, never touching protected tensors (prot: per model, per
  * tensor, may be NULL). *could = what could be freed when impossible. */
+static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, uint64_t *could);
+
 int64_t rs_make_room_locked(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, uint64_t *could)
+{
+    rs_reap_releases(s, false); /* holds whose kernels are done go first */
+    int64_t rc = make_room_once(s, bytes, pm, prot, could);
+    /* short of room (or asked for everything) while kernels may still read
+     * released tensors: wait for them (their memory is reusable only then),
+     * then evict what they held too */
+    bool all = bytes == UINT64_MAX;
+    if ((rc == FERRY_E_BUDGET || (all && rc >= 0)) && s->releases && rs_reap_releases(s, true) > 0) {
+        int64_t more = make_room_once(s, bytes, pm, prot, could);
+        rc = all && rc >= 0 && more >= 0 ? rc + more : more;
+    }
+    return rc;
+}
+
+static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, uint64_t *could)
 {
     uint64_t room = room_now(s);
     uint64_t need = bytes == UINT64_MAX ? UINT64_MAX : (bytes > room ? bytes - room : 0);
@@ -215,12 +232,13 @@ int64_t rs_make_room_locked(ferry_store *s, uint64_t bytes, ferry_model *pm, con
         /* bytes and protection of each of this model's groups, in one pass */
         for (int64_t q = 0; q < m->n; q++) {
             rtensor *u = &m->t[q];
-            if (u->tier != FERRY_TIER_DEVICE) continue;
+            if (u->tier != FERRY_TIER_DEVICE && !u->moving) continue;
             int64_t lo = k - 1;
             while (lo >= 0 && gm[lo] == i && gid[lo] != u->group) lo--; /* this model's candidates */
             if (lo < 0 || gm[lo] != i) continue;
-            c[lo].bytes += u->nbytes;
-            if (u->holds || (m == pm && prot && prot[q])) c[lo].protect = true;
+            if (u->tier == FERRY_TIER_DEVICE) c[lo].bytes += u->nbytes;
+            /* a group with a member still landing stays whole: not a candidate */
+            if (u->holds || u->moving || (m == pm && prot && prot[q])) c[lo].protect = true;
         }
     }
     uint64_t freed = 0;
@@ -291,6 +309,8 @@ FERRY_API int ferry_model_evict(ferry_model *m, const int64_t *tensors, int64_t 
         goto out;
     }
     if ((rc = rs_select_groups(m, tensors, n, sel)) < 0) goto out;
+    rs_land_moving(s, m, sel, 0); /* a queued move of any of them lands first */
+    rs_reap_releases(s, false);
     int64_t nt = 0;
     for (int64_t i = 0; i < m->n; i++) {
         if (!sel[i] || m->t[i].tier != FERRY_TIER_DEVICE) continue;

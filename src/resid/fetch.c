@@ -1,6 +1,9 @@
-/* fetch.c - ferry_model_to_device: room first, then each tier's tensors
- * through its move (the checkpoint through the loader, pinned and RAM copies
- * by DMA, the spill file through the ring). */
+/* fetch.c - moves to the device: room first (under the store's lock), then
+ * each tier's tensors through its move with the lock dropped (the checkpoint
+ * through the loader, pinned and RAM copies by DMA, the spill file through the
+ * ring), then, once the copies are done, the new tiers committed under the
+ * lock again ("landing"). ferry_model_to_device is a queued move landed at
+ * once; ferry_model_to_device_async hands the landing to the caller. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
@@ -10,24 +13,131 @@
 
 #include "store_impl.h"
 
-/* ---- to the device ---- */
+/* A pending "release after stream": the hold of tensor t drops once f is done. */
+struct rs_release {
+    struct rs_release *next;
+    rtensor *t;
+    fy_xfer_fence *f;
+};
 
-FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int64_t n)
+static void op_fail(ferry_op *op, ferry_store *s, int rc)
 {
-    if (!m || n < 0) return FERRY_E_INVAL; /* tensors NULL: all */
+    if (op->rc < 0 || rc >= 0) return;
+    op->rc = rc;
+    snprintf(op->msg, sizeof op->msg, "%s", ferry_device_errmsg(s->dev));
+}
+
+/* Commit (rc == 0: the device copies are the ones now) or roll back (the
+ * tensors stay where they were; nothing was lost: their old copies were kept). */
+static void op_commit(ferry_store *s, ferry_op *op)
+{
+    ferry_model *m = op->m;
+    if (op->rc == 0) fy_spill_hold(s->spill); /* freed ranges stay for the next spill (see below) */
+    for (int64_t i = 0; i < m->n; i++) {
+        rtensor *t = &m->t[i];
+        if (!op->sel[i] || t->moving != op) continue;
+        t->moving = NULL;
+        if (op->rc < 0) {
+            if (t->dptr) rs_dev_free(s, t);
+            continue;
+        }
+        if (t->nbytes == 0) t->dptr = 0;
+        rs_release_copy(s, t); /* the device copy is now the one */
+        t->tier = FERRY_TIER_DEVICE;
+    }
+    if (op->rc < 0) {
+        rs_merr(m, op->rc, "%s", op->msg);
+        return;
+    }
+    s->c.htod += op->moved;
+    s->c.read += op->read;
+    s->c.s_htod += fy_now() - op->t0;
+}
+
+/* Land a QUEUED op now: one thread waits for its copies (lock dropped), then
+ * commits. Only its owner frees it, and not before it is LANDED. */
+static void land_now(ferry_store *s, ferry_op *op)
+{
+    op->state = OP_LANDING;
+    if (op->xop) {
+        pthread_mutex_unlock(&s->lock);
+        int rc = fy_xfer_op_wait(op->xop);
+        if (rc < 0) op_fail(op, s, rc);
+        pthread_mutex_lock(&s->lock);
+        op->xop = NULL;
+    }
+    op_commit(s, op);
+    op->state = OP_LANDED;
+    pthread_cond_broadcast(&s->landed);
+}
+
+/* The owner's landing (ferry_op_wait, the store's free): op stays valid. */
+void rs_op_land(ferry_store *s, ferry_op *op)
+{
+    while (op->state == OP_MOVING || op->state == OP_LANDING) pthread_cond_wait(&s->landed, &s->lock);
+    if (op->state == OP_QUEUED) land_now(s, op);
+}
+
+void rs_land_moving(ferry_store *s, ferry_model *m, const bool *sel, int64_t i)
+{
+    /* Another thread's op may be freed by its owner the moment it has landed,
+     * so after any wait only the tensors are looked at again, never the op;
+     * and landing drops the lock, so meanwhile another move may have been
+     * queued: start over until one pass finds none. */
+    for (bool again = true; again;) {
+        again = false;
+        for (int64_t k = sel ? 0 : i; k < (sel ? m->n : i + 1) && !again; k++) {
+            ferry_op *op = (!sel || sel[k]) ? m->t[k].moving : NULL;
+            if (!op) continue;
+            if (op->state == OP_QUEUED) land_now(s, op);
+            else pthread_cond_wait(&s->landed, &s->lock); /* being moved or landed by someone else */
+            again = true;
+        }
+    }
+}
+
+int64_t rs_reap_releases(ferry_store *s, bool wait)
+{
+    int64_t dropped = 0;
+    for (struct rs_release **p = &s->releases; *p;) {
+        struct rs_release *r = *p;
+        int q = fy_xfer_fence_query(r->f);
+        if (q == 0 && wait) q = fy_xfer_fence_wait(r->f) < 0 ? -1 : 1;
+        if (q == 0) {
+            p = &r->next;
+            continue;
+        }
+        /* done, or the fence failed: a failed event says nothing more will
+         * come of it, so the hold goes either way rather than forever */
+        if (r->t->holds > 0) r->t->holds--;
+        *p = r->next;
+        fy_xfer_fence_free(r->f);
+        fy_free(s->m, r);
+        dropped++;
+    }
+    return dropped;
+}
+
+/* Queue the moves of tensors[0..n-1] and their groups; *out the op (its
+ * tensors marked moving, the lock dropped during the transfers). */
+static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, ferry_op **out)
+{
     ferry_store *s = m->s;
-    pthread_mutex_lock(&s->lock);
+    *out = NULL;
+    ferry_op *op = fy_calloc(s->m, 1, sizeof *op);
     bool *sel = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *sel);
     int64_t *idx = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *idx);
     uint64_t *dp = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *dp);
     fy_hostrange *hr = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *hr);
     fy_fdrange *fr = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *fr);
     int rc = 0;
-    if (!sel || !idx || !dp || !hr || !fr) {
+    pthread_mutex_lock(&s->lock);
+    if (!op || !sel || !idx || !dp || !hr || !fr) {
         rc = rs_merr(m, -ENOMEM, "ferry_model_to_device: out of memory for the lists of %" PRId64 " tensors", m->n);
-        goto out;
+        goto fail;
     }
-    if ((rc = rs_select_groups(m, tensors, n, sel)) < 0) goto out;
+    if ((rc = rs_select_groups(m, tensors, n, sel)) < 0) goto fail;
+    rs_land_moving(s, m, sel, 0); /* an earlier move of any of them lands first */
     uint64_t need = 0;
     for (int64_t i = 0; i < m->n; i++)
         if (sel[i] && m->t[i].tier != FERRY_TIER_DEVICE) need += m->t[i].nbytes;
@@ -38,36 +148,32 @@ FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int6
         char msg[FY_ERRMSG_MAX];
         fy_err_copy(&s->err, msg, sizeof msg);
         rs_merr(m, rc, "%s", msg);
-        goto out;
+        goto fail;
     }
     if ((rc = fy_xfer_bind(s->dev)) < 0) {
         rs_device_failed(s, m, rc);
-        goto out;
+        goto fail;
     }
-    /* allocate, then move tier by tier; on failure free what this call allocated */
+    /* allocate; on failure free what this call allocated */
     for (int64_t i = 0; i < m->n && rc == 0; i++) {
         rtensor *t = &m->t[i];
-        if (!sel[i] || t->tier == FERRY_TIER_DEVICE) continue;
-        if (t->nbytes == 0) continue;
+        if (!sel[i] || t->tier == FERRY_TIER_DEVICE || t->nbytes == 0) continue;
         rc = rs_dev_alloc(s, t);
     }
-    double t0 = fy_now();
-    uint64_t moved = 0, read = 0;
-    /* SOURCE: file by file, through the transfer engine */
-    for (int k = 0; k < m->nfiles && rc == 0; k++) {
-        int64_t cnt = 0;
-        for (int64_t i = 0; i < m->n; i++) {
-            rtensor *t = &m->t[i];
-            if (sel[i] && t->file == k && t->tier == FERRY_TIER_SOURCE && t->nbytes) {
-                idx[cnt] = t->idx;
-                dp[cnt++] = t->dptr;
-                moved += t->nbytes;
-            }
-        }
-        if (cnt) rc = ferry_load_into(s->dev, m->files[k], idx, dp, cnt, &s->load, NULL);
+    if (rc < 0) {
+        rs_device_failed(s, m, rc);
+        for (int64_t i = 0; i < m->n; i++)
+            if (sel[i] && m->t[i].tier != FERRY_TIER_DEVICE && m->t[i].dptr) rs_dev_free(s, &m->t[i]);
+        goto fail;
     }
-    read = moved;
-    /* PINNED / HOST: plain copies */
+    /* from here the tensors are the op's: nobody evicts, reads or moves them */
+    op->m = m;
+    op->sel = sel;
+    op->state = OP_MOVING;
+    op->t0 = fy_now();
+    for (int64_t i = 0; i < m->n; i++)
+        if (sel[i] && m->t[i].tier != FERRY_TIER_DEVICE) m->t[i].moving = op;
+        else sel[i] = false; /* what is on the device already is not this op's */
     int64_t nh = 0, nf = 0;
     for (int64_t i = 0; i < m->n; i++) {
         rtensor *t = &m->t[i];
@@ -75,41 +181,143 @@ FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int6
         if (t->tier == FERRY_TIER_PINNED || t->tier == FERRY_TIER_HOST) hr[nh++] = (fy_hostrange){t->host, t->dptr, t->nbytes};
         if (t->tier == FERRY_TIER_SPILL) fr[nf++] = (fy_fdrange){t->soff, t->nbytes, t->dptr};
     }
-    if (rc == 0 && nh) rc = fy_xfer_host_to_device(s->dev, hr, nh, NULL);
-    if (rc == 0 && nf) rc = fy_xfer_fd_to_device(s->dev, fy_spill_fd(s->spill), s->spill_dir, fr, nf, &s->load, NULL, NULL);
-    double dt = fy_now() - t0;
-    for (int64_t i = 0; i < nh; i++) moved += hr[i].len;
-    for (int64_t i = 0; i < nf; i++) moved += fr[i].len, read += fr[i].len;
-    if (rc < 0) { /* nothing moved: back to where they were */
-        rs_device_failed(s, m, rc);
+    int spill_fd = s->spill ? fy_spill_fd(s->spill) : -1;
+    op->next = s->ops;
+    s->ops = op;
+    pthread_mutex_unlock(&s->lock);
+
+    /* the transfers, with the lock dropped: the moving tensors' old copies
+     * (their file ranges, host copies, spill ranges) cannot go meanwhile */
+    for (int k = 0; k < m->nfiles && op->rc == 0; k++) { /* SOURCE: file by file, through the loader */
+        int64_t cnt = 0;
         for (int64_t i = 0; i < m->n; i++) {
             rtensor *t = &m->t[i];
-            if (sel[i] && t->tier != FERRY_TIER_DEVICE && t->dptr) rs_dev_free(s, t);
+            if (sel[i] && t->file == k && t->tier == FERRY_TIER_SOURCE && t->nbytes) {
+                idx[cnt] = t->idx;
+                dp[cnt++] = t->dptr;
+                op->moved += t->nbytes;
+            }
         }
-        goto out;
+        if (cnt) op_fail(op, s, ferry_load_into(s->dev, m->files[k], idx, dp, cnt, &s->load, NULL));
     }
-    /* The spill ranges stay allocated for the next spill: giving 10 GB back to
-     * ext4 (truncate or punch) took 0.5-2.8 s on the H200 host, far longer
-     * than reading it back. They are punched after the next spill, or by
-     * ferry_store_make_room. */
-    fy_spill_hold(s->spill);
-    for (int64_t i = 0; i < m->n; i++) {
-        rtensor *t = &m->t[i];
-        if (!sel[i] || t->tier == FERRY_TIER_DEVICE) continue;
-        if (t->nbytes == 0) t->dptr = 0;
-        rs_release_copy(s, t); /* the device copy is now the one */
-        t->tier = FERRY_TIER_DEVICE;
-    }
-    s->c.htod += moved;
-    s->c.read += read;
-    s->c.s_htod += dt;
-out:
+    op->read = op->moved;
+    if (op->rc == 0 && nf)
+        op_fail(op, s, fy_xfer_fd_to_device(s->dev, spill_fd, s->spill_dir, fr, nf, &s->load, NULL, NULL));
+    if (op->rc == 0 && nh) op_fail(op, s, fy_xfer_host_to_device(s->dev, hr, nh, &op->xop)); /* queued */
+    for (int64_t i = 0; i < nh; i++) op->moved += hr[i].len;
+    for (int64_t i = 0; i < nf; i++) op->moved += fr[i].len, op->read += fr[i].len;
+    fy_free(s->m, idx);
+    fy_free(s->m, dp);
+    fy_free(s->m, hr);
+    fy_free(s->m, fr);
+    pthread_mutex_lock(&s->lock);
+    op->state = OP_QUEUED; /* others may land it now */
+    pthread_cond_broadcast(&s->landed);
+    pthread_mutex_unlock(&s->lock);
+    *out = op;
+    return 0;
+fail:
+    pthread_mutex_unlock(&s->lock);
+    fy_free(s->m, op);
     fy_free(s->m, sel);
     fy_free(s->m, idx);
     fy_free(s->m, dp);
     fy_free(s->m, hr);
     fy_free(s->m, fr);
+    return rc;
+}
+
+FERRY_API int ferry_model_to_device_async(ferry_model *m, const int64_t *tensors, int64_t n, ferry_op **op)
+{
+    if (op) *op = NULL;
+    if (!m || n < 0 || !op) return FERRY_E_INVAL; /* tensors NULL: all */
+    return queue_moves(m, tensors, n, op);
+}
+
+void rs_op_free(ferry_store *s, ferry_op *op)
+{
+    for (ferry_op **p = &s->ops; *p; p = &(*p)->next)
+        if (*p == op) {
+            *p = op->next;
+            break;
+        }
+    fy_free(s->m, op->sel);
+    fy_free(s->m, op);
+}
+
+FERRY_API int ferry_op_wait(ferry_op *op)
+{
+    if (!op) return FERRY_E_INVAL;
+    ferry_store *s = op->m->s;
+    pthread_mutex_lock(&s->lock);
+    rs_op_land(s, op);
+    int rc = op->rc;
+    rs_op_free(s, op);
     pthread_mutex_unlock(&s->lock);
     return rc;
 }
 
+FERRY_API int ferry_op_query(ferry_op *op)
+{
+    if (!op) return FERRY_E_INVAL;
+    ferry_store *s = op->m->s;
+    pthread_mutex_lock(&s->lock);
+    int rc = op->rc < 0 ? op->rc : op->state == OP_LANDED ? 1 : op->xop ? fy_xfer_op_query(op->xop) : 1;
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+FERRY_API int ferry_op_stream_wait(ferry_op *op, uint64_t cu_stream)
+{
+    if (!op) return FERRY_E_INVAL;
+    ferry_store *s = op->m->s;
+    pthread_mutex_lock(&s->lock);
+    /* a landed op (or one whose copies ran in the call) needs no ordering */
+    while (op->state == OP_MOVING) pthread_cond_wait(&s->landed, &s->lock); /* (only another thread's view) */
+    int rc = op->rc < 0 ? op->rc : op->xop && op->state == OP_QUEUED ? fy_xfer_op_order(op->xop, cu_stream) : 0;
+    if (rc < 0 && op->rc == 0) rs_device_failed(s, op->m, rc);
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int64_t n)
+{
+    if (!m || n < 0) return FERRY_E_INVAL; /* tensors NULL: all */
+    ferry_op *op = NULL;
+    FY_TRY(queue_moves(m, tensors, n, &op));
+    return ferry_op_wait(op);
+}
+
+FERRY_API int ferry_model_release_after(ferry_model *m, int64_t t, uint64_t cu_stream)
+{
+    if (!m || t >= m->n) return FERRY_E_INVAL;
+    ferry_store *s = m->s;
+    pthread_mutex_lock(&s->lock);
+    int rc = 0;
+    for (int64_t i = t < 0 ? 0 : t; i < (t < 0 ? m->n : t + 1) && rc == 0; i++) {
+        rtensor *r = &m->t[i];
+        int64_t pending = 0;
+        for (struct rs_release *x = s->releases; x; x = x->next) pending += x->t == r;
+        char q[256];
+        if (r->holds - pending <= 0) {
+            rc = rs_merr(m, FERRY_E_INVAL, "tensor %s is not in use (released more often than held)", RS_Q(q, r->name));
+            break;
+        }
+        struct rs_release *x = fy_calloc(s->m, 1, sizeof *x);
+        if (!x) {
+            rc = rs_merr(m, -ENOMEM, "ferry_model_release_after: out of memory (%zu bytes)", sizeof *x);
+            break;
+        }
+        if ((rc = fy_xfer_fence_new(s->dev, cu_stream, &x->f)) < 0) {
+            fy_free(s->m, x);
+            rs_device_failed(s, m, rc);
+            break;
+        }
+        x->t = r;
+        x->next = s->releases;
+        s->releases = x;
+    }
+    rs_reap_releases(s, false); /* a fence on a finished stream: the hold goes now */
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}

@@ -177,6 +177,14 @@ FERRY_API int ferry_store_remove(ferry_model *m)
     if (!m) return FERRY_E_INVAL;
     ferry_store *s = m->s;
     pthread_mutex_lock(&s->lock);
+    rs_reap_releases(s, false);
+    for (struct ferry_op *op = s->ops; op; op = op->next)
+        if (op->m == m) {
+            int rc = rs_merr(m, FERRY_E_BUSY, "a queued move (ferry_model_to_device_async) was not waited for: "
+                                              "ferry_op_wait it first");
+            pthread_mutex_unlock(&s->lock);
+            return rc;
+        }
     for (int64_t i = 0; i < m->n; i++)
         if (m->t[i].holds) {
             char q[256];

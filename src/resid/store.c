@@ -72,6 +72,7 @@ FERRY_API int ferry_store_new(ferry_device *dev, const ferry_store_opts *opts, f
     s->o.spill_dir = d;
     s->o.load = &s->load;
     pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->landed, NULL);
     *out = s;
     return 0;
 }
@@ -80,6 +81,16 @@ FERRY_API void ferry_store_free(ferry_store *s)
 {
     if (!s) return;
     fy_xfer_bind(s->dev);
+    /* moves nobody waited for land now (no copy may still write into memory
+     * about to be freed); releases still pending go with the store */
+    pthread_mutex_lock(&s->lock);
+    while (s->ops) {
+        struct ferry_op *op = s->ops;
+        rs_op_land(s, op);
+        rs_op_free(s, op);
+    }
+    rs_reap_releases(s, true);
+    pthread_mutex_unlock(&s->lock);
     for (int i = 0; i < s->nmodels; i++) rs_model_free(s->models[i]);
     fy_free(s->m, s->models);
     rs_cache_release(s, UINT64_MAX);
@@ -92,6 +103,7 @@ FERRY_API void ferry_store_free(ferry_store *s)
     fy_spill_close(s->spill);
     if (s->sampler) fy_memsampler_stop(s->sampler, NULL);
     fy_free(s->m, s->spill_dir);
+    pthread_cond_destroy(&s->landed);
     pthread_mutex_destroy(&s->lock);
     fy_free(s->m, s->job);
     fy_err_destroy(&s->err);

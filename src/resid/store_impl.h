@@ -30,6 +30,8 @@ typedef struct rtensor {
     void *host;     /* PINNED / HOST */
     uint64_t soff;  /* SPILL: offset in the spill file */
     bool keep;      /* evict_tensors: stays on the device with its group */
+    struct ferry_op *moving; /* a queued move to the device that has not landed: its old
+                                copy stays until then, nothing else may move or evict it */
 } rtensor;
 
 struct ferry_model {
@@ -88,7 +90,41 @@ struct ferry_store {
     double job_t0;
     counters job_c;
     fy_memsampler *sampler;
+    /* queued moves (ferry_op) not yet waited for; landed: one finished landing */
+    struct ferry_op *ops;
+    pthread_cond_t landed;
+    /* holds to drop once work queued on a caller's stream is done */
+    struct rs_release *releases;
 };
+
+/* ---- fetch.c: moves to the device, synchronous and queued ---- */
+/* MOVING: the queueing call is still running the transfers (lock dropped);
+ * QUEUED: they are queued or done; LANDING: one thread waits for the copies;
+ * LANDED: the tiers are committed. Anyone may land an op, once. */
+enum { OP_MOVING, OP_QUEUED, OP_LANDING, OP_LANDED };
+
+struct ferry_op {
+    ferry_model *m;
+    struct ferry_op *next; /* in the store's list of ops not yet waited for */
+    bool *sel;             /* the tensors it moves (m->n) */
+    fy_xfer_op *xop;       /* queued pinned/RAM copies, or NULL */
+    int state;
+    int rc;                /* the first error of the moves */
+    char msg[FY_ERRMSG_MAX]; /* the device's message for rc, taken when it failed */
+    uint64_t moved, read;
+    double t0;
+};
+
+/* Land op (its copies done, the tensors' tiers committed or rolled back),
+ * waiting for its copies with the lock dropped; idempotent. */
+void rs_op_land(ferry_store *s, struct ferry_op *op);
+/* Unlink a landed op from the store's list and free it (under the lock). */
+void rs_op_free(ferry_store *s, struct ferry_op *op);
+/* Land every move of a selected tensor (sel NULL: of tensor i only, i >= 0). */
+void rs_land_moving(ferry_store *s, ferry_model *m, const bool *sel, int64_t i);
+/* Drop the holds whose streams are done; wait: also wait for the rest.
+ * Returns the holds dropped. */
+int64_t rs_reap_releases(ferry_store *s, bool wait);
 
 /* Messages name models and tensors one way everywhere: JSON-quoted
  * (model "dit", tensor "blocks.3.w"), so a hostile name cannot break the line. */

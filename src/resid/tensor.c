@@ -16,6 +16,7 @@ FERRY_API int ferry_model_mark_dirty(ferry_model *m, int64_t t)
     FY_TRY(check_t(m, t));
     char q[256];
     pthread_mutex_lock(&m->s->lock);
+    rs_land_moving(m->s, m, NULL, t); /* a queued move of it lands first */
     int rc = 0;
     if (m->t[t].tier != FERRY_TIER_DEVICE)
         rc = rs_merr(m, FERRY_E_INVAL, "tensor %s is not on the device (it is in %s)", RS_Q(q, m->t[t].name),
@@ -60,7 +61,7 @@ FERRY_API int ferry_model_tensor_state(ferry_model *m, int64_t t, ferry_tensor_s
     st.dirty = r->dirty;
     st.holds = r->holds;
     st.group = r->group;
-    st.dptr = r->tier == FERRY_TIER_DEVICE ? r->dptr : 0;
+    st.dptr = r->tier == FERRY_TIER_DEVICE || r->moving ? r->dptr : 0; /* a queued move's block is there already */
     pthread_mutex_unlock(&m->s->lock);
     return fy_struct_out(out, &st, sizeof st);
 }
@@ -71,6 +72,7 @@ FERRY_API int ferry_model_read(ferry_model *m, int64_t t, void *buf)
     if (!buf) return FERRY_E_INVAL;
     ferry_store *s = m->s;
     pthread_mutex_lock(&s->lock);
+    rs_land_moving(s, m, NULL, t);
     rtensor *r = &m->t[t];
     int rc = 0;
     if (r->nbytes == 0) {
@@ -100,6 +102,7 @@ FERRY_API int ferry_model_write(ferry_model *m, int64_t t, const void *buf)
     if (!buf) return FERRY_E_INVAL;
     ferry_store *s = m->s;
     pthread_mutex_lock(&s->lock);
+    rs_land_moving(s, m, NULL, t);
     rtensor *r = &m->t[t];
     int rc = 0;
     if (r->tier != FERRY_TIER_DEVICE) {

@@ -110,6 +110,41 @@ int fy_xfer_op_order(fy_xfer_op *op, uint64_t stream)
     return 0;
 }
 
+struct fy_xfer_fence {
+    ferry_device *d;
+    fy_event *ev;
+};
+
+int fy_xfer_fence_new(ferry_device *d, uint64_t stream, fy_xfer_fence **out)
+{
+    if (!d || !out) return FERRY_E_INVAL;
+    *out = NULL;
+    fy_gpu *g = d->g;
+    fy_xfer_fence *f = fy_calloc(&d->ctx->mem, 1, sizeof *f);
+    if (!f) return fy_seterr(&d->err, -ENOMEM, "out of memory (a stream fence, %zu bytes)", sizeof *f);
+    f->d = d;
+    int rc = g->ops->bind_thread(g);
+    if (rc == 0) rc = g->ops->event_new(g, &f->ev);
+    if (rc == 0) rc = g->ops->event_record_raw(g, f->ev, stream);
+    if (rc < 0) {
+        fy_xfer_fence_free(f);
+        return rc;
+    }
+    *out = f;
+    return 0;
+}
+
+int fy_xfer_fence_query(fy_xfer_fence *f) { return f ? f->d->g->ops->event_query(f->d->g, f->ev) : FERRY_E_INVAL; }
+
+int fy_xfer_fence_wait(fy_xfer_fence *f) { return f ? f->d->g->ops->event_sync(f->d->g, f->ev) : FERRY_E_INVAL; }
+
+void fy_xfer_fence_free(fy_xfer_fence *f)
+{
+    if (!f) return;
+    if (f->ev) f->d->g->ops->event_free(f->d->g, f->ev);
+    fy_free(&f->d->ctx->mem, f);
+}
+
 /* A move that already ran: hand back a completed op, or nothing when the
  * caller waits (op NULL) or the move failed. */
 static int done(ferry_device *d, int rc, fy_xfer_op **op)

@@ -53,6 +53,16 @@ int fy_xfer_op_query(fy_xfer_op *op);
  * afterwards sees the moved bytes. The op stays the caller's to wait on. */
 int fy_xfer_op_order(fy_xfer_op *op, uint64_t stream);
 
+/* A point in a caller's stream (raw handle as for fy_xfer_op_order): done
+ * once the work queued on that stream before the call has run. What a kernel
+ * may still read is released only after its fence is done. */
+typedef struct fy_xfer_fence fy_xfer_fence;
+int fy_xfer_fence_new(ferry_device *d, uint64_t stream, fy_xfer_fence **out);
+/* 1 done, 0 not yet, < 0 failed. Does not block. */
+int fy_xfer_fence_query(fy_xfer_fence *f);
+int fy_xfer_fence_wait(fy_xfer_fence *f);
+void fy_xfer_fence_free(fy_xfer_fence *f);
+
 /* ---- moves ---- */
 
 /* Host memory (pinned or pageable) and the device range it pairs with. */

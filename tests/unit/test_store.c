@@ -736,6 +736,140 @@ static void test_add_oom(void)
     CHECK_EQ(atomic_load(&live), 0); /* every failed add gave back what it had */
 }
 
+/* ---- queued moves (ferry_model_to_device_async) ---- */
+
+typedef struct side {
+    ferry_store *s;
+    ferry_model *other;
+    ferry_op *op;
+    int stats_rc, evict_rc, query_after; /* what the other thread saw */
+} side;
+
+/* Another thread works on the store while a queued move is in flight: its
+ * calls must not wait for the move (the lock is not held across it). */
+static void *side_worker(void *a)
+{
+    side *x = a;
+    ferry_store_stats st = {.size = sizeof st};
+    x->stats_rc = ferry_store_get_stats(x->s, &st);
+    x->evict_rc = ferry_model_evict(x->other, NULL, 0);
+    x->query_after = ferry_op_query(x->op);
+    return NULL;
+}
+
+static void test_async(ferry_ctx *ctx)
+{
+    ferry_device *d = NULL;
+    /* copies take modelled time: 64 MiB at 0.25 GB/s is about 0.27 s */
+    CHECK_EQ(ferry_device_open(ctx, "sim:512MiB,0.25GB/s", &d), 0);
+    ferry_file *fb = open_model(ctx, "big.safetensors"), *fa = open_model(ctx, "a.safetensors");
+    if (!d || !fb || !fa) goto out;
+    ferry_store *s = mk_store(d, 256 << 20, 256 << 20, 128 << 20);
+    ferry_model *m = NULL, *ma = NULL;
+    CHECK_EQ(ferry_store_add(s, "big", &fb, 1, 0, &m), 0);
+    CHECK_EQ(ferry_store_add(s, "a", &fa, 1, 0, &ma), 0);
+    CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+    /* the big model, dirty, into pinned RAM: the next move is DMA only */
+    CHECK_EQ(ferry_model_to_device(m, NULL, 0), 0);
+    for (int64_t i = 0; i < ferry_model_tensor_count(m); i++) CHECK_EQ(ferry_model_mark_dirty(m, i), 0);
+    CHECK_EQ(ferry_model_evict(m, NULL, 0), 0);
+    CHECK_EQ(tier_bytes(s, FERRY_TIER_PINNED), ferry_file_total_bytes(fb));
+
+    /* queued: returns with the copies in flight, blocks already assigned */
+    ferry_op *op = NULL;
+    CHECK_EQ(ferry_model_to_device_async(m, NULL, 0, &op), 0);
+    if (!op) goto free_store;
+    ferry_tensor_state st = {.size = sizeof st};
+    CHECK_EQ(ferry_model_tensor_state(m, 0, &st), 0);
+    CHECK(st.dptr != 0);                    /* the block is there already */
+    CHECK_EQ(st.tier, FERRY_TIER_PINNED);   /* the old copy stays until the move lands */
+    /* a caller's stream ordered after the move sees the bytes, before anyone waited */
+    fy_gpu *g = fy_device_gpu(d);
+    fy_stream *theirs = NULL;
+    CHECK_EQ(g->ops->stream_new(g, &theirs), 0);
+    uint8_t *back = malloc(st.nbytes);
+    if (theirs && back) {
+        CHECK_EQ(ferry_op_stream_wait(op, g->ops->stream_raw(g, theirs)), 0);
+        CHECK_EQ(g->ops->copy_dtoh(g, back, st.dptr, (size_t)st.nbytes, theirs), 0);
+        /* meanwhile another thread's calls on the store do not wait for the move */
+        side x = {.s = s, .other = ma, .op = op, .query_after = -100};
+        pthread_t th;
+        CHECK_EQ(pthread_create(&th, NULL, side_worker, &x), 0);
+        pthread_join(th, NULL);
+        CHECK_EQ(x.stats_rc, 0);
+        CHECK_EQ(x.evict_rc, 0);
+        CHECK_EQ(x.query_after, 0); /* the move was still in flight when they returned */
+        CHECK_EQ(g->ops->stream_sync(g, theirs), 0);
+        uint8_t *want = malloc(st.nbytes);
+        CHECK(want && ferry_file_tensor_read(fb, 0, 0, want, st.nbytes) == 0 && memcmp(back, want, st.nbytes) == 0);
+        free(want);
+    }
+    /* the held-back tensors cannot leave while the move is queued */
+    CHECK_EQ(ferry_store_make_room(s, UINT64_MAX, NULL) >= 0, 1);
+    CHECK_EQ(ferry_op_wait(op), 0);
+    CHECK_EQ(tier_bytes(s, FERRY_TIER_DEVICE), ferry_file_total_bytes(fb));
+    CHECK_EQ(tier_bytes(s, FERRY_TIER_PINNED), 0);
+    CHECK_EQ(verify(m, fb, -1, 0), 0);
+    CHECK_EQ(ferry_op_wait(NULL), FERRY_E_INVAL);
+
+    /* a read of a tensor whose move is queued lands the move first; removing
+     * the model while an op is not waited for is BUSY */
+    CHECK_EQ(ferry_model_evict(m, NULL, 0), 0); /* dirty: back to pinned */
+    op = NULL;
+    CHECK_EQ(ferry_model_to_device_async(m, NULL, 0, &op), 0);
+    CHECK_EQ(ferry_store_remove(m), FERRY_E_BUSY);
+    CHECK_STR_HAS(ferry_model_errmsg(m), "ferry_op_wait");
+    CHECK_EQ(ferry_model_read(m, 1, back), 0);
+    CHECK_EQ(ferry_op_query(op), 1); /* landed by the read */
+    CHECK_EQ(ferry_op_wait(op), 0);
+    CHECK_EQ(verify(m, fb, -1, 0), 0);
+
+    /* a copy that fails: the wait says so, every tensor stays where it was */
+    CHECK_EQ(ferry_model_evict(m, NULL, 0), 0);
+    CHECK(fy_gpu_sim_fault(g, FY_OP_COPY, 1) >= 0);
+    op = NULL;
+    CHECK_EQ(ferry_model_to_device_async(m, NULL, 0, &op), 0);
+    CHECK(op != NULL && ferry_op_query(op) < 0);
+    CHECK(ferry_op_wait(op) < 0);
+    CHECK(strlen(ferry_model_errmsg(m)) > 0);
+    CHECK_EQ(fy_gpu_sim_fault(g, FY_OP_COPY, 0), 0);
+    CHECK_EQ(tier_bytes(s, FERRY_TIER_PINNED), ferry_file_total_bytes(fb));
+    CHECK_EQ(verify(m, fb, -1, 0), 0); /* nothing lost */
+
+    /* release after a stream: held until the work queued there has run */
+    CHECK_EQ(ferry_model_to_device(m, NULL, 0), 0);
+    CHECK_EQ(ferry_model_release_after(m, 0, 0), FERRY_E_INVAL); /* not held */
+    CHECK_EQ(ferry_model_hold(m, 0), 0);
+    if (theirs && back) {
+        /* a slow copy on their stream stands in for a kernel still reading */
+        CHECK_EQ(g->ops->copy_dtoh(g, back, st.dptr, (size_t)st.nbytes, theirs), 0);
+        CHECK_EQ(ferry_model_release_after(m, 0, g->ops->stream_raw(g, theirs)), 0);
+        CHECK_EQ(ferry_model_release_after(m, 0, 0), FERRY_E_INVAL); /* its one hold is released already */
+        CHECK_EQ(ferry_model_tensor_state(m, 0, &st), 0);
+        CHECK_EQ(st.holds, 1); /* still held: the copy runs */
+        /* make_room wants everything: it waits for the stream, then evicts */
+        CHECK(ferry_store_make_room(s, UINT64_MAX, NULL) > 0);
+        CHECK_EQ(ferry_model_tensor_state(m, 0, &st), 0);
+        CHECK_EQ(st.holds, 0);
+        CHECK(st.tier != FERRY_TIER_DEVICE);
+        /* on the caller's own thread (raw 0 on sim) the hold goes at once */
+        CHECK_EQ(ferry_model_to_device(m, NULL, 0), 0);
+        CHECK_EQ(ferry_model_hold(m, 1), 0);
+        CHECK_EQ(ferry_model_release_after(m, 1, 0), 0);
+        CHECK_EQ(ferry_model_tensor_state(m, 1, &st), 0);
+        CHECK_EQ(st.holds, 0);
+    }
+    CHECK_EQ(verify(m, fb, -1, 0), 0);
+    if (theirs) g->ops->stream_free(g, theirs);
+    free(back);
+free_store:
+    ferry_store_free(s);
+out:
+    ferry_file_close(fa);
+    ferry_file_close(fb);
+    ferry_device_close(d);
+}
+
 /* `test_store CASE` runs one of these, `--list` names them (check.h); main
  * writes the models and makes the ctx they share. */
 static ferry_ctx *ctx;
@@ -749,7 +883,8 @@ static ferry_ctx *ctx;
     CASE(kill9, test_kill9(ctx))                                                 \
     CASE(threads, test_threads(ctx))                                             \
     CASE(review, test_review(ctx))                                               \
-    CASE(add_oom, test_add_oom())
+    CASE(add_oom, test_add_oom())                                                \
+    CASE(async, test_async(ctx))
 CHECK_CASES(CASES)
 
 int main(int argc, char **argv)
