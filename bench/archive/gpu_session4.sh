@@ -9,6 +9,7 @@
 #   C bench_store (the residency store's moves)
 #   D tests/gpu/test_torch_gpu.py (the binding on cuda, Store cycles, 5.7 GB load vs the CLI)
 #   E bench/compare_load.py (ferry against safetensors and torch, cold and hot)
+#   F queued moves on cuda:0 (tests/gpu/async_cuda.c on the 10 GB checkpoint)
 set -uo pipefail
 B=$1 OUT=$2; shift 2
 PARTS=${*:-A B C D}
@@ -46,5 +47,10 @@ D)
 E)
   echo "=== E: bench/compare_load.py"
   timeout 420 python3 bench/compare_load.py --ferry "$B"/ferry --file $F --rounds 2 --make --budget-seconds 360 --out "$OUT"/compare.json 2>&1 | tail -25
+  ;;
+F)
+  echo "=== F: queued moves on cuda:0"
+  cat $F >/dev/null
+  "$B"/tests/gpu_async_cuda $F cuda:0
   ;;
 esac; done
