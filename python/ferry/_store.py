@@ -110,6 +110,40 @@ class Model:
         return self.handles[0].path if len(self.handles) == 1 else None
 
 
+class Op:
+    """A queued move (ferry_op): wait() once, or let it go (it waits then).
+    It keeps its store alive, so the store is freed only after its ops."""
+
+    _wait = lib.ferry_op_wait
+
+    def __init__(self, core, m, op):
+        self.core, self.m, self._op = core, m, op
+
+    def done(self):
+        """True once the copies are done (wait() will not block)."""
+        if self._op is None:
+            return True
+        return self.core.check_model(self.m, lib.ferry_op_query(self._op)) == 1
+
+    def stream_wait(self, stream):
+        """Order a raw CUstream (an int, e.g. torch.cuda.current_stream().cuda_stream)
+        after the copies, without a host sync."""
+        if self._op is not None:
+            self.core.check_model(self.m, lib.ferry_op_stream_wait(self._op, int(stream)))
+
+    def wait(self):
+        """Wait until the move has landed; raises what its copies failed with."""
+        if self._op is None:
+            return
+        op, self._op = self._op, None
+        self.core.check_model(self.m, self._wait(op))
+
+    def __del__(self):
+        if getattr(self, "_op", None) is not None:
+            op, self._op = self._op, None
+            self._wait(op)  # errors were the caller's to collect with wait()
+
+
 class StoreCore:
     """A ferry_store on a ferry Device (which the process keeps open)."""
 
@@ -204,6 +238,19 @@ class StoreCore:
     def to_device(self, m, idx=None):
         arr, n = self._index_array(idx)
         self.check_model(m, lib.ferry_model_to_device(m.m, arr, n))
+
+    def to_device_async(self, m, idx=None):
+        """Queue the move of tensors idx (None: all) and their groups: an Op to
+        wait on (or to order a stream after) once the copies are queued."""
+        arr, n = self._index_array(idx)
+        op = ctypes.c_void_p()
+        self.check_model(m, lib.ferry_model_to_device_async(m.m, arr, n, ctypes.byref(op)))
+        return Op(self, m, op)
+
+    def release_after(self, m, i, stream):
+        """Drop a hold of tensor i (-1: all) once the work queued on stream (a
+        raw CUstream as an int; 0 the legacy default stream) has run."""
+        self.check_model(m, lib.ferry_model_release_after(m.m, i, int(stream)))
 
     def evict(self, m, idx=None):
         arr, n = self._index_array(idx)

@@ -647,3 +647,32 @@ def test_stats_keys_kept(tmp_path, sim_free):
         with store.job("j") as j:
             pass
         assert list(j.stats)[:2] == ["job", "seconds"] and "size" not in j.stats
+
+
+def test_queued_moves_through_the_core(tmp_path, sim_free):
+    """ferry_model_to_device_async through the binding's core: an Op to wait
+    on, a stream to order after it (0 on sim: the caller's thread), a hold
+    released after a stream; the bytes land, and an Op let go waits itself."""
+    ref, path = ref_and_file(tmp_path)
+    with ft.Store(SIM) as store:
+        store.add("net", path)
+        core, m = store._core, store._model("net")
+        op = core.to_device_async(m)
+        op.stream_wait(0)
+        assert op.done()
+        op.wait()
+        op.wait()  # once is enough: a second wait is a no-op
+        assert set(tiers(store, "net").values()) == {"device"}
+        want = dict(ref.state_dict())
+        for name, t in want.items():
+            assert torch.equal(store.read("net", name), t), name
+        store.offload("net")
+        op = core.to_device_async(m, [0])
+        del op  # let go: it waits for itself
+        gc.collect()
+        assert tiers(store, "net")[m.infos[0].name] == "device"
+        core.pin(m, 0)
+        core.release_after(m, 0, 0)  # the caller's thread on sim: nothing queued, the hold goes now
+        assert store.tensor_state("net", m.infos[0].name).pins == 0
+        with pytest.raises(ferry.InvalidArgumentError, match="not in use"):
+            core.release_after(m, 0, 0)
