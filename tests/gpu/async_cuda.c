@@ -83,7 +83,6 @@ int main(int argc, char **argv)
     unsigned char *back = NULL;
     EXPECT(h_alloc((void **)&back, (size_t)total, 0) == 0);
     ferry_op *op = NULL;
-    double t0 = 0;
     EXPECT(ferry_model_to_device_async(m, NULL, 0, &op) == 0);
     if (!op || !theirs || !back) return 1;
     int q0 = ferry_op_query(op);
@@ -97,7 +96,6 @@ int main(int argc, char **argv)
         off += ts.nbytes;
     }
     EXPECT(s_sync(theirs) == 0);
-    (void)t0;
     /* compare with the file */
     off = 0;
     int64_t bad = 0;
