@@ -21,6 +21,7 @@
 
 #include "alloc.h"
 #include "check.h"
+#include "fds.h"
 #include "ferry.h"
 #include "io/io.h"
 #include "io/memstat.h"
@@ -42,17 +43,6 @@ static atomic_long calls;
 
 static void path_of(char *out, size_t n, const char *name) { snprintf(out, n, "%s/%s", dir, name); }
 
-static int count_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    if (!d) return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (e->d_name[0] != '.') n++;
-    closedir(d);
-    return n - 1; /* the DIR's own descriptor */
-}
 
 /* Entries of d other than . and .., whose names start with prefix. */
 static int count_entries(const char *d, const char *prefix)

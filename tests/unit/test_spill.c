@@ -21,6 +21,7 @@
 
 #include "alloc.h"
 #include "check.h"
+#include "fds.h"
 #include "common/common.h"
 #include "io/io.h"
 #include "resid/spill.h"
@@ -38,17 +39,6 @@ static char base[PATH_MAX]; /* a disk-backed directory for the test's own temp d
 
 static const char *msg(void) { return err.msg; }
 
-static int count_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    if (!d) return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (e->d_name[0] != '.') n++;
-    closedir(d);
-    return n - 1; /* the DIR's own descriptor */
-}
 
 static bool dir_empty(const char *path)
 {

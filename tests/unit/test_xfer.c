@@ -22,6 +22,7 @@
 
 #include "alloc.h"
 #include "check.h"
+#include "fds.h"
 #include "ferry.h"
 #include "gpu/gpu.h"
 #include "io/io.h"
@@ -1369,16 +1370,6 @@ out:
  * readahead sees each one's sequential run): fy_reopen_ro gives a second open
  * file description of the same inode, also after the path was replaced, and a
  * load leaves no descriptor behind. */
-static int count_fds(void)
-{
-    DIR *dd = opendir("/proc/self/fd");
-    int n = 0;
-    if (!dd) return -1;
-    for (struct dirent *e; (e = readdir(dd));)
-        if (e->d_name[0] != '.') n++;
-    closedir(dd);
-    return n;
-}
 
 typedef struct fd_seen {
     int before, max;
