@@ -291,13 +291,17 @@ int fy_mincore(void *addr, size_t len, unsigned char *vec)
 
 /* ---- writing -------------------------------------------------------------- */
 
-int fy_pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
+/* Write all n bytes, at off (pwrite) or, with off NULL, at the file offset
+ * (write): each piece a fault point, at most 1 GiB a call, EINTR retried. */
+static int write_all(int fd, const void *buf, size_t n, const uint64_t *off)
 {
     const char *p = buf;
+    uint64_t at = off ? *off : 0;
     while (n) {
         int rc = fault();
         if (rc) return rc;
-        ssize_t r = SYS(S_PWRITE, pwrite_fn)(fd, p, n > (1u << 30) ? (1u << 30) : n, (off_t)off);
+        size_t len = n > (1u << 30) ? (1u << 30) : n;
+        ssize_t r = off ? SYS(S_PWRITE, pwrite_fn)(fd, p, len, (off_t)at) : SYS(S_WRITE, write_fn)(fd, p, len);
         if (r < 0) {
             if (errno == EINTR) continue;
             return -errno;
@@ -305,28 +309,14 @@ int fy_pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
         if (r == 0) return -EIO;
         p += r;
         n -= (size_t)r;
-        off += (uint64_t)r;
+        at += (uint64_t)r;
     }
     return 0;
 }
 
-int fy_write_full(int fd, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n) {
-        int rc = fault();
-        if (rc) return rc;
-        ssize_t r = SYS(S_WRITE, write_fn)(fd, p, n > (1u << 30) ? (1u << 30) : n);
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            return -errno;
-        }
-        if (r == 0) return -EIO;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
+int fy_pwrite_full(int fd, const void *buf, size_t n, uint64_t off) { return write_all(fd, buf, n, &off); }
+
+int fy_write_full(int fd, const void *buf, size_t n) { return write_all(fd, buf, n, NULL); }
 
 int fy_fallocate(int fd, int mode, uint64_t off, uint64_t len)
 {
