@@ -572,6 +572,74 @@ FERRY_API int ferry_op_stream_wait(ferry_op *op, uint64_t cu_stream);
  * FERRY_E_INVAL for a tensor not held. */
 FERRY_API int ferry_model_release_after(ferry_model *m, int64_t t, uint64_t cu_stream);
 
+/* ---- streaming a model larger than its budget ----
+ * A model whose weights do not fit runs block by block (the repeated
+ * transformer blocks of a DiT): a plan splits its blocks into a stable
+ * resident set, which stays on the device from pass to pass, and streamed
+ * blocks, which pass through a window of device memory while other blocks
+ * compute. The eviction order then is: models by (priority, last use) as
+ * always; within the model being used, its streamed blocks first (least
+ * recently used first), its resident blocks and the tensors outside blocks
+ * only when the budget itself no longer holds them (a room request waits for
+ * pending releases of streamed blocks before it takes a resident one). So a
+ * cyclic pass over the blocks never thrashes: each pass moves exactly the
+ * streamed blocks. Clean copies of streamed blocks stay in the pinned pool
+ * (within pinned_budget, host_budget and the host's available memory) so that
+ * a pass after the first costs only DMA; without room there they stream from
+ * the checkpoint through the ring every pass. Dirty blocks are saved as
+ * ferry_model_evict saves them and stream from wherever that put them.
+ * Pinned cache copies give way to dirty tensors' saves when the host budget
+ * is short. */
+typedef struct ferry_plan_opts {
+    uint32_t size;          /* sizeof(ferry_plan_opts) */
+    const int64_t *blocks;  /* one tensor of each block, in the order a pass runs them; a
+                               block is that tensor's group (ferry_model_group), and no two
+                               blocks may share one. Copied */
+    int64_t nblocks;
+    int64_t window;         /* blocks the window holds: the one computing and those in flight
+                               (0 = 3) */
+    uint64_t budget;        /* device bytes this model may plan for; 0 = the store's device
+                               budget, re-planned whenever ferry_store_set_device_budget
+                               changes it */
+    uint64_t reserve;       /* of them, left free for the caller (activations) */
+    int pinned_cache;       /* 0 = keep streamed blocks' clean copies in pinned RAM as room
+                               allows; -1 = never */
+} ferry_plan_opts;
+
+typedef struct ferry_plan {
+    uint32_t size;            /* sizeof(ferry_plan), set by the caller */
+    int64_t blocks;           /* blocks planned */
+    int64_t resident_blocks;  /* of which stay on the device */
+    int64_t streamed_blocks;  /* of which stream every pass */
+    uint64_t fixed_bytes;     /* the model's tensors outside every block (stay resident) */
+    uint64_t resident_bytes;  /* fixed_bytes + the resident blocks' */
+    uint64_t window_bytes;    /* device memory the window needs (its largest streamed blocks) */
+    uint64_t streamed_bytes;  /* bytes moved to the device per pass */
+    uint64_t budget;          /* the device bytes planned for (budget - reserve) */
+} ferry_plan;
+
+/* Plan how model m runs pass after pass within its budget: chooses the
+ * resident blocks (as many as the budget holds beside the fixed tensors and
+ * the window; the streamed ones spread evenly over the pass so their copies
+ * overlap the resident blocks' compute) and marks them. Nothing moves now:
+ * moves and evictions follow the plan from the next call on. A model that
+ * fits is planned with every block resident. FERRY_E_BUDGET when even the
+ * fixed tensors and the window do not fit (the message has the figures);
+ * FERRY_E_INVAL for a bad block list. A new plan replaces the old one;
+ * nblocks 0 removes it. out may be NULL. */
+FERRY_API int ferry_model_plan(ferry_model *m, const ferry_plan_opts *o, ferry_plan *out);
+/* The model's current plan (after any re-plan); FERRY_E_NOTFOUND without one. */
+FERRY_API int ferry_model_get_plan(ferry_model *m, ferry_plan *out);
+/* 1 when block k (0 .. nblocks-1, as planned) streams, 0 when it stays resident, < 0 on error. */
+FERRY_API int ferry_model_block_streams(ferry_model *m, int64_t k);
+/* Change the store's device budget at run time (another model arrived,
+ * activations need room, or room came back): models planned against the
+ * store's budget are re-planned, and when the store now holds more than the
+ * budget the excess is evicted at once by the order above (nothing dirty is
+ * lost). The new budget stands even when that eviction fails (held tensors:
+ * FERRY_E_BUDGET; the rest leaves as soon as it can). */
+FERRY_API int ferry_store_set_device_budget(ferry_store *s, uint64_t bytes);
+
 /* Take tensors[0..n-1] (NULL: all) and their groups off the device: clean
  * ones are dropped (0 bytes written), dirty ones saved to PINNED, HOST or
  * SPILL. On failure (spill file full, I/O error) the tensors that could not
@@ -596,6 +664,8 @@ typedef struct ferry_tensor_state {
     int holds;          /* ferry_model_hold count: never evicted while > 0 */
     int64_t group;      /* tensors with the same group move together */
     uint64_t dptr;      /* device address while tier == DEVICE, else 0 */
+    int cached;         /* a clean copy is also kept in the pinned pool (a streamed block) */
+    int streams;        /* its block streams under the model's plan */
 } ferry_tensor_state;
 FERRY_API int ferry_model_tensor_state(ferry_model *m, int64_t t, ferry_tensor_state *out);
 
@@ -645,6 +715,7 @@ typedef struct ferry_store_stats {
     uint64_t device_cached;   /* device blocks kept for reuse (given back by make_room) */
     uint64_t pinned_pool_bytes; /* page-locked host RAM the store holds for dirty tensors
                                    (pinned once, reused; make_room unpins what is unused) */
+    uint64_t pinned_cache_bytes; /* of the pool, clean copies of streamed blocks */
 } ferry_store_stats;
 FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out);
 /* The spill file's directory once the first spill made the file, else NULL.
