@@ -120,6 +120,36 @@ class TensorState(Struct):
         ("holds", ctypes.c_int),
         ("group", ctypes.c_int64),
         ("dptr", ctypes.c_uint64),
+        ("cached", ctypes.c_int),
+        ("streams", ctypes.c_int),
+    ]
+
+
+class PlanOpts(Struct):
+    _ferry_name_ = "ferry_plan_opts"
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("blocks", ctypes.POINTER(ctypes.c_int64)),  # copied by ferry_model_plan
+        ("nblocks", ctypes.c_int64),
+        ("window", ctypes.c_int64),
+        ("budget", ctypes.c_uint64),
+        ("reserve", ctypes.c_uint64),
+        ("pinned_cache", ctypes.c_int),
+    ]
+
+
+class Plan(Struct):
+    _ferry_name_ = "ferry_plan"
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("blocks", ctypes.c_int64),
+        ("resident_blocks", ctypes.c_int64),
+        ("streamed_blocks", ctypes.c_int64),
+        ("fixed_bytes", ctypes.c_uint64),
+        ("resident_bytes", ctypes.c_uint64),
+        ("window_bytes", ctypes.c_uint64),
+        ("streamed_bytes", ctypes.c_uint64),
+        ("budget", ctypes.c_uint64),
     ]
 
 
@@ -318,10 +348,11 @@ class StoreStats(Struct):
         ("tensors", ctypes.c_int64),
         ("device_cached", ctypes.c_uint64),
         ("pinned_pool_bytes", ctypes.c_uint64),
+        ("pinned_cache_bytes", ctypes.c_uint64),
     ]
 
 
-MIRRORS = (TensorInfo, LoadOpts, LoadStats, StoreOpts, TensorState, StoreStats, MemRange, JobStats)
+MIRRORS = (TensorInfo, LoadOpts, LoadStats, StoreOpts, TensorState, PlanOpts, Plan, StoreStats, MemRange, JobStats)
 
 
 def mirror_mismatch(cls):
@@ -423,6 +454,10 @@ _bind({
     "ferry_op_query": (_i32, [_vp]),
     "ferry_op_stream_wait": (_i32, [_vp, _u64]),
     "ferry_model_release_after": (_i32, [_vp, _i64, _u64]),
+    "ferry_model_plan": (_i32, [_vp, _P(PlanOpts), _P(Plan)]),
+    "ferry_model_get_plan": (_i32, [_vp, _P(Plan)]),
+    "ferry_model_block_streams": (_i32, [_vp, _i64]),
+    "ferry_store_set_device_budget": (_i32, [_vp, _u64]),
     "ferry_model_evict": (_i32, [_vp, _P(_i64), _i64]),
     "ferry_model_mark_dirty": (_i32, [_vp, _i64]),
     "ferry_model_hold": (_i32, [_vp, _i64]),

@@ -24,12 +24,15 @@ from . import _core, _lib
 from ._lib import lib
 from .errors import check, check_on, error
 
-TensorState = collections.namedtuple("TensorState", "name nbytes tier dirty pins group dptr")
+TensorState = collections.namedtuple("TensorState", "name nbytes tier dirty pins group dptr cached streams",
+                                     defaults=(False, False))
 TensorState.__doc__ = """One tensor of a store's model (ferry_model_tensor_state): tier is
 "device", "pinned", "host", "source" or "spill"; dirty: it differs from the
 checkpoint; pins: how often it is held (ferry_tensor_state.holds: never
 evicted while > 0); group: tensors with the same group
-move together; dptr: its device address while tier == "device", else 0."""
+move together; dptr: its device address while tier == "device", else 0;
+cached: a clean copy is also kept in the pinned pool (a streamed block);
+streams: its block streams under the model's plan."""
 
 UINT64_MAX = (1 << 64) - 1
 
@@ -276,7 +279,39 @@ class StoreCore:
     def state(self, m, i):
         st = self.raw_state(m, i, _lib.TensorState())
         return TensorState(st.name.decode("utf-8"), st.nbytes, tier_name(st.tier), bool(st.dirty), st.holds,
-                           st.group, st.dptr)
+                           st.group, st.dptr, bool(st.cached), bool(st.streams))
+
+    # ---- streaming plans ----
+
+    def group(self, m, idx):
+        arr, n = self._index_array(idx)
+        self.check_model(m, lib.ferry_model_group(m.m, arr, n))
+
+    def plan(self, m, blocks, window=0, budget=0, reserve=0, pinned_cache=True):
+        """ferry_model_plan: blocks = one model index per block, in pass
+        order (each block already one group). The plan as a dict."""
+        o = _lib.PlanOpts()
+        arr = (ctypes.c_int64 * max(len(blocks), 1))(*blocks)
+        o.blocks = ctypes.cast(arr, ctypes.POINTER(ctypes.c_int64))
+        o.nblocks = len(blocks)
+        o.window = int(window)
+        o.budget = int(budget)
+        o.reserve = int(reserve)
+        o.pinned_cache = 0 if pinned_cache else -1
+        out = _lib.Plan()
+        self.check_model(m, lib.ferry_model_plan(m.m, ctypes.byref(o), ctypes.byref(out)))
+        return _struct_dict(out)
+
+    def get_plan(self, m):
+        out = _lib.Plan()
+        self.check_model(m, lib.ferry_model_get_plan(m.m, ctypes.byref(out)))
+        return _struct_dict(out)
+
+    def block_streams(self, m, k):
+        return bool(self.check_model(m, lib.ferry_model_block_streams(m.m, int(k))))
+
+    def set_device_budget(self, nbytes):
+        self.check(lib.ferry_store_set_device_budget(self.s, int(nbytes)))
 
     def read(self, m, i, address):
         """Copy tensor i's bytes (from whichever tier holds them) to address."""

@@ -10,12 +10,13 @@ import threading
 
 import torch
 
-from . import _core, _dlpack, _lib, _store, errors
+from . import _core, _dlpack, _lib, _store, _torch_stream, errors
 from ._torch_load import _cuda_index, _empty, _frombuffer, _shape_view, _torch_device, dtype_for
 from ._torch_match import _attach_plan, _repoint
 
 _UINT64_MAX = (1 << 64) - 1
 _HOOK_ALWAYS_CALL = "always_call" in inspect.signature(torch.nn.Module.register_forward_hook).parameters
+_torch_stream._HOOK_ALWAYS_CALL = _HOOK_ALWAYS_CALL
 
 
 def _store_device(device):
@@ -50,6 +51,7 @@ class _Attached:
         self.shown = {}   # model index -> (tier, dptr) the module's tensor is a view of
         self.hooks = []
         self.hook_pins = 0  # pins the forward hooks hold now
+        self.streamer = None  # a _torch_stream.Streamer when added with stream=
 
 
 class Job:
@@ -234,20 +236,29 @@ class Store:
         ids = range(len(st)) if idx is None else idx
         return all(st[i][0] == _lib.TIER_DEVICE for i in ids)
 
-    def _refresh(self, names=None):
-        """Read every tensor's tier and address and re-point what changed in
-        the attached modules."""
+    def _refresh(self, names=None, idxs=None):
+        """Read every tensor's tier and address (idxs: of those tensors only)
+        and re-point what changed in the attached modules."""
         core = self._core
         raw = _lib.TensorState()
         for name, m in list(core.models.items()):
             if names is not None and name not in names:
                 continue
-            st = [(s.tier, s.dptr) for s in (core.raw_state(m, i, raw) for i in range(len(m)))]
+            st = self._states.get(name)
+            if idxs is None or st is None:
+                st = [(s.tier, s.dptr) for s in (core.raw_state(m, i, raw) for i in range(len(m)))]
+            else:
+                for i in idxs:
+                    s = core.raw_state(m, i, raw)
+                    st[i] = (s.tier, s.dptr)
             self._states[name] = st
             a = self._attached.get(name)
             if a is None:
                 continue
+            want = None if idxs is None else set(idxs)
             for idx, info, dt, entries in a.plan:
+                if want is not None and idx not in want:
+                    continue
                 now = st[idx] if st[idx][0] == _lib.TIER_DEVICE else (st[idx][0], 0)
                 if a.shown.get(idx) == now:
                     continue
@@ -260,7 +271,8 @@ class Store:
 
     # ---- models ----
 
-    def add(self, name, path, *, module=None, priority=0, strict=True):
+    def add(self, name, path, *, module=None, priority=0, strict=True, stream=None, prefetch=None, reserve=None,
+            pinned_cache=True):
         """Add a model called name holding every tensor of path (anything
         ferry reads; a list of paths makes one model of several files). Its
         tensors start in the checkpoint (tier "source"): nothing is read yet.
@@ -273,7 +285,25 @@ class Store:
         the module lacks stay in the store only). Its tensors then become meta
         placeholders (whatever memory they had is dropped) and follow the
         store from then on; a forward pre-hook brings the model to the device
-        and pins it while forward runs."""
+        and pins it while forward runs.
+
+        stream="auto" (or a list of block module names, or of ModuleLists
+        whose children are the blocks) runs the module block by block instead,
+        for a module larger than the device budget: "auto" finds the repeated
+        blocks (the ModuleLists of same-class modules that hold most of the
+        bytes). The store keeps a stable set of blocks resident and streams
+        the rest through a window, overlapped with compute: before a block
+        runs, the current CUDA stream waits for its copy (no host sync) and the
+        next `prefetch` blocks are queued (default 2); after it runs, it is
+        released on the current stream. Outputs are bit-identical to the
+        resident module's. reserve: device bytes to leave free beside the
+        store's budget (default: measured from PyTorch's peak in the first
+        step, plus 512 MiB). pinned_cache: keep streamed blocks' clean copies in
+        pinned RAM (within the store's pinned and host budgets) so a step after
+        the first costs only DMA. While streaming, a block's parameters are
+        valid inside its forward only (they are new Parameter objects each
+        time the block lands; outside, they may show another block's memory
+        until the next store call re-points them). stream_stats(name) reports."""
         if not isinstance(name, str) or not name:
             raise TypeError("the model's name must be a non-empty str")
         paths = [path] if isinstance(path, (str, bytes, os.PathLike)) else list(path)
@@ -290,15 +320,68 @@ class Store:
                 if getattr(module, "_ferry_store_model", None) is not None:
                     raise ValueError(f"this {type(module).__name__} is already attached to model "
                                      f"\"{module._ferry_store_model}\" of a ferry store")
+            if stream is not None and module is None:
+                raise ValueError(f"model \"{name}\": stream= needs module=")
             handles, infos = core.open_files(paths)
             plan = _attach_plan(module, infos, handles, strict) if module is not None else None
             core.add(name, handles, infos, priority)
-            if module is not None:
-                a = self._attached[name] = _Attached(module, plan)
-                module._ferry_store_model = name
-                self._install_hooks(name, a)
+            try:
+                if module is not None:
+                    a = _Attached(module, plan)
+                    if stream is not None:
+                        a.streamer = _torch_stream.Streamer(self, name, a, stream, prefetch,
+                                                            None if reserve is None else
+                                                            _size_opt(reserve, "reserve"), pinned_cache)
+                    self._attached[name] = a
+                    module._ferry_store_model = name
+                    if a.streamer is not None:
+                        a.streamer.install()
+                    else:
+                        self._install_hooks(name, a)
+            except BaseException:
+                self._attached.pop(name, None)
+                core.remove(core.models[name])
+                raise
             self._refresh([name])
         return name
+
+    def _drain(self, names=None):
+        """Land the queued moves of streaming models (names None: all) and
+        drop their holds, before anything moves them by other means."""
+        for n, a in list(self._attached.items()):
+            if a.streamer is not None and (names is None or n in names):
+                a.streamer.drain()
+
+    def stream_stats(self, name):
+        """A streaming model's plan and what its steps moved: blocks, order,
+        prefetch, plan (ferry_plan as a dict), resident_blocks,
+        streamed_blocks, resident_bytes, window_bytes, planned_streamed_bytes,
+        steps, bytes_per_step (host to device, per step), streamed_bytes_per_step
+        (their mean after the first step), seconds_per_step (host time of each
+        forward)."""
+        with self._lock:
+            self._model(name)
+            a = self._attached.get(name)
+            if a is None or a.streamer is None:
+                raise ValueError(f"model \"{name}\" was not added with stream=")
+            return a.streamer.stats()
+
+    def set_device_budget(self, nbytes):
+        """Change the store's device budget now (int or "12GiB"): what the
+        store holds beyond it is evicted at once (dirty tensors saved), and
+        streaming models are planned again at their next step."""
+        n = _size_opt(nbytes, "nbytes")
+        with self._lock:
+            core = self._live()
+            self._sync()
+            self._drain()
+            try:
+                core.set_device_budget(n)
+            finally:
+                for a in self._attached.values():
+                    if a.streamer is not None:
+                        a.streamer.replan_wanted = True
+                self._refresh()
 
     def _install_hooks(self, name, a):
         # Each forward hook undoes the pin of its own thread's pre-hook, if
@@ -387,6 +470,7 @@ class Store:
             moving = not self._all_on_device(m, idx)
             if moving:
                 self._sync()
+                self._drain()
             try:
                 self._core.to_device(m, idx)
             finally:
@@ -401,6 +485,7 @@ class Store:
             m = self._model(name)
             idx = self._indices(m, tensors)
             self._sync()
+            self._drain([name])
             try:
                 self._core.evict(m, idx)
             finally:
@@ -419,6 +504,7 @@ class Store:
         with self._lock:
             core = self._live()
             self._sync()
+            self._drain()
             try:
                 return core.make_room(n)
             finally:
@@ -504,6 +590,9 @@ class Store:
             return
         for h in a.hooks:
             h.remove()
+        if a.streamer is not None:
+            a.streamer.close()
+            a.streamer = None
         for idx, info, dt, entries in a.plan:
             if a.shown.get(idx, (None,))[0] == _lib.TIER_DEVICE:
                 _repoint(entries, self._placeholder(info, dt))
@@ -520,6 +609,7 @@ class Store:
         with self._lock:
             m = self._model(name)
             self._sync()
+            self._drain([name])
             self._core.remove(m)
             self._states.pop(name, None)
             self._detach(name)
@@ -532,6 +622,10 @@ class Store:
             if self._core is None:
                 return
             self._sync()
+            try:
+                self._drain()
+            except errors.FerryError:
+                pass  # closing: what failed to land stays where it was, and goes with the store
             for name in list(self._attached):
                 self._detach(name)
             self._states = {}

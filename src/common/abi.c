@@ -43,7 +43,17 @@ static const field f_tensor_state[] = {F(ferry_tensor_state, size),  F(ferry_ten
                                        F(ferry_tensor_state, nbytes), F(ferry_tensor_state, tier),
                                        F(ferry_tensor_state, dirty), F(ferry_tensor_state, holds),
                                        F(ferry_tensor_state, group), F(ferry_tensor_state, dptr),
+                                       F(ferry_tensor_state, cached), F(ferry_tensor_state, streams),
                                        {NULL, 0}};
+static const field f_plan_opts[] = {F(ferry_plan_opts, size),   F(ferry_plan_opts, blocks),
+                                    F(ferry_plan_opts, nblocks), F(ferry_plan_opts, window),
+                                    F(ferry_plan_opts, budget),  F(ferry_plan_opts, reserve),
+                                    F(ferry_plan_opts, pinned_cache), {NULL, 0}};
+static const field f_plan[] = {F(ferry_plan, size),           F(ferry_plan, blocks),
+                               F(ferry_plan, resident_blocks), F(ferry_plan, streamed_blocks),
+                               F(ferry_plan, fixed_bytes),     F(ferry_plan, resident_bytes),
+                               F(ferry_plan, window_bytes),    F(ferry_plan, streamed_bytes),
+                               F(ferry_plan, budget),          {NULL, 0}};
 static const field f_store_stats[] = {
     F(ferry_store_stats, size),          F(ferry_store_stats, tier_bytes),     F(ferry_store_stats, device_budget),
     F(ferry_store_stats, pinned_budget), F(ferry_store_stats, host_budget),    F(ferry_store_stats, host_available),
@@ -51,7 +61,8 @@ static const field f_store_stats[] = {
     F(ferry_store_stats, bytes_dtoh),    F(ferry_store_stats, seconds_htod),   F(ferry_store_stats, seconds_dtoh),
     F(ferry_store_stats, bytes_written), F(ferry_store_stats, bytes_read),     F(ferry_store_stats, evicted),
     F(ferry_store_stats, dropped),       F(ferry_store_stats, models),         F(ferry_store_stats, tensors),
-    F(ferry_store_stats, device_cached), F(ferry_store_stats, pinned_pool_bytes), {NULL, 0}};
+    F(ferry_store_stats, device_cached), F(ferry_store_stats, pinned_pool_bytes),
+    F(ferry_store_stats, pinned_cache_bytes), {NULL, 0}};
 static const field f_mem_range[] = {F(ferry_mem_range, start), F(ferry_mem_range, end), F(ferry_mem_range, peak),
                                     {NULL, 0}};
 static const field f_job_stats[] = {
@@ -76,6 +87,8 @@ static const struct {
     {"ferry_store_opts", sizeof(ferry_store_opts), f_store_opts},
     {"ferry_tensor_state", sizeof(ferry_tensor_state), f_tensor_state},
     {"ferry_store_stats", sizeof(ferry_store_stats), f_store_stats},
+    {"ferry_plan_opts", sizeof(ferry_plan_opts), f_plan_opts},
+    {"ferry_plan", sizeof(ferry_plan), f_plan},
     {"ferry_mem_range", sizeof(ferry_mem_range), f_mem_range},
     {"ferry_job_stats", sizeof(ferry_job_stats), f_job_stats},
 };

@@ -24,7 +24,15 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
                       .pinned_budget = s->o.pinned_budget, .pinned_used = s->pinned_used,
                       .spill_below = s->o.spill_below, .spill_above = s->o.spill_above, .spilling = s->spilling};
     bool need_avail = false;
-    for (int64_t k = 0; k < n; k++) need_avail |= ts[k]->dirty;
+    uint64_t dirty = 0;
+    for (int64_t k = 0; k < n; k++) need_avail |= ts[k]->dirty, dirty += ts[k]->dirty ? ts[k]->nbytes : 0;
+    /* dirty bytes come before clean copies kept for speed: make them room */
+    if (dirty && s->cache_used &&
+        (h.host_used + dirty > h.host_budget || h.pinned_used + dirty > h.pinned_budget)) {
+        rs_uncache_bytes(s, dirty);
+        h.host_used = s->host_used + s->pinned_used;
+        h.pinned_used = s->pinned_used;
+    }
     if (need_avail && fy_host_available(&h.available, NULL, 0) < 0) h.available = 0; /* unknown: spill */
     fy_hostrange *hr = fy_calloc(m, (size_t)(n ? n : 1), sizeof *hr);
     rtensor **hrt = fy_calloc(m, (size_t)(n ? n : 1), sizeof *hrt);
@@ -150,7 +158,9 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
         }
         if (!t->dirty || t->nbytes == 0) {
             s->c.dropped++;
-            t->tier = FERRY_TIER_SOURCE; /* an empty dirty tensor keeps its flag: nothing to lose */
+            /* an empty dirty tensor keeps its flag: nothing to lose; a cached
+             * one's copy stays in the pinned pool */
+            t->tier = t->cached ? FERRY_TIER_PINNED : FERRY_TIER_SOURCE;
         } else {
             moved += t->nbytes;
         }
@@ -178,24 +188,40 @@ static uint64_t room_now(ferry_store *s)
 
 /* Make bytes of room, never touching protected tensors (prot: per model, per
  * tensor, may be NULL). *could = what could be freed when impossible. */
-static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, uint64_t *could);
+static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, bool spare,
+                              uint64_t *could);
 
 int64_t rs_make_room_locked(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, uint64_t *could)
 {
     rs_reap_releases(s, false); /* holds whose kernels are done go first */
-    int64_t rc = make_room_once(s, bytes, pm, prot, could);
+    /* a planned model's own resident set is spared while its streamed blocks
+     * (and everything else) can make the room, even if that means waiting for
+     * their release events: taking a resident block would make the next pass
+     * stream it */
+    bool spare = pm && pm->plan;
+    int64_t rc = make_room_once(s, bytes, pm, prot, spare, could);
     /* short of room (or asked for everything) while kernels may still read
      * released tensors: wait for them (their memory is reusable only then),
      * then evict what they held too */
     bool all = bytes == UINT64_MAX;
     if ((rc == FERRY_E_BUDGET || (all && rc >= 0)) && s->releases && rs_reap_releases(s, true) > 0) {
-        int64_t more = make_room_once(s, bytes, pm, prot, could);
+        int64_t more = make_room_once(s, bytes, pm, prot, spare, could);
         rc = all && rc >= 0 && more >= 0 ? rc + more : more;
     }
+    if (rc == FERRY_E_BUDGET && spare) rc = make_room_once(s, bytes, pm, prot, false, could); /* the budget shrank */
     return rc;
 }
 
-static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, uint64_t *could)
+int rs_fit_budget(ferry_store *s)
+{
+    if (s->device_used <= s->o.device_budget) return 0;
+    uint64_t excess = s->device_used - s->o.device_budget, could = 0;
+    int64_t rc = rs_make_room_locked(s, excess, NULL, NULL, &could);
+    return rc < 0 ? (int)rc : 0;
+}
+
+static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, bool spare,
+                              uint64_t *could)
 {
     uint64_t room = room_now(s);
     uint64_t need = bytes == UINT64_MAX ? UINT64_MAX : (bytes > room ? bytes - room : 0);
@@ -224,6 +250,8 @@ static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, c
             fy_cand *cd = &c[k];
             cd->priority = m->priority;
             cd->last_use = m->last_use;
+            cd->streams = m->t[j].streams;
+            cd->use = m->t[j].use;
             cd->id = k;
             gm[k] = i;
             gid[k] = j;
@@ -239,6 +267,7 @@ static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, c
             if (u->tier == FERRY_TIER_DEVICE) c[lo].bytes += u->nbytes;
             /* a group with a member still landing stays whole: not a candidate */
             if (u->holds || u->moving || (m == pm && prot && prot[q])) c[lo].protect = true;
+            if (spare && m == pm && !u->streams) c[lo].protect = true;
         }
     }
     uint64_t freed = 0;

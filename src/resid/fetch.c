@@ -27,6 +27,21 @@ static void op_fail(ferry_op *op, ferry_store *s, int rc)
     snprintf(op->msg, sizeof op->msg, "%s", ferry_device_errmsg(s->dev));
 }
 
+/* Read the tensors a move caches from their checkpoints into their pinned
+ * buffers (the lock dropped; the buffers are the op's until it lands). */
+static void read_cached(ferry_op *op, ferry_model *m, const int64_t *ci, int64_t nc)
+{
+    for (int64_t k = 0; k < nc && op->rc == 0; k++) {
+        rtensor *t = &m->t[ci[k]];
+        int rc = ferry_file_tensor_read(m->files[t->file], t->idx, 0, t->host, (size_t)t->nbytes);
+        if (rc < 0) {
+            op->rc = rc;
+            snprintf(op->msg, sizeof op->msg, "%s", ferry_file_errmsg(m->files[t->file]));
+        }
+        op->read += t->nbytes;
+    }
+}
+
 /* Commit (rc == 0: the device copies are the ones now) or roll back (the
  * tensors stay where they were; nothing was lost: their old copies were kept). */
 static void op_commit(ferry_store *s, ferry_op *op)
@@ -39,10 +54,21 @@ static void op_commit(ferry_store *s, ferry_op *op)
         t->moving = NULL;
         if (op->rc < 0) {
             if (t->dptr) rs_dev_free(s, t);
+            if (t->caching) { /* the cache copy it was filling goes (the tensor stays in SOURCE) */
+                rs_pool_free(s, t->host, t->nbytes);
+                s->cache_used -= t->nbytes;
+                t->host = NULL;
+                t->caching = false;
+            }
             continue;
         }
         if (t->nbytes == 0) t->dptr = 0;
-        rs_release_copy(s, t); /* the device copy is now the one */
+        if (t->caching) { /* its pinned copy stays beside the device copy */
+            t->caching = false;
+            t->cached = true;
+        } else if (!t->cached) {
+            rs_release_copy(s, t); /* the device copy is now the one */
+        }
         t->tier = FERRY_TIER_DEVICE;
     }
     if (op->rc < 0) {
@@ -142,6 +168,8 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, ferry_
     for (int64_t i = 0; i < m->n; i++)
         if (sel[i] && m->t[i].tier != FERRY_TIER_DEVICE) need += m->t[i].nbytes;
     m->last_use = ++s->clock;
+    for (int64_t i = 0; i < m->n; i++)
+        if (sel[i]) m->t[i].use = s->clock; /* the groups asked for: used now */
     int64_t mr = need ? rs_make_room_locked(s, need, m, sel, NULL) : 0; /* empty tensors need no room */
     if (mr < 0) {
         rc = (int)mr;
@@ -174,10 +202,26 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, ferry_
     for (int64_t i = 0; i < m->n; i++)
         if (sel[i] && m->t[i].tier != FERRY_TIER_DEVICE) m->t[i].moving = op;
         else sel[i] = false; /* what is on the device already is not this op's */
-    int64_t nh = 0, nf = 0;
+    /* streamed blocks read from the checkpoint are kept in the pinned pool
+     * as room allows (read there first, then copied like any pinned copy) */
+    bool want_cache = false;
+    for (int64_t i = 0; i < m->n && m->plan && m->plan->pinned_cache && !want_cache; i++)
+        want_cache = sel[i] && m->t[i].streams && m->t[i].tier == FERRY_TIER_SOURCE && m->t[i].nbytes;
+    uint64_t avail = 0;
+    if (want_cache && fy_host_available(&avail, NULL, 0) < 0) want_cache = false;
+    int64_t nh = 0, nf = 0, nc = 0;
     for (int64_t i = 0; i < m->n; i++) {
         rtensor *t = &m->t[i];
         if (!sel[i] || !t->nbytes) continue;
+        if (want_cache && t->streams && t->tier == FERRY_TIER_SOURCE && rs_cache_admits(s, t->nbytes, avail) &&
+            rs_pool_alloc(s, t->nbytes, &t->host) == 0) {
+            t->caching = true;
+            s->cache_used += t->nbytes;
+            avail -= t->nbytes;
+            idx[nc++] = i; /* (idx is free until the checkpoint loads below) */
+            hr[nh++] = (fy_hostrange){t->host, t->dptr, t->nbytes};
+            continue;
+        }
         if (t->tier == FERRY_TIER_PINNED || t->tier == FERRY_TIER_HOST) hr[nh++] = (fy_hostrange){t->host, t->dptr, t->nbytes};
         if (t->tier == FERRY_TIER_SPILL) fr[nf++] = (fy_fdrange){t->soff, t->nbytes, t->dptr};
     }
@@ -188,11 +232,13 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, ferry_
 
     /* the transfers, with the lock dropped: the moving tensors' old copies
      * (their file ranges, host copies, spill ranges) cannot go meanwhile */
+    read_cached(op, m, idx, nc);
+    uint64_t cached_read = op->read;
     for (int k = 0; k < m->nfiles && op->rc == 0; k++) { /* SOURCE: file by file, through the loader */
         int64_t cnt = 0;
         for (int64_t i = 0; i < m->n; i++) {
             rtensor *t = &m->t[i];
-            if (sel[i] && t->file == k && t->tier == FERRY_TIER_SOURCE && t->nbytes) {
+            if (sel[i] && t->file == k && t->tier == FERRY_TIER_SOURCE && !t->caching && t->nbytes) {
                 idx[cnt] = t->idx;
                 dp[cnt++] = t->dptr;
                 op->moved += t->nbytes;
@@ -200,7 +246,7 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, ferry_
         }
         if (cnt) op_fail(op, s, ferry_load_into(s->dev, m->files[k], idx, dp, cnt, &s->load, NULL));
     }
-    op->read = op->moved;
+    op->read = op->moved + cached_read;
     if (op->rc == 0 && nf)
         op_fail(op, s, fy_xfer_fd_to_device(s->dev, spill_fd, s->spill_dir, fr, nf, &s->load, NULL, NULL));
     if (op->rc == 0 && nh) op_fail(op, s, fy_xfer_host_to_device(s->dev, hr, nh, &op->xop)); /* queued */

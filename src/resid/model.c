@@ -74,8 +74,9 @@ void rs_model_free(ferry_model *m)
     for (int64_t i = 0; i < m->n; i++) {
         rtensor *t = &m->t[i];
         if (t->tier == FERRY_TIER_DEVICE) rs_dev_free(s, t);
-        else rs_release_copy(s, t);
+        rs_release_copy(s, t); /* (of a device tensor: its cached pinned copy, if any) */
     }
+    rs_plan_free(s, m);
     fy_free(s->m, m->t);
     fy_free(s->m, m->by_name);
     fy_free(s->m, m->files);

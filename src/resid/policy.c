@@ -10,6 +10,8 @@ static int cand_cmp(const void *a, const void *b, void *arg)
     const fy_cand *x = &c[*(const int64_t *)a], *y = &c[*(const int64_t *)b];
     if (x->priority != y->priority) return x->priority < y->priority ? -1 : 1;
     if (x->last_use != y->last_use) return x->last_use < y->last_use ? -1 : 1;
+    if (x->streams != y->streams) return x->streams ? -1 : 1;
+    if (x->use != y->use) return x->use < y->use ? -1 : 1;
     return (x->id > y->id) - (x->id < y->id);
 }
 

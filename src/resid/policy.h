@@ -12,11 +12,16 @@ typedef struct fy_cand {
     uint64_t last_use; /* older (smaller) leaves first */
     uint64_t bytes;    /* device bytes the group frees */
     bool protect;      /* pinned by a caller, or needed by the request itself */
+    bool streams;      /* a streamed block of a planned model: leaves before its model's
+                          other groups */
+    uint64_t use;      /* when the group itself was last asked for: older leaves first
+                          within a model */
     int64_t id;        /* caller's handle; ties broken by it, so the order is total */
 } fy_cand;
 
 /* Choose groups to evict so that at least need bytes are freed: evictable
- * candidates in order (priority, last_use, id), taken until need is met.
+ * candidates in order (priority, last_use, streamed first, use, id), taken
+ * until need is met.
  * need = UINT64_MAX: every evictable candidate. On success returns the count
  * chosen, their indices (into c) in out[0..count-1] in eviction order, and the
  * bytes they free in *freed. When even every evictable group falls short:

@@ -85,7 +85,9 @@ void rs_pool_trim(ferry_store *s)
 /* Drop whatever copy t has off the device (after it came back, or on removal). */
 void rs_release_copy(ferry_store *s, rtensor *t)
 {
-    if (t->tier == FERRY_TIER_PINNED) {
+    if (t->cached) {
+        rs_uncache(s, t);
+    } else if (t->tier == FERRY_TIER_PINNED) {
         rs_pool_free(s, t->host, t->nbytes);
     } else if (t->tier == FERRY_TIER_HOST) {
         fy_free(s->m, t->host);

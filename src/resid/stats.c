@@ -42,6 +42,7 @@ FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out)
     st.dropped = s->c.dropped;
     st.device_cached = s->cached;
     st.pinned_pool_bytes = s->pool_bytes;
+    st.pinned_cache_bytes = s->cache_used;
     st.models = s->nmodels;
     for (int i = 0; i < s->nmodels; i++) st.tensors += s->models[i]->n;
     pthread_mutex_unlock(&s->lock);

@@ -32,7 +32,26 @@ typedef struct rtensor {
     bool keep;      /* evict_tensors: stays on the device with its group */
     struct ferry_op *moving; /* a queued move to the device that has not landed: its old
                                 copy stays until then, nothing else may move or evict it */
+    uint64_t use;   /* the store's clock when its group was last asked for (eviction order
+                       within a model) */
+    bool streams;   /* its block streams under the model's plan (leaves before the rest) */
+    bool cached;    /* host is a clean copy in the pinned pool kept beside the device copy
+                       (tier DEVICE) or as the only copy off the checkpoint (tier PINNED);
+                       dropped at will (rs_uncache), never dirty */
+    bool caching;   /* host is a pinned buffer a queued move is filling for the cache */
 } rtensor;
+
+/* A model's streaming plan (ferry_model_plan): the caller's request, kept so
+ * a budget change can re-plan, and what was chosen. */
+typedef struct rs_plan {
+    int64_t *blocks; /* the group id (leader tensor) of each block, in pass order */
+    int64_t nblocks;
+    int64_t window;
+    uint64_t budget, reserve; /* budget 0: follow the store's device budget */
+    bool pinned_cache;
+    bool *streams;   /* per block: it streams */
+    ferry_plan got;
+} rs_plan;
 
 struct ferry_model {
     ferry_store *s;
@@ -45,6 +64,7 @@ struct ferry_model {
     rtensor *t;
     int64_t n;
     int64_t *by_name; /* tensor indices sorted by name */
+    rs_plan *plan;    /* NULL unless ferry_model_plan made one */
 };
 
 /* pinned pool: chunks of pinned memory, each with its free ranges */
@@ -83,6 +103,7 @@ struct ferry_store {
     fy_range *cache; /* off = device address, len = size */
     int ncache, cap_cache;
     uint64_t cached;
+    uint64_t cache_used; /* of pinned_used: clean copies of streamed blocks */
     counters c;
     /* the open job */
     bool job_open;
@@ -172,6 +193,22 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n);
 /* Free bytes on the device, evicting by policy, protecting prot[] of pm.
  * Bytes freed, or FERRY_E_BUDGET with *could = what could be made. */
 int64_t rs_make_room_locked(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, uint64_t *could);
+/* Evict down to the device budget (after it shrank): 0 or FERRY_E_BUDGET. */
+int rs_fit_budget(ferry_store *s);
+
+/* ---- stream.c: plans and the pinned copies of streamed blocks ---- */
+/* Re-plan every model planned against the store's budget (after it changed). */
+void rs_replan(ferry_store *s);
+/* Free the plan of m (on removal). */
+void rs_plan_free(ferry_store *s, ferry_model *m);
+/* May a clean pinned copy of n more bytes be kept? (the budgets, and the
+ * host's available memory avail, read once by the caller) */
+bool rs_cache_admits(ferry_store *s, uint64_t n, uint64_t avail);
+/* Drop t's cached pinned copy (a PINNED clean tensor goes back to SOURCE). */
+void rs_uncache(ferry_store *s, rtensor *t);
+/* Drop cached copies (not of held or moving tensors) until want bytes of the
+ * pool are free again; returns the bytes dropped. */
+uint64_t rs_uncache_bytes(ferry_store *s, uint64_t want);
 
 /* ---- stats.c ---- */
 /* Bytes per tier over every model. */

@@ -21,8 +21,10 @@ FERRY_API int ferry_model_mark_dirty(ferry_model *m, int64_t t)
     if (m->t[t].tier != FERRY_TIER_DEVICE)
         rc = rs_merr(m, FERRY_E_INVAL, "tensor %s is not on the device (it is in %s)", RS_Q(q, m->t[t].name),
                      ferry_tier_name(m->t[t].tier));
-    else
+    else {
+        rs_uncache(m->s, &m->t[t]); /* the pinned copy is stale now */
         m->t[t].dirty = true;
+    }
     pthread_mutex_unlock(&m->s->lock);
     return rc;
 }
@@ -62,6 +64,8 @@ FERRY_API int ferry_model_tensor_state(ferry_model *m, int64_t t, ferry_tensor_s
     st.holds = r->holds;
     st.group = r->group;
     st.dptr = r->tier == FERRY_TIER_DEVICE || r->moving ? r->dptr : 0; /* a queued move's block is there already */
+    st.cached = r->cached;
+    st.streams = r->streams;
     pthread_mutex_unlock(&m->s->lock);
     return fy_struct_out(out, &st, sizeof st);
 }
@@ -114,7 +118,10 @@ FERRY_API int ferry_model_write(ferry_model *m, int64_t t, const void *buf)
         rc = fy_xfer_host_to_device(s->dev, &h, 1, NULL);
         if (rc < 0) rs_device_failed(s, m, rc);
     }
-    if (rc == 0) r->dirty = true;
+    if (rc == 0) {
+        rs_uncache(s, r);
+        r->dirty = true;
+    }
     pthread_mutex_unlock(&s->lock);
     return rc;
 }

@@ -1,0 +1,375 @@
+"""_torch_stream - running an attached module larger than its device budget
+block by block (Store.add(..., stream="auto")).
+
+The module's repeated blocks (a ModuleList of same-class modules holding most
+of its bytes, as diffusers' block-level offloading finds them; or the names
+the caller gives) each become one group of the store's model, and the model
+gets a plan (ferry_model_plan): a stable resident set and a window for the
+streamed rest. Hooks then run each step:
+
+- the module's forward pre-hook brings the tensors outside blocks to the
+  device and holds them for the step; its forward hook releases them after the
+  current stream;
+- a block's pre-hook makes sure its move is queued (a prefetch usually did),
+  holds it, orders the current stream after the move (no host sync) and points
+  the block's parameters at the device copy;
+- a block's forward hook releases it after the current stream (its memory is
+  reused only once the kernels queued so far have run), lands its move and
+  queues the moves of the next `prefetch` blocks of the pass (cyclically: the
+  last block prefetches the next step's first ones).
+
+The first step records the order the blocks really run in and the peak of
+PyTorch's own allocations; the plan is then made again with them.
+"""
+import time
+
+import torch
+
+from . import _lib, errors
+
+_HOOK_ALWAYS_CALL = None  # set by _torch_store (torch 2.1+: hooks that run when forward raises)
+
+DEFAULT_PREFETCH = 2
+_MARGIN = 512 << 20  # device bytes kept free beside PyTorch's measured peak
+
+
+def _param_bytes(mod):
+    seen, n = set(), 0
+    for t in list(mod.parameters()) + list(mod.buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            n += t.numel() * t.element_size()
+    return n
+
+
+def find_blocks(module, spec):
+    """[(qualified name, submodule)] of the blocks to stream, in module order.
+    spec "auto": every ModuleList/Sequential of at least two modules of one
+    class that is not inside another such block list, when together they hold
+    at least half the module's bytes. spec a list of names: each names a
+    block, or a ModuleList/Sequential whose children are the blocks."""
+    named = dict(module.named_modules())
+    if spec == "auto":
+        lists = []
+        for name, m in module.named_modules():
+            if not isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)) or len(m) < 2:
+                continue
+            kinds = {type(c) for c in m.children()}
+            if len(kinds) != 1 or any(name.startswith(o + ".") for o, _ in lists):
+                continue
+            lists.append((name, m))
+        blocks = [(f"{n}.{k}" if n else str(k), c) for n, m in lists for k, c in enumerate(m.children())]
+        total = _param_bytes(module)
+        got = sum(_param_bytes(c) for _, c in blocks)
+        if not blocks or got * 2 < total:
+            raise ValueError(f"stream=\"auto\": found no repeated blocks in this {type(module).__name__} "
+                             f"(no ModuleList of same-class modules holding most of its {total} bytes; "
+                             f"{got} bytes in the ones found): pass stream=[names of its blocks]")
+        return blocks
+    if isinstance(spec, str) or not hasattr(spec, "__iter__"):
+        raise TypeError(f"stream must be None, \"auto\" or a list of module names, not {spec!r}")
+    blocks = []
+    for name in spec:
+        if name not in named or not name:
+            raise ValueError(f"stream: this {type(module).__name__} has no submodule called {name!r}")
+        m = named[name]
+        if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):
+            blocks.extend((f"{name}.{k}", c) for k, c in enumerate(m.children()))
+        else:
+            blocks.append((name, m))
+    if len(blocks) < 1:
+        raise ValueError("stream: no blocks given")
+    return blocks
+
+
+class _Block:
+    __slots__ = ("name", "module", "idx", "leader", "hooks", "n", "bytes")
+
+    def __init__(self, name, module, idx, nbytes):
+        self.name, self.module, self.idx, self.bytes = name, module, idx, nbytes
+        self.leader = idx[0]
+        self.hooks = []
+        self.n = 0  # its number in the module order
+
+
+class Streamer:
+    """The streaming state of one model of a Store (see the module's doc)."""
+
+    def __init__(self, store, name, attached, spec, prefetch, reserve, pinned_cache):
+        self.store, self.name, self.a = store, name, attached
+        core = store._core
+        self.m = core.models[name]
+        module = attached.module
+        by_key = {}  # checkpoint key -> model index, for the module's tensors
+        self.entry_of = {}  # model index -> (info, dtype, entries)
+        for idx, info, dt, entries in attached.plan:
+            self.entry_of[idx] = (info, dt, entries)
+            for key, *_ in entries:
+                by_key[key] = idx
+        blocks = []
+        in_block = set()
+        for k, (bname, bmod) in enumerate(find_blocks(module, spec)):
+            pre = bname + "."
+            idx = sorted({i for key, i in by_key.items() if key.startswith(pre)})
+            idx = [i for i in idx if i not in in_block]
+            if not idx:
+                continue  # a block without weights of its own: nothing to stream
+            in_block.update(idx)
+            b = _Block(bname, bmod, idx, sum(self.m.infos[i].nbytes for i in idx))
+            b.n = len(blocks)
+            blocks.append(b)
+        if not blocks:
+            raise ValueError(f"model \"{name}\": none of the blocks found holds a tensor of the checkpoint")
+        self.blocks = blocks
+        self.fixed = [i for i in self.entry_of if i not in in_block]
+        for b in blocks:
+            core.group(self.m, b.idx)
+        self.user_prefetch = prefetch is not None
+        self.prefetch = DEFAULT_PREFETCH if prefetch is None else int(prefetch)
+        if self.prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0, not {prefetch}")
+        self.user_reserve = reserve
+        self.pinned_cache = bool(pinned_cache)
+        self.order = list(blocks)      # the pass order (recorded by the first step)
+        self.pos = {b: k for k, b in enumerate(self.order)}
+        self.recording = []            # the first step's order, while it runs
+        self.steps = 0
+        self.ops = {}                  # block -> Op queued and not yet landed (held)
+        self.params = {}               # (model index, dptr) -> Parameter / buffer view
+        self.step_htod = []            # bytes moved to the device per step
+        self.step_seconds = []
+        self._t0 = None
+        self._h0 = 0
+        self.in_step = False
+        self.moved_others = False
+        self.replan_wanted = False
+        self.plan = None
+        self.make_plan(first=True)
+
+    # ---- the plan ----
+
+    def _budget(self, first):
+        """(budget, reserve) for ferry_model_plan: the store's budget, and on a
+        GPU no more than what the device has beside PyTorch's peak."""
+        st = self.store._core.stats()
+        budget = st["device_budget"]
+        reserve = 0
+        if self.store._tdev.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.store._tdev)
+            have = st["tier_bytes"]["device"] + st["device_cached"] + free
+            if self.user_reserve is not None:
+                reserve = self.user_reserve
+            elif first:
+                reserve = min(2 << 30, budget // 4)  # before anything was measured
+            else:
+                # PyTorch's allocator keeps what the first step reserved, so
+                # `free` is already net of it; keep a margin beside it
+                reserve = _MARGIN
+            budget = min(budget, have)
+        elif self.user_reserve is not None:
+            reserve = self.user_reserve
+        return budget, reserve
+
+    def make_plan(self, first=False):
+        """Plan with a window of prefetch + 1 blocks; without a prefetch of the
+        caller's, a window that does not fit shrinks (prefetch down to 1)."""
+        budget, reserve = self._budget(first)
+        while True:
+            try:
+                self.plan = self.store._core.plan(self.m, [b.leader for b in self.order], window=self.prefetch + 1,
+                                                  budget=budget, reserve=reserve, pinned_cache=self.pinned_cache)
+                break
+            except errors.BudgetError:
+                if self.user_prefetch or self.prefetch <= 1:
+                    raise
+                self.prefetch -= 1
+        self.replan_wanted = False
+
+    # ---- moves ----
+
+    def _stream(self):
+        if self.store._tdev.type == "cuda":
+            return torch.cuda.current_stream(self.store._tdev).cuda_stream
+        return 0  # sim: the caller's thread
+
+    def _queue(self, b):
+        if b in self.ops:
+            return self.ops[b]
+        core = self.store._core
+        op = core.to_device_async(self.m, b.idx)
+        self.moved_others = len(core.models) > 1  # its room may have come from another model
+        try:
+            core.pin(self.m, b.leader)  # a group with a held member stays whole
+        except BaseException:
+            op.wait()
+            raise
+        self.ops[b] = op
+        return op
+
+    def _show(self, idxs):
+        """Point the module's tensors idxs at their device copies (cached per address)."""
+        core = self.store._core
+        raw = _lib.TensorState()
+        for i in idxs:
+            st = core.raw_state(self.m, i, raw)
+            info, dt, entries = self.entry_of[i]
+            if self.a.shown.get(i) == (_lib.TIER_DEVICE, st.dptr):
+                continue
+            key = (i, st.dptr)
+            new = self.params.get(key)
+            if new is None:
+                if len(self.params) > 4 * len(self.entry_of):
+                    self.params.clear()  # addresses the store no longer uses
+                view = self.store._view(core, st.dptr, info, dt)
+                grads = [e[4] for e in entries if e[3]]
+                new = torch.nn.Parameter(view, requires_grad=grads[0]) if grads else view
+                self.params[key] = new
+            for _, mod, attr, is_param, _ in entries:
+                if is_param:
+                    mod._parameters[attr] = new
+                else:
+                    mod._buffers[attr] = new
+            self.a.shown[i] = (_lib.TIER_DEVICE, st.dptr)
+
+    # ---- hooks ----
+
+    def step_begin(self):
+        with self.store._lock:
+            core = self.store._live()
+            if self.replan_wanted:
+                self.make_plan()
+            self._t0 = time.perf_counter()
+            self._h0 = core.stats()["bytes_htod"]
+            if self.store._tdev.type == "cuda" and self.steps == 0:
+                torch.cuda.reset_peak_memory_stats(self.store._tdev)
+            if self.fixed:
+                moving = not self.store._all_on_device(self.m, self.fixed)
+                if moving:
+                    self.store._sync()
+                core.to_device(self.m, self.fixed)
+                for i in self.fixed:
+                    core.pin(self.m, i)
+                self.store._refresh([self.name], self.fixed)
+            self.in_step = True
+            if self.steps == 0:
+                self.recording = []
+
+    def step_end(self):
+        with self.store._lock:
+            core = self.store._core
+            if core is None or not self.in_step:
+                return
+            self.in_step = False
+            s = self._stream()
+            for i in self.fixed:
+                core.release_after(self.m, i, s)
+            if self.steps == 0 and self.recording:
+                seen = set(self.recording)
+                order = self.recording + [b for b in self.order if b not in seen]
+                if order != self.order:
+                    self.order = order
+                    self.pos = {b: k for k, b in enumerate(order)}
+                self.make_plan()  # with the real order and PyTorch's measured needs
+            if self.moved_others:
+                # other models' tensors the step's moves evicted: their modules
+                # point at meta placeholders again, as after any store call
+                self.store._refresh([n for n in core.models if n != self.name])
+                self.moved_others = False
+            self.steps += 1
+            self.step_htod.append(core.stats()["bytes_htod"] - self._h0)
+            self.step_seconds.append(time.perf_counter() - self._t0)
+
+    def block_begin(self, b):
+        with self.store._lock:
+            self.store._live()
+            if self.steps == 0 and self.in_step:
+                self.recording.append(b)
+            op = self._queue(b)
+            op.stream_wait(self._stream())
+            self._show(b.idx)
+
+    def block_end(self, b):
+        with self.store._lock:
+            core = self.store._core
+            if core is None:
+                return
+            op = self.ops.pop(b, None)
+            if op is None:
+                return  # its pre-hook failed, or it was drained meanwhile
+            try:
+                core.release_after(self.m, b.leader, self._stream())
+            finally:
+                op.wait()  # lands it (its copy was queued a block or more ago)
+            if self.steps == 0 and self.recording != self.order[:len(self.recording)]:
+                return  # the blocks run in another order than listed: no guessing until it is known
+            k = self.pos[b]
+            n = len(self.order)
+            for j in range(1, min(self.prefetch, n - 1) + 1):
+                self._queue(self.order[(k + j) % n])
+
+    def drain(self):
+        """Land every queued move and drop its hold (before the model is
+        offloaded, removed, or its budget changes)."""
+        core = self.store._core
+        err = None
+        for b, op in list(self.ops.items()):
+            try:
+                op.wait()
+            except errors.FerryError as e:
+                err = err or e
+            try:
+                core.unpin(self.m, b.leader)
+            except errors.FerryError:
+                pass
+        self.ops.clear()
+        if err is not None:
+            raise err
+
+    def close(self):
+        """Forget the views and modules (the store is detaching the module):
+        no cycle keeps the store's memory alive after this."""
+        self.params.clear()
+        self.ops.clear()
+        self.entry_of = {}
+        self.blocks = self.order = []
+        self.pos = {}
+        self.a = self.store = None
+
+    def install(self):
+        def pre(mod, args):
+            self.step_begin()
+
+        def post(mod, args, out):
+            self.step_end()
+
+        a = self.a
+        a.hooks.append(a.module.register_forward_pre_hook(pre))
+        a.hooks.append(_register_post(a.module, post))
+        for b in self.blocks:
+            b.hooks.append(b.module.register_forward_pre_hook(lambda mod, args, b=b: self.block_begin(b)))
+            b.hooks.append(_register_post(b.module, lambda mod, args, out, b=b: self.block_end(b)))
+            a.hooks.extend(b.hooks)
+
+    def stats(self):
+        steady = self.step_htod[1:] or self.step_htod
+        return {
+            "blocks": len(self.blocks),
+            "order": [b.name for b in self.order],
+            "prefetch": self.prefetch,
+            "plan": dict(self.plan or {}),
+            "resident_blocks": (self.plan or {}).get("resident_blocks"),
+            "streamed_blocks": (self.plan or {}).get("streamed_blocks"),
+            "resident_bytes": (self.plan or {}).get("resident_bytes"),
+            "window_bytes": (self.plan or {}).get("window_bytes"),
+            "planned_streamed_bytes": (self.plan or {}).get("streamed_bytes"),
+            "steps": self.steps,
+            "bytes_per_step": list(self.step_htod),
+            "streamed_bytes_per_step": (sum(steady) // len(steady)) if steady else 0,
+            "seconds_per_step": list(self.step_seconds),
+        }
+
+
+def _register_post(module, fn):
+    if _HOOK_ALWAYS_CALL:
+        return module.register_forward_hook(fn, always_call=True)
+    return module.register_forward_hook(fn)

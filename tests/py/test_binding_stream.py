@@ -1,0 +1,291 @@
+"""ferry.torch.Store(..., stream=...) on ferry's simulated GPU: a module larger
+than the device budget runs block by block, its outputs bit-identical to the
+resident module's, under no_grad and inference_mode; the plan keeps a stable
+resident set and each step after the first moves exactly the streamed blocks;
+blocks found automatically or named; dirty blocks survive; budget changes;
+errors."""
+import gc
+
+import pytest
+
+import ferry
+import stwriter
+
+torch = pytest.importorskip("torch")
+import ferry.torch as ft  # noqa: E402
+
+nn = torch.nn
+SIM = "sim:256MiB,2GB/s"  # copies take modelled time: prefetch and stalls are real
+FERRY_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16"}
+DIM = 64
+
+
+class Block(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, 4 * dim)
+        self.fc2 = nn.Linear(4 * dim, dim)
+
+    def forward(self, h):
+        return h + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(h))))
+
+
+class DiT(nn.Module):
+    """An embedding, 12 repeated blocks (most of the bytes), a head."""
+
+    def __init__(self, dim=DIM, depth=12, dtype=None):
+        super().__init__()
+        self.embed = nn.Linear(16, dim, dtype=dtype)
+        self.blocks = nn.ModuleList([Block(dim).to(dtype) for _ in range(depth)])
+        self.head = nn.Linear(dim, 16, dtype=dtype)
+
+    def forward(self, x):
+        h = self.embed(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.head(h)
+
+
+def tensor_bytes(t):
+    return bytes(t.detach().contiguous().reshape(-1).view(torch.uint8).tolist())
+
+
+def model_and_file(tmp_path, dtype=torch.float32, depth=12, seed=0, name="dit"):
+    torch.manual_seed(seed)
+    ref = DiT(depth=depth, dtype=dtype)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.normal_(0, 0.3)
+    path = tmp_path / f"{name}.safetensors"
+    stwriter.write(str(path), [(k, FERRY_DTYPE[v.dtype], list(v.shape), tensor_bytes(v))
+                               for k, v in ref.state_dict().items()])
+    return ref, path
+
+
+def nbytes(module):
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
+
+
+def block_bytes(module):
+    return nbytes(module.blocks[0])
+
+
+def x_for(dtype=torch.float32, seed=1):
+    return torch.randn(8, 16, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+@pytest.fixture
+def sim_free():
+    yield
+    gc.collect()
+    free, total = ferry.device(SIM).mem_info()
+    assert free == total, f"{total - free} bytes of the sim device still held"
+
+
+@pytest.mark.parametrize("frac", [1.0, 0.5, 0.25])
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_streamed_outputs_are_bit_identical(tmp_path, sim_free, frac, mode):
+    ref, path = model_and_file(tmp_path)
+    total = nbytes(ref)
+    ctx = torch.no_grad if mode == "no_grad" else torch.inference_mode
+    with ctx():
+        want = [ref(x_for(seed=s)) for s in range(4)]
+    m = DiT()
+    budget = int(total * frac) + 4096
+    with ft.Store(SIM, device_budget=budget) as store:
+        store.add("dit", path, module=m, stream="auto")
+        with ctx():
+            got = [m(x_for(seed=s)) for s in range(4)]
+        st = store.stream_stats("dit")
+        assert st["blocks"] == 12 and st["steps"] == 4
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+        if frac == 1.0:
+            assert st["streamed_blocks"] == 0
+            assert st["bytes_per_step"][1:] == [0, 0, 0]  # resident after the first step
+        else:
+            assert st["streamed_blocks"] > 0
+            # every step after the first moves exactly the streamed blocks
+            assert st["bytes_per_step"][1:] == [st["planned_streamed_bytes"]] * 3
+            assert st["bytes_per_step"][0] == total
+        # the store never held more than its budget on the device
+        assert store.stats()["tier_bytes"]["device"] <= budget
+
+
+def test_stable_resident_set_and_pinned_copies(tmp_path, sim_free):
+    ref, path = model_and_file(tmp_path)
+    m = DiT()
+    bb = block_bytes(ref)
+    fixed = nbytes(ref) - 12 * bb
+    with ft.Store(SIM, device_budget=fixed + 7 * bb + 64) as store:  # window 3 + 4 resident
+        store.add("dit", path, module=m, stream="auto")
+        with torch.no_grad():
+            m(x_for())
+            states = store.tensor_states("dit")
+            resident = {k for k, s in states.items() if k.startswith("blocks.") and not s.streams}
+            streamed = {k for k, s in states.items() if k.startswith("blocks.") and s.streams}
+            assert resident and streamed
+            assert all(states[k].tier == "device" for k in resident)
+            for s in range(3):
+                m(x_for(seed=s))
+                states = store.tensor_states("dit")
+                assert all(states[k].tier == "device" for k in resident)  # never left
+                # streamed blocks off the device wait in pinned RAM, not the file
+                assert all(states[k].tier in ("device", "pinned") for k in streamed)
+                assert all(states[k].cached for k in streamed)
+        st = store.stream_stats("dit")
+        assert st["resident_blocks"] == 4 and st["streamed_blocks"] == 8
+        assert store.stats()["pinned_cache_bytes"] == st["planned_streamed_bytes"]
+        # reads after the first step come from pinned RAM: nothing more from the file
+        read = store.stats()["bytes_read"]
+        with torch.no_grad():
+            m(x_for())
+        assert store.stats()["bytes_read"] == read
+
+
+def test_named_blocks_bf16_and_no_pinned_cache(tmp_path, sim_free):
+    ref, path = model_and_file(tmp_path, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = ref(x_for(torch.bfloat16))
+    m = DiT(dtype=torch.bfloat16)
+    with ft.Store(SIM, device_budget=nbytes(ref) // 3) as store:
+        store.add("dit", path, module=m, stream=["blocks"], prefetch=1, pinned_cache=False)
+        with torch.inference_mode():
+            for _ in range(3):
+                assert torch.equal(m(x_for(torch.bfloat16)), want)
+        assert store.stats()["pinned_cache_bytes"] == 0
+        st = store.stream_stats("dit")
+        assert st["prefetch"] == 1
+        assert st["order"][0] == "blocks.0"
+
+
+def test_pass_order_is_recorded(tmp_path, sim_free):
+    """Blocks that run in another order than they are listed: the first step
+    records the real order, prefetch follows it."""
+    ref, path = model_and_file(tmp_path)
+
+    class Reversed(DiT):
+        def forward(self, x):
+            h = self.embed(x)
+            for b in reversed(self.blocks):
+                h = b(h)
+            return self.head(h)
+
+    r = Reversed()
+    r.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        want = r(x_for())
+    m = Reversed()
+    with ft.Store(SIM, device_budget=nbytes(ref) // 2) as store:
+        store.add("dit", path, module=m, stream="auto")
+        with torch.no_grad():
+            outs = [m(x_for()) for _ in range(3)]
+        st = store.stream_stats("dit")
+        assert st["order"][0] == "blocks.11" and st["order"][-1] == "blocks.0"
+        assert all(torch.equal(o, want) for o in outs)
+        assert st["bytes_per_step"][2] == st["planned_streamed_bytes"]
+
+
+def test_dirty_blocks_survive_streaming(tmp_path, sim_free):
+    ref, path = model_and_file(tmp_path)
+    m = DiT()
+    with ft.Store(SIM, device_budget=nbytes(ref) // 2, spill_dir="/var/tmp") as store:
+        store.add("dit", path, module=m, stream="auto")
+        with torch.no_grad():
+            m(x_for())
+        # a LoRA-like change merged in place into a block, through the store
+        name = "blocks.5.fc1.weight"
+        new = store.read("dit", name) + 0.25
+        store.to_device("dit", [name])
+        store.write("dit", name, new)
+        ref.blocks[5].fc1.weight.data += 0.25
+        with torch.no_grad():
+            want = ref(x_for(seed=3))
+            for _ in range(4):
+                assert torch.equal(m(x_for(seed=3)), want)
+        assert store.tensor_state("dit", name).dirty
+        assert torch.equal(store.read("dit", name), new)
+
+
+def test_budget_changes_mid_run(tmp_path, sim_free):
+    ref, path = model_and_file(tmp_path)
+    with torch.no_grad():
+        want = ref(x_for())
+    m = DiT()
+    total = nbytes(ref)
+    with ft.Store(SIM, device_budget=total) as store:
+        store.add("dit", path, module=m, stream="auto")
+        with torch.no_grad():
+            assert torch.equal(m(x_for()), want)
+            assert store.stream_stats("dit")["streamed_blocks"] == 0
+            store.set_device_budget(total // 3)  # activations want room, say
+            assert store.stats()["tier_bytes"]["device"] <= total // 3
+            for _ in range(3):
+                assert torch.equal(m(x_for()), want)
+            st = store.stream_stats("dit")
+            assert st["streamed_blocks"] > 0
+            assert st["bytes_per_step"][-1] == st["planned_streamed_bytes"]
+            store.set_device_budget(total)
+            m(x_for())
+            assert torch.equal(m(x_for()), want)
+            assert store.stream_stats("dit")["bytes_per_step"][-1] == 0
+
+
+def test_other_model_and_offload(tmp_path, sim_free):
+    """An encoder comes and goes beside the streaming model under one budget;
+    offload and remove land what is queued first."""
+    ref, path = model_and_file(tmp_path)
+    te_ref, te_path = model_and_file(tmp_path, depth=3, seed=5, name="te")
+    m, te = DiT(), DiT(depth=3)
+    with torch.no_grad():
+        want, te_want = ref(x_for()), te_ref(x_for(seed=2))
+    with ft.Store(SIM, device_budget=nbytes(ref) // 2) as store:
+        store.add("dit", path, module=m, stream="auto")
+        store.add("te", te_path, module=te)
+        with torch.no_grad():
+            for _ in range(2):
+                assert torch.equal(te(x_for(seed=2)), te_want)  # the encoder, whole
+                assert torch.equal(m(x_for()), want)           # evicts it, streams
+                assert torch.equal(m(x_for()), want)
+            assert store.stats()["tier_bytes"]["device"] <= nbytes(ref) // 2
+        store.offload("dit")
+        assert all(s.tier != "device" for s in store.tensor_states("dit").values())
+        with torch.no_grad():
+            assert torch.equal(m(x_for()), want)
+        store.remove("dit")
+
+
+def test_errors(tmp_path, sim_free):
+    ref, path = model_and_file(tmp_path)
+
+    class Flat(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(16, 16)
+
+        def forward(self, x):
+            return self.a(x)
+
+    flat = Flat()
+    fpath = tmp_path / "flat.safetensors"
+    stwriter.write(str(fpath), [(k, "F32", list(v.shape), tensor_bytes(v)) for k, v in flat.state_dict().items()])
+    with ft.Store(SIM, device_budget=1 << 20) as store:
+        with pytest.raises(ValueError, match="found no repeated blocks"):
+            store.add("flat", fpath, module=Flat(), stream="auto")
+        assert "flat" not in store
+        with pytest.raises(ValueError, match="no submodule called 'nope'"):
+            store.add("dit", path, module=DiT(), stream=["nope"])
+        with pytest.raises(ValueError, match="needs module="):
+            store.add("dit", path, stream="auto")
+        with pytest.raises(TypeError):
+            store.add("dit", path, module=DiT(), stream=5)
+        with pytest.raises(ValueError, match="prefetch"):
+            store.add("dit", path, module=DiT(), stream="auto", prefetch=-1)
+        # a budget below even the window: the plan says so with its figures
+        with pytest.raises(ferry.BudgetError, match="streaming needs"):
+            store.add("dit", path, module=DiT(), stream="auto", reserve=(1 << 20) - 1000)
+        assert "dit" not in store
+        store.add("dit", path, module=DiT())
+        with pytest.raises(ValueError, match="not added with stream="):
+            store.stream_stats("dit")

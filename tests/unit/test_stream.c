@@ -1,0 +1,632 @@
+/* test_stream.c - a model larger than its budget, pass after pass, on the sim
+ * device with modelled copy bandwidth: the plan, the stable resident set, the
+ * window, pinned copies of streamed blocks, dirty blocks, faults in the middle
+ * of a pass, budget changes, and prefetch and release from two threads.
+ *
+ * A pass runs like the PyTorch hooks run one: before block i, its move is
+ * queued (unless a prefetch queued it) and held, a "compute" stream is ordered
+ * after it, and a kernel stand-in (a device-to-host copy of the block on that
+ * stream, which takes modelled time) reads it; then the block is released
+ * after that stream and the next blocks are prefetched. Every kernel's bytes
+ * are checked against the checkpoint: a block read before its copy landed, or
+ * whose memory was reused before its release event, reads wrong bytes. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "ferry.h"
+#include "io/io.h"
+#include "xfer/xfer_test.h"
+
+enum { NB = 12, WB = 1 << 20, FIXED = 64 << 10, BIAS = 16 };
+
+static char dir[256], spill_dir[300], path[512];
+
+static uint8_t byte_at(int t, uint64_t j) { return (uint8_t)((uint32_t)t * 7919u + j * 31u + (j >> 9)); }
+
+/* "embed.w" (FIXED bytes, outside the blocks), then NB blocks "blocks.K" of
+ * a weight (WB) and a bias (BIAS), U8; tensor k's bytes are byte_at(k, j). */
+static void write_model(void)
+{
+    char hdr[8192];
+    size_t h = 0;
+    uint64_t off = FIXED;
+    h += (size_t)snprintf(hdr + h, sizeof hdr - h,
+                          "{\"embed.w\":{\"dtype\":\"U8\",\"shape\":[%d],\"data_offsets\":[0,%d]}", FIXED, FIXED);
+    for (int k = 0; k < NB; k++) {
+        h += (size_t)snprintf(hdr + h, sizeof hdr - h,
+                              ",\"blocks.%d.w\":{\"dtype\":\"U8\",\"shape\":[%d],\"data_offsets\":[%" PRIu64 ",%" PRIu64
+                              "]},\"blocks.%d.b\":{\"dtype\":\"U8\",\"shape\":[%d],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}",
+                              k, WB, off, off + WB, k, BIAS, off + WB, off + WB + BIAS);
+        off += WB + BIAS;
+    }
+    h += (size_t)snprintf(hdr + h, sizeof hdr - h, "}");
+    while (h % 8) hdr[h++] = ' ';
+    FILE *f = fopen(path, "wb");
+    uint64_t hl = h;
+    fwrite(&hl, 8, 1, f);
+    fwrite(hdr, 1, h, f);
+    for (int t = 0; t < 1 + 2 * NB; t++) {
+        uint64_t n = t == 0 ? FIXED : t % 2 ? WB : BIAS;
+        for (uint64_t j = 0; j < n; j++) fputc(byte_at(t, j), f);
+    }
+    fclose(f);
+}
+
+/* ---- a model on a store, run pass after pass ---- */
+
+typedef struct run {
+    ferry_ctx *ctx;
+    ferry_device *d;
+    fy_gpu *g;
+    ferry_file *f;
+    ferry_store *s;
+    ferry_model *m;
+    fy_stream *compute;
+    int64_t blk[NB][2];  /* the tensors (weight, bias) of each block, in the model */
+    int64_t embed;
+    ferry_op *ops[NB];   /* queued and not yet waited for */
+    uint8_t *kbuf[NB];   /* what each block's kernel read */
+    uint8_t dirty_x[1 + 2 * NB]; /* per file tensor: XOR of its bytes made in place (0: clean) */
+    int prefetch;
+} run;
+
+static ferry_store_stats stats(run *r)
+{
+    ferry_store_stats st = {.size = sizeof st};
+    CHECK_EQ(ferry_store_get_stats(r->s, &st), 0);
+    return st;
+}
+
+static ferry_tensor_state tstate(run *r, int64_t t)
+{
+    ferry_tensor_state st = {.size = sizeof st};
+    CHECK_EQ(ferry_model_tensor_state(r->m, t, &st), 0);
+    return st;
+}
+
+static int open_run(run *r, ferry_ctx *ctx, const char *spec, uint64_t dev_budget, uint64_t host_budget,
+                    uint64_t pinned_budget)
+{
+    memset(r, 0, sizeof *r);
+    r->ctx = ctx;
+    r->prefetch = 2;
+    if (ferry_device_open(ctx, spec, &r->d) || ferry_file_open(ctx, path, 0, &r->f)) return -1;
+    r->g = fy_device_gpu(r->d);
+    ferry_store_opts o = {.size = sizeof o, .device_budget = dev_budget, .host_budget = host_budget,
+                          .pinned_budget = pinned_budget, .spill_dir = spill_dir, .spill_below = 1, .spill_above = 2};
+    static const ferry_load_opts lo = {.size = sizeof lo, .ring_buffers = 4, .ring_buffer_bytes = 256 << 10};
+    o.load = &lo;
+    if (ferry_store_new(r->d, &o, &r->s) || ferry_store_add(r->s, "dit", &r->f, 1, 0, &r->m)) return -1;
+    if (r->g->ops->stream_new(r->g, &r->compute)) return -1;
+    r->embed = ferry_model_find(r->m, "embed.w");
+    for (int k = 0; k < NB; k++) {
+        char n[64];
+        snprintf(n, sizeof n, "blocks.%d.w", k);
+        r->blk[k][0] = ferry_model_find(r->m, n);
+        snprintf(n, sizeof n, "blocks.%d.b", k);
+        r->blk[k][1] = ferry_model_find(r->m, n);
+        if (r->blk[k][0] < 0 || r->blk[k][1] < 0) return -1;
+        if (!(r->kbuf[k] = malloc(WB))) return -1;
+    }
+    return 0;
+}
+
+static void close_run(run *r)
+{
+    for (int k = 0; k < NB; k++) {
+        if (r->ops[k]) ferry_op_wait(r->ops[k]);
+        free(r->kbuf[k]);
+    }
+    if (r->compute) r->g->ops->stream_free(r->g, r->compute);
+    ferry_store_free(r->s);
+    ferry_file_close(r->f);
+    ferry_device_close(r->d);
+}
+
+static int plan(run *r, int64_t window, uint64_t budget, int pinned_cache, ferry_plan *out)
+{
+    int64_t blocks[NB];
+    for (int k = 0; k < NB; k++) blocks[k] = r->blk[k][0];
+    ferry_plan_opts o = {.size = sizeof o, .blocks = blocks, .nblocks = NB, .window = window, .budget = budget,
+                         .pinned_cache = pinned_cache};
+    out->size = sizeof *out;
+    return ferry_model_plan(r->m, &o, out);
+}
+
+/* Queue block k's move and hold it (both tensors). */
+static int queue_block(run *r, int k)
+{
+    if (r->ops[k]) return 0;
+    int rc = ferry_model_to_device_async(r->m, r->blk[k], 2, &r->ops[k]);
+    if (rc < 0) return rc;
+    CHECK_EQ(ferry_model_hold(r->m, r->blk[k][0]), 0);
+    CHECK_EQ(ferry_model_hold(r->m, r->blk[k][1]), 0);
+    return 0;
+}
+
+static void unhold_block(run *r, int k)
+{
+    CHECK_EQ(ferry_model_release(r->m, r->blk[k][0]), 0);
+    CHECK_EQ(ferry_model_release(r->m, r->blk[k][1]), 0);
+}
+
+/* The weight's file tensor number (for byte_at): 1 + 2k. */
+static int bad_kernel_bytes(run *r, int k)
+{
+    int t = 1 + 2 * k;
+    for (uint64_t j = 0; j < WB; j++)
+        if (r->kbuf[k][j] != (uint8_t)(byte_at(t, j) ^ r->dirty_x[t])) {
+            fprintf(stderr, "block %d: byte %" PRIu64 " read %u, want %u\n", k, j, r->kbuf[k][j],
+                    (uint8_t)(byte_at(t, j) ^ r->dirty_x[t]));
+            return 1;
+        }
+    return 0;
+}
+
+/* One pass over the blocks, prefetching cyclically (the next pass's first
+ * blocks at the end). 0, or the first error (its op waited, the pass stops). */
+static int pass(run *r)
+{
+    uint64_t raw = r->g->ops->stream_raw(r->g, r->compute);
+    int rc = ferry_model_to_device(r->m, &r->embed, 1); /* the tensors outside blocks */
+    if (rc < 0) return rc;
+    for (int i = 0; i < NB; i++) {
+        if ((rc = queue_block(r, i)) < 0) return rc;
+        ferry_tensor_state st = tstate(r, r->blk[i][0]);
+        CHECK(st.dptr != 0);
+        if ((rc = ferry_op_stream_wait(r->ops[i], raw)) < 0) { /* its copies failed */
+            ferry_op_wait(r->ops[i]);
+            r->ops[i] = NULL;
+            return rc;
+        }
+        memset(r->kbuf[i], 0xEE, WB);
+        CHECK_EQ(r->g->ops->copy_dtoh(r->g, r->kbuf[i], st.dptr, WB, r->compute), 0); /* the kernel */
+        CHECK_EQ(ferry_model_release_after(r->m, r->blk[i][0], raw), 0);
+        CHECK_EQ(ferry_model_release_after(r->m, r->blk[i][1], raw), 0);
+        rc = ferry_op_wait(r->ops[i]);
+        r->ops[i] = NULL;
+        if (rc < 0) {
+            r->g->ops->stream_sync(r->g, r->compute);
+            return rc;
+        }
+        for (int j = 1; j <= r->prefetch; j++)
+            if ((rc = queue_block(r, (i + j) % NB)) < 0) {
+                r->g->ops->stream_sync(r->g, r->compute);
+                return rc;
+            }
+    }
+    CHECK_EQ(r->g->ops->stream_sync(r->g, r->compute), 0);
+    int bad = 0;
+    for (int i = 0; i < NB; i++) bad += bad_kernel_bytes(r, i);
+    CHECK_EQ(bad, 0);
+    return 0;
+}
+
+/* Wait for the prefetches a pass left queued (and drop their holds). */
+static void drain(run *r)
+{
+    for (int k = 0; k < NB; k++)
+        if (r->ops[k]) {
+            ferry_op_wait(r->ops[k]);
+            r->ops[k] = NULL;
+            unhold_block(r, k);
+        }
+}
+
+/* every tensor reads back as the checkpoint, XOR the in-place changes */
+static int verify(run *r)
+{
+    int bad = 0;
+    uint8_t *b = malloc(WB);
+    for (int64_t i = 0; i < ferry_model_tensor_count(r->m); i++) {
+        ferry_tensor_state st = tstate(r, i);
+        int t = (int)ferry_model_find(r->m, st.name); /* file order == model order here */
+        if (ferry_model_read(r->m, i, b) != 0) {
+            bad++;
+            continue;
+        }
+        for (uint64_t j = 0; j < st.nbytes; j++)
+            if (b[j] != (uint8_t)(byte_at(t, j) ^ r->dirty_x[t])) {
+                fprintf(stderr, "verify: %s (tier %s) byte %" PRIu64 " differs\n", st.name, ferry_tier_name(st.tier), j);
+                bad++;
+                break;
+            }
+    }
+    free(b);
+    return bad;
+}
+
+static uint64_t block_bytes(void) { return WB + BIAS; }
+
+/* ---- cases ---- */
+
+static void test_plan(ferry_ctx *ctx)
+{
+    run r;
+    if (open_run(&r, ctx, "sim:64MiB", 64 << 20, 64 << 20, 32 << 20)) {
+        CHECK(0);
+        close_run(&r);
+        return;
+    }
+    ferry_plan p;
+    /* it fits: everything resident */
+    CHECK_EQ(plan(&r, 3, 0, 0, &p), 0);
+    CHECK_EQ(p.resident_blocks, NB);
+    CHECK_EQ(p.streamed_blocks, 0);
+    CHECK_EQ(p.streamed_bytes, 0);
+    CHECK_EQ(p.fixed_bytes, FIXED);
+    CHECK_EQ(ferry_model_block_streams(r.m, 0), 0);
+    /* room for the fixed tensors, a window of 3 and 4 more: 5 stream, spread out */
+    uint64_t budget = FIXED + 7 * block_bytes();
+    CHECK_EQ(plan(&r, 3, budget, 0, &p), 0);
+    CHECK_EQ(p.resident_blocks, 4);
+    CHECK_EQ(p.streamed_blocks, NB - 4);
+    CHECK_EQ(p.window_bytes, 3 * block_bytes());
+    CHECK_EQ(p.streamed_bytes, (NB - 4) * block_bytes());
+    CHECK_EQ(p.resident_bytes, FIXED + 4 * block_bytes());
+    int runs = 0, longest = 0, streamed = 0;
+    for (int k = 0; k < NB; k++) {
+        int st = ferry_model_block_streams(r.m, k);
+        CHECK(st == 0 || st == 1);
+        streamed += st;
+        runs = st ? runs + 1 : 0;
+        longest = runs > longest ? runs : longest;
+        CHECK_EQ(tstate(&r, r.blk[k][1]).streams, st); /* the bias is the weight's group */
+    }
+    CHECK_EQ(streamed, NB - 4);
+    CHECK(longest <= 2); /* 8 streamed among 12: never three in a row */
+    ferry_plan g = {.size = sizeof g};
+    CHECK_EQ(ferry_model_get_plan(r.m, &g), 0);
+    CHECK_EQ(g.streamed_blocks, p.streamed_blocks);
+    /* too small for even the window: BUDGET, with the figures */
+    CHECK_EQ(plan(&r, 3, FIXED + 2 * block_bytes(), 0, &p), FERRY_E_BUDGET);
+    CHECK_STR_HAS(ferry_model_errmsg(r.m), "streaming needs");
+    /* a reserve counts against the budget */
+    CHECK_EQ(plan(&r, 3, 0, 0, &p), 0);
+    ferry_plan_opts o = {.size = sizeof o};
+    int64_t two[2] = {r.blk[0][0], r.blk[0][1]}; /* one block named twice */
+    o.blocks = two;
+    o.nblocks = 2;
+    CHECK_EQ(ferry_model_plan(r.m, &o, NULL), FERRY_E_INVAL);
+    CHECK_STR_HAS(ferry_model_errmsg(r.m), "two blocks are one group");
+    int64_t oob[1] = {999};
+    o.blocks = oob;
+    o.nblocks = 1;
+    CHECK_EQ(ferry_model_plan(r.m, &o, NULL), FERRY_E_INVAL);
+    o.nblocks = 0; /* removes the plan */
+    CHECK_EQ(ferry_model_plan(r.m, &o, NULL), 0);
+    CHECK_EQ(ferry_model_get_plan(r.m, &g), FERRY_E_NOTFOUND);
+    CHECK_EQ(ferry_model_block_streams(r.m, 0), FERRY_E_NOTFOUND);
+    close_run(&r);
+}
+
+/* A cyclic pass over a model three times its window streams only what does
+ * not fit, every pass; the resident set never leaves; with room in pinned
+ * RAM a pass after the first reads no file. */
+static void cyclic(ferry_ctx *ctx, int pinned_cache)
+{
+    run r;
+    uint64_t budget = FIXED + 7 * block_bytes(); /* window 3 (= NB / 4), 4 resident */
+    if (open_run(&r, ctx, "sim:64MiB,0.4GB/s", budget, 64 << 20, 32 << 20)) {
+        CHECK(0);
+        close_run(&r);
+        return;
+    }
+    ferry_plan p;
+    CHECK_EQ(plan(&r, 3, 0, pinned_cache, &p), 0);
+    CHECK_EQ(p.streamed_blocks, NB - 4);
+    uint64_t h0 = stats(&r).bytes_htod, rd0 = stats(&r).bytes_read;
+    CHECK_EQ(pass(&r), 0);
+    ferry_store_stats a = stats(&r);
+    CHECK_EQ(a.bytes_htod - h0, FIXED + NB * block_bytes()); /* the first pass brings everything once */
+    CHECK_EQ(a.bytes_read - rd0, FIXED + NB * block_bytes());
+    CHECK(a.tier_bytes[FERRY_TIER_DEVICE] <= budget);
+    if (pinned_cache == 0) CHECK_EQ(a.pinned_cache_bytes, p.streamed_bytes);
+    else CHECK_EQ(a.pinned_cache_bytes, 0);
+    for (int n = 0; n < 4; n++) {
+        ferry_store_stats b = stats(&r);
+        CHECK_EQ(pass(&r), 0);
+        ferry_store_stats c = stats(&r);
+        CHECK_EQ(c.bytes_htod - b.bytes_htod, p.streamed_bytes); /* exactly the streamed blocks */
+        CHECK_EQ(c.bytes_read - b.bytes_read, pinned_cache == 0 ? 0 : p.streamed_bytes);
+        for (int k = 0; k < NB; k++)
+            if (!ferry_model_block_streams(r.m, k)) CHECK_EQ(tstate(&r, r.blk[k][0]).tier, FERRY_TIER_DEVICE);
+    }
+    for (int k = 0; k < NB; k++)
+        if (ferry_model_block_streams(r.m, k) && tstate(&r, r.blk[k][0]).tier != FERRY_TIER_DEVICE)
+            CHECK_EQ(tstate(&r, r.blk[k][0]).tier, pinned_cache == 0 ? FERRY_TIER_PINNED : FERRY_TIER_SOURCE);
+    drain(&r);
+    CHECK_EQ(verify(&r), 0);
+    close_run(&r);
+}
+
+static void test_cyclic(ferry_ctx *ctx) { cyclic(ctx, 0); }
+static void test_cyclic_nocache(ferry_ctx *ctx) { cyclic(ctx, -1); }
+
+/* Plain LRU over the same pass (no plan) misses every block: the contrast
+ * the plan exists for. */
+static void test_lru_thrashes(ferry_ctx *ctx)
+{
+    run r;
+    uint64_t budget = FIXED + 7 * block_bytes();
+    if (open_run(&r, ctx, "sim:64MiB", budget, 64 << 20, 32 << 20)) {
+        CHECK(0);
+        close_run(&r);
+        return;
+    }
+    CHECK_EQ(pass(&r), 0);
+    ferry_store_stats b = stats(&r);
+    CHECK_EQ(pass(&r), 0);
+    ferry_store_stats c = stats(&r);
+    CHECK(c.bytes_htod - b.bytes_htod >= NB * block_bytes()); /* every block, every pass (and more) */
+    drain(&r);
+    CHECK_EQ(verify(&r), 0);
+    close_run(&r);
+}
+
+/* Dirty blocks (a LoRA merged in place), streamed and resident, survive many
+ * passes; a pinned copy of a block goes stale the moment it is changed. */
+static void test_dirty(ferry_ctx *ctx)
+{
+    run r;
+    uint64_t budget = FIXED + 7 * block_bytes();
+    if (open_run(&r, ctx, "sim:64MiB,1GB/s", budget, 64 << 20, 32 << 20)) {
+        CHECK(0);
+        close_run(&r);
+        return;
+    }
+    ferry_plan p;
+    CHECK_EQ(plan(&r, 3, 0, 0, &p), 0);
+    CHECK_EQ(pass(&r), 0);
+    drain(&r);
+    int ks = -1, kr = -1;
+    for (int k = 0; k < NB; k++)
+        if (ferry_model_block_streams(r.m, k)) ks = k;
+        else kr = k;
+    uint8_t *b = malloc(WB);
+    for (int q = 0; q < 2; q++) {
+        int k = q ? kr : ks;
+        int64_t t = r.blk[k][0];
+        CHECK_EQ(ferry_model_to_device(r.m, &t, 1), 0);
+        CHECK_EQ(ferry_model_read(r.m, t, b), 0);
+        for (int j = 0; j < WB; j++) b[j] ^= (uint8_t)(0x5A + q);
+        CHECK_EQ(ferry_model_write(r.m, t, b), 0);
+        CHECK_EQ(tstate(&r, t).cached, 0);
+        r.dirty_x[1 + 2 * k] = (uint8_t)(0x5A + q);
+    }
+    free(b);
+    for (int n = 0; n < 6; n++) CHECK_EQ(pass(&r), 0);
+    CHECK_EQ(tstate(&r, r.blk[ks][0]).dirty, 1);
+    drain(&r);
+    CHECK_EQ(verify(&r), 0);
+    close_run(&r);
+}
+
+/* A read error and a device allocation failure in the middle of a pass fail
+ * that pass with a clear error and lose nothing; the next pass runs. */
+static atomic_int fail_reads;
+static ssize_t eio_pread(int fd, void *buf, size_t n, off_t off)
+{
+    if (atomic_load(&fail_reads)) {
+        errno = EIO;
+        return -1;
+    }
+    return pread(fd, buf, n, off);
+}
+
+static void test_faults(ferry_ctx *ctx)
+{
+    run r;
+    uint64_t budget = FIXED + 7 * block_bytes();
+    if (open_run(&r, ctx, "sim:64MiB,1GB/s", budget, 64 << 20, 32 << 20)) {
+        CHECK(0);
+        close_run(&r);
+        return;
+    }
+    ferry_plan p;
+    CHECK_EQ(plan(&r, 3, 0, -1, &p), 0); /* no pinned copies: every pass reads the file */
+    CHECK_EQ(pass(&r), 0);
+    CHECK_EQ(fy_sys_set("pread", (fy_sys_fn)eio_pread), 0);
+    atomic_store(&fail_reads, 1);
+    int rc = pass(&r);
+    atomic_store(&fail_reads, 0);
+    CHECK(rc < 0);
+    CHECK_STR_HAS(ferry_model_errmsg(r.m), "dit");
+    drain(&r);
+    /* whatever the failed pass held goes back; nothing lost */
+    CHECK_EQ(ferry_store_make_room(r.s, 0, NULL), 0); /* releases whose streams ran are dropped */
+    for (int k = 0; k < NB; k++)
+        while (tstate(&r, r.blk[k][0]).holds > 0) unhold_block(&r, k); /* the failed block's own */
+    CHECK_EQ(verify(&r), 0);
+    CHECK_EQ(pass(&r), 0);
+    drain(&r);
+    /* a device allocation failure in the middle of a pass */
+    CHECK_EQ(ferry_model_evict(r.m, NULL, 0), 0);
+    CHECK_EQ(ferry_store_make_room(r.s, 0, NULL), 0); /* the kept device blocks go: the next ones are new */
+    CHECK(fy_gpu_sim_fault(r.g, FY_OP_MEM_ALLOC, 5) >= 0);
+    rc = pass(&r);
+    CHECK(rc < 0);
+    CHECK(strlen(ferry_model_errmsg(r.m)) > 0);
+    CHECK_EQ(fy_gpu_sim_fault(r.g, FY_OP_MEM_ALLOC, 0), 0);
+    drain(&r);
+    CHECK_EQ(ferry_store_make_room(r.s, 0, NULL), 0); /* releases whose streams ran are dropped */
+    for (int k = 0; k < NB; k++)
+        while (tstate(&r, r.blk[k][0]).holds > 0) unhold_block(&r, k); /* the failed block's own */
+    CHECK_EQ(verify(&r), 0);
+    CHECK_EQ(pass(&r), 0);
+    drain(&r);
+    CHECK_EQ(verify(&r), 0);
+    fy_sys_reset();
+    close_run(&r);
+}
+
+/* The budget shrinks (activations need room) and grows back mid-run: the
+ * plan follows, the store stays within it, nothing is lost. */
+static void test_budget(ferry_ctx *ctx)
+{
+    run r;
+    uint64_t big = FIXED + 9 * block_bytes(), small = FIXED + 5 * block_bytes();
+    if (open_run(&r, ctx, "sim:64MiB,1GB/s", big, 64 << 20, 32 << 20)) {
+        CHECK(0);
+        close_run(&r);
+        return;
+    }
+    ferry_plan p;
+    CHECK_EQ(plan(&r, 3, 0, 0, &p), 0);
+    CHECK_EQ(p.resident_blocks, 6);
+    CHECK_EQ(pass(&r), 0);
+    drain(&r);
+    CHECK_EQ(ferry_store_set_device_budget(r.s, small), 0);
+    CHECK(stats(&r).tier_bytes[FERRY_TIER_DEVICE] <= small);
+    CHECK_EQ(stats(&r).device_budget, small);
+    CHECK_EQ(ferry_model_get_plan(r.m, &p), 0);
+    CHECK_EQ(p.resident_blocks, 2);
+    CHECK_EQ(pass(&r), 0);
+    for (int n = 0; n < 2; n++) {
+        ferry_store_stats b = stats(&r);
+        CHECK_EQ(pass(&r), 0);
+        CHECK_EQ(stats(&r).bytes_htod - b.bytes_htod, p.streamed_bytes);
+        CHECK(stats(&r).tier_bytes[FERRY_TIER_DEVICE] <= small);
+    }
+    drain(&r);
+    CHECK_EQ(ferry_store_set_device_budget(r.s, big), 0);
+    CHECK_EQ(ferry_model_get_plan(r.m, &p), 0);
+    CHECK_EQ(p.resident_blocks, 6);
+    CHECK_EQ(pass(&r), 0);
+    ferry_store_stats b = stats(&r);
+    CHECK_EQ(pass(&r), 0);
+    CHECK_EQ(stats(&r).bytes_htod - b.bytes_htod, p.streamed_bytes);
+    drain(&r);
+    CHECK_EQ(ferry_store_set_device_budget(r.s, 0), FERRY_E_INVAL);
+    CHECK_EQ(verify(&r), 0);
+    close_run(&r);
+}
+
+/* Prefetch on one thread, compute and release on another (TSan runs this). */
+typedef struct twin {
+    run *r;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    ferry_op *q[NB];   /* queued by the prefetcher for the computer, per block */
+    int next_compute;  /* blocks the computer has finished */
+    int total;
+    int bad;
+} twin;
+
+static void *prefetcher(void *a)
+{
+    twin *w = a;
+    for (int n = 0; n < w->total; n++) {
+        int k = n % NB;
+        pthread_mutex_lock(&w->mu);
+        while (n - w->next_compute > w->r->prefetch || w->q[k]) pthread_cond_wait(&w->cv, &w->mu);
+        pthread_mutex_unlock(&w->mu);
+        ferry_op *op = NULL;
+        int rc = ferry_model_to_device_async(w->r->m, w->r->blk[k], 2, &op);
+        if (rc == 0) {
+            ferry_model_hold(w->r->m, w->r->blk[k][0]);
+            ferry_model_hold(w->r->m, w->r->blk[k][1]);
+        }
+        pthread_mutex_lock(&w->mu);
+        if (rc < 0) w->bad++;
+        w->q[k] = op;
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        if (rc < 0) break;
+    }
+    return NULL;
+}
+
+static void test_threads(ferry_ctx *ctx)
+{
+    run r;
+    uint64_t budget = FIXED + 7 * block_bytes();
+    if (open_run(&r, ctx, "sim:64MiB,1GB/s", budget, 64 << 20, 32 << 20)) {
+        CHECK(0);
+        close_run(&r);
+        return;
+    }
+    ferry_plan p;
+    CHECK_EQ(plan(&r, 3, 0, 0, &p), 0);
+    CHECK_EQ(ferry_model_to_device(r.m, &r.embed, 1), 0);
+    twin w = {.r = &r, .total = 4 * NB};
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cv, NULL);
+    pthread_t th;
+    CHECK_EQ(pthread_create(&th, NULL, prefetcher, &w), 0);
+    uint64_t raw = r.g->ops->stream_raw(r.g, r.compute);
+    for (int n = 0; n < w.total; n++) {
+        int k = n % NB;
+        pthread_mutex_lock(&w.mu);
+        while (!w.q[k] && !w.bad) pthread_cond_wait(&w.cv, &w.mu);
+        ferry_op *op = w.q[k];
+        pthread_mutex_unlock(&w.mu);
+        if (!op) break;
+        CHECK_EQ(ferry_op_stream_wait(op, raw), 0);
+        ferry_tensor_state st = tstate(&r, r.blk[k][0]);
+        CHECK_EQ(r.g->ops->copy_dtoh(r.g, r.kbuf[k], st.dptr, WB, r.compute), 0);
+        CHECK_EQ(ferry_model_release_after(r.m, r.blk[k][0], raw), 0);
+        CHECK_EQ(ferry_model_release_after(r.m, r.blk[k][1], raw), 0);
+        CHECK_EQ(ferry_op_wait(op), 0);
+        if (k == NB - 1) { /* a pass done: check what its kernels read */
+            CHECK_EQ(r.g->ops->stream_sync(r.g, r.compute), 0);
+            for (int i = 0; i < NB; i++) w.bad += bad_kernel_bytes(&r, i);
+        }
+        pthread_mutex_lock(&w.mu);
+        w.q[k] = NULL;
+        w.next_compute = n + 1;
+        pthread_cond_broadcast(&w.cv);
+        pthread_mutex_unlock(&w.mu);
+    }
+    pthread_join(th, NULL);
+    CHECK_EQ(w.bad, 0);
+    CHECK_EQ(r.g->ops->stream_sync(r.g, r.compute), 0);
+    CHECK_EQ(verify(&r), 0);
+    pthread_mutex_destroy(&w.mu);
+    pthread_cond_destroy(&w.cv);
+    close_run(&r);
+}
+
+static ferry_ctx *ctx;
+#define CASES(CASE)                                        \
+    CASE(plan, test_plan(ctx))                             \
+    CASE(cyclic, test_cyclic(ctx))                         \
+    CASE(cyclic_nocache, test_cyclic_nocache(ctx))         \
+    CASE(lru_thrashes, test_lru_thrashes(ctx))             \
+    CASE(dirty, test_dirty(ctx))                           \
+    CASE(faults, test_faults(ctx))                         \
+    CASE(budget, test_budget(ctx))                         \
+    CASE(threads, test_threads(ctx))
+CHECK_CASES(CASES)
+
+int main(int argc, char **argv)
+{
+    int rc = check_args(argc, argv);
+    if (rc >= 0) return rc;
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/ferry-stream-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    snprintf(spill_dir, sizeof spill_dir, "%s/spill", dir);
+    snprintf(path, sizeof path, "%s/dit.safetensors", dir);
+    if (mkdir(spill_dir, 0700) != 0) return 1;
+    write_model();
+    CHECK_EQ(ferry_ctx_new(NULL, &ctx), 0);
+    if (ctx) check_run();
+    ferry_ctx_free(ctx);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    return check_summary();
+}
