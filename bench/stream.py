@@ -1,0 +1,1327 @@
+#!/usr/bin/env python3
+"""Run a diffusion transformer larger than its device budget: ferry's block
+streaming (ferry.torch.Store(..., device_budget=B).add(..., stream="auto")) beside
+the whole model resident on the GPU, diffusers' group offloading, accelerate's
+cpu_offload and comfy-aimdo, each in a fresh process, alternated, in one run.
+
+On the H200 machine (diffusers and comfy-aimdo are not installed there; carry
+`.whl` and `build-gpu`, install the wheels first):
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit;
+    PYTHONUNBUFFERED=1 python3 bench/stream.py --ferry-lib build-gpu/libferry.so \\
+        --image-tokens 4096,1024 --out $OUT/stream.json
+
+    .whl holds diffusers-0.42.1, importlib_metadata-8.7.1 (diffusers' one
+    Requires-Dist missing there) and comfy_aimdo-0.6.0; every other requirement
+    (huggingface-hub, safetensors, filelock, regex, requests, Pillow, numpy,
+    zipp, accelerate, psutil) is in that machine's image.
+
+Split over two calls (the checkpoint in /dev/shm survives while the machine
+stays warm; otherwise the second call makes it again, ~20-40 s):
+    ... --only resident,ferry,group_offload --out $OUT/stream-a.json
+    ... --only cpu_offload,comfy_aimdo --out $OUT/stream-b.json
+(resident always runs too: every ratio and the bit-identity check need it.)
+
+Smoke test without a GPU (ferry's simulated device; plumbing only, no figures):
+    python3 bench/stream.py --device sim:4GiB --model blocks --tiny --workdir /tmp/st --steps 2
+    python3 bench/stream.py --device sim:4GiB --model flux --tiny ...   (needs diffusers)
+(torch 2.1 or later: CI's torch 1.13 lacks the meta-device context and
+load_state_dict(assign=True), so this is not a CI test.) ferry is imported from
+this checkout's python/ unless installed; --ferry-lib picks the libferry.so.
+
+Model (--model flux, the default): diffusers' FluxTransformer2DModel built on
+`meta` from FLUX.1-dev's published config (FLUX_CONFIG below: 19 double + 38
+single blocks, 11.9 B parameters, 23.8 GB in BF16) with seeded random BF16
+weights generated on the GPU and written once to a safetensors file in
+--workdir (default /dev/shm/ferry-stream: tmpfs, fast to write and always
+"hot"; it holds 23.8 GB of RAM for as long as it exists - the group offloading
+child peaks at ~62 GB beside it, within the machine's 128 GiB; a file on the
+disk would be written at ~0.5 GB/s). A later run with the same model, seed and
+init reuses the file (checked by its metadata). --model blocks: a plain-torch
+stand-in (96 identical attention + MLP blocks, d 3072, 21.7 GB) for machines
+without diffusers. --tiny: a few-MB version of either, for smoke tests.
+
+Inputs: seeded random latents (image tokens x 64), 512 text tokens x 4096,
+pooled 768, guidance 3.5, image/text position ids as the Flux pipeline makes
+them. --steps steps (default 4) of an Euler-like loop (t from 1 down,
+x += -1/steps * out), so every step's output depends on the ones before: the
+first step is reported apart from the mean of the rest ("steady"). Each
+--image-tokens value (default 4096; 1024 is the transfer-bound case) runs in the
+same child after one load.
+
+Configurations (--only / --skip take names, methods or prefixes: "ferry" is
+every ferry:P, "group_offload" both group_offload configs):
+  resident           the whole model on the GPU: ferry.torch.load_file(path, device="cuda:0")
+                     (safetensors.torch.load_file if ferry is missing) + load_state_dict(assign=True)
+                     on the meta-built model
+  ferry:P            P = 100, 50, 25 (--budgets, fractions of the weights' bytes):
+                     store = ferry.torch.Store(dev, device_budget=P% of the weights);
+                     store.add("dit", path, module=model, stream="auto"[, prefetch=, reserve=])
+                     (the ferry-specific lines are all in class FerryRun)
+  group_offload      diffusers apply_group_offloading(block_level, num_blocks_per_group=1,
+                     use_stream=True), weights loaded to CPU first (safetensors)
+  group_offload_rs   the same with record_stream=True (as the FLUX figures of DEVICE-FACTS.md)
+  cpu_offload        accelerate.cpu_offload(model, execution_device=dev), weights on CPU
+  comfy_aimdo:P      comfy-aimdo 0.6.0's VBAR (the wheel's own API: ModelVBAR, vbar_fault,
+                     vbar_unpin, set_watermark) for residency, with P% of the weights allowed
+                     resident (the watermark); the rest copied per layer from page-locked RAM
+                     into a temporary as aimdo's examples/example.py does. The wheel is an
+                     allocator, not a module streamer: ComfyUI's casting and prefetching
+                     (comfy/ops.py, model_management) are not in it, so the per-layer glue
+                     here (class AimdoRun) is ours, following the wheel's example; no
+                     prefetch, copies on the compute stream. Reported under that name.
+
+Per configuration and image-token count: first step and steady mean (s), ratio
+to resident's steady step of the same run; host->device bytes per step (ferry:
+the delta of store.stats()["bytes_htod"]; group offloading: the bytes of every
+tensor ModuleGroup._transfer_tensor_to_device copies from the CPU - with
+block_level every block each step, and the tensors outside the blocks twice
+per step in diffusers 0.42.1, as counted on the CPU; cpu_offload: the bytes of
+every CPU value accelerate's hooks give set_module_tensor_to_device for the
+execution device, i.e. every weight each step; comfy_aimdo: the bytes the glue
+copies); the physical bound
+max(resident steady step, bytes per step / pinned host->device rate measured in
+the same run, 1 GiB, torch) and the ratio to it; peak host memory (VmHWM of the
+child; psutil USS sampled after loading and after each token count; the
+RssAnon/RssFile/RssShmem split); GPU memory: torch.cuda.max_memory_allocated
+and _reserved, and device memory in use (torch.cuda.mem_get_info, total - free)
+minus its value before loading, sampled after loading and after every step
+(ferry allocates with the driver, so torch's counters miss its weights; a
+sample after each step misses peaks inside a step: --mem-poll-ms N also
+samples from a thread every N ms); ferry's store.stream_stats("dit") and
+store.stats(); a SHA-256 of every step's output, compared in the parent with
+resident's (identical yes/no).
+
+Robust like compare_load.py: a configuration that fails, crashes or hangs
+records its error and the run goes on; one that cannot run at all (a package
+missing, an API absent) is reported with the reason; after --budget-seconds no
+new child starts. The JSON is rewritten after every child; a markdown table for
+bench/RESULTS.md is printed at the end (and written beside the JSON as .md).
+"""
+import argparse
+import hashlib
+import json
+import math
+import os
+import queue
+import statistics
+import struct
+import sys
+import threading
+import time
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+from compare_load import (T_PROC_START, fs_type, last_line, rc_text, run_process,  # noqa: E402
+                          tail, vm_status)
+
+RESULT_TAG = "STREAM_RESULT "
+GB = 1e9
+GIB = float(1 << 30)
+
+# FLUX.1-dev's transformer/config.json (black-forest-labs/FLUX.1-dev)
+FLUX_CONFIG = dict(patch_size=1, in_channels=64, out_channels=None, num_layers=19, num_single_layers=38,
+                   attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
+                   pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56))
+FLUX_TINY = dict(patch_size=1, in_channels=16, out_channels=None, num_layers=1, num_single_layers=2,
+                 attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                 pooled_projection_dim=16, guidance_embeds=True, axes_dims_rope=(4, 6, 6))
+BLOCKS_CONFIG = dict(dim=3072, heads=24, blocks=96, in_dim=64, ctx_dim=4096, mlp=4)   # 21.7 GB BF16
+BLOCKS_TINY = dict(dim=128, heads=4, blocks=8, in_dim=16, ctx_dim=32, mlp=4)
+INIT_VERSION = "1"  # bump when the random init changes (the checkpoint is then made again)
+DEFAULT_WORKDIR = "/dev/shm/ferry-stream"
+FALLBACK_WORKDIR = "/tmp/ferry-stream"
+METHODS = ["resident", "ferry", "group_offload", "group_offload_rs", "cpu_offload", "comfy_aimdo"]
+
+
+def model_config(kind, tiny):
+    if kind == "flux":
+        return dict(FLUX_TINY if tiny else FLUX_CONFIG)
+    return dict(BLOCKS_TINY if tiny else BLOCKS_CONFIG)
+
+
+# ----------------------------------------------------------------------------- models (torch inside)
+
+def build_model(kind, cfg):
+    """The model on the meta device, in BF16, eval mode."""
+    import torch
+    if kind == "flux":
+        from diffusers import FluxTransformer2DModel
+        with torch.device("meta"):
+            m = FluxTransformer2DModel(**cfg)
+    else:
+        with torch.device("meta"):
+            m = _blocks_model(**cfg)
+    return m.to(torch.bfloat16).eval()
+
+
+def _blocks_model(dim, heads, blocks, in_dim, ctx_dim, mlp):
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1 = nn.LayerNorm(dim)
+            self.qkv = nn.Linear(dim, 3 * dim)
+            self.proj = nn.Linear(dim, dim)
+            self.norm2 = nn.LayerNorm(dim)
+            self.fc1 = nn.Linear(dim, mlp * dim)
+            self.fc2 = nn.Linear(mlp * dim, dim)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, heads, dim // heads).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, s, dim)
+            x = x + self.proj(a)
+            return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
+
+    class Blocks(nn.Module):
+        """x_embedder / context_embedder -> blocks -> norm_out -> proj_out, over the
+        image and text tokens together (a DiT's single-stream blocks)."""
+
+        def __init__(self):
+            super().__init__()
+            self.x_embedder = nn.Linear(in_dim, dim)
+            self.context_embedder = nn.Linear(ctx_dim, dim)
+            self.time_embedder = nn.Linear(1, dim)
+            self.blocks = nn.ModuleList(Block() for _ in range(blocks))
+            self.norm_out = nn.LayerNorm(dim)
+            self.proj_out = nn.Linear(dim, in_dim)
+
+        def forward(self, hidden_states, encoder_hidden_states, timestep):
+            n = hidden_states.shape[1]
+            x = torch.cat([self.x_embedder(hidden_states), self.context_embedder(encoder_hidden_states)], 1)
+            x = x + self.time_embedder(timestep.view(-1, 1, 1))
+            for blk in self.blocks:
+                x = blk(x)
+            return self.proj_out(self.norm_out(x[:, :n]))
+
+    return Blocks()
+
+
+def make_inputs(kind, cfg, image_tokens, text_tokens, device, seed):
+    """Seeded inputs (made on the CPU, so every process gets the same bytes)."""
+    import torch
+    g = torch.Generator().manual_seed(seed + 7919 * image_tokens)
+    bf = torch.bfloat16
+    if kind == "flux":
+        in_ch, ctx, pooled = cfg["in_channels"], cfg["joint_attention_dim"], cfg["pooled_projection_dim"]
+    else:
+        in_ch, ctx, pooled = cfg["in_dim"], cfg["ctx_dim"], None
+    inp = {"x0": torch.randn(1, image_tokens, in_ch, generator=g).to(bf),
+           "encoder_hidden_states": torch.randn(1, text_tokens, ctx, generator=g).to(bf)}
+    if pooled:
+        inp["pooled_projections"] = torch.randn(1, pooled, generator=g).to(bf)
+        h = int(math.isqrt(image_tokens))
+        h, w = (h, image_tokens // h) if h * (image_tokens // h) == image_tokens else (1, image_tokens)
+        ids = torch.zeros(h, w, 3)
+        ids[..., 1] += torch.arange(h)[:, None]
+        ids[..., 2] += torch.arange(w)[None, :]
+        inp["img_ids"] = ids.reshape(h * w, 3).to(bf)
+        inp["txt_ids"] = torch.zeros(text_tokens, 3).to(bf)
+        inp["guidance"] = torch.full((1,), 3.5).to(bf)
+    return {k: v.to(device) for k, v in inp.items()}
+
+
+def forward(kind, model, inp, x, t):
+    import torch
+    ts = torch.full((1,), t, dtype=torch.bfloat16, device=x.device)
+    if kind == "flux":
+        return model(hidden_states=x, encoder_hidden_states=inp["encoder_hidden_states"],
+                     pooled_projections=inp["pooled_projections"], timestep=ts, img_ids=inp["img_ids"],
+                     txt_ids=inp["txt_ids"], guidance=inp["guidance"], return_dict=False)[0]
+    return model(x, inp["encoder_hidden_states"], ts)
+
+
+def tensor_init(name, shape, gen, device):
+    """The random init of one tensor (float32 math, BF16 result): 2-D and larger
+    weights N(0, 1/fan_in) so activations stay near unit scale; 1-D norm weights
+    1; other 1-D tensors (biases) N(0, 0.02^2)."""
+    import torch
+    if len(shape) >= 2:
+        fan_in = math.prod(shape[1:])
+        t = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).mul_(1.0 / math.sqrt(fan_in))
+    elif "norm" in name:
+        t = torch.ones(shape, device=device, dtype=torch.float32)
+    else:
+        t = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).mul_(0.02)
+    return t.to(torch.bfloat16)
+
+
+def read_header(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        hdr = json.loads(f.read(n))
+    meta = hdr.pop("__metadata__", {}) or {}
+    return hdr, meta, 8 + n
+
+
+# ----------------------------------------------------------------------------- child: making the checkpoint
+
+def make_main(spec):
+    """--make SPEC: write the random checkpoint (tmp file, then rename)."""
+    import torch
+    rep = {"ok": False}
+    t0 = time.perf_counter()
+    try:
+        dev = torch.device("cpu" if spec["device"].startswith("sim") else spec["device"])
+        model = build_model(spec["model"], spec["cfg"])
+        items = [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
+        header, off = {}, 0
+        for k, shape in items:
+            n = math.prod(shape) * 2
+            header[k] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + n]}
+            off += n
+        header["__metadata__"] = spec["meta"]
+        hb = json.dumps(header, separators=(",", ":")).encode()
+        hb += b" " * ((-len(hb)) % 8)
+        base = 8 + len(hb)
+        path = spec["path"]
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        errs = []
+        q = queue.Queue(maxsize=8)
+
+        def writer():
+            while True:
+                job = q.get()
+                if job is None:
+                    return
+                buf, pos = job
+                try:
+                    mv = memoryview(buf)
+                    while len(mv):
+                        w = os.pwrite(fd, mv, pos)
+                        mv, pos = mv[w:], pos + w
+                except OSError as e:
+                    errs.append(e)
+
+        try:
+            os.pwrite(fd, struct.pack("<Q", len(hb)) + hb, 0)
+            ws = [threading.Thread(target=writer) for _ in range(4)]
+            for w in ws:
+                w.start()
+            gen = torch.Generator(device=dev)
+            for i, (k, shape) in enumerate(items):
+                gen.manual_seed(spec["seed"] * 1_000_003 + i)
+                t = tensor_init(k, shape, gen, dev).cpu().contiguous()
+                q.put((t.view(torch.uint8).numpy(), base + header[k]["data_offsets"][0]))
+                if errs:
+                    break
+            for _ in ws:
+                q.put(None)
+            for w in ws:
+                w.join()
+            if errs:
+                raise errs[0]
+            t1 = time.perf_counter()
+            if spec.get("fsync"):
+                os.fsync(fd)
+            rep["fsync_seconds"] = time.perf_counter() - t1
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        rep.update(ok=True, seconds=time.perf_counter() - t0, bytes=os.path.getsize(path), tensors=len(items))
+    except BaseException as e:  # noqa: BLE001
+        import traceback
+        rep["error"] = f"{type(e).__name__}: {e}"[:2000]
+        rep["traceback"] = tail(traceback.format_exc(), 3000)
+    sys.stdout.write(RESULT_TAG + json.dumps(rep) + "\n")
+    sys.stdout.flush()
+    os._exit(0 if rep["ok"] else 1)
+
+
+# ----------------------------------------------------------------------------- child: probe + copy limit
+
+def probe_main(spec):
+    """--probe SPEC: what is importable (versions, the APIs each method needs)
+    and, on CUDA, the pinned host->device copy rate (torch, --limit-gib GiB)."""
+    rep = {"ok": True, "packages": {}, "why_not": {}}
+    P = rep["packages"]
+    try:
+        import torch
+        P["torch"] = torch.__version__
+        rep["cuda"] = torch.cuda.is_available()
+        if tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 1):
+            rep.update(ok=False, error=f"torch {torch.__version__}: this benchmark needs torch 2.1 or later "
+                       "(torch.device as a context, load_state_dict(assign=True), scaled_dot_product_attention)")
+            _emit(rep)
+    except Exception as e:  # noqa: BLE001
+        rep.update(ok=False, error=f"torch: {type(e).__name__}: {e}")
+        _emit(rep)
+    W = rep["why_not"]
+    try:
+        import diffusers
+        P["diffusers"] = diffusers.__version__
+        from diffusers import FluxTransformer2DModel  # noqa: F401
+        import inspect
+        from diffusers.hooks import apply_group_offloading
+        params = inspect.signature(apply_group_offloading).parameters
+        miss = [p for p in ("use_stream", "record_stream") if p not in params]
+        if miss:
+            W["group_offload"] = f"diffusers {diffusers.__version__}: apply_group_offloading has no {miss}"
+        from diffusers.hooks.group_offloading import ModuleGroup
+        if not hasattr(ModuleGroup, "_transfer_tensor_to_device"):
+            W["group_offload_count"] = "ModuleGroup._transfer_tensor_to_device absent: bytes not counted"
+    except Exception as e:  # noqa: BLE001
+        why = f"diffusers: {type(e).__name__}: {e}"[:300]
+        W["group_offload"] = why
+        if spec["model"] == "flux":
+            W["model"] = why
+    try:
+        import accelerate
+        from accelerate import cpu_offload  # noqa: F401
+        import accelerate.hooks as ah
+        P["accelerate"] = accelerate.__version__
+        if not hasattr(ah, "set_module_tensor_to_device"):
+            W["cpu_offload_count"] = "accelerate.hooks.set_module_tensor_to_device absent: bytes not counted"
+    except Exception as e:  # noqa: BLE001
+        W["cpu_offload"] = f"accelerate: {type(e).__name__}: {e}"[:300]
+    try:
+        import importlib.metadata as md
+        P["comfy_aimdo"] = md.version("comfy-aimdo")
+        import comfy_aimdo.control as ac
+        for fn in ("init", "init_device"):
+            if not hasattr(ac, fn):
+                W["comfy_aimdo"] = f"comfy_aimdo.control has no {fn}()"
+    except Exception as e:  # noqa: BLE001
+        W["comfy_aimdo"] = f"comfy-aimdo not importable: {type(e).__name__}: {e}"[:300]
+    try:
+        import safetensors
+        P["safetensors"] = getattr(safetensors, "__version__", "?")
+    except Exception as e:  # noqa: BLE001
+        W["safetensors"] = f"{type(e).__name__}: {e}"
+    try:
+        import psutil
+        P["psutil"] = psutil.__version__
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        _ferry_path()
+        import inspect
+        import ferry
+        import ferry.torch as ft
+        P["ferry"] = getattr(ferry, "__version__", None) or "?"
+        P["ferry_module"] = os.path.dirname(ferry.__file__)
+        add = inspect.signature(ft.Store.add).parameters
+        rep["ferry_add_stream"] = "stream" in add
+        rep["ferry_stream_stats"] = hasattr(ft.Store, "stream_stats")
+        if not rep["ferry_add_stream"]:
+            W["ferry_stream"] = ("ferry.torch.Store.add has no stream= argument (this ferry predates the "
+                                 "streaming API)")
+    except Exception as e:  # noqa: BLE001
+        W["ferry"] = f"ferry.torch not importable: {type(e).__name__}: {e}"[:300]
+    if spec["device"].startswith("cuda") and rep.get("cuda"):
+        try:
+            rep["limit"] = pinned_copy_rate(spec["device"], spec["limit_gib"])
+            rep["gpu"] = torch.cuda.get_device_name(0)
+        except Exception as e:  # noqa: BLE001
+            rep["limit"] = {"error": f"{type(e).__name__}: {e}"}
+    _emit(rep)
+
+
+def pinned_copy_rate(device, gib, reps=5):
+    import torch
+    dev = torch.device(device)
+    n = int(gib * (1 << 30))
+    src = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    src.fill_(1)
+    dst = torch.empty(n, dtype=torch.uint8, device=dev)
+    dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize(dev)
+    rates = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize(dev)
+        rates.append(n / (time.perf_counter() - t0) / GB)
+    return {"bytes": n, "gbps_runs": rates, "gbps_best": max(rates), "gbps_median": statistics.median(rates)}
+
+
+def _emit(rep, code=None):
+    sys.stdout.write(RESULT_TAG + json.dumps(rep, default=str) + "\n")
+    sys.stdout.flush()
+    os._exit((0 if rep.get("ok") else 1) if code is None else code)
+
+
+def _ferry_path():
+    """Make `import ferry` find this checkout's python/ferry when it is not installed."""
+    try:
+        import ferry  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, os.path.join(_HERE, "..", "python"))
+
+
+# ----------------------------------------------------------------------------- child: measurements
+
+class Meter:
+    """Host and device memory of this process: VmHWM / the Rss split / USS, and
+    device memory in use (mem_get_info) above the baseline taken at creation."""
+
+    def __init__(self, torch, dev, poll_ms=0):
+        self.torch, self.dev = torch, dev
+        self.cuda = dev.type == "cuda"
+        self.base = self.used() if self.cuda else None
+        self.dev_peak = 0
+        self.run_peak = 0
+        self.rss = {"RssAnon": 0, "RssFile": 0, "RssShmem": 0}
+        self.uss_peak = None
+        self._stop = None
+        if self.cuda and poll_ms > 0:
+            self._stop = threading.Event()
+            threading.Thread(target=self._poll, args=(poll_ms / 1000.0,), daemon=True).start()
+
+    def used(self):
+        free, total = self.torch.cuda.mem_get_info(self.dev)
+        return total - free
+
+    def _poll(self, period):
+        while not self._stop.wait(period):
+            try:
+                u = self.used() - self.base
+                self.dev_peak, self.run_peak = max(self.dev_peak, u), max(self.run_peak, u)
+            except Exception:  # noqa: BLE001
+                return
+
+    def sample(self, uss=False):
+        if self.cuda:
+            u = self.used() - self.base
+            self.dev_peak, self.run_peak = max(self.dev_peak, u), max(self.run_peak, u)
+        for k in self.rss:
+            v = vm_status(k)
+            if v is not None:
+                self.rss[k] = max(self.rss[k], v)
+        if uss:
+            try:
+                import psutil
+                u = psutil.Process().memory_full_info().uss
+                self.uss_peak = u if self.uss_peak is None else max(self.uss_peak, u)
+            except Exception:  # noqa: BLE001
+                pass
+
+    def report(self):
+        if self._stop is not None:
+            self._stop.set()
+        r = {"peak_rss_bytes": vm_status("VmHWM"), "rss_split_peak_bytes": self.rss, "uss_peak_bytes": self.uss_peak}
+        if self.cuda:
+            t = self.torch.cuda
+            r.update(device_used_baseline_bytes=self.base, device_used_peak_delta_bytes=self.dev_peak,
+                     torch_max_allocated_bytes=t.max_memory_allocated(self.dev),
+                     torch_max_reserved_bytes=t.max_memory_reserved(self.dev))
+        return r
+
+
+def out_hash(out):
+    import torch
+    b = out.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()
+    return hashlib.sha256(b).hexdigest()[:32]
+
+
+class FerryRun:
+    """Everything ferry-specific in one place (adjust here when the API moves):
+    the store, how the model is attached, the counter of host->device bytes,
+    the streaming statistics."""
+
+    def __init__(self, model, path, device, budget_bytes, spec, rep):
+        import ferry.torch as ft
+        import inspect
+        self.store = ft.Store(device, device_budget=budget_bytes)
+        kw = {"module": model}
+        if "stream" in inspect.signature(self.store.add).parameters:
+            kw["stream"] = "auto"
+            if spec.get("ferry_prefetch") is not None:
+                kw["prefetch"] = spec["ferry_prefetch"]
+            if spec.get("ferry_reserve") is not None:
+                kw["reserve"] = spec["ferry_reserve"]
+        elif spec["budget_fraction"] >= 1.0:
+            rep.setdefault("notes", []).append("Store.add has no stream=: added without streaming (fits)")
+        else:
+            raise RuntimeError("ferry.torch.Store.add has no stream= argument (ferry predates the streaming API)")
+        rep["ferry_add_kwargs"] = {k: v for k, v in kw.items() if k != "module"}
+        self.store.add("dit", path, **kw)
+
+    def htod(self):
+        return int(self.store.stats()["bytes_htod"])
+
+    def htod_seconds(self):
+        return float(self.store.stats().get("seconds_htod") or 0.0)
+
+    def stream_stats(self):
+        f = getattr(self.store, "stream_stats", None)
+        if f is None:
+            return {"error": "ferry.torch.Store has no stream_stats()"}
+        try:
+            return {k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v))
+                    for k, v in dict(f("dit")).items()}
+        except Exception as e:  # noqa: BLE001
+            return {"error": f"{type(e).__name__}: {e}"[:500]}
+
+    def stats(self):
+        s = dict(self.store.stats())
+        return {k: v for k, v in s.items() if isinstance(v, (int, float, str, bool, dict, type(None)))}
+
+
+class AimdoRun:
+    """comfy-aimdo 0.6.0 as a plain module's residency manager: one VBAR
+    (virtual range) for all the weights, laid out in the checkpoint's order
+    (lower addresses are kept first), a watermark at the budget, and on every
+    leaf module a forward pre-hook per parameter: vbar_fault() -> resident: a
+    view of the VBAR page (filled from the page-locked CPU copy when its
+    signature changed) / above the watermark: a temporary GPU copy; a forward
+    hook unpins and drops the references. This glue follows aimdo's
+    examples/example.py; ComfyUI's own casting (prefetch on an offload stream)
+    is not part of the wheel."""
+
+    def __init__(self, model, cpu_sd, dev, budget_bytes, rep, fake=None):
+        import torch
+        self.torch, self.dev, self.bytes = torch, dev, 0
+        if fake is None:
+            import comfy_aimdo.torch as at
+            from comfy_aimdo.model_vbar import ModelVBAR, vbar_fault, vbar_signature_compare, vbar_unpin
+            total = sum(((t.numel() * t.element_size() + 511) // 512) * 512 for t in cpu_sd.values())
+            raw = sum(t.numel() * t.element_size() for t in cpu_sd.values())
+            self.vbar = ModelVBAR(total + (64 << 20), device=dev.index or 0)
+            # the VBAR packs tensors at 512-byte alignment: a budget of all the
+            # weights' bytes is the whole packed range
+            self.watermark = total if budget_bytes >= raw else int(budget_bytes)
+            self.vbar.set_watermark(self.watermark)
+            rep["aimdo_watermark_bytes"] = self.watermark
+            self._fault, self._unpin, self._same = vbar_fault, vbar_unpin, vbar_signature_compare
+            self._view = lambda alloc: at.aimdo_to_tensor(alloc, dev)
+        else:  # a CPU stand-in for tests of the glue
+            self.vbar, self._fault, self._unpin, self._same, self._view = fake(cpu_sd, budget_bytes)
+        self.cpu, self.allocs, self.views, self.sigs = cpu_sd, {}, {}, {}
+        for name, t in cpu_sd.items():
+            self.allocs[name] = self.vbar.alloc(t.numel() * t.element_size())
+        self.pins = []
+        self.hooks = []
+        for mname, mod in model.named_modules():
+            own = [(p, f"{mname}.{p}" if mname else p) for p in mod._parameters]
+            own = [(p, n) for p, n in own if n in cpu_sd]
+            if own:
+                self.hooks.append(mod.register_forward_pre_hook(self._pre_hook(own)))
+                self.hooks.append(mod.register_forward_hook(self._post_hook(own)))
+        rep["aimdo_hooked_modules"] = len(self.hooks) // 2
+
+    def _pre_hook(self, own):
+        def pre(mod, args):
+            for pname, name in own:
+                src = self.cpu[name]
+                alloc = self.allocs[name]
+                sig = self._fault(alloc)
+                if sig is not None:
+                    v = self.views.get(name)
+                    if v is None:
+                        v = self.views[name] = self._view(alloc).view(src.dtype).view(src.shape)
+                    if not self._same(sig, self.sigs.get(name)):
+                        v.copy_(src, non_blocking=True)
+                        self.bytes += src.numel() * src.element_size()
+                    self.sigs[name] = sig
+                    self.pins.append(alloc)
+                    mod._parameters[pname] = v
+                else:
+                    mod._parameters[pname] = src.to(self.dev, non_blocking=True)
+                    self.bytes += src.numel() * src.element_size()
+        return pre
+
+    def _post_hook(self, own):
+        def post(mod, args, out):
+            for pname, name in own:
+                mod._parameters[pname] = None
+            while self.pins:
+                self._unpin(self.pins.pop())
+        return post
+
+    def htod(self):
+        return self.bytes
+
+
+ST_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64", "I64": "int64",
+             "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+
+
+def load_flat_cpu(torch, path, threads=8, chunk=64 << 20):
+    """The checkpoint's data region read (pread, several threads) into one
+    anonymous CPU buffer, and a dict of views of it. Anonymous on purpose: the
+    buffer is page-locked next (cudaHostRegister), and registering a MAP_PRIVATE
+    file mapping - what safetensors' CPU tensors are views of - can hang
+    (DEVICE-FACTS.md)."""
+    hdr, _meta, base = read_header(path)
+    size = os.path.getsize(path) - base
+    flat = torch.empty(size, dtype=torch.uint8)
+    mv = memoryview(flat.numpy())
+    fd = os.open(path, os.O_RDONLY)
+    errs = []
+
+    def work(k):
+        try:
+            for off in range(k * chunk, size, threads * chunk):
+                want = min(chunk, size - off)
+                got = 0
+                while got < want:
+                    n = os.preadv(fd, [mv[off + got:off + want]], base + off + got)
+                    if n <= 0:
+                        raise OSError(f"{path}: short read at {base + off + got}")
+                    got += n
+        except OSError as e:
+            errs.append(e)
+
+    try:
+        ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        os.close(fd)
+    if errs:
+        raise errs[0]
+    sd = {}
+    for name, v in hdr.items():
+        b, e = v["data_offsets"]
+        dt = getattr(torch, ST_DTYPES[v["dtype"]])
+        sd[name] = flat[b:e].view(dt).view(v["shape"])
+    return flat, sd
+
+
+def pin_in_place(torch, t):
+    """Page-lock an anonymous CPU tensor in place (cudaHostRegister, as ComfyUI
+    pins its offloaded weights; far faster than pin_memory()'s cudaHostAlloc +
+    copy)."""
+    nb = t.numel() * t.element_size()
+    err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nb, 0)
+    if int(err) != 0:
+        raise RuntimeError(f"cudaHostRegister of {nb} bytes failed ({err})")
+    return nb
+
+
+def child_main(spec):
+    """--child SPEC: load the model one way, run the steps, print one RESULT line."""
+    rep = {"config": spec["config"], "method": spec["method"], "ok": False, "runs": []}
+    if spec["method"] == "comfy_aimdo":
+        try:  # "comfy_aimdo.control.init() must be called before torch is imported"
+            import comfy_aimdo.control as ac
+            if not ac.init():
+                raise RuntimeError("comfy_aimdo.control.init() returned False")
+        except Exception as e:  # noqa: BLE001
+            rep["error"] = f"comfy_aimdo init: {type(e).__name__}: {e}"[:1000]
+            _emit(rep)
+    try:
+        _child_run(spec, rep)
+        rep["ok"] = True
+    except BaseException as e:  # noqa: BLE001
+        import traceback
+        rep["error"] = f"{type(e).__name__}: {e}"[:2000]
+        rep["traceback"] = tail(traceback.format_exc(), 4000)
+    if "meter" in rep:
+        rep.update(rep.pop("meter").report())
+    _emit(rep)
+
+
+def _child_run(spec, rep):
+    import torch
+    rep["torch"] = torch.__version__
+    sim = spec["device"].startswith("sim")
+    dev = torch.device("cpu" if sim else spec["device"])
+    cuda = dev.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(dev)
+        if spec["method"] == "comfy_aimdo":  # as its example: the device before any allocation
+            import comfy_aimdo.control as ac
+            if not ac.init_device(dev.index or 0):
+                raise RuntimeError("comfy_aimdo.control.init_device() returned False")
+        torch.zeros(1, device=dev)
+        torch.cuda.synchronize(dev)
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(dev)
+
+    rep["init_seconds"] = time.perf_counter() - T_PROC_START
+    meter = Meter(torch, dev, spec.get("mem_poll_ms", 0))
+    rep["meter"] = meter
+    kind, cfg, path, method = spec["model"], spec["cfg"], spec["path"], spec["method"]
+    t0 = time.perf_counter()
+    model = build_model(kind, cfg)
+    rep["build_seconds"] = time.perf_counter() - t0
+    htod = lambda: 0  # noqa: E731
+    extra = {}
+    t0 = time.perf_counter()
+    if method == "resident":
+        try:
+            _ferry_path()
+            import ferry.torch as ft
+            sd = ft.load_file(path, device="cpu" if sim else str(dev))
+            rep["loader"] = "ferry.torch.load_file"
+        except ImportError:
+            from safetensors.torch import load_file
+            sd = load_file(path, device=str(dev))
+            rep["loader"] = "safetensors.torch.load_file"
+        model.load_state_dict(sd, assign=True, strict=True)
+        del sd
+    elif method == "ferry":
+        _ferry_path()
+        fr = FerryRun(model, path, spec["device"], spec["budget_bytes"], spec, rep)
+        htod = fr.htod
+        extra["ferry"] = fr
+    elif method == "comfy_aimdo":
+        flat, sd = load_flat_cpu(torch, path)
+        rep["cpu_load_seconds"] = time.perf_counter() - t0
+        rep["pinned_bytes"] = pin_in_place(torch, flat)
+        ar = AimdoRun(model, sd, dev, spec["budget_bytes"], rep)
+        htod = ar.htod
+        extra["aimdo"] = ar
+    else:
+        from safetensors.torch import load_file
+        sd = load_file(path)  # CPU
+        rep["cpu_load_seconds"] = time.perf_counter() - t0
+        if method in ("group_offload", "group_offload_rs"):
+            from diffusers.hooks import apply_group_offloading
+            from diffusers.hooks.group_offloading import ModuleGroup
+            model.load_state_dict(sd, assign=True, strict=True)
+            del sd
+            counter = [0]
+            orig = getattr(ModuleGroup, "_transfer_tensor_to_device", None)
+            if orig is not None:
+                def counting(self, tensor, source_tensor, default_stream, _o=orig):
+                    if source_tensor.device.type != torch.device(self.onload_device).type:
+                        counter[0] += source_tensor.numel() * source_tensor.element_size()
+                    return _o(self, tensor, source_tensor, default_stream)
+                ModuleGroup._transfer_tensor_to_device = counting
+                htod = lambda: counter[0]  # noqa: E731
+            else:
+                rep.setdefault("notes", []).append("bytes not counted (diffusers internals changed)")
+                htod = lambda: None  # noqa: E731
+            kw = dict(onload_device=dev, offload_device=torch.device("cpu"), offload_type="block_level",
+                      num_blocks_per_group=1, use_stream=True, record_stream=(method == "group_offload_rs"))
+            rep["group_offload_kwargs"] = {k: str(v) for k, v in kw.items()}
+            apply_group_offloading(model, **kw)
+        elif method == "cpu_offload":
+            import accelerate.hooks as ah
+            from accelerate import cpu_offload
+            model.load_state_dict(sd, assign=True, strict=True)
+            del sd
+            counter = [0]
+            orig = ah.set_module_tensor_to_device
+
+            def counting(module, name, device, value=None, *a, **k):
+                if value is not None and str(device) not in ("meta", "cpu") and value.device.type == "cpu":
+                    counter[0] += value.numel() * value.element_size()
+                return orig(module, name, device, value, *a, **k)
+            ah.set_module_tensor_to_device = counting
+            htod = lambda: counter[0]  # noqa: E731
+            cpu_offload(model, execution_device=dev)
+        else:
+            raise ValueError(f"unknown method {method}")
+    sync()
+    rep["load_seconds"] = time.perf_counter() - t0
+    meter.sample(uss=True)
+    rep["rss_after_load_bytes"] = vm_status("VmRSS")
+    if cuda:
+        rep["device_used_after_load_delta_bytes"] = meter.used() - meter.base
+        rep["torch_max_allocated_load_bytes"] = torch.cuda.max_memory_allocated(dev)
+    steps, nsched = spec["steps"], spec["schedule_steps"]
+    with torch.inference_mode():
+        for ntok in spec["image_tokens"]:
+            run = {"image_tokens": ntok, "step_seconds": [], "htod_bytes": [], "hashes": [], "finite": True}
+            inp = make_inputs(kind, cfg, ntok, spec["text_tokens"], dev, spec["seed"])
+            x = inp["x0"].clone()
+            fr = extra.get("ferry")
+            hs0 = fr.htod_seconds() if fr else None
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(dev)
+                meter.run_peak = meter.used() - meter.base
+            for k in range(steps):
+                t = 1.0 - k / nsched
+                sync()
+                b0 = htod()
+                s0 = time.perf_counter()
+                out = forward(kind, model, inp, x, t)
+                sync()
+                run["step_seconds"].append(time.perf_counter() - s0)
+                b1 = htod()
+                run["htod_bytes"].append(None if b0 is None or b1 is None else b1 - b0)
+                meter.sample()
+                run["hashes"].append(out_hash(out))
+                if run["finite"] and not bool(torch.isfinite(out).all()):
+                    run["finite"] = False
+                x = x + (-1.0 / nsched) * out
+                if fr and k == 0:
+                    run["ferry_stream_stats_after_first"] = fr.stream_stats()
+            if cuda:
+                run["torch_max_allocated_bytes"] = torch.cuda.max_memory_allocated(dev)
+                run["torch_max_reserved_bytes"] = torch.cuda.max_memory_reserved(dev)
+                run["device_used_peak_delta_bytes"] = meter.run_peak
+            if fr:
+                run["ferry_stream_stats"] = fr.stream_stats()
+                run["ferry_htod_seconds"] = fr.htod_seconds() - hs0
+            meter.sample(uss=True)
+            run["first_seconds"] = run["step_seconds"][0]
+            rest = run["step_seconds"][1:]
+            run["steady_seconds"] = statistics.mean(rest) if rest else None
+            hb = [b for b in run["htod_bytes"][1:] if b is not None]
+            run["htod_bytes_steady"] = statistics.mean(hb) if hb else None
+            rep["runs"].append(run)
+            del inp, x, out
+    if "ferry" in extra:
+        rep["ferry_stats"] = extra["ferry"].stats()
+
+
+# ----------------------------------------------------------------------------- parent
+
+def parse_budget(s):
+    s = s.strip()
+    f = float(s.rstrip("%")) / (100.0 if s.endswith("%") or float(s.rstrip("%")) > 1.0 else 1.0)
+    if f <= 0:
+        raise ValueError(f"budget {s!r}")
+    return f
+
+
+class Bench:
+    def __init__(self, a):
+        self.a = a
+        self.t_start = T_PROC_START
+        self.results = []
+        self.out = {"tool": "bench/stream.py", "args": vars(a), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "units": {"seconds": "s", "bytes": "bytes", "gbps": "1e9 bytes/s"},
+                    "meta": {}, "probe": None, "limits": [], "results": self.results}
+        self.unavailable = {}
+
+    def elapsed(self):
+        return time.perf_counter() - self.t_start
+
+    def remaining(self):
+        return self.a.budget_seconds - self.elapsed()
+
+    def log(self, msg):
+        print(f"[{self.elapsed():6.1f}s] {msg}", flush=True)
+
+    def save(self):
+        if not self.a.out:
+            return
+        try:
+            self.out["elapsed_seconds"] = self.elapsed()
+            self.out["summary"] = self.summary()
+            self.out["table_markdown"] = self.table()
+            os.makedirs(os.path.dirname(os.path.abspath(self.a.out)), exist_ok=True)
+            tmp = self.a.out + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.out, f, indent=1, default=str)
+                f.write("\n")
+            os.replace(tmp, self.a.out)
+        except Exception as e:  # noqa: BLE001
+            print(f"warning: cannot write {self.a.out}: {e}", file=sys.stderr, flush=True)
+
+    def child(self, flag, spec, timeout):
+        cmd = [self.a.python, os.path.abspath(__file__), flag, json.dumps(spec)]
+        env = dict(os.environ)
+        if self.a.ferry_lib:
+            env["FERRY_LIBRARY"] = os.path.abspath(self.a.ferry_lib)
+        rc, out, err, wall, to = run_process(cmd, timeout, env=env)
+        rep = None
+        for line in reversed((out or "").splitlines()):
+            if line.startswith(RESULT_TAG):
+                try:
+                    rep = json.loads(line[len(RESULT_TAG):])
+                except ValueError:
+                    pass
+                break
+        return rep, {"rc": rc, "wall_seconds": wall, "timed_out": to, "stderr_tail": tail(err, 1500)}
+
+    # -- configs
+    def configs(self):
+        cs = [("resident", "resident", None)]
+        fr = [parse_budget(b) for b in self.a.budgets.split(",") if b.strip()]
+        cs += [(f"ferry:{round(f * 100)}", "ferry", f) for f in fr]
+        cs += [("group_offload", "group_offload", None), ("group_offload_rs", "group_offload_rs", None),
+               ("cpu_offload", "cpu_offload", None)]
+        cs += [(f"comfy_aimdo:{round(f * 100)}", "comfy_aimdo", f) for f in fr]
+
+        def picked(name, method, sel):
+            return any(s in (name, method) or name.startswith((s + ":", s + "_")) for s in sel)
+
+        if self.a.only:
+            sel = [s.strip() for s in self.a.only.split(",") if s.strip()]
+            cs = [c for c in cs if c[0] == "resident" or picked(c[0], c[1], sel)]
+        if self.a.skip:
+            sel = [s.strip() for s in self.a.skip.split(",") if s.strip()]
+            cs = [c for c in cs if c[0] == "resident" or not picked(c[0], c[1], sel)]
+        return cs
+
+    # -- setup
+    def setup(self):
+        a = self.a
+        m = self.out["meta"]
+        m["python"] = sys.version.split()[0]
+        m["host_cpus"] = os.cpu_count()
+        try:
+            m["kernel"] = os.uname().release
+            with open("/proc/meminfo") as f:
+                m["mem_total_bytes"] = int(f.readline().split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        if a.device.startswith("cuda"):
+            rc, out, err, _, _ = run_process(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,memory.used",
+                                              "--format=csv,noheader"], 20)
+            m["nvidia_smi"] = out.strip() if rc == 0 else f"unavailable: {last_line(err) or rc}"
+        self.cfg = model_config(a.model, a.tiny)
+        os.makedirs(a.workdir, exist_ok=True)
+        if a.workdir == DEFAULT_WORKDIR and not a.tiny:
+            try:
+                st = os.statvfs(a.workdir)
+                name = f"stream-{a.model}-seed{a.seed}.safetensors"
+                if (st.f_bavail * st.f_frsize < 25e9 and not os.path.exists(os.path.join(a.workdir, name))):
+                    self.log(f"{a.workdir}: {st.f_bavail * st.f_frsize / GB:.1f} GB free, too little: "
+                             f"using {FALLBACK_WORKDIR} (the disk) instead")
+                    a.workdir = FALLBACK_WORKDIR
+                    os.makedirs(a.workdir, exist_ok=True)
+            except OSError:
+                pass
+        name = f"stream-{a.model}{'-tiny' if a.tiny else ''}-seed{a.seed}.safetensors"
+        self.path = os.path.join(a.workdir, name)
+        m["checkpoint"] = {"path": self.path, "fs_type": fs_type(a.workdir)}
+        # probe: imports, APIs, the pinned copy limit
+        self.log("probe: packages, APIs" + (", pinned host->device copy rate" if a.device.startswith("cuda") else ""))
+        rep, info = self.child("--probe", {"device": a.device, "model": a.model, "limit_gib": a.limit_gib}, 180)
+        if rep is None:
+            sys.exit(f"stream.py: the probe child failed ({rc_text(info['rc'])}): {info['stderr_tail']}")
+        self.out["probe"] = rep
+        if not rep.get("ok"):
+            sys.exit(f"stream.py: {rep.get('error')}")
+        if rep.get("limit"):
+            self.out["limits"].append(dict(rep["limit"], when="start"))
+        W = rep.get("why_not", {})
+        self.log(f"packages: {rep.get('packages')}; ferry stream API: add(stream=) {rep.get('ferry_add_stream')}, "
+                 f"stream_stats {rep.get('ferry_stream_stats')}")
+        for k, v in W.items():
+            self.log(f"  {k}: {v}")
+        if "model" in W:
+            sys.exit(f"stream.py: cannot build --model {a.model}: {W['model']} (try --model blocks)")
+        sim = a.device.startswith("sim")
+        for c, meth, frac in self.configs():
+            why = None
+            if sim and meth not in ("resident", "ferry"):
+                why = f"not applicable on {a.device} (needs CUDA)"
+            elif meth in ("group_offload", "group_offload_rs"):
+                why = W.get("group_offload")
+            elif meth == "cpu_offload":
+                why = W.get("cpu_offload")
+            elif meth == "comfy_aimdo":
+                why = W.get("comfy_aimdo")
+            elif meth == "ferry":
+                why = W.get("ferry") or (W.get("ferry_stream") if frac < 1.0 else None)
+            if why:
+                self.unavailable[c] = why
+        self.ensure_checkpoint()
+        hdr, meta, base = read_header(self.path)
+        self.weight_bytes = sum(v["data_offsets"][1] - v["data_offsets"][0] for v in hdr.values())
+        m["checkpoint"].update(bytes=os.path.getsize(self.path), weight_bytes=self.weight_bytes,
+                               tensors=len(hdr), metadata=meta)
+        self.log(f"checkpoint {self.path}: {self.weight_bytes / GB:.2f} GB of weights, {len(hdr)} tensors "
+                 f"({m['checkpoint']['fs_type']})")
+        self.save()
+
+    def ensure_checkpoint(self):
+        a = self.a
+        want = {"tool": "bench/stream.py", "model": a.model, "tiny": str(a.tiny), "seed": str(a.seed),
+                "init": INIT_VERSION, "config": json.dumps(self.cfg, sort_keys=True)}
+        if os.path.exists(self.path):
+            try:
+                _hdr, meta, _ = read_header(self.path)
+                if all(meta.get(k) == v for k, v in want.items()):
+                    self.log(f"reusing {self.path}")
+                    self.out["meta"]["checkpoint_made"] = False
+                    return
+            except (OSError, ValueError, struct.error):
+                pass
+            self.log(f"{self.path} is from another model/seed/init: making it again")
+        try:
+            st = os.statvfs(a.workdir)
+            free = st.f_bavail * st.f_frsize
+            need = 24.5e9 if not a.tiny else 1e8
+            if free < need:
+                sys.exit(f"stream.py: {free / GB:.1f} GB free in {a.workdir}, about {need / GB:.1f} GB needed")
+        except OSError:
+            pass
+        fsync = fs_type(a.workdir) not in ("tmpfs", "ramfs")
+        self.log(f"making {self.path} (random BF16 weights on {a.device}{', fsync' if fsync else ''})")
+        spec = {"device": a.device, "model": a.model, "cfg": self.cfg, "seed": a.seed, "path": self.path,
+                "meta": want, "fsync": fsync}
+        rep, info = self.child("--make", spec, max(60.0, min(400.0, self.remaining())))
+        self.out["meta"]["make"] = {"report": rep, **info}
+        if not rep or not rep.get("ok"):
+            why = (rep or {}).get("error") or info["stderr_tail"] or rc_text(info["rc"])
+            sys.exit(f"stream.py: making the checkpoint failed: {why}")
+        self.out["meta"]["checkpoint_made"] = True
+        self.log(f"made it: {rep['bytes'] / GB:.2f} GB in {rep['seconds']:.1f} s ({info['wall_seconds']:.1f} s process)")
+
+    # -- runs
+    def run_config(self, name, method, frac, rnd):
+        a = self.a
+        r = {"config": name, "method": method, "round": rnd, "status": "error", "ok": False}
+        self.results.append(r)
+        if name in self.unavailable:
+            r.update(status="unavailable", error=self.unavailable[name])
+            return r
+        if self.remaining() <= 0:
+            r.update(status="skipped", error=f"skipped: budget of {a.budget_seconds:.0f} s used up")
+            return r
+        steps = a.steps if method != "cpu_offload" else max(2, min(a.steps, a.cpu_offload_steps))
+        spec = {"config": name, "method": method, "device": a.device, "model": a.model, "cfg": self.cfg,
+                "path": self.path, "seed": a.seed, "steps": steps, "schedule_steps": a.steps, "text_tokens": a.text_tokens,
+                "image_tokens": self.image_tokens, "mem_poll_ms": a.mem_poll_ms,
+                "ferry_prefetch": a.ferry_prefetch, "ferry_reserve": a.ferry_reserve}
+        if frac is not None:
+            spec.update(budget_fraction=frac, budget_bytes=int(math.ceil(frac * self.weight_bytes)))
+            r["budget_bytes"] = spec["budget_bytes"]
+        timeout = max(10.0, min(a.run_timeout, self.remaining() + 30))
+        rep, info = self.child("--child", spec, timeout)
+        r.update(info)
+        if rep is None:
+            r["error"] = (f"timed out after {timeout:.0f} s" if info["timed_out"] else
+                          f"child died ({rc_text(info['rc'])}) without a report: "
+                          f"{last_line(info['stderr_tail']) or 'no message'}")
+            return r
+        r.update({k: v for k, v in rep.items() if k not in ("ok", "config", "method")})
+        if rep.get("ok"):
+            r.update(status="ok", ok=True)
+            r.pop("stderr_tail", None)
+        else:
+            r["error"] = rep.get("error") or "child failed"
+        return r
+
+    def describe(self, r):
+        if not r["ok"]:
+            return f"{r['status'].upper()}: {r.get('error')}"
+        parts = []
+        for run in r.get("runs", []):
+            st = run.get("steady_seconds")
+            hb = run.get("htod_bytes_steady")
+            parts.append(f"{run['image_tokens']} tok: first {run['first_seconds']:.3f} s, steady "
+                         f"{'%.3f s' % st if st is not None else '-'}, H2D/step "
+                         f"{'%.2f GB' % (hb / GB) if hb is not None else '-'}")
+        gpu = r.get("device_used_peak_delta_bytes")
+        return (f"load {r.get('load_seconds', 0):.1f} s, {'; '.join(parts)}; peak RSS "
+                f"{(r.get('peak_rss_bytes') or 0) / GIB:.1f} GiB"
+                + (f", GPU used +{gpu / GIB:.1f} GiB" if gpu is not None else "")
+                + f" ({r['wall_seconds']:.0f} s process)")
+
+    def run_all(self):
+        cs = self.configs()
+        total = self.a.reps * len(cs)
+        i = 0
+        for rnd in range(1, self.a.reps + 1):
+            order = cs if rnd % 2 == 1 else list(reversed(cs))
+            for name, meth, frac in order:
+                i += 1
+                r = self.run_config(name, meth, frac, rnd)
+                self.log(f"[{i}/{total}] round {rnd} {name}: {self.describe(r)}")
+                self.save()
+        if self.a.device.startswith("cuda") and self.remaining() > 15:
+            rep, _ = self.child("--probe", {"device": self.a.device, "model": self.a.model,
+                                            "limit_gib": self.a.limit_gib}, 120)
+            if rep and rep.get("limit") and "gbps_best" in rep["limit"]:
+                self.out["limits"].append(dict(rep["limit"], when="end"))
+                self.log(f"pinned copy at the end: {rep['limit']['gbps_best']:.1f} GB/s")
+
+    # -- report
+    def pinned_rate(self):
+        r = [lim["gbps_best"] for lim in self.out["limits"] if "gbps_best" in lim]
+        return max(r) if r else None
+
+    def summary(self):
+        rate = self.pinned_rate()
+        rows = []
+        names = []
+        for r in self.results:
+            if r["config"] not in names:
+                names.append(r["config"])
+        ref = {}  # image_tokens -> (steady seconds [median over rounds], hashes of round 1)
+        for r in self.results:
+            if r["config"] == "resident" and r["ok"]:
+                for run in r["runs"]:
+                    e = ref.setdefault(run["image_tokens"], {"steady": [], "hashes": run["hashes"]})
+                    if run.get("steady_seconds") is not None:
+                        e["steady"].append(run["steady_seconds"])
+        for name in names:
+            rs = [r for r in self.results if r["config"] == name]
+            ok = [r for r in rs if r["ok"]]
+            base = {"config": name, "method": rs[0]["method"], "runs": len(rs), "ok": len(ok),
+                    "budget_bytes": rs[0].get("budget_bytes")}
+            if not ok:
+                errs = [r.get("error") for r in rs if r.get("error")]
+                rows.append(dict(base, status=rs[0]["status"], error=errs[0] if errs else None))
+                continue
+            toks = sorted({run["image_tokens"] for r in ok for run in r["runs"]}, reverse=True)
+            for ntok in toks:
+                runs = [run for r in ok for run in r["runs"] if run["image_tokens"] == ntok]
+                steady = [x["steady_seconds"] for x in runs if x.get("steady_seconds") is not None]
+                hb = [x["htod_bytes_steady"] for x in runs if x.get("htod_bytes_steady") is not None]
+                row = dict(base, status="ok", image_tokens=ntok,
+                           first_seconds=statistics.median(x["first_seconds"] for x in runs),
+                           steady_seconds=statistics.median(steady) if steady else None,
+                           htod_bytes_per_step=statistics.median(hb) if hb else None,
+                           peak_rss_bytes=max((r.get("peak_rss_bytes") or 0) for r in ok) or None,
+                           uss_peak_bytes=max((r.get("uss_peak_bytes") or 0) for r in ok) or None,
+                           device_used_peak_delta_bytes=max(max(x.get("device_used_peak_delta_bytes") or 0
+                                                                for x in runs),
+                                                            max(r.get("device_used_after_load_delta_bytes") or 0
+                                                                for r in ok)) or None,
+                           torch_max_allocated_bytes=max(max(x.get("torch_max_allocated_bytes") or 0
+                                                             for x in runs),
+                                                         max(r.get("torch_max_allocated_load_bytes") or 0
+                                                             for r in ok)) or None,
+                           load_seconds=statistics.median(r.get("load_seconds") or 0 for r in ok),
+                           finite=all(x.get("finite", True) for x in runs))
+                e = ref.get(ntok)
+                if e and e["steady"]:
+                    res = statistics.median(e["steady"])
+                    row["resident_steady_seconds"] = res
+                    if row["steady_seconds"]:
+                        row["x_resident"] = row["steady_seconds"] / res
+                    if rate and row["htod_bytes_per_step"] is not None:
+                        bound = max(res, row["htod_bytes_per_step"] / (rate * GB))
+                        row["bound_seconds"] = bound
+                        if row["steady_seconds"]:
+                            row["x_bound"] = row["steady_seconds"] / bound
+                    n = min(len(e["hashes"]), *(len(x["hashes"]) for x in runs))
+                    row["identical"] = all(x["hashes"][:n] == e["hashes"][:n] for x in runs) if n else None
+                    row["identical_steps_compared"] = n
+                fs = [x.get("ferry_stream_stats") for x in runs if x.get("ferry_stream_stats")]
+                if fs:
+                    row["ferry_stream_stats"] = fs[-1]
+                rows.append(row)
+        return {"pinned_htod_gbps": rate, "rows": rows}
+
+    def table(self):
+        s = self.summary()
+        rate = s["pinned_htod_gbps"]
+
+        def f(v, fmt, scale=1.0):
+            return fmt % (v / scale) if isinstance(v, (int, float)) else "—"
+
+        lines = [f"pinned host→device copy limit (same run): {f(rate, '%.1f')} GB/s", "",
+                 "| config | image tokens | first step s | steady step s | × resident | H2D GB/step | "
+                 "bound s | × bound | GPU used Δ / torch max alloc GiB | peak RSS / USS GiB | load s | "
+                 "identical | notes |",
+                 "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for row in s["rows"]:
+            if row["status"] != "ok":
+                why = (row.get("error") or row["status"])[:200].replace("|", "\\|")
+                lines.append(f"| {row['config']} | — | — | — | — | — | — | — | — | — | — | — | "
+                             f"{row['status']}: {why} |")
+                continue
+            notes = []
+            if row.get("budget_bytes"):
+                bb = row["budget_bytes"]
+                notes.append(f"budget {bb / GB:.2f} GB" if bb >= 1e8 else f"budget {bb / 1e6:.2f} MB")
+            fs = row.get("ferry_stream_stats") or {}
+            if "resident_blocks" in fs and "streamed_blocks" in fs:
+                notes.append(f"{fs['resident_blocks']} resident / {fs['streamed_blocks']} streamed blocks")
+            if fs.get("error"):
+                notes.append("stream_stats: " + str(fs["error"])[:80])
+            if not row.get("finite"):
+                notes.append("output not finite")
+            if row["ok"] < row["runs"]:
+                notes.append(f"{row['runs'] - row['ok']} of {row['runs']} runs failed")
+            ident = row.get("identical")
+            lines.append(
+                f"| {row['config']} | {row['image_tokens']} | {f(row['first_seconds'], '%.3f')} | "
+                f"{f(row['steady_seconds'], '%.3f')} | {f(row.get('x_resident'), '%.2f')} | "
+                f"{f(row['htod_bytes_per_step'], '%.2f', GB)} | {f(row.get('bound_seconds'), '%.3f')} | "
+                f"{f(row.get('x_bound'), '%.2f')} | {f(row['device_used_peak_delta_bytes'], '%.1f', GIB)} / "
+                f"{f(row['torch_max_allocated_bytes'], '%.1f', GIB)} | {f(row['peak_rss_bytes'], '%.1f', GIB)} / "
+                f"{f(row['uss_peak_bytes'], '%.1f', GIB)} | {f(row['load_seconds'], '%.1f')} | "
+                f"{'—' if ident is None else ('yes' if ident else 'NO')} | {'; '.join(notes)} |")
+        return "\n".join(lines)
+
+    def report(self):
+        self.out["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        self.save()
+        ck = self.out["meta"].get("checkpoint", {})
+        print(flush=True)
+        print(f"## Streaming {self.a.model}{' (tiny)' if self.a.tiny else ''}: {(ck.get('weight_bytes') or 0) / GB:.2f} "
+              f"GB BF16, {self.a.steps} steps, {self.a.text_tokens} text tokens, {self.a.reps} round(s), "
+              f"{self.elapsed():.0f} s, device {self.a.device}"
+              + (" (SMOKE TEST: not a measurement)" if not self.a.device.startswith("cuda") else ""), flush=True)
+        if self.out["meta"].get("nvidia_smi"):
+            print(f"GPU: {self.out['meta']['nvidia_smi']}", flush=True)
+        print(flush=True)
+        print(self.table(), flush=True)
+        if self.a.out:
+            try:
+                with open(os.path.splitext(self.a.out)[0] + ".md", "w") as fh:
+                    fh.write(self.table() + "\n")
+            except OSError:
+                pass
+            print(f"\nJSON: {self.a.out}", flush=True)
+
+
+def main():
+    if len(sys.argv) > 2 and sys.argv[1] in ("--child", "--make", "--probe"):
+        spec = json.loads(sys.argv[2])
+        {"--child": child_main, "--make": make_main, "--probe": probe_main}[sys.argv[1]](spec)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=["flux", "blocks"], default="flux")
+    ap.add_argument("--tiny", action="store_true", help="a few-MB model (smoke tests)")
+    ap.add_argument("--device", default="cuda:0", help="cuda:N, or sim:SIZE (ferry's simulated GPU: smoke test)")
+    ap.add_argument("--workdir", default=DEFAULT_WORKDIR,
+                    help=f"where the checkpoint is made and kept (default {DEFAULT_WORKDIR}; "
+                    f"{FALLBACK_WORKDIR} if that has too little room)")
+    ap.add_argument("--remove-checkpoint", action="store_true", help="delete the checkpoint at the end")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--image-tokens", default="4096", help="comma-separated (default 4096; e.g. 4096,1024)")
+    ap.add_argument("--text-tokens", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--cpu-offload-steps", type=int, default=3,
+                    help="cpu_offload runs min(--steps, this) steps (each is seconds long; default 3)")
+    ap.add_argument("--reps", type=int, default=1, help="rounds; even rounds run the configs in reverse order")
+    ap.add_argument("--budgets", default="1.0,0.5,0.25", help="ferry / comfy_aimdo device budgets, fractions "
+                    "of the weights' bytes (or percentages)")
+    ap.add_argument("--only", help="comma-separated configs or methods (resident always runs)")
+    ap.add_argument("--skip", help="comma-separated configs or methods to leave out")
+    ap.add_argument("--ferry-lib", help="libferry.so to use (sets FERRY_LIBRARY for the children)")
+    ap.add_argument("--ferry-prefetch", type=int, help="Store.add(prefetch=N)")
+    ap.add_argument("--ferry-reserve", help="Store.add(reserve=...)")
+    ap.add_argument("--mem-poll-ms", type=float, default=0,
+                    help="also sample device memory from a thread every N ms (default 0: after each step only)")
+    ap.add_argument("--limit-gib", type=float, default=1.0, help="size of the pinned copy (default 1 GiB)")
+    ap.add_argument("--out", default="stream.json", help="JSON output (a .md table is written beside it)")
+    ap.add_argument("--budget-seconds", type=float, default=470,
+                    help="no child starts after this many seconds from the start (default 470)")
+    ap.add_argument("--run-timeout", type=float, default=200, help="seconds one child may take (default 200)")
+    ap.add_argument("--python", default=sys.executable, help="interpreter for the children")
+    a = ap.parse_args()
+    if a.reps < 1 or a.steps < 1:
+        ap.error("--reps and --steps must be at least 1")
+    b = Bench(a)
+    b.image_tokens = [int(x) for x in a.image_tokens.split(",") if x.strip()]
+    try:
+        b.configs()
+    except ValueError as e:
+        ap.error(str(e))
+    b.log(f"stream.py: {a.model}{' tiny' if a.tiny else ''} on {a.device}, configs "
+          f"{', '.join(c[0] for c in b.configs())}, image tokens {b.image_tokens}, {a.steps} steps, {a.reps} round(s)")
+    try:
+        b.setup()
+        b.run_all()
+    except KeyboardInterrupt:
+        b.out["interrupted"] = True
+        b.log("interrupted: writing what was measured")
+    except SystemExit as e:
+        b.out["fatal"] = str(e.code)
+        b.save()
+        raise
+    b.report()
+    if a.remove_checkpoint:
+        try:
+            os.unlink(b.path)
+        except OSError:
+            pass
+
+
+if __name__ == "__main__":
+    main()
