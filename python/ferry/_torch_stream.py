@@ -150,25 +150,18 @@ class Streamer:
 
     def _budget(self, first):
         """(budget, reserve) for ferry_model_plan: the store's budget, and on a
-        GPU no more than what the device has beside PyTorch's peak."""
+        GPU no more than what the device has beside PyTorch's needs (the
+        reserve: the caller's, else 2 GiB before the first step and a margin
+        after it, when PyTorch's allocator holds what the step needed, so the
+        device's free memory is already net of it)."""
         st = self.store._core.stats()
         budget = st["device_budget"]
-        reserve = 0
         if self.store._tdev.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.store._tdev)
             have = st["tier_bytes"]["device"] + st["device_cached"] + free
-            if self.user_reserve is not None:
-                reserve = self.user_reserve
-            elif first:
-                reserve = min(2 << 30, budget // 4)  # before anything was measured
-            else:
-                # PyTorch's allocator keeps what the first step reserved, so
-                # `free` is already net of it; keep a margin beside it
-                reserve = _MARGIN
-            budget = min(budget, have)
-        elif self.user_reserve is not None:
-            reserve = self.user_reserve
-        return budget, reserve
+            reserve = self.user_reserve if self.user_reserve is not None else (2 << 30) if first else _MARGIN
+            return min(budget, max(have - reserve, 0)), 0
+        return budget, self.user_reserve or 0
 
     def make_plan(self, first=False):
         """Plan with a window of prefetch + 1 blocks; without a prefetch of the
@@ -218,7 +211,7 @@ class Streamer:
             key = (i, st.dptr)
             new = self.params.get(key)
             if new is None:
-                if len(self.params) > 4 * len(self.entry_of):
+                if len(self.params) > 8 * len(self.entry_of):
                     self.params.clear()  # addresses the store no longer uses
                 view = self.store._view(core, st.dptr, info, dt)
                 grads = [e[4] for e in entries if e[3]]

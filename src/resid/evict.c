@@ -238,8 +238,11 @@ static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, c
         return fy_seterr(&s->err, -ENOMEM, "making room: out of memory for %" PRId64 " candidates", nc);
     }
     int64_t *gid = fy_calloc(s->m, (size_t)(nc ? nc : 1), sizeof *gid); /* candidate -> group id */
-    if (!gid) {
-        fy_free(s->m, c), fy_free(s->m, out), fy_free(s->m, gm);
+    int64_t maxn = 1;
+    for (int i = 0; i < s->nmodels; i++) maxn = s->models[i]->n > maxn ? s->models[i]->n : maxn;
+    int64_t *cof = fy_calloc(s->m, (size_t)maxn, sizeof *cof); /* a model's group id -> its candidate */
+    if (!gid || !cof) {
+        fy_free(s->m, c), fy_free(s->m, out), fy_free(s->m, gm), fy_free(s->m, gid), fy_free(s->m, cof);
         return fy_seterr(&s->err, -ENOMEM, "making room: out of memory for %" PRId64 " candidates", nc);
     }
     int64_t k = 0;
@@ -255,15 +258,14 @@ static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, c
             cd->id = k;
             gm[k] = i;
             gid[k] = j;
+            cof[j] = k;
             k++;
         }
         /* bytes and protection of each of this model's groups, in one pass */
         for (int64_t q = 0; q < m->n; q++) {
             rtensor *u = &m->t[q];
             if (u->tier != FERRY_TIER_DEVICE && !u->moving) continue;
-            int64_t lo = k - 1;
-            while (lo >= 0 && gm[lo] == i && gid[lo] != u->group) lo--; /* this model's candidates */
-            if (lo < 0 || gm[lo] != i) continue;
+            int64_t lo = cof[u->group]; /* a group id is its leader's index, which has a candidate */
             if (u->tier == FERRY_TIER_DEVICE) c[lo].bytes += u->nbytes;
             /* a group with a member still landing stays whole: not a candidate */
             if (u->holds || u->moving || (m == pm && prot && prot[q])) c[lo].protect = true;
@@ -307,6 +309,7 @@ static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, c
     fy_free(s->m, out);
     fy_free(s->m, gm);
     fy_free(s->m, gid);
+    fy_free(s->m, cof);
     return rc;
 }
 
