@@ -144,6 +144,7 @@ class Streamer:
         self.moved_others = False
         self.replan_wanted = False
         self.plan = None
+        self.streamed = set()          # the blocks the plan streams
         self.make_plan(first=True)
 
     # ---- the plan ----
@@ -176,6 +177,8 @@ class Streamer:
                 if self.user_prefetch or self.prefetch <= 1:
                     raise
                 self.prefetch -= 1
+        core = self.store._core
+        self.streamed = {b for k, b in enumerate(self.order) if core.block_streams(self.m, k)}
         self.replan_wanted = False
 
     # ---- moves ----
@@ -295,10 +298,23 @@ class Streamer:
                 op.wait()  # lands it (its copy was queued a block or more ago)
             if self.steps == 0 and self.recording != self.order[:len(self.recording)]:
                 return  # the blocks run in another order than listed: no guessing until it is known
-            k = self.pos[b]
-            n = len(self.order)
-            for j in range(1, min(self.prefetch, n - 1) + 1):
-                self._queue(self.order[(k + j) % n])
+            self._prefetch(self.pos[b])
+
+    def _prefetch(self, k):
+        """Queue the next blocks after position k of the pass (cyclically)
+        until `prefetch` of them that stream are in flight: resident blocks
+        need no copy, so counting them would leave the copy engine idle where
+        several come in a row."""
+        n = len(self.order)
+        flying = sum(1 for b in self.ops if b in self.streamed)
+        for j in range(1, n):
+            if flying >= self.prefetch:
+                break
+            nb = self.order[(k + j) % n]
+            if nb in self.streamed:
+                if nb not in self.ops:
+                    self._queue(nb)
+                flying += 1
 
     def drain(self):
         """Land every queued move and drop its hold (before the model is
