@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -30,9 +31,17 @@ static void model_tiers(sim_model *sm, uint64_t *tb)
 typedef struct run_figs {
     int64_t nsteady;
     step_result steady;   /* means over passes 2.. */
+    double predicted;     /* their median wall time: a pass that still warms up (a re-plan's
+                             new streamed blocks not yet in the pinned cache) does not move it */
     double compute_s;     /* blocks x block_ms */
     double copy_s, bound_s; /* streamed bytes / rate and max(compute, copy); < 0 unknown */
 } run_figs;
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
 
 static run_figs figures(const scenario *sc, const sim_job *j, const run_result *rr)
 {
@@ -49,6 +58,13 @@ static run_figs figures(const scenario *sc, const sim_job *j, const run_result *
         f.nsteady++;
     }
     if (f.nsteady) {
+        double *w = malloc((size_t)f.nsteady * sizeof *w);
+        if (w) {
+            for (int64_t s = 1; s < rr->nsteps; s++) w[s - 1] = rr->steps[s].seconds;
+            qsort(w, (size_t)f.nsteady, sizeof *w, cmp_double);
+            f.predicted = f.nsteady % 2 ? w[f.nsteady / 2] : (w[f.nsteady / 2 - 1] + w[f.nsteady / 2]) / 2;
+            free(w);
+        }
         double n = (double)f.nsteady;
         f.steady.seconds /= n;
         f.steady.compute /= n;
@@ -114,7 +130,7 @@ static json_t *jrun(const scenario *sc, const sim_job *j, const run_result *rr)
         json_object_set_new(steady, "steps", json_integer(f.nsteady));
     }
     json_object_set_new(o, "steady", steady);
-    json_object_set_new(o, "predicted_step_seconds", f.nsteady ? json_real(f.steady.seconds) : json_null());
+    json_object_set_new(o, "predicted_step_seconds", f.nsteady ? json_real(f.predicted) : json_null());
     json_object_set_new(o, "compute_seconds", json_real(f.compute_s));
     json_object_set_new(o, "copy_rate", sc->copy_rate > 0 ? json_real(sc->copy_rate) : json_null());
     json_object_set_new(o, "copy_seconds", f.copy_s >= 0 ? json_real(f.copy_s) : json_null());
@@ -160,12 +176,12 @@ static void print_run(const scenario *sc, const sim_job *j, const run_result *rr
         double stall = f.steady.seconds - f.steady.compute;
         printf(" | steady (passes 2-%" PRId64 "): %.3f s a pass, %s to the device, stall %.3f s (%.0f%%)", rr->nsteps,
                f.steady.seconds, H(a, f.steady.htod), stall, f.steady.seconds > 0 ? 100 * stall / f.steady.seconds : 0.0);
-        printf(" | predicted %.3f s a pass", f.steady.seconds);
+        printf(" | predicted %.3f s a pass", f.predicted);
     }
     if (f.bound_s >= 0)
         printf("; bound %.3f s (compute %.3f s, copy %s at %.3g GB/s %.3f s)", f.bound_s, f.compute_s,
                H(a, rr->plan.streamed_bytes), sc->copy_rate / 1e9, f.copy_s);
-    else
+    else if (rr->planned)
         printf("; compute %.3f s a pass (no copy rate known for a bound)", f.compute_s);
     putchar('\n');
 #undef H
