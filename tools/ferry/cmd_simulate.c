@@ -1,6 +1,7 @@
 /* cmd_simulate.c - `ferry simulate`: run a scenario of jobs (use, reserve,
- * modify, evict, verify) against a residency store and report, per job, the
- * memory the process used and where every byte went: capacity planning with
+ * modify, run, evict, verify) against a residency store and report, per job,
+ * the memory the process used and where every byte went, and for a run the
+ * plan, the bytes streamed and the stalls of each pass: capacity planning with
  * a sim device, and an end-to-end check of the store with real checkpoints.
  * This file is the command (options, --help, the order of things); the
  * scenario, the jobs and the report are in simulate_*.c (simulate.h). */
@@ -29,6 +30,8 @@ const cli_cmd cmd_simulate = {
     "                 emulated in host memory, e.g. sim:24GiB; sim:24GiB,25GB/s also\n"
     "                 models the copy rate, so moves take the time they would) or cpu\n"
     "  --json         one JSON object per job, one per line, then {\"summary\": {...}}\n"
+    "  --check        read and check the scenario file only (keys, types, sizes, model\n"
+    "                 names), opening no checkpoint and no device; exit 0 or 2\n"
     "  -h, --help     show this help\n"
     "\n"
     "Scenario (JSON; every key is checked, unknown ones are errors):\n"
@@ -39,6 +42,7 @@ const cli_cmd cmd_simulate = {
     "            {\"name\": \"denoise\", \"use\": [\"unet\"], \"reserve\": \"512MiB\",\n"
     "             \"modify\": {\"unet\": [\"blk.0.w\"]}},\n"
     "            {\"name\": \"offload\", \"evict\": [\"unet\"]},\n"
+    "            {\"name\": \"steps\", \"run\": {\"model\": \"unet\", \"steps\": 4, \"block_ms\": 2.0}},\n"
     "            {\"name\": \"again\", \"use\": [\"te\", \"unet\"], \"verify\": true}]}\n"
     "\n"
     "  device         as --device (one of the two is needed)\n"
@@ -56,6 +60,10 @@ const cli_cmd cmd_simulate = {
     "                 spill_above (defaults 2 x host_reserve, spill_below + 1GiB)\n"
     "  spill_dir      where the unnamed spill file is made (default $FERRY_SPILL_DIR,\n"
     "                 else /var/tmp); tmpfs and ramfs are refused\n"
+    "  copy_rate      the host-to-device copy rate (\"25GB/s\") a run's bound is worked\n"
+    "                 out with when the device models none (a sim:SIZE,RATE/s device's\n"
+    "                 own rate wins), or \"probe\": measured on the device first (256 MiB\n"
+    "                 of pinned copies); without either the bound is left out\n"
     "  Sizes are strings (\"4096\", \"16MiB\", \"1.5GB\") or byte counts; absent or 0\n"
     "  means the default.\n"
     "\n"
@@ -67,8 +75,8 @@ const cli_cmd cmd_simulate = {
     "    name     shown in the report (default \"job N\")\n"
     "    use      models brought to the device whole (from the checkpoint, RAM or the\n"
     "             spill file, evicting others least recently used and lowest\n"
-    "             priority first). They stay pinned there through reserve and\n"
-    "             modify, so a later model of the list cannot push out an earlier\n"
+    "             priority first). They stay pinned there through reserve, modify\n"
+    "             and run, so a later model of the list cannot push out an earlier\n"
     "             one and a reserve cannot take them: the job's models must fit\n"
     "             together.\n"
     "    reserve  a size: make that much of the device budget free (for activations),\n"
@@ -78,16 +86,40 @@ const cli_cmd cmd_simulate = {
     "             and written back, which makes it dirty (saved, not dropped, when it\n"
     "             leaves the device). A tensor not on the device is brought there\n"
     "             first. The expected contents are remembered as an XXH3-64.\n"
+    "    run      {\"model\": M, \"steps\": N, \"block_ms\": MS, \"blocks\": \"auto\",\n"
+    "              \"prefetch\": P, \"pinned_cache\": true}: N passes (default 1) over\n"
+    "             model M's repeated blocks, as a denoising loop runs a DiT that need\n"
+    "             not fit: each block becomes one group and the model is planned\n"
+    "             (ferry_model_plan: the blocks in order, a window of P + 1 blocks,\n"
+    "             the job's \"reserve\" left free, and the budget less the bytes of\n"
+    "             the job's \"use\" models) into resident blocks and streamed ones.\n"
+    "             A pass moves the tensors outside the blocks (held for the pass),\n"
+    "             then per block: its move is queued if it is not yet, it is held\n"
+    "             and waited for, the next P blocks' moves are queued (after the\n"
+    "             last block, the next pass's first ones), it computes for MS\n"
+    "             milliseconds of real time (default 0) and is released. On\n"
+    "             sim:SIZE,RATE/s the copies take their real time beside the\n"
+    "             compute, so the stalls are measured. P defaults to 2.\n"
+    "             blocks: \"auto\" (default) finds tensors named PREFIX.N.rest, N a\n"
+    "             number (blocks.3., transformer_blocks.3., model.layers.3.), and\n"
+    "             takes the PREFIX whose tensors hold the most bytes; it must have\n"
+    "             two blocks or more holding at least half of the model. Or a PREFIX\n"
+    "             (\"blocks.\"), or a list of them run one after the other\n"
+    "             ([\"double_blocks.\", \"single_blocks.\"]). Blocks run in numeric\n"
+    "             order; every other tensor is outside the blocks. Every run of one\n"
+    "             model must give the same blocks (groups are never split again).\n"
+    "             pinned_cache false: streamed blocks keep no clean copy in pinned\n"
+    "             RAM, so every pass reads them from the checkpoint again.\n"
     "    evict    models taken off the device: clean tensors are dropped (0 bytes\n"
     "             written), dirty ones go to pinned RAM, pageable RAM or the spill\n"
     "             file as the budgets decide\n"
     "    verify   true: read every tensor of the job's \"use\" models (of every model\n"
     "             when the job uses none) from wherever it lives and compare it with\n"
     "             the checkpoint, or with the remembered hash when modified\n"
-    "  Steps run in that order: use, reserve, modify, evict, verify.\n"
+    "  Steps run in that order: use, reserve, modify, run, evict, verify.\n"
     "\n"
     "Failures inside a job are reported in its \"error\" and the command exits 1 at\n"
-    "the end. A failed reserve, modify, evict or verify leaves the rest of the\n"
+    "the end. A failed reserve, modify, run, evict or verify leaves the rest of the\n"
     "scenario running (a reserve that cannot be met evicts nothing). A failed \"use\"\n"
     "skips the rest of its job and stops the scenario: the jobs after it were\n"
     "written for a state that did not come about.\n"
@@ -101,25 +133,48 @@ const cli_cmd cmd_simulate = {
     "spill file), bytes_read (checkpoints and spill file), evicted, dropped, reserve\n"
     "and reserve_freed (null without a reserve), modified and modified_bytes,\n"
     "verified (tensors checked, null when not asked), mismatches, models ({name:\n"
-    "{device, pinned, host, source, spill} bytes}) and error (null or the message).\n"
+    "{device, pinned, host, source, spill} bytes}), run and error (null or the\n"
+    "message).\n"
+    "\n"
+    "A run adds a line: the plan (resident and streamed blocks, the resident bytes,\n"
+    "the window's, the bytes streamed a pass, the budget planned for), the first\n"
+    "pass (it reads the checkpoint) and the mean of the others (steady state): wall\n"
+    "time, bytes moved to the device (the store's bytes_htod as moves land), stall\n"
+    "(wall time less compute: waiting for copies, queueing moves, file reads);\n"
+    "predicted = the median of the steady passes' wall times (a pass still filling\n"
+    "the pinned cache after a re-plan does not move it); bound = max(blocks x\n"
+    "block_ms, the plan's streamed bytes / the copy rate). In --json, run is null or\n"
+    "{model, blocks_prefix, blocks, block_bytes (the first block's), steps,\n"
+    "steps_done, block_ms, prefetch, window, pinned_cache, plan (null when planning\n"
+    "failed, else {blocks, resident_blocks, streamed_blocks, fixed_bytes,\n"
+    "resident_bytes, window_bytes, streamed_bytes, budget, streamed: [block\n"
+    "numbers]}), per_step, first_step and steady (null under two passes; means,\n"
+    "with steps) as {seconds, compute_seconds, stall_seconds, stall_fraction,\n"
+    "wait_seconds (in ferry_op_wait), queue_seconds (queueing, with any file reads),\n"
+    "bytes_htod, bytes_dtoh},\n"
+    "predicted_step_seconds, compute_seconds, copy_rate, copy_seconds, bound_seconds\n"
+    "(null without a rate), device_bytes (the model's, after) and pinned_cache_bytes}.\n"
     "\n"
     "Exit status: 0 every job succeeded, 1 a job failed (or the device or store\n"
     "could not be set up), 2 usage or scenario error (bad JSON, an unknown key, a\n"
-    "wrong type, a bad size, an unknown model or tensor, a checkpoint that cannot be\n"
-    "opened): the message names the scenario file and the key.\n"
+    "wrong type, a bad size, a negative block_ms, an unknown model or tensor, a\n"
+    "checkpoint that cannot be opened, a run's model without the blocks asked for):\n"
+    "the message names the scenario file and the key.\n"
     "\n"
-    "Example: examples/simulate/ (scenario.json and make_checkpoints.sh).\n",
+    "Examples: examples/simulate/ (scenario.json and make_checkpoints.sh; seed.json,\n"
+    "a 16x scaled-down DiT workflow, and make_seed.sh).\n",
     run};
 
 static int run(int argc, char **argv)
 {
     scenario sc = {0};
-    bool json = false, opts = true;
+    bool json = false, opts = true, check = false;
     const char *dev_override = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (opts && cli_is_help(a)) return cli_help(&cmd_simulate);
         if (opts && strcmp(a, "--json") == 0) json = true;
+        else if (opts && strcmp(a, "--check") == 0) check = true;
         else if (opts && strcmp(a, "--") == 0) opts = false;
         else if (opts && strcmp(a, "--device") == 0) {
             if (i + 1 >= argc) return cli_usage_error(&cmd_simulate, "--device needs a value");
@@ -139,7 +194,7 @@ static int run(int argc, char **argv)
     ferry_store *store = NULL;
     bufs b = {0};
     int ex = sim_scenario_parse(&sc);
-    if (ex) goto out;
+    if (ex || check) goto out;
     if (ferry_ctx_new(NULL, &ctx) < 0) {
         ex = cli_fail("%s", ferry_ctx_errmsg(NULL));
         goto out;
@@ -152,6 +207,14 @@ static int run(int argc, char **argv)
         else
             ex = cli_fail_ctx(ctx, rc);
         goto out;
+    }
+    if (sc.probe_rate) { /* before the store takes the device's memory */
+        double htod = 0;
+        if ((rc = ferry_device_copy_rate(dev, 256u << 20, &htod, NULL)) < 0) {
+            ex = cli_fail("%s: copy_rate: probing %s: %s", sc.path, ferry_device_desc(dev), sim_errmsg(ctx, rc));
+            goto out;
+        }
+        sc.copy_rate = htod * 1e9;
     }
     if ((rc = ferry_store_new(dev, &sc.o, &store)) < 0) {
         ex = rc == FERRY_E_INVAL ? sim_scen_err(&sc, NULL, "%s", sim_errmsg(ctx, rc)) : cli_fail_ctx(ctx, rc);
@@ -175,6 +238,13 @@ static int run(int argc, char **argv)
             goto out;
         }
         if (sm->maxbytes > maxb) maxb = sm->maxbytes;
+        /* a run's block moves together, so each block is one group */
+        for (int64_t k = 0; k < sm->nblocks; k++)
+            if ((rc = ferry_model_group(sm->m, sm->block_tensors + sm->block_first[k],
+                                        sm->block_first[k + 1] - sm->block_first[k])) < 0) {
+                ex = cli_fail("%s: models.%s: grouping block %" PRId64 ": %s", sc.path, sm->name, k, sim_errmsg(ctx, rc));
+                goto out;
+            }
     }
     b.bn = 8u << 20;
     b.a = malloc((size_t)maxb);
@@ -192,6 +262,8 @@ static int run(int argc, char **argv)
         ran++;
         failed += r.failed;
         sim_print_job(&sc, ji, &js, &r, json);
+        free(r.run.steps);
+        free(r.run.streams);
         if (r.stop) break;
     }
     sim_print_summary(dev, store, sc.njobs, ran, failed, json);

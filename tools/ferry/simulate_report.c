@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -23,6 +24,167 @@ static void model_tiers(sim_model *sm, uint64_t *tb)
         if (ferry_model_tensor_state(sm->m, t, &st) == 0 && (unsigned)st.tier < FERRY_TIER_COUNT)
             tb[st.tier] += st.nbytes;
     }
+}
+
+/* A run's figures derived from its passes: the first pass apart (it reads
+ * the checkpoint and fills the pinned cache), the rest averaged. */
+typedef struct run_figs {
+    int64_t nsteady;
+    step_result steady;   /* means over passes 2.. */
+    double predicted;     /* their median wall time: a pass that still warms up (a re-plan's
+                             new streamed blocks not yet in the pinned cache) does not move it */
+    double compute_s;     /* blocks x block_ms */
+    double copy_s, bound_s; /* streamed bytes / rate and max(compute, copy); < 0 unknown */
+} run_figs;
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static run_figs figures(const scenario *sc, const sim_job *j, const run_result *rr)
+{
+    run_figs f = {0};
+    const sim_model *sm = &sc->models[j->run.model];
+    for (int64_t s = 1; s < rr->nsteps; s++) {
+        const step_result *x = &rr->steps[s];
+        f.steady.seconds += x->seconds;
+        f.steady.compute += x->compute;
+        f.steady.wait += x->wait;
+        f.steady.queue += x->queue;
+        f.steady.htod += x->htod;
+        f.steady.dtoh += x->dtoh;
+        f.nsteady++;
+    }
+    if (f.nsteady) {
+        double *w = malloc((size_t)f.nsteady * sizeof *w);
+        if (w) {
+            for (int64_t s = 1; s < rr->nsteps; s++) w[s - 1] = rr->steps[s].seconds;
+            qsort(w, (size_t)f.nsteady, sizeof *w, cmp_double);
+            f.predicted = f.nsteady % 2 ? w[f.nsteady / 2] : (w[f.nsteady / 2 - 1] + w[f.nsteady / 2]) / 2;
+            free(w);
+        }
+        double n = (double)f.nsteady;
+        f.steady.seconds /= n;
+        f.steady.compute /= n;
+        f.steady.wait /= n;
+        f.steady.queue /= n;
+        f.steady.htod = (uint64_t)((double)f.steady.htod / n + 0.5);
+        f.steady.dtoh = (uint64_t)((double)f.steady.dtoh / n + 0.5);
+    }
+    f.compute_s = (double)sm->nblocks * j->run.block_ms / 1000;
+    f.copy_s = f.bound_s = -1;
+    if (sc->copy_rate > 0 && rr->planned) {
+        f.copy_s = (double)rr->plan.streamed_bytes / sc->copy_rate;
+        f.bound_s = f.copy_s > f.compute_s ? f.copy_s : f.compute_s;
+    }
+    return f;
+}
+
+static json_t *jstep(const step_result *x)
+{
+    double stall = x->seconds - x->compute;
+    return json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I}", "seconds", x->seconds, "compute_seconds", x->compute,
+                     "stall_seconds", stall, "stall_fraction", x->seconds > 0 ? stall / x->seconds : 0.0, "wait_seconds",
+                     x->wait, "queue_seconds", x->queue, "bytes_htod", (json_int_t)x->htod, "bytes_dtoh",
+                     (json_int_t)x->dtoh);
+}
+
+static json_t *jrun(const scenario *sc, const sim_job *j, const run_result *rr)
+{
+    const sim_run *run = &j->run;
+    const sim_model *sm = &sc->models[run->model];
+    run_figs f = figures(sc, j, rr);
+    json_t *o = json_object();
+    json_object_set_new(o, "model", json_string(sm->name));
+    json_object_set_new(o, "blocks_prefix", json_string(sm->blocks_desc));
+    json_object_set_new(o, "blocks", json_integer(sm->nblocks));
+    json_object_set_new(o, "block_bytes", json_integer((json_int_t)(sm->nblocks ? sm->block_bytes[0] : 0)));
+    json_object_set_new(o, "steps", json_integer(run->steps));
+    json_object_set_new(o, "steps_done", json_integer(rr->nsteps));
+    json_object_set_new(o, "block_ms", json_real(run->block_ms));
+    json_object_set_new(o, "prefetch", json_integer(run->prefetch));
+    json_object_set_new(o, "window", json_integer(run->prefetch + 1));
+    json_object_set_new(o, "pinned_cache", json_boolean(run->pinned_cache));
+    json_t *plan = json_null();
+    if (rr->planned) {
+        const ferry_plan *p = &rr->plan;
+        json_t *st = json_array();
+        for (int64_t k = 0; k < sm->nblocks; k++)
+            if (rr->streams[k]) json_array_append_new(st, json_integer(k));
+        plan = json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o}", "blocks", (json_int_t)p->blocks, "resident_blocks",
+                         (json_int_t)p->resident_blocks, "streamed_blocks", (json_int_t)p->streamed_blocks,
+                         "fixed_bytes", (json_int_t)p->fixed_bytes, "resident_bytes", (json_int_t)p->resident_bytes,
+                         "window_bytes", (json_int_t)p->window_bytes, "streamed_bytes", (json_int_t)p->streamed_bytes,
+                         "budget", (json_int_t)p->budget, "streamed", st);
+    }
+    json_object_set_new(o, "plan", plan);
+    json_t *steps = json_array();
+    for (int64_t s = 0; s < rr->nsteps; s++) json_array_append_new(steps, jstep(&rr->steps[s]));
+    json_object_set_new(o, "per_step", steps);
+    json_object_set_new(o, "first_step", rr->nsteps ? jstep(&rr->steps[0]) : json_null());
+    json_t *steady = json_null();
+    if (f.nsteady) {
+        steady = jstep(&f.steady);
+        json_object_set_new(steady, "steps", json_integer(f.nsteady));
+    }
+    json_object_set_new(o, "steady", steady);
+    json_object_set_new(o, "predicted_step_seconds", f.nsteady ? json_real(f.predicted) : json_null());
+    json_object_set_new(o, "compute_seconds", json_real(f.compute_s));
+    json_object_set_new(o, "copy_rate", sc->copy_rate > 0 ? json_real(sc->copy_rate) : json_null());
+    json_object_set_new(o, "copy_seconds", f.copy_s >= 0 ? json_real(f.copy_s) : json_null());
+    json_object_set_new(o, "bound_seconds", f.bound_s >= 0 ? json_real(f.bound_s) : json_null());
+    json_object_set_new(o, "device_bytes", json_integer((json_int_t)rr->device_bytes));
+    json_object_set_new(o, "pinned_cache_bytes", json_integer((json_int_t)rr->pinned_cache_bytes));
+    return o;
+}
+
+/* The run's line of text, after the job's. */
+static void print_run(const scenario *sc, const sim_job *j, const run_result *rr)
+{
+    const sim_run *run = &j->run;
+    const sim_model *sm = &sc->models[run->model];
+    run_figs f = figures(sc, j, rr);
+    char a[32], b[32], c[32], d[32];
+#define H(buf, v) cli_human(buf, sizeof buf, v)
+    printf("    run %s: %" PRId64 " of %" PRId64 " passes over %" PRId64 " blocks (%s), %.3g ms each, prefetch %" PRId64,
+           sm->name, rr->nsteps, run->steps, sm->nblocks, sm->blocks_desc, run->block_ms, run->prefetch);
+    if (rr->planned) {
+        const ferry_plan *p = &rr->plan;
+        printf(" | plan: %" PRId64 " resident, %" PRId64 " streamed", p->resident_blocks, p->streamed_blocks);
+        if (p->streamed_blocks) {
+            printf(" (");
+            for (int64_t k = 0, shown = 0; k < sm->nblocks; k++) {
+                if (!rr->streams[k]) continue;
+                if (shown == 8) {
+                    printf(", ...");
+                    break;
+                }
+                printf("%s%" PRId64, shown++ ? ", " : "", k);
+            }
+            printf(")");
+        }
+        printf(", resident %s, window %s, streams %s a pass, budget %s", H(a, p->resident_bytes), H(b, p->window_bytes),
+               H(c, p->streamed_bytes), H(d, p->budget));
+    }
+    if (rr->nsteps) {
+        const step_result *x = &rr->steps[0];
+        printf(" | pass 1: %.3f s, %s to the device, stall %.3f s", x->seconds, H(a, x->htod), x->seconds - x->compute);
+    }
+    if (f.nsteady) {
+        double stall = f.steady.seconds - f.steady.compute;
+        printf(" | steady (passes 2-%" PRId64 "): %.3f s a pass, %s to the device, stall %.3f s (%.0f%%)", rr->nsteps,
+               f.steady.seconds, H(a, f.steady.htod), stall, f.steady.seconds > 0 ? 100 * stall / f.steady.seconds : 0.0);
+        printf(" | predicted %.3f s a pass", f.predicted);
+    }
+    if (f.bound_s >= 0)
+        printf("; bound %.3f s (compute %.3f s, copy %s at %.3g GB/s %.3f s)", f.bound_s, f.compute_s,
+               H(a, rr->plan.streamed_bytes), sc->copy_rate / 1e9, f.copy_s);
+    else if (rr->planned)
+        printf("; compute %.3f s a pass (no copy rate known for a bound)", f.compute_s);
+    putchar('\n');
+#undef H
 }
 
 void sim_print_job(scenario *sc, int ji, const ferry_job_stats *js, const job_result *r, bool json)
@@ -67,6 +229,7 @@ void sim_print_job(scenario *sc, int ji, const ferry_job_stats *js, const job_re
             json_object_set_new(ms, sc->models[i].name, mo);
         }
         json_object_set_new(o, "models", ms);
+        json_object_set_new(o, "run", j->has_run ? jrun(sc, j, &r->run) : json_null());
         json_object_set_new(o, "error", r->failed ? json_string(r->err) : json_null());
         json_dumpf(o, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
         fputc('\n', stdout);
@@ -92,6 +255,7 @@ void sim_print_job(scenario *sc, int ji, const ferry_job_stats *js, const job_re
     if (j->verify) printf(" | verified %" PRId64 ", %" PRId64 " mismatches", r->verified, r->mismatches);
     if (r->failed) printf(" | ERROR: %s", r->err);
     putchar('\n');
+    if (j->has_run) print_run(sc, j, &r->run);
     fflush(stdout);
 #undef H
 }

@@ -1,7 +1,7 @@
 /* simulate_run.c - `ferry simulate`'s jobs run against the residency store:
  * use (to the device, pinned), reserve, modify (XOR and write back, the
- * expected bytes' hash remembered), evict, and verify against the checkpoint
- * or that hash. */
+ * expected bytes' hash remembered), run (simulate_stream.c), evict, and
+ * verify against the checkpoint or that hash. */
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -10,8 +10,7 @@
 #include "cli.h"
 #include "simulate.h"
 
-static void job_err(job_result *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void job_err(job_result *r, const char *fmt, ...)
+void sim_job_err(job_result *r, const char *fmt, ...)
 {
     size_t l = strlen(r->err);
     if (l && l + 2 < sizeof r->err) {
@@ -45,7 +44,7 @@ static int check_tensor(ferry_ctx *ctx, sim_model *sm, int64_t t, bufs *b, bool 
     int64_t rc = ferry_model_tensor_state(sm->m, t, &st);
     if (rc == 0) rc = ferry_model_read(sm->m, t, b->a);
     if (rc < 0) {
-        job_err(r, "verify: reading %s/%s back: %s", sm->name, st.name ? st.name : "?", sim_errmsg(ctx, rc));
+        sim_job_err(r, "verify: reading %s/%s back: %s", sm->name, st.name ? st.name : "?", sim_errmsg(ctx, rc));
         return (int)rc;
     }
     if (sm->changed[t]) {
@@ -58,7 +57,7 @@ static int check_tensor(ferry_ctx *ctx, sim_model *sm, int64_t t, bufs *b, bool 
     for (uint64_t off = 0; off < st.nbytes && *same; off += b->bn) {
         size_t len = st.nbytes - off < b->bn ? (size_t)(st.nbytes - off) : b->bn;
         if ((rc = ferry_file_tensor_read(sm->files[f], t - sm->first[f], off, b->b, len)) < 0) {
-            job_err(r, "verify: reading %s/%s from %s: %s", sm->name, st.name, sm->paths[f], sim_errmsg(ctx, rc));
+            sim_job_err(r, "verify: reading %s/%s from %s: %s", sm->name, st.name, sm->paths[f], sim_errmsg(ctx, rc));
             return (int)rc;
         }
         *same = memcmp(b->a + off, b->b, len) == 0;
@@ -92,13 +91,13 @@ static void modify_tensor(ferry_ctx *ctx, scenario *sc, int ji, const sim_mod *m
     if (rc == 0 && st.tier != FERRY_TIER_DEVICE) rc = ferry_model_to_device(sm->m, &md->t, 1);
     if (rc == 0) rc = ferry_model_read(sm->m, md->t, b->a);
     if (rc < 0) {
-        job_err(r, "modify %s/%s: %s", sm->name, st.name ? st.name : "?", sim_errmsg(ctx, rc));
+        sim_job_err(r, "modify %s/%s: %s", sm->name, st.name ? st.name : "?", sim_errmsg(ctx, rc));
         return;
     }
     uint8_t k = mod_key(ji, st.name);
     for (uint64_t i = 0; i < st.nbytes; i++) b->a[i] ^= k;
     if ((rc = ferry_model_write(sm->m, md->t, b->a)) < 0) {
-        job_err(r, "modify %s/%s: writing: %s", sm->name, st.name, sim_errmsg(ctx, rc));
+        sim_job_err(r, "modify %s/%s: writing: %s", sm->name, st.name, sim_errmsg(ctx, rc));
         return;
     }
     sm->changed[md->t] = true;
@@ -112,7 +111,7 @@ static void run_steps(ferry_ctx *ctx, ferry_store *store, scenario *sc, int ji, 
     sim_job *j = &sc->jobs[ji];
     bool *pinned = calloc((size_t)sc->nmodels, sizeof *pinned);
     if (!pinned) {
-        job_err(r, "out of memory");
+        sim_job_err(r, "out of memory");
         r->stop = true;
         return;
     }
@@ -120,13 +119,13 @@ static void run_steps(ferry_ctx *ctx, ferry_store *store, scenario *sc, int ji, 
     for (int u = 0; u < j->nuse; u++) {
         sim_model *sm = &sc->models[j->use[u]];
         if ((rc = ferry_model_to_device(sm->m, NULL, 0)) < 0) {
-            job_err(r, "use %s: %s", sm->name, sim_errmsg(ctx, rc));
+            sim_job_err(r, "use %s: %s", sm->name, sim_errmsg(ctx, rc));
             r->stop = true;
             goto unpin;
         }
         if (!pinned[j->use[u]]) {
             if ((rc = ferry_model_hold(sm->m, -1)) < 0) {
-                job_err(r, "use %s: pinning: %s", sm->name, sim_errmsg(ctx, rc));
+                sim_job_err(r, "use %s: pinning: %s", sm->name, sim_errmsg(ctx, rc));
                 r->stop = true;
                 goto unpin;
             }
@@ -138,21 +137,36 @@ static void run_steps(ferry_ctx *ctx, ferry_store *store, scenario *sc, int ji, 
         rc = ferry_store_make_room(store, j->reserve, &could);
         if (rc < 0) {
             char h[32];
-            job_err(r, "reserve %s: %s", cli_human(h, sizeof h, j->reserve), sim_errmsg(ctx, rc));
+            sim_job_err(r, "reserve %s: %s", cli_human(h, sizeof h, j->reserve), sim_errmsg(ctx, rc));
         } else {
             r->reserve_freed = rc;
         }
     }
     for (int q = 0; q < j->nmod; q++) modify_tensor(ctx, sc, ji, &j->mod[q], b, r);
+    if (j->has_run) {
+        /* the models this job holds stay: the run plans for the rest of the budget */
+        uint64_t budget = 0, held = 0;
+        for (int i = 0; i < sc->nmodels; i++) {
+            if (!pinned[i] || i == j->run.model) continue;
+            for (int64_t t = 0; t < sc->models[i].n; t++) {
+                ferry_tensor_state st = {.size = sizeof st};
+                if (ferry_model_tensor_state(sc->models[i].m, t, &st) == 0 && st.tier == FERRY_TIER_DEVICE)
+                    held += st.nbytes;
+            }
+        }
+        ferry_store_stats ss = {.size = sizeof ss};
+        if (held && ferry_store_get_stats(store, &ss) == 0) budget = ss.device_budget > held ? ss.device_budget - held : 1;
+        sim_run_stream(ctx, store, sc, ji, budget, r);
+    }
 unpin:
     for (int i = 0; i < sc->nmodels; i++)
         if (pinned[i] && (rc = ferry_model_release(sc->models[i].m, -1)) < 0)
-            job_err(r, "unpinning %s: %s", sc->models[i].name, sim_errmsg(ctx, rc));
+            sim_job_err(r, "unpinning %s: %s", sc->models[i].name, sim_errmsg(ctx, rc));
     free(pinned);
     if (r->stop) return;
     for (int e = 0; e < j->nevict; e++) {
         sim_model *sm = &sc->models[j->evict[e]];
-        if ((rc = ferry_model_evict(sm->m, NULL, 0)) < 0) job_err(r, "evict %s: %s", sm->name, sim_errmsg(ctx, rc));
+        if ((rc = ferry_model_evict(sm->m, NULL, 0)) < 0) sim_job_err(r, "evict %s: %s", sm->name, sim_errmsg(ctx, rc));
     }
     if (j->verify) {
         char bad[512] = "";
@@ -162,7 +176,7 @@ unpin:
         else
             for (int i = 0; i < sc->nmodels; i++) verify_model(ctx, &sc->models[i], b, r, bad, sizeof bad);
         if (r->mismatches)
-            job_err(r, "verify: %" PRId64 " of %" PRId64 " tensors differ from what was written: %s%s", r->mismatches,
+            sim_job_err(r, "verify: %" PRId64 " of %" PRId64 " tensors differ from what was written: %s%s", r->mismatches,
                     r->verified - before, bad, r->mismatches > 4 ? ", ..." : "");
     }
 }
@@ -172,10 +186,10 @@ void sim_run_job(ferry_ctx *ctx, ferry_store *store, scenario *sc, int ji, bufs 
 {
     int rc;
     if ((rc = ferry_store_job_begin(store, sc->jobs[ji].name)) < 0) {
-        job_err(r, "starting the job: %s", sim_errmsg(ctx, rc));
+        sim_job_err(r, "starting the job: %s", sim_errmsg(ctx, rc));
         r->stop = true;
     } else {
         run_steps(ctx, store, sc, ji, b, r);
-        if ((rc = ferry_store_job_end(store, js)) < 0) job_err(r, "ending the job: %s", sim_errmsg(ctx, rc));
+        if ((rc = ferry_store_job_end(store, js)) < 0) sim_job_err(r, "ending the job: %s", sim_errmsg(ctx, rc));
     }
 }

@@ -1,8 +1,9 @@
 /* simulate_scenario.c - `ferry simulate`'s scenario file: its JSON read and
  * every key checked into the scenario structs, with one-line messages that
- * name the file and the key; then the checkpoints opened and "modify"'s
- * tensor names looked up in them. */
+ * name the file and the key; then the checkpoints opened, "modify"'s tensor
+ * names looked up in them and the blocks of the models a job runs found. */
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,9 +180,110 @@ static int parse_model(scenario *sc, sim_model *sm, json_t *v, const char *key)
     return 0;
 }
 
+/* "25GB/s": a size per second, above 0. */
+static bool parse_rate(const char *t, double *out)
+{
+    size_t n = strlen(t);
+    char buf[64];
+    uint64_t b = 0;
+    if (n <= 2 || n >= sizeof buf || strcmp(t + n - 2, "/s") != 0) return false;
+    memcpy(buf, t, n - 2);
+    buf[n - 2] = '\0';
+    if (ferry_parse_size(buf, &b) < 0 || b == 0) return false;
+    *out = (double)b;
+    return true;
+}
+
+/* A rate: "25GB/s" or a number of bytes per second. */
+static int get_rate(const scenario *sc, const json_t *v, const char *key, double *out)
+{
+    if (json_is_integer(v) && json_integer_value(v) > 0) {
+        *out = (double)json_integer_value(v);
+        return 0;
+    }
+    if (json_is_string(v) && parse_rate(json_string_value(v), out)) return 0;
+    return sim_scen_err(sc, key, "expected a copy rate above 0 (a string such as \"25GB/s\", or bytes per second) or "
+                        "\"probe\"");
+}
+
+/* "blocks" absent is "auto". */
+static bool same_blocks(const json_t *a, const json_t *b)
+{
+    json_t *aut = json_string("auto");
+    bool same = json_equal(a ? a : aut, b ? b : aut);
+    json_decref(aut);
+    return same;
+}
+
+static int parse_run(scenario *sc, sim_job *j, json_t *v, const char *key)
+{
+    static const char *const keys[] = {"model", "steps", "block_ms", "blocks", "prefetch", "pinned_cache", NULL};
+    char k[400];
+    if (!json_is_object(v))
+        return sim_scen_err(sc, key, "expected {\"model\": NAME, \"steps\": N, \"block_ms\": MS, ...}, not %s", jtype(v));
+    int ex = check_keys(sc, v, key, keys);
+    if (ex) return ex;
+    sim_run *r = &j->run;
+    *r = (sim_run){.steps = 1, .prefetch = 2, .pinned_cache = true};
+    json_t *x = json_object_get(v, "model");
+    snprintf(k, sizeof k, "%.300s.model", key);
+    if (!x) return sim_scen_err(sc, key, "needs \"model\": the model whose blocks the passes run");
+    if ((ex = model_ref(sc, x, k, &r->model))) return ex;
+    if ((x = json_object_get(v, "steps"))) {
+        snprintf(k, sizeof k, "%.300s.steps", key);
+        if (!json_is_integer(x) || json_integer_value(x) < 1 || json_integer_value(x) > 1000000)
+            return sim_scen_err(sc, k, "expected a number of passes from 1 to 1000000");
+        r->steps = json_integer_value(x);
+    }
+    if ((x = json_object_get(v, "block_ms"))) {
+        snprintf(k, sizeof k, "%.300s.block_ms", key);
+        if (!json_is_number(x) || !isfinite(json_number_value(x)) || json_number_value(x) < 0 ||
+            json_number_value(x) > 60000)
+            return sim_scen_err(sc, k, "expected the milliseconds one block computes, from 0 to 60000%s",
+                                json_is_number(x) && json_number_value(x) < 0 ? " (it is negative)" : "");
+        r->block_ms = json_number_value(x);
+    }
+    if ((x = json_object_get(v, "prefetch"))) {
+        snprintf(k, sizeof k, "%.300s.prefetch", key);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > 1000)
+            return sim_scen_err(sc, k, "expected the blocks queued ahead of the one computing, from 0 to 1000");
+        r->prefetch = json_integer_value(x);
+    }
+    if ((x = json_object_get(v, "pinned_cache"))) {
+        snprintf(k, sizeof k, "%.300s.pinned_cache", key);
+        if (!json_is_boolean(x)) return sim_scen_err(sc, k, "expected true or false, not %s", jtype(x));
+        r->pinned_cache = json_is_true(x);
+    }
+    x = json_object_get(v, "blocks");
+    snprintf(k, sizeof k, "%.300s.blocks", key);
+    if (x && !(json_is_string(x) && *json_string_value(x)) && !(json_is_array(x) && json_array_size(x))) 
+        return sim_scen_err(sc, k, "expected \"auto\", a name prefix such as \"blocks.\" or a list of them, not %s",
+                            jtype(x));
+    for (size_t i = 0; json_is_array(x) && i < json_array_size(x); i++) {
+        json_t *e = json_array_get(x, i);
+        if (!json_is_string(e) || !*json_string_value(e) || strcmp(json_string_value(e), "auto") == 0) {
+            snprintf(k, sizeof k, "%.300s.blocks[%zu]", key, i);
+            return sim_scen_err(sc, k, "expected a name prefix such as \"blocks.\" (a non-empty string; \"auto\" "
+                                "stands alone), not %s", jtype(e));
+        }
+    }
+    /* a model's blocks become its groups, which can only be joined, never
+     * split again: every run of one model must name the same blocks */
+    sim_model *sm = &sc->models[r->model];
+    if (sm->blocks_key && !same_blocks(sm->blocks_spec, x))
+        return sim_scen_err(sc, k, "model \"%s\" is run with other blocks in %s: every run of a model must give the "
+                            "same \"blocks\"", sm->name, sm->blocks_key);
+    if (!sm->blocks_key) {
+        sm->blocks_spec = x;
+        if (!(sm->blocks_key = strdup(k))) return cli_fail("out of memory");
+    }
+    j->has_run = true;
+    return 0;
+}
+
 static int parse_job(scenario *sc, int ji, json_t *v)
 {
-    static const char *const keys[] = {"name", "use", "reserve", "modify", "evict", "verify", NULL};
+    static const char *const keys[] = {"name", "use", "reserve", "modify", "run", "evict", "verify", NULL};
     sim_job *j = &sc->jobs[ji];
     char key[160], k[320];
     snprintf(key, sizeof key, "jobs[%d]", ji);
@@ -216,6 +318,10 @@ static int parse_job(scenario *sc, int ji, json_t *v)
             return sim_scen_err(sc, k, "expected true or false, not %s", jtype(x));
         }
         j->verify = json_is_true(x);
+    }
+    if ((x = json_object_get(v, "run"))) {
+        snprintf(k, sizeof k, "%.150s.run", key);
+        if ((ex = parse_run(sc, j, x, k))) return ex;
     }
     if ((x = json_object_get(v, "modify"))) {
         snprintf(k, sizeof k, "%.150s.modify", key);
@@ -288,7 +394,8 @@ int sim_scenario_parse(scenario *sc)
 {
     static const char *const keys[] = {"device",      "device_budget", "device_reserve", "host_budget",
                                         "pinned_budget", "host_reserve", "spill_below",   "spill_above",
-                                        "spill_dir",   "models",        "jobs",           NULL};
+                                        "spill_dir",   "copy_rate",     "models",         "jobs",
+                                        NULL};
     json_error_t je;
     sc->root = json_load_file(sc->path, JSON_REJECT_DUPLICATES, &je);
     if (!sc->root) {
@@ -322,6 +429,10 @@ int sim_scenario_parse(scenario *sc)
         const char *env = getenv("FERRY_SPILL_DIR");
         if (env && *env) sc->o.spill_dir = env;
     }
+    if ((x = json_object_get(sc->root, "copy_rate"))) {
+        if (json_is_string(x) && strcmp(json_string_value(x), "probe") == 0) sc->probe_rate = true;
+        else if ((ex = get_rate(sc, x, "copy_rate", &sc->copy_rate))) return ex;
+    }
     x = json_object_get(sc->root, "models");
     if (!x) return sim_scen_err(sc, NULL, "no \"models\": give {name: checkpoint path, ...}");
     if (!json_is_object(x) || json_object_size(x) == 0)
@@ -349,6 +460,13 @@ int sim_scenario_parse(scenario *sc)
     for (int i = 0; i < sc->njobs; i++)
         if ((ex = parse_job(sc, i, json_array_get(x, (size_t)i)))) return ex;
     if (!sc->device) return sim_scen_err(sc, NULL, "no device: give \"device\" (e.g. \"sim:24GiB\") or --device");
+    /* a sim device's modelled rate is the one its copies keep to */
+    const char *comma = strncmp(sc->device, "sim:", 4) == 0 ? strchr(sc->device, ',') : NULL;
+    double rate = 0;
+    if (comma && parse_rate(comma + 1, &rate)) { /* a bad one: the device's open says why */
+        sc->copy_rate = rate;
+        sc->probe_rate = false;
+    }
     return 0;
 }
 
@@ -383,7 +501,11 @@ static int open_models(scenario *sc, ferry_ctx *ctx)
 int sim_scenario_open(scenario *sc, ferry_ctx *ctx)
 {
     int ex = open_models(sc, ctx);
-    return ex ? ex : resolve_mods(sc);
+    if (!ex) ex = resolve_mods(sc);
+    for (int i = 0; i < sc->nmodels && !ex; i++)
+        if (sc->models[i].blocks_key)
+            ex = sim_find_blocks(sc, &sc->models[i], sc->models[i].blocks_spec, sc->models[i].blocks_key);
+    return ex;
 }
 
 void sim_scenario_free(scenario *sc)
@@ -399,6 +521,11 @@ void sim_scenario_free(scenario *sc)
         free(sm->first);
         free(sm->changed);
         free(sm->want);
+        free(sm->blocks_key);
+        free(sm->block_first);
+        free(sm->block_tensors);
+        free(sm->block_bytes);
+        free(sm->fixed);
     }
     for (int i = 0; i < sc->njobs; i++) {
         free(sc->jobs[i].use);
