@@ -66,6 +66,11 @@ static void op_commit(ferry_store *s, ferry_op *op)
         if (t->caching) { /* its pinned copy stays beside the device copy */
             t->caching = false;
             t->cached = true;
+        } else if (!t->cached && t->streams && t->dirty && t->tier == FERRY_TIER_PINNED && m->plan &&
+                   m->plan->pinned_cache) {
+            t->cached = true; /* a streamed dirty block's saved copy equals the device copy until it is
+                                 changed again (mark_dirty, write): leaving costs no copy back */
+            s->cache_used += t->nbytes;
         } else if (!t->cached) {
             rs_release_copy(s, t); /* the device copy is now the one */
         }

@@ -96,8 +96,11 @@ static int plan_compute(ferry_store *s, ferry_model *m, rs_plan *p)
         }
     }
     for (int64_t i = 0; i < m->n; i++) {
-        int64_t k = gblock[m->t[i].group];
-        m->t[i].streams = k >= 0 && p->streams[k];
+        rtensor *t = &m->t[i];
+        int64_t k = gblock[t->group];
+        t->streams = k >= 0 && p->streams[k];
+        /* a block that stays resident now needs no pinned copy beside it */
+        if (!t->streams && t->cached && t->tier == FERRY_TIER_DEVICE && !t->moving) rs_uncache(s, t);
     }
     p->got = g;
 out:
@@ -245,10 +248,11 @@ bool rs_cache_admits(ferry_store *s, uint64_t n, uint64_t avail)
 void rs_uncache(ferry_store *s, rtensor *t)
 {
     if (!t->cached) return;
-    rs_pool_free(s, t->host, t->nbytes);
-    s->cache_used -= t->nbytes;
-    t->host = NULL;
     t->cached = false;
+    s->cache_used -= t->nbytes;
+    if (t->dirty && t->tier != FERRY_TIER_DEVICE) return; /* its only copy: kept as a plain saved one */
+    rs_pool_free(s, t->host, t->nbytes);
+    t->host = NULL;
     if (t->tier == FERRY_TIER_PINNED) t->tier = FERRY_TIER_SOURCE;
 }
 
@@ -261,7 +265,7 @@ uint64_t rs_uncache_bytes(ferry_store *s, uint64_t want)
         for (int i = 0; i < s->nmodels && got < want; i++)
             for (int64_t j = 0; j < s->models[i]->n && got < want; j++) {
                 rtensor *t = &s->models[i]->t[j];
-                if (!t->cached || t->moving || t->holds) continue;
+                if (!t->cached || t->moving || t->holds || (t->dirty && t->tier != FERRY_TIER_DEVICE)) continue;
                 if ((t->tier == FERRY_TIER_DEVICE) != (pass == 0)) continue;
                 got += t->nbytes;
                 rs_uncache(s, t);
