@@ -55,6 +55,7 @@ FERRY_API void ferry_device_close(ferry_device *d)
     for (int i = 0; i < d->nregs; i++) d->g->ops->host_unregister(d->g, d->regs[i].base);
     fy_free(&d->ctx->mem, d->regs);
     xf_ring_free(d);
+    if (d->lane) d->g->ops->stream_free(d->g, d->lane); /* waits for what is still queued on it */
     fy_gpu_close(d->g);
     pthread_mutex_destroy(&d->lock);
     pthread_mutex_destroy(&d->ring_lock);

@@ -49,6 +49,7 @@ struct fy_xfer_op {
     ferry_device *d;
     fy_stream *st[OP_STREAMS];
     fy_event *ev[OP_STREAMS];
+    bool lane; /* st[0] is the device's lane (not the op's to free), ev[0] its end */
 };
 
 static int op_new(ferry_device *d, bool streams, fy_xfer_op **out)
@@ -75,6 +76,14 @@ int fy_xfer_op_wait(fy_xfer_op *op)
     if (!op) return FERRY_E_INVAL;
     fy_gpu *g = op->d->g;
     int rc = 0;
+    if (op->lane) {
+        if (op->ev[0]) {
+            rc = g->ops->event_sync(g, op->ev[0]);
+            g->ops->event_free(g, op->ev[0]);
+        }
+        fy_free(&op->d->ctx->mem, op);
+        return rc;
+    }
     for (int k = 0; k < OP_STREAMS; k++) {
         if (!op->st[k]) continue;
         int r = g->ops->stream_sync(g, op->st[k]);
@@ -84,6 +93,29 @@ int fy_xfer_op_wait(fy_xfer_op *op)
     }
     fy_free(&op->d->ctx->mem, op);
     return rc;
+}
+
+/* A queued move on the device's lane: its stream (made on first use) and an
+ * event of the op's own that marks where the move ends. */
+static int op_new_lane(ferry_device *d, fy_xfer_op **out)
+{
+    fy_gpu *g = d->g;
+    fy_xfer_op *op = fy_calloc(&d->ctx->mem, 1, sizeof *op);
+    if (!op) return fy_seterr(&d->err, -ENOMEM, "out of memory (a transfer's completion, %zu bytes)", sizeof *op);
+    op->d = d;
+    op->lane = true;
+    int rc = 0;
+    pthread_mutex_lock(&d->lock);
+    if (!d->lane) rc = g->ops->stream_new(g, &d->lane);
+    op->st[0] = d->lane;
+    pthread_mutex_unlock(&d->lock);
+    if (rc == 0) rc = g->ops->event_new(g, &op->ev[0]);
+    if (rc < 0) {
+        fy_xfer_op_wait(op);
+        return rc;
+    }
+    *out = op;
+    return 0;
 }
 
 int fy_xfer_op_query(fy_xfer_op *op)
@@ -163,12 +195,13 @@ static int host_copies(ferry_device *d, const fy_hostrange *r, int64_t n, bool t
     fy_gpu *g = d->g;
     fy_xfer_op *op = NULL;
     int rc = g->ops->bind_thread(g);
-    if (rc == 0) rc = op_new(d, true, &op);
+    /* queued: in order on the lane; waited for here: spread over streams of its own */
+    if (rc == 0) rc = out ? op_new_lane(d, &op) : op_new(d, true, &op);
     if (rc < 0) return rc;
-    uint32_t next = 0;
+    uint32_t next = 0, nst = op->lane ? 1 : OP_STREAMS;
     for (int64_t k = 0; k < n && rc == 0; k++)
-        rc = xf_copy_spread(g, to_device, r[k].dev, r[k].host, r[k].len, op->st, OP_STREAMS, &next);
-    for (int k = 0; k < OP_STREAMS && rc == 0; k++) rc = g->ops->event_record(g, op->ev[k], op->st[k]);
+        rc = xf_copy_spread(g, to_device, r[k].dev, r[k].host, r[k].len, op->st, nst, &next);
+    for (uint32_t k = 0; k < nst && rc == 0; k++) rc = g->ops->event_record(g, op->ev[k], op->st[k]);
     if (rc < 0 || !out) { /* wait: no copy may still be running when the caller reuses the memory */
         int r2 = fy_xfer_op_wait(op);
         return rc < 0 ? rc : r2;

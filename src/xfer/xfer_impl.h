@@ -49,6 +49,11 @@ struct ferry_device {
     uint8_t *ring_base; /* one pinned block holding every buffer */
     uint32_t nring;
     uint64_t ring_bytes;
+    /* the lane: one stream, made on first use, that every queued host copy
+     * runs on in the order queued, so a prefetch queued first lands first
+     * (copies of separate moves on separate streams would share the link and
+     * all land late); guarded by lock */
+    fy_stream *lane;
 };
 
 struct ferry_loaded {

@@ -111,7 +111,10 @@ def main():
         if not sim:
             torch.cuda.synchronize(dev)
 
-    tmp = tempfile.mkdtemp(prefix="ferry-stream-gpu-")
+    # tmpfs where there is one: a file just written to disk may still be in
+    # writeback, and the test is about streaming, not about the disk
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    tmp = tempfile.mkdtemp(prefix="ferry-stream-gpu-", dir=shm)
     torch.manual_seed(0)
     ref = DiT(args.dim, args.depth).to(torch.bfloat16)
     with torch.no_grad():
