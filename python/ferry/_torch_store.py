@@ -266,7 +266,7 @@ class Store:
                     new = self._view(core, now[1], info, dt)
                 else:
                     new = self._placeholder(info, dt)
-                _repoint(entries, new)
+                (_repoint if a.streamer is None else _torch_stream.assign)(entries, new)
                 a.shown[idx] = now
 
     # ---- models ----
@@ -412,13 +412,26 @@ class Store:
             if moving:
                 self._sync()
             try:
-                self._core.to_device(m)
+                self._to_device(m)
             finally:
                 if moving:
                     self._refresh()
             self._core.pin(m, -1)
             if hook:
                 self._attached[name].hook_pins += 1
+
+    def _to_device(self, m, idx=None):
+        """core.to_device; when the room is short while streaming models hold
+        blocks prefetched for their next step, those are let go and it is
+        tried once more."""
+        try:
+            self._core.to_device(m, idx)
+        except errors.BudgetError:
+            if not any(a.streamer is not None and a.streamer.ops and n != m.name
+                       for n, a in self._attached.items()):
+                raise
+            self._drain([n for n in self._attached if n != m.name])
+            self._core.to_device(m, idx)
 
     def _leave(self, name, hook=False):
         with self._lock:
@@ -470,9 +483,8 @@ class Store:
             moving = not self._all_on_device(m, idx)
             if moving:
                 self._sync()
-                self._drain()
             try:
-                self._core.to_device(m, idx)
+                self._to_device(m, idx)
             finally:
                 if moving:
                     self._refresh()
@@ -590,12 +602,13 @@ class Store:
             return
         for h in a.hooks:
             h.remove()
+        rp = _repoint if a.streamer is None else _torch_stream.assign
         if a.streamer is not None:
             a.streamer.close()
             a.streamer = None
         for idx, info, dt, entries in a.plan:
             if a.shown.get(idx, (None,))[0] == _lib.TIER_DEVICE:
-                _repoint(entries, self._placeholder(info, dt))
+                rp(entries, self._placeholder(info, dt))
         try:
             del a.module._ferry_store_model
         except AttributeError:

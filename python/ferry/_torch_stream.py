@@ -378,6 +378,22 @@ class Streamer:
         }
 
 
+def assign(entries, new):
+    """Put new in place of the tensor every entry names, as a new Parameter
+    where it is one: never by swapping the contents of the Parameter the
+    module holds (torch.utils.swap_tensors, which the Store uses elsewhere),
+    since a streaming model's Parameters are views cached per device address
+    and reused when a block lands there again."""
+    param = None
+    for _, mod, attr, is_param, requires_grad in entries:
+        if is_param:
+            if param is None:
+                param = new if isinstance(new, torch.nn.Parameter) else torch.nn.Parameter(new, requires_grad)
+            mod._parameters[attr] = param
+        else:
+            mod._buffers[attr] = new
+
+
 def _register_post(module, fn):
     if _HOOK_ALWAYS_CALL:
         return module.register_forward_hook(fn, always_call=True)

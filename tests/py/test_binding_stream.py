@@ -256,6 +256,42 @@ def test_other_model_and_offload(tmp_path, sim_free):
         store.remove("dit")
 
 
+def test_store_calls_never_swap_cached_views(tmp_path, sim_free, monkeypatch):
+    """With torch 2.3+ the Store re-points a module by swapping the contents
+    of the Parameter it holds (torch.utils.swap_tensors); a streaming model's
+    Parameters are views cached per device address, so swapping one into a
+    meta placeholder poisons the cache (found on the H200: "Tensor on device
+    meta" after a budget change with a second model). torch 1.13 lacks
+    swap_tensors, so it is emulated here as far as 1.13 can (same-device
+    contents only): this runs the Store's swap path beside streaming, but it
+    did not reproduce the H200 failure without the fix; tests/gpu/
+    test_stream_gpu.py does."""
+    def fake_swap(a, b):  # what torch 1.13 can do of it: same-device contents
+        if a.device != b.device:
+            raise RuntimeError("emulated swap_tensors: devices differ")
+        da, db = a.data, b.data
+        a.data, b.data = db, da
+
+    monkeypatch.setattr(torch.utils, "swap_tensors", fake_swap, raising=False)
+    ref, path = model_and_file(tmp_path)
+    te_ref, te_path = model_and_file(tmp_path, depth=3, seed=5, name="te")
+    m, te = DiT(), DiT(depth=3)
+    total = nbytes(ref)
+    with torch.no_grad():
+        want, te_want = ref(x_for()), te_ref(x_for(seed=2))
+    with ft.Store(SIM, device_budget=total // 2) as store:
+        store.add("dit", path, module=m, stream="auto")
+        store.add("te", te_path, module=te)
+        with torch.no_grad():
+            for k in range(5):
+                if k == 1:
+                    store.set_device_budget(total // 3)
+                if k == 3:
+                    store.set_device_budget(total)
+                assert torch.equal(m(x_for()), want), f"step {k}"
+                assert torch.equal(te(x_for(seed=2)), te_want), f"step {k}"
+
+
 def test_errors(tmp_path, sim_free):
     ref, path = model_and_file(tmp_path)
 
