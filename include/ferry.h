@@ -467,7 +467,8 @@ FERRY_API double ferry_file_resident(const ferry_file *f);
  * Clean tensors leaving the device are dropped (nothing is written); dirty ones
  * go to PINNED/HOST while the host budget and the host's real free memory
  * allow, else to the spill file. Every call is thread-safe (one lock per store;
- * transfers run under it). A model's tensors are numbered file by file, each
+ * moves to the device drop it during their transfers, the saves of evicted
+ * tensors run under it). A model's tensors are numbered file by file, each
  * file in its own order (ferry_file_tensor_info). */
 
 

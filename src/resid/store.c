@@ -2,7 +2,8 @@
  * its budgets (defaults from the device and the host's real limits), and
  * freeing it. resid/ decides, xfer/ moves (DESIGN.md §3-§6): the policy is
  * policy.c, the moves xfer.h's, the spill file spill.c, the host's limits
- * memstat. One lock per store; transfers run under it. */
+ * memstat. One lock per store, dropped while moves to the device transfer
+ * (fetch.c); evictions' saves run under it. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
