@@ -470,6 +470,9 @@ class Store:
             stack = self._tls.__dict__.get("pins")
             while stack and name in stack:
                 stack.remove(name)
+            if a is not None and a.streamer is not None:  # a streaming model's step that raised
+                a.streamer.release_step()
+                a.streamer.drain()
 
     def to_device(self, name, tensors=None):
         """Bring a model (or tensors: names, indices or tensors of it, with

@@ -229,9 +229,22 @@ class Streamer:
 
     # ---- hooks ----
 
+    def release_step(self):
+        """Drop the holds of a step whose forward hook never ran (torch before
+        2.1 skips it when forward raises)."""
+        if self.in_step:
+            core = self.store._core
+            for i in self.fixed:
+                try:
+                    core.unpin(self.m, i)
+                except errors.FerryError:
+                    pass
+            self.in_step = False
+
     def step_begin(self):
         with self.store._lock:
             core = self.store._live()
+            self.release_step()
             if self.replan_wanted:
                 self.make_plan()
             self._t0 = time.perf_counter()

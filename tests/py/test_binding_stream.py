@@ -292,6 +292,23 @@ def test_store_calls_never_swap_cached_views(tmp_path, sim_free, monkeypatch):
                 assert torch.equal(te(x_for(seed=2)), te_want), f"step {k}"
 
 
+def test_forward_that_raises_leaves_nothing_held(tmp_path, sim_free):
+    ref, path = model_and_file(tmp_path)
+    m = DiT()
+    with torch.no_grad():
+        want = ref(x_for())
+    with ft.Store(SIM, device_budget=nbytes(ref) // 2) as store:
+        store.add("dit", path, module=m, stream="auto")
+        with torch.no_grad():
+            with pytest.raises(RuntimeError):
+                m(torch.zeros(8, 15))  # the wrong width: the embedding raises
+            store.unpin("dit")  # what torch before 2.1 needs (its forward hook did not run)
+            assert all(s.pins == 0 for s in store.tensor_states("dit").values())
+            assert torch.equal(m(x_for()), want)  # and the next step runs
+        store.offload("dit")
+        assert all(s.pins == 0 for s in store.tensor_states("dit").values())
+
+
 def test_errors(tmp_path, sim_free):
     ref, path = model_and_file(tmp_path)
 
