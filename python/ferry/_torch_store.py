@@ -260,6 +260,10 @@ class Store:
                 if want is not None and idx not in want:
                     continue
                 now = st[idx] if st[idx][0] == _lib.TIER_DEVICE else (st[idx][0], 0)
+                if a.streamer is not None and st[idx][1]:
+                    # a queued move's block (its block's forward may be running:
+                    # the stream that reads it was ordered after the move)
+                    now = (_lib.TIER_DEVICE, st[idx][1])
                 if a.shown.get(idx) == now:
                     continue
                 if now[0] == _lib.TIER_DEVICE:

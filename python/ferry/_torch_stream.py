@@ -135,6 +135,7 @@ class Streamer:
         self.recording = []            # the first step's order, while it runs
         self.steps = 0
         self.ops = {}                  # block -> Op queued and not yet landed (held)
+        self.active = set()            # blocks whose forward runs now (their holds go by stream)
         self.params = {}               # (model index, dptr) -> Parameter / buffer view
         self.step_htod = []            # bytes moved to the device per step
         self.step_seconds = []
@@ -161,7 +162,8 @@ class Streamer:
             free, _ = torch.cuda.mem_get_info(self.store._tdev)
             have = st["tier_bytes"]["device"] + st["device_cached"] + free
             reserve = self.user_reserve if self.user_reserve is not None else (2 << 30) if first else _MARGIN
-            return min(budget, max(have - reserve, 0)), 0
+            # (never 0: ferry_model_plan reads a budget of 0 as "the store's")
+            return min(budget, max(have - reserve, 1)), 0
         return budget, self.user_reserve or 0
 
     def make_plan(self, first=False):
@@ -294,6 +296,7 @@ class Streamer:
             if self.steps == 0 and self.in_step:
                 self.recording.append(b)
             op = self._queue(b)
+            self.active.add(b)
             op.stream_wait(self._stream())
             self._show(b.idx)
 
@@ -302,9 +305,10 @@ class Streamer:
             core = self.store._core
             if core is None:
                 return
+            self.active.discard(b)
             op = self.ops.pop(b, None)
             if op is None:
-                return  # its pre-hook failed, or it was drained meanwhile
+                return  # its pre-hook failed
             try:
                 core.release_after(self.m, b.leader, self._stream())
             finally:
@@ -331,10 +335,14 @@ class Streamer:
 
     def drain(self):
         """Land every queued move and drop its hold (before the model is
-        offloaded, removed, or its budget changes)."""
+        offloaded, removed, or its budget changes): the prefetches only; a
+        block whose forward runs now (another thread's) keeps its move and
+        hold, which its forward hook releases after its stream."""
         core = self.store._core
         err = None
         for b, op in list(self.ops.items()):
+            if b in self.active:
+                continue
             try:
                 op.wait()
             except errors.FerryError as e:
@@ -343,7 +351,9 @@ class Streamer:
                 core.unpin(self.m, b.leader)
             except errors.FerryError:
                 pass
-        self.ops.clear()
+        for b in list(self.ops):
+            if b not in self.active:
+                del self.ops[b]
         if err is not None:
             raise err
 

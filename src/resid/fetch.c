@@ -63,14 +63,16 @@ static void op_commit(ferry_store *s, ferry_op *op)
             continue;
         }
         if (t->nbytes == 0) t->dptr = 0;
-        if (t->caching) { /* its pinned copy stays beside the device copy */
+        /* (a dirty tensor's saved copy is not kept as a cache: the caller may
+         * change it in place again without marking it, as ferry.h allows) */
+        if (t->caching && !t->streams) { /* a re-plan made it resident meanwhile: no copy beside it */
+            rs_pool_free(s, t->host, t->nbytes);
+            s->cache_used -= t->nbytes;
+            t->host = NULL;
+            t->caching = false;
+        } else if (t->caching) { /* its pinned copy stays beside the device copy */
             t->caching = false;
             t->cached = true;
-        } else if (!t->cached && t->streams && t->dirty && t->tier == FERRY_TIER_PINNED && m->plan &&
-                   m->plan->pinned_cache) {
-            t->cached = true; /* a streamed dirty block's saved copy equals the device copy until it is
-                                 changed again (mark_dirty, write): leaving costs no copy back */
-            s->cache_used += t->nbytes;
         } else if (!t->cached) {
             rs_release_copy(s, t); /* the device copy is now the one */
         }
@@ -90,12 +92,13 @@ static void op_commit(ferry_store *s, ferry_op *op)
 static void land_now(ferry_store *s, ferry_op *op)
 {
     op->state = OP_LANDING;
-    if (op->xop) {
+    fy_xfer_op *x = op->xop;
+    op->xop = NULL; /* fy_xfer_op_wait frees it: nobody may look at it meanwhile */
+    if (x) {
         pthread_mutex_unlock(&s->lock);
-        int rc = fy_xfer_op_wait(op->xop);
-        if (rc < 0) op_fail(op, s, rc);
+        int rc = fy_xfer_op_wait(x);
         pthread_mutex_lock(&s->lock);
-        op->xop = NULL;
+        if (rc < 0) op_fail(op, s, rc);
     }
     op_commit(s, op);
     op->state = OP_LANDED;
@@ -313,7 +316,11 @@ FERRY_API int ferry_op_query(ferry_op *op)
     if (!op) return FERRY_E_INVAL;
     ferry_store *s = op->m->s;
     pthread_mutex_lock(&s->lock);
-    int rc = op->rc < 0 ? op->rc : op->state == OP_LANDED ? 1 : op->xop ? fy_xfer_op_query(op->xop) : 1;
+    int rc = op->rc < 0                                            ? op->rc
+             : op->state == OP_LANDED                               ? 1
+             : op->state == OP_MOVING || op->state == OP_LANDING    ? 0
+             : op->xop                                              ? fy_xfer_op_query(op->xop)
+                                                                    : 1;
     pthread_mutex_unlock(&s->lock);
     return rc;
 }
@@ -324,7 +331,8 @@ FERRY_API int ferry_op_stream_wait(ferry_op *op, uint64_t cu_stream)
     ferry_store *s = op->m->s;
     pthread_mutex_lock(&s->lock);
     /* a landed op (or one whose copies ran in the call) needs no ordering */
-    while (op->state == OP_MOVING) pthread_cond_wait(&s->landed, &s->lock); /* (only another thread's view) */
+    /* being moved or landed by another thread: once landed, no ordering is needed */
+    while (op->state == OP_MOVING || op->state == OP_LANDING) pthread_cond_wait(&s->landed, &s->lock);
     int rc = op->rc < 0 ? op->rc : op->xop && op->state == OP_QUEUED ? fy_xfer_op_order(op->xop, cu_stream) : 0;
     if (rc < 0 && op->rc == 0) rs_device_failed(s, op->m, rc);
     pthread_mutex_unlock(&s->lock);

@@ -35,11 +35,10 @@ typedef struct rtensor {
     uint64_t use;   /* the store's clock when its group was last asked for (eviction order
                        within a model) */
     bool streams;   /* its block streams under the model's plan (leaves before the rest) */
-    bool cached;    /* host is a copy in the pinned pool equal to the device copy, kept
-                       beside it (tier DEVICE) or as the copy once it left (tier PINNED): a
-                       streamed block's clean copy, or a dirty one's saved copy while it is
-                       unchanged (mark_dirty/write drop it). rs_uncache drops it, except a
-                       dirty tensor's only copy */
+    bool cached;    /* host is a streamed block's clean copy in the pinned pool, kept beside
+                       the device copy (tier DEVICE) or as the copy once it left (tier
+                       PINNED); mark_dirty/write drop it, so it is never dirty (rs_uncache
+                       still keeps a dirty tensor's only copy, should one ever be cached) */
     bool caching;   /* host is a pinned buffer a queued move is filling for the cache */
 } rtensor;
 

@@ -202,6 +202,10 @@ static int host_copies(ferry_device *d, const fy_hostrange *r, int64_t n, bool t
     for (int64_t k = 0; k < n && rc == 0; k++)
         rc = xf_copy_spread(g, to_device, r[k].dev, r[k].host, r[k].len, op->st, nst, &next);
     for (uint32_t k = 0; k < nst && rc == 0; k++) rc = g->ops->event_record(g, op->ev[k], op->st[k]);
+    /* a lane move that failed part-way has no end event recorded: wait for
+     * the lane itself, or copies it queued would land in memory the caller
+     * reuses */
+    if (rc < 0 && op->lane) (void)g->ops->stream_sync(g, op->st[0]);
     if (rc < 0 || !out) { /* wait: no copy may still be running when the caller reuses the memory */
         int r2 = fy_xfer_op_wait(op);
         return rc < 0 ? rc : r2;

@@ -309,6 +309,47 @@ def test_forward_that_raises_leaves_nothing_held(tmp_path, sim_free):
         assert all(s.pins == 0 for s in store.tensor_states("dit").values())
 
 
+def test_make_room_from_another_thread_during_a_block(tmp_path, sim_free):
+    """Another thread's make_room while a block computes lets the prefetches
+    go, never the block that runs (it is released only after its stream)."""
+    import threading
+    ref, path = model_and_file(tmp_path)
+    with torch.no_grad():
+        want = ref(x_for())
+    m = DiT()
+    in_block, go_on = threading.Event(), threading.Event()
+    armed = [False]
+    orig = m.blocks[5].forward
+
+    def slow(h):
+        if armed[0]:
+            in_block.set()
+            go_on.wait(10)
+        return orig(h)
+
+    m.blocks[5].forward = slow
+    with ft.Store(SIM, device_budget=nbytes(ref) // 2) as store:
+        store.add("dit", path, module=m, stream="auto")
+        with torch.no_grad():
+            assert torch.equal(m(x_for()), want)
+            armed[0] = True
+
+            def other():
+                in_block.wait(10)
+                try:
+                    store.make_room()
+                finally:
+                    go_on.set()
+
+            th = threading.Thread(target=other)
+            th.start()
+            got = m(x_for())
+            th.join()
+            armed[0] = False
+            assert torch.equal(got, want)
+            assert torch.equal(m(x_for()), want)
+
+
 def test_errors(tmp_path, sim_free):
     ref, path = model_and_file(tmp_path)
 

@@ -405,11 +405,11 @@ static void test_dirty(ferry_ctx *ctx)
     }
     free(b);
     for (int n = 0; n < 2; n++) CHECK_EQ(pass(&r), 0);
-    /* once saved, the dirty streamed block is not copied back again: its
-     * pinned copy is current until it is changed again */
+    /* the dirty streamed block is saved each time it leaves (the caller may
+     * change it in place again unmarked), the resident one never */
     ferry_store_stats d0 = stats(&r);
     for (int n = 0; n < 4; n++) CHECK_EQ(pass(&r), 0);
-    CHECK_EQ(stats(&r).bytes_dtoh - d0.bytes_dtoh, 0);
+    CHECK_EQ(stats(&r).bytes_dtoh - d0.bytes_dtoh, 4 * WB);
     CHECK_EQ(tstate(&r, r.blk[ks][0]).dirty, 1);
     CHECK(tstate(&r, r.blk[ks][0]).tier == FERRY_TIER_DEVICE || tstate(&r, r.blk[ks][0]).tier == FERRY_TIER_PINNED);
     /* and a cache that must give way (host budget short) never drops its only copy */
@@ -606,6 +606,127 @@ static void test_threads(ferry_ctx *ctx)
     close_run(&r);
 }
 
+
+/* ---- regressions found in review ---- */
+
+/* The first n blocks the plan streams (their moves go through the lane). */
+static void streamed_blocks(run *r, int *k, int n)
+{
+    for (int b = 0, got = 0; b < NB && got < n; b++)
+        if (ferry_model_block_streams(r->m, b) == 1) k[got++] = b;
+}
+
+/* A queued move whose second copy fails while the lane is still busy with an
+ * earlier move: the failed op must not return before the copies it did queue
+ * have run, or one lands later in a device block another tensor reuses. */
+static void test_lane_fault(ferry_ctx *ctx)
+{
+    run r;
+    if (open_run(&r, ctx, "sim:64MiB,0.05GB/s", 64 << 20, 64 << 20, 32 << 20)) { /* 1 MiB: 20 ms */
+        CHECK(0);
+        close_run(&r);
+        return;
+    }
+    ferry_plan p;
+    CHECK_EQ(plan(&r, 2, FIXED + 3 * block_bytes(), 0, &p), 0);
+    int k[2];
+    streamed_blocks(&r, k, 2);
+    ferry_op *a = NULL, *b = NULL;
+    CHECK_EQ(ferry_model_to_device_async(r.m, r.blk[k[0]], 2, &a), 0); /* keeps the lane busy */
+    CHECK(fy_gpu_sim_fault(r.g, FY_OP_COPY, 2) >= 0);                     /* the next bias copy fails */
+    CHECK_EQ(ferry_model_to_device_async(r.m, r.blk[k[1]], 2, &b), 0);
+    CHECK(ferry_op_wait(b) < 0);
+    CHECK_EQ(fy_gpu_sim_fault(r.g, FY_OP_COPY, 0), 0);
+    CHECK_EQ(tstate(&r, r.blk[k[1]][0]).tier, FERRY_TIER_SOURCE); /* rolled back */
+    int res = 0; /* a resident block: loaded through the ring, into the freed device blocks */
+    while (ferry_model_block_streams(r.m, res) != 0) res++;
+    CHECK_EQ(ferry_model_to_device(r.m, r.blk[res], 2), 0);
+    usleep(100 * 1000);                                          /* the lane's leftovers would land now */
+    CHECK_EQ(ferry_op_wait(a), 0);
+    CHECK_EQ(verify(&r), 0);
+    close_run(&r);
+}
+
+/* ferry_op_stream_wait while another thread is landing the op: the caller's
+ * stream must still see the landed bytes. */
+typedef struct reader_arg {
+    run *r;
+    int rc;
+    int64_t t;
+} reader_arg;
+static void *land_by_reading(void *a)
+{
+    reader_arg *x = a;
+    uint8_t *buf = malloc(WB);
+    x->rc = buf ? ferry_model_read(x->r->m, x->t, buf) : -1;
+    free(buf);
+    return NULL;
+}
+
+static void test_stream_wait_while_landing(ferry_ctx *ctx)
+{
+    run r;
+    if (open_run(&r, ctx, "sim:64MiB,0.05GB/s", 64 << 20, 64 << 20, 32 << 20)) {
+        CHECK(0);
+        close_run(&r);
+        return;
+    }
+    ferry_plan p;
+    CHECK_EQ(plan(&r, 2, FIXED + 3 * block_bytes(), 0, &p), 0);
+    int k[2];
+    streamed_blocks(&r, k, 2);
+    ferry_op *a = NULL, *b = NULL;
+    CHECK_EQ(ferry_model_to_device_async(r.m, r.blk[k[0]], 2, &a), 0); /* 20 ms ahead on the lane */
+    CHECK_EQ(ferry_model_to_device_async(r.m, r.blk[k[1]], 2, &b), 0);
+    reader_arg x = {.r = &r, .rc = -100, .t = r.blk[k[1]][0]};
+    pthread_t th;
+    CHECK_EQ(pthread_create(&th, NULL, land_by_reading, &x), 0); /* lands b, waiting for its copies */
+    usleep(5 * 1000);
+    uint64_t raw = r.g->ops->stream_raw(r.g, r.compute);
+    CHECK_EQ(ferry_op_stream_wait(b, raw), 0);
+    ferry_tensor_state st = tstate(&r, r.blk[k[1]][0]);
+    CHECK_EQ(r.g->ops->copy_dtoh(r.g, r.kbuf[k[1]], st.dptr, WB, r.compute), 0);
+    CHECK_EQ(r.g->ops->stream_sync(r.g, r.compute), 0);
+    pthread_join(th, NULL);
+    CHECK_EQ(x.rc, 0);
+    CHECK_EQ(bad_kernel_bytes(&r, k[1]), 0);
+    CHECK_EQ(ferry_op_wait(b), 0);
+    CHECK_EQ(ferry_op_wait(a), 0);
+    close_run(&r);
+}
+
+/* A dirty streamed block changed in place again without a second mark
+ * (ferry.h: dirty "from now on") keeps the later change when it leaves. */
+static void test_dirty_changed_again(ferry_ctx *ctx)
+{
+    run r;
+    if (open_run(&r, ctx, "sim:64MiB", 64 << 20, 64 << 20, 32 << 20)) {
+        CHECK(0);
+        close_run(&r);
+        return;
+    }
+    ferry_plan p;
+    CHECK_EQ(plan(&r, 2, FIXED + 3 * block_bytes(), 0, &p), 0);
+    CHECK_EQ(ferry_model_block_streams(r.m, 1), 1);
+    int64_t t = r.blk[1][0];
+    uint8_t *b = malloc(WB);
+    CHECK_EQ(ferry_model_to_device(r.m, &t, 1), 0);
+    CHECK_EQ(ferry_model_read(r.m, t, b), 0);
+    for (int j = 0; j < WB; j++) b[j] ^= 0x11;
+    CHECK_EQ(ferry_model_write(r.m, t, b), 0); /* marked dirty */
+    CHECK_EQ(ferry_model_evict(r.m, &t, 1), 0);
+    CHECK_EQ(ferry_model_to_device(r.m, &t, 1), 0);
+    for (int j = 0; j < WB; j++) b[j] ^= 0x22; /* changed in place again, not marked again */
+    ferry_tensor_state st = tstate(&r, t);
+    CHECK_EQ(r.g->ops->copy_htod(r.g, st.dptr, b, WB, r.compute), 0);
+    CHECK_EQ(r.g->ops->stream_sync(r.g, r.compute), 0);
+    CHECK_EQ(ferry_model_evict(r.m, &t, 1), 0);
+    r.dirty_x[1 + 2 * 1] = 0x11 ^ 0x22;
+    CHECK_EQ(verify(&r), 0);
+    free(b);
+    close_run(&r);
+}
+
 static ferry_ctx *ctx;
 #define CASES(CASE)                                        \
     CASE(plan, test_plan(ctx))                             \
@@ -615,7 +736,10 @@ static ferry_ctx *ctx;
     CASE(dirty, test_dirty(ctx))                           \
     CASE(faults, test_faults(ctx))                         \
     CASE(budget, test_budget(ctx))                         \
-    CASE(threads, test_threads(ctx))
+    CASE(threads, test_threads(ctx))                       \
+    CASE(lane_fault, test_lane_fault(ctx))                 \
+    CASE(stream_wait_while_landing, test_stream_wait_while_landing(ctx)) \
+    CASE(dirty_changed_again, test_dirty_changed_again(ctx))
 CHECK_CASES(CASES)
 
 int main(int argc, char **argv)
