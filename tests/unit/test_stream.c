@@ -186,6 +186,7 @@ static int pass(run *r)
         if ((rc = ferry_op_stream_wait(r->ops[i], raw)) < 0) { /* its copies failed */
             ferry_op_wait(r->ops[i]);
             r->ops[i] = NULL;
+            r->g->ops->stream_sync(r->g, r->compute); /* the releases queued so far complete */
             return rc;
         }
         memset(r->kbuf[i], 0xEE, WB);
