@@ -132,6 +132,16 @@ static void close_run(run *r)
     ferry_device_close(r->d);
 }
 
+/* open_run with the host budgets every case uses; on failure the case
+ * fails and has nothing left to free */
+static bool start(run *r, ferry_ctx *ctx, const char *spec, uint64_t dev_budget)
+{
+    if (open_run(r, ctx, spec, dev_budget, 64 << 20, 32 << 20) == 0) return true;
+    CHECK(0);
+    close_run(r);
+    return false;
+}
+
 static int plan(run *r, int64_t window, uint64_t budget, int pinned_cache, ferry_plan *out)
 {
     int64_t blocks[NB];
@@ -253,11 +263,7 @@ static uint64_t block_bytes(void) { return WB + BIAS; }
 static void test_plan(ferry_ctx *ctx)
 {
     run r;
-    if (open_run(&r, ctx, "sim:64MiB", 64 << 20, 64 << 20, 32 << 20)) {
-        CHECK(0);
-        close_run(&r);
-        return;
-    }
+    if (!start(&r, ctx, "sim:64MiB", 64 << 20)) return;
     ferry_plan p;
     /* it fits: everything resident */
     CHECK_EQ(plan(&r, 3, 0, 0, &p), 0);
@@ -317,11 +323,7 @@ static void cyclic(ferry_ctx *ctx, int pinned_cache)
 {
     run r;
     uint64_t budget = FIXED + 7 * block_bytes(); /* window 3 (= NB / 4), 4 resident */
-    if (open_run(&r, ctx, "sim:64MiB,0.4GB/s", budget, 64 << 20, 32 << 20)) {
-        CHECK(0);
-        close_run(&r);
-        return;
-    }
+    if (!start(&r, ctx, "sim:64MiB,0.4GB/s", budget)) return;
     ferry_plan p;
     CHECK_EQ(plan(&r, 3, 0, pinned_cache, &p), 0);
     CHECK_EQ(p.streamed_blocks, NB - 4);
@@ -359,11 +361,7 @@ static void test_lru_thrashes(ferry_ctx *ctx)
 {
     run r;
     uint64_t budget = FIXED + 7 * block_bytes();
-    if (open_run(&r, ctx, "sim:64MiB", budget, 64 << 20, 32 << 20)) {
-        CHECK(0);
-        close_run(&r);
-        return;
-    }
+    if (!start(&r, ctx, "sim:64MiB", budget)) return;
     CHECK_EQ(pass(&r), 0);
     ferry_store_stats b = stats(&r);
     CHECK_EQ(pass(&r), 0);
@@ -380,11 +378,7 @@ static void test_dirty(ferry_ctx *ctx)
 {
     run r;
     uint64_t budget = FIXED + 7 * block_bytes();
-    if (open_run(&r, ctx, "sim:64MiB,1GB/s", budget, 64 << 20, 32 << 20)) {
-        CHECK(0);
-        close_run(&r);
-        return;
-    }
+    if (!start(&r, ctx, "sim:64MiB,1GB/s", budget)) return;
     ferry_plan p;
     CHECK_EQ(plan(&r, 3, 0, 0, &p), 0);
     CHECK_EQ(pass(&r), 0);
@@ -438,11 +432,7 @@ static void test_faults(ferry_ctx *ctx)
 {
     run r;
     uint64_t budget = FIXED + 7 * block_bytes();
-    if (open_run(&r, ctx, "sim:64MiB,1GB/s", budget, 64 << 20, 32 << 20)) {
-        CHECK(0);
-        close_run(&r);
-        return;
-    }
+    if (!start(&r, ctx, "sim:64MiB,1GB/s", budget)) return;
     ferry_plan p;
     CHECK_EQ(plan(&r, 3, 0, -1, &p), 0); /* no pinned copies: every pass reads the file */
     CHECK_EQ(pass(&r), 0);
@@ -486,11 +476,7 @@ static void test_budget(ferry_ctx *ctx)
 {
     run r;
     uint64_t big = FIXED + 9 * block_bytes(), small = FIXED + 5 * block_bytes();
-    if (open_run(&r, ctx, "sim:64MiB,1GB/s", big, 64 << 20, 32 << 20)) {
-        CHECK(0);
-        close_run(&r);
-        return;
-    }
+    if (!start(&r, ctx, "sim:64MiB,1GB/s", big)) return;
     ferry_plan p;
     CHECK_EQ(plan(&r, 3, 0, 0, &p), 0);
     CHECK_EQ(p.resident_blocks, 6);
@@ -561,11 +547,7 @@ static void test_threads(ferry_ctx *ctx)
 {
     run r;
     uint64_t budget = FIXED + 7 * block_bytes();
-    if (open_run(&r, ctx, "sim:64MiB,1GB/s", budget, 64 << 20, 32 << 20)) {
-        CHECK(0);
-        close_run(&r);
-        return;
-    }
+    if (!start(&r, ctx, "sim:64MiB,1GB/s", budget)) return;
     ferry_plan p;
     CHECK_EQ(plan(&r, 3, 0, 0, &p), 0);
     CHECK_EQ(ferry_model_to_device(r.m, &r.embed, 1), 0);
@@ -667,11 +649,7 @@ static void *land_by_reading(void *a)
 static void test_stream_wait_while_landing(ferry_ctx *ctx)
 {
     run r;
-    if (open_run(&r, ctx, "sim:64MiB,0.05GB/s", 64 << 20, 64 << 20, 32 << 20)) {
-        CHECK(0);
-        close_run(&r);
-        return;
-    }
+    if (!start(&r, ctx, "sim:64MiB,0.05GB/s", 64 << 20)) return;
     ferry_plan p;
     CHECK_EQ(plan(&r, 2, FIXED + 3 * block_bytes(), 0, &p), 0);
     int k[2];
@@ -701,11 +679,7 @@ static void test_stream_wait_while_landing(ferry_ctx *ctx)
 static void test_dirty_changed_again(ferry_ctx *ctx)
 {
     run r;
-    if (open_run(&r, ctx, "sim:64MiB", 64 << 20, 64 << 20, 32 << 20)) {
-        CHECK(0);
-        close_run(&r);
-        return;
-    }
+    if (!start(&r, ctx, "sim:64MiB", 64 << 20)) return;
     ferry_plan p;
     CHECK_EQ(plan(&r, 2, FIXED + 3 * block_bytes(), 0, &p), 0);
     CHECK_EQ(ferry_model_block_streams(r.m, 1), 1);
