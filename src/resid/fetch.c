@@ -7,6 +7,8 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,18 +30,81 @@ static void op_fail(ferry_op *op, ferry_store *s, int rc)
 }
 
 /* Read the tensors a move caches from their checkpoints into their pinned
- * buffers (the lock dropped; the buffers are the op's until it lands). */
-static void read_cached(ferry_op *op, ferry_model *m, const int64_t *ci, int64_t nc)
+ * buffers (the lock dropped; the buffers are the op's until it lands), in
+ * pieces shared by a few threads: one thread's pread from the page cache is
+ * a fraction of what the copy engine takes, and this is a first pass's cost. */
+enum { CACHE_PIECE = 16u << 20, CACHE_THREADS_MAX = 8 };
+
+typedef struct cache_read {
+    ferry_op *op;
+    ferry_model *m;
+    const int64_t *ci;
+    int64_t nc;
+    uint64_t *start;     /* start[k]: piece index where tensor ci[k] begins; start[nc] = total */
+    atomic_ullong next;  /* the next piece */
+    atomic_int rc;
+    pthread_mutex_t mu;  /* the first failure's message */
+} cache_read;
+
+static void *cache_reader(void *arg)
 {
-    for (int64_t k = 0; k < nc && op->rc == 0; k++) {
-        rtensor *t = &m->t[ci[k]];
-        int rc = ferry_file_tensor_read(m->files[t->file], t->idx, 0, t->host, (size_t)t->nbytes);
-        if (rc < 0) {
-            op->rc = rc;
-            snprintf(op->msg, sizeof op->msg, "%s", ferry_file_errmsg(m->files[t->file]));
+    cache_read *c = arg;
+    for (;;) {
+        uint64_t p = atomic_fetch_add(&c->next, 1);
+        if (p >= c->start[c->nc] || atomic_load(&c->rc) < 0) return NULL;
+        int64_t lo = 0, hi = c->nc - 1; /* the tensor holding piece p */
+        while (lo < hi) {
+            int64_t mid = (lo + hi + 1) / 2;
+            if (c->start[mid] <= p) lo = mid;
+            else hi = mid - 1;
         }
-        op->read += t->nbytes;
+        rtensor *t = &c->m->t[c->ci[lo]];
+        uint64_t off = (p - c->start[lo]) * CACHE_PIECE;
+        uint64_t len = t->nbytes - off < CACHE_PIECE ? t->nbytes - off : CACHE_PIECE;
+        int rc = ferry_file_tensor_read(c->m->files[t->file], t->idx, off, (uint8_t *)t->host + off, (size_t)len);
+        int ok = 0;
+        if (rc < 0 && atomic_compare_exchange_strong(&c->rc, &ok, rc)) {
+            pthread_mutex_lock(&c->mu);
+            snprintf(c->op->msg, sizeof c->op->msg, "%s", ferry_file_errmsg(c->m->files[t->file]));
+            pthread_mutex_unlock(&c->mu);
+        }
     }
+}
+
+static void read_cached(ferry_op *op, ferry_store *s, ferry_model *m, const int64_t *ci, int64_t nc)
+{
+    if (nc == 0) return;
+    cache_read c = {.op = op, .m = m, .ci = ci, .nc = nc};
+    c.start = fy_calloc(s->m, (size_t)nc + 1, sizeof *c.start);
+    if (!c.start) {
+        op->rc = -ENOMEM;
+        snprintf(op->msg, sizeof op->msg, "reading %" PRId64 " tensors into pinned RAM: out of memory", nc);
+        return;
+    }
+    uint64_t bytes = 0;
+    for (int64_t k = 0; k < nc; k++) {
+        uint64_t n = m->t[ci[k]].nbytes;
+        c.start[k + 1] = c.start[k] + (n + CACHE_PIECE - 1) / CACHE_PIECE;
+        bytes += n;
+    }
+    atomic_init(&c.next, 0);
+    atomic_init(&c.rc, 0);
+    pthread_mutex_init(&c.mu, NULL);
+    uint64_t pieces = c.start[nc];
+    int nt = s->load.threads ? (int)s->load.threads : 4;
+    if (nt > CACHE_THREADS_MAX) nt = CACHE_THREADS_MAX;
+    if ((uint64_t)nt > pieces) nt = (int)pieces;
+    pthread_t th[CACHE_THREADS_MAX];
+    int started = 0;
+    for (; started < nt - 1; started++) /* the calling thread is one of them */
+        if (pthread_create(&th[started], NULL, cache_reader, &c) != 0) break;
+    cache_reader(&c);
+    for (int k = 0; k < started; k++) pthread_join(th[k], NULL);
+    int rc = atomic_load(&c.rc);
+    if (rc < 0) op->rc = rc;
+    op->read += bytes;
+    pthread_mutex_destroy(&c.mu);
+    fy_free(s->m, c.start);
 }
 
 /* Commit (rc == 0: the device copies are the ones now) or roll back (the
@@ -240,7 +305,7 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, ferry_
 
     /* the transfers, with the lock dropped: the moving tensors' old copies
      * (their file ranges, host copies, spill ranges) cannot go meanwhile */
-    read_cached(op, m, idx, nc);
+    read_cached(op, s, m, idx, nc);
     uint64_t cached_read = op->read;
     for (int k = 0; k < m->nfiles && op->rc == 0; k++) { /* SOURCE: file by file, through the loader */
         int64_t cnt = 0;
