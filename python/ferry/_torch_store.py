@@ -343,7 +343,11 @@ class Store:
                     else:
                         self._install_hooks(name, a)
             except BaseException:
-                self._attached.pop(name, None)
+                a = self._attached.pop(name, None)
+                if a is not None:  # hooks installed before the failure go too
+                    for h in a.hooks:
+                        h.remove()
+                    module.__dict__.pop("_ferry_store_model", None)
                 core.remove(core.models[name])
                 raise
             self._refresh([name])
