@@ -540,9 +540,10 @@ FERRY_API int ferry_model_set_priority(ferry_model *m, int priority);
 FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int64_t n);
 /* Queued moves. ferry_model_to_device_async does what ferry_model_to_device
  * does (room first, by the same policy, then the moves), but returns once the
- * moves are queued: copies from pinned RAM run on ferry's streams while the
- * caller goes on; moves that read files (the checkpoint, the spill file) run
- * their reader threads in the call. The store's lock is not held across any
+ * moves are queued: copies from pinned RAM run on ferry's copy stream while
+ * the caller goes on; moves that read files (the checkpoint, the spill file)
+ * are read by the store's mover thread, one move after another in the order
+ * queued (ferry_model_to_device reads in the call). The store's lock is not held across any
  * transfer, so other threads may prefetch, release or evict meanwhile. Until
  * the op has landed its tensors keep their old copies and cannot be evicted,
  * read or written; a later call that needs them lands the op first.

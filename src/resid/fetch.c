@@ -219,7 +219,92 @@ int64_t rs_reap_releases(ferry_store *s, bool wait)
 
 /* Queue the moves of tensors[0..n-1] and their groups; *out the op (its
  * tensors marked moving, the lock dropped during the transfers). */
-static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, ferry_op **out)
+/* The transfers of a MOVING op, with the lock dropped: the moving tensors'
+ * old copies (their file ranges, host copies, spill ranges) cannot go
+ * meanwhile. Then QUEUED: others may land it. */
+static void run_transfers(ferry_store *s, ferry_op *op)
+{
+    ferry_model *m = op->m;
+    const bool *sel = op->sel;
+    int64_t *idx = op->idx;
+    uint64_t *dp = op->dp;
+    if (fy_xfer_bind(s->dev) < 0) op_fail(op, s, FERRY_E_INTERNAL); /* (the mover's thread) */
+    read_cached(op, s, m, idx, op->nc);
+    uint64_t cached_read = op->read;
+    for (int k = 0; k < m->nfiles && op->rc == 0; k++) { /* SOURCE: file by file, through the loader */
+        int64_t cnt = 0;
+        for (int64_t i = 0; i < m->n; i++) {
+            rtensor *t = &m->t[i];
+            if (sel[i] && t->file == k && t->tier == FERRY_TIER_SOURCE && !t->caching && t->nbytes) {
+                idx[cnt] = t->idx;
+                dp[cnt++] = t->dptr;
+                op->moved += t->nbytes;
+            }
+        }
+        if (cnt) op_fail(op, s, ferry_load_into(s->dev, m->files[k], idx, dp, cnt, &s->load, NULL));
+    }
+    op->read = op->moved + cached_read;
+    if (op->rc == 0 && op->nf)
+        op_fail(op, s, fy_xfer_fd_to_device(s->dev, op->spill_fd, s->spill_dir, op->fr, op->nf, &s->load, NULL, NULL));
+    if (op->rc == 0 && op->nh) op_fail(op, s, fy_xfer_host_to_device(s->dev, op->hr, op->nh, &op->xop)); /* queued */
+    for (int64_t i = 0; i < op->nh; i++) op->moved += op->hr[i].len;
+    for (int64_t i = 0; i < op->nf; i++) op->moved += op->fr[i].len, op->read += op->fr[i].len;
+    fy_free(s->m, op->idx);
+    fy_free(s->m, op->dp);
+    fy_free(s->m, op->hr);
+    fy_free(s->m, op->fr);
+    op->idx = NULL, op->dp = NULL, op->hr = NULL, op->fr = NULL;
+    pthread_mutex_lock(&s->lock);
+    op->state = OP_QUEUED; /* others may land it now */
+    pthread_cond_broadcast(&s->landed);
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void *mover_main(void *arg)
+{
+    ferry_store *s = arg;
+    pthread_mutex_lock(&s->lock);
+    for (;;) {
+        while (!s->mq && !s->mover_stop) pthread_cond_wait(&s->mq_cv, &s->lock);
+        ferry_op *op = s->mq;
+        if (!op) break; /* stopping, nothing left */
+        s->mq = op->mnext;
+        if (!s->mq) s->mq_tail = &s->mq;
+        pthread_mutex_unlock(&s->lock);
+        run_transfers(s, op);
+        pthread_mutex_lock(&s->lock);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return NULL;
+}
+
+/* Hand op's transfers to the mover (under the lock), starting it on first
+ * use; < 0 when no thread can be made (the caller runs them itself). */
+static int mover_queue(ferry_store *s, ferry_op *op)
+{
+    if (!s->mover_on) {
+        if (!s->mq_tail) s->mq_tail = &s->mq;
+        if (pthread_create(&s->mover, NULL, mover_main, s) != 0) return -EAGAIN;
+        s->mover_on = true;
+    }
+    op->mnext = NULL;
+    *s->mq_tail = op;
+    s->mq_tail = &op->mnext;
+    pthread_cond_signal(&s->mq_cv);
+    return 0;
+}
+
+void rs_mover_stop(ferry_store *s)
+{
+    pthread_mutex_lock(&s->lock);
+    bool on = s->mover_on;
+    s->mover_stop = true;
+    pthread_cond_broadcast(&s->mq_cv);
+    pthread_mutex_unlock(&s->lock);
+    if (on) pthread_join(s->mover, NULL);
+}
+
+static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool background, ferry_op **out)
 {
     ferry_store *s = m->s;
     *out = NULL;
@@ -298,42 +383,21 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, ferry_
         if (t->tier == FERRY_TIER_PINNED || t->tier == FERRY_TIER_HOST) hr[nh++] = (fy_hostrange){t->host, t->dptr, t->nbytes};
         if (t->tier == FERRY_TIER_SPILL) fr[nf++] = (fy_fdrange){t->soff, t->nbytes, t->dptr};
     }
-    int spill_fd = s->spill ? fy_spill_fd(s->spill) : -1;
+    op->spill_fd = s->spill ? fy_spill_fd(s->spill) : -1;
+    op->idx = idx, op->dp = dp, op->hr = hr, op->fr = fr;
+    op->nh = nh, op->nf = nf, op->nc = nc;
     op->next = s->ops;
     s->ops = op;
-    pthread_mutex_unlock(&s->lock);
-
-    /* the transfers, with the lock dropped: the moving tensors' old copies
-     * (their file ranges, host copies, spill ranges) cannot go meanwhile */
-    read_cached(op, s, m, idx, nc);
-    uint64_t cached_read = op->read;
-    for (int k = 0; k < m->nfiles && op->rc == 0; k++) { /* SOURCE: file by file, through the loader */
-        int64_t cnt = 0;
-        for (int64_t i = 0; i < m->n; i++) {
-            rtensor *t = &m->t[i];
-            if (sel[i] && t->file == k && t->tier == FERRY_TIER_SOURCE && !t->caching && t->nbytes) {
-                idx[cnt] = t->idx;
-                dp[cnt++] = t->dptr;
-                op->moved += t->nbytes;
-            }
-        }
-        if (cnt) op_fail(op, s, ferry_load_into(s->dev, m->files[k], idx, dp, cnt, &s->load, NULL));
-    }
-    op->read = op->moved + cached_read;
-    if (op->rc == 0 && nf)
-        op_fail(op, s, fy_xfer_fd_to_device(s->dev, spill_fd, s->spill_dir, fr, nf, &s->load, NULL, NULL));
-    if (op->rc == 0 && nh) op_fail(op, s, fy_xfer_host_to_device(s->dev, hr, nh, &op->xop)); /* queued */
-    for (int64_t i = 0; i < nh; i++) op->moved += hr[i].len;
-    for (int64_t i = 0; i < nf; i++) op->moved += fr[i].len, op->read += fr[i].len;
-    fy_free(s->m, idx);
-    fy_free(s->m, dp);
-    fy_free(s->m, hr);
-    fy_free(s->m, fr);
-    pthread_mutex_lock(&s->lock);
-    op->state = OP_QUEUED; /* others may land it now */
-    pthread_cond_broadcast(&s->landed);
-    pthread_mutex_unlock(&s->lock);
     *out = op;
+    bool files = nc || nf;
+    for (int64_t i = 0; i < m->n && !files; i++)
+        files = sel[i] && m->t[i].tier == FERRY_TIER_SOURCE && m->t[i].nbytes;
+    if (background && files && mover_queue(s, op) == 0) { /* the mover reads them */
+        pthread_mutex_unlock(&s->lock);
+        return 0;
+    }
+    pthread_mutex_unlock(&s->lock);
+    run_transfers(s, op);
     return 0;
 fail:
     pthread_mutex_unlock(&s->lock);
@@ -350,7 +414,7 @@ FERRY_API int ferry_model_to_device_async(ferry_model *m, const int64_t *tensors
 {
     if (op) *op = NULL;
     if (!m || n < 0 || !op) return FERRY_E_INVAL; /* tensors NULL: all */
-    return queue_moves(m, tensors, n, op);
+    return queue_moves(m, tensors, n, true, op);
 }
 
 void rs_op_free(ferry_store *s, ferry_op *op)
@@ -408,7 +472,7 @@ FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int6
 {
     if (!m || n < 0) return FERRY_E_INVAL; /* tensors NULL: all */
     ferry_op *op = NULL;
-    FY_TRY(queue_moves(m, tensors, n, &op));
+    FY_TRY(queue_moves(m, tensors, n, false, &op));
     return ferry_op_wait(op);
 }
 

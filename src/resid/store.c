@@ -74,6 +74,8 @@ FERRY_API int ferry_store_new(ferry_device *dev, const ferry_store_opts *opts, f
     s->o.load = &s->load;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->landed, NULL);
+    pthread_cond_init(&s->mq_cv, NULL);
+    s->mq_tail = &s->mq;
     *out = s;
     return 0;
 }
@@ -92,6 +94,7 @@ FERRY_API void ferry_store_free(ferry_store *s)
     }
     rs_reap_releases(s, true);
     pthread_mutex_unlock(&s->lock);
+    rs_mover_stop(s); /* every queued move landed above, so its queue is empty */
     for (int i = 0; i < s->nmodels; i++) rs_model_free(s->models[i]);
     fy_free(s->m, s->models);
     rs_cache_release(s, UINT64_MAX);
@@ -105,6 +108,7 @@ FERRY_API void ferry_store_free(ferry_store *s)
     if (s->sampler) fy_memsampler_stop(s->sampler, NULL);
     fy_free(s->m, s->spill_dir);
     pthread_cond_destroy(&s->landed);
+    pthread_cond_destroy(&s->mq_cv);
     pthread_mutex_destroy(&s->lock);
     fy_free(s->m, s->job);
     fy_err_destroy(&s->err);

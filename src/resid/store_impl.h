@@ -115,12 +115,20 @@ struct ferry_store {
     /* queued moves (ferry_op) not yet waited for; landed: one finished landing */
     struct ferry_op *ops;
     pthread_cond_t landed;
+    /* the mover: one thread, started on first use, that runs the transfers of
+     * queued moves that read files (so ferry_model_to_device_async returns
+     * before they are read), in the order queued */
+    pthread_t mover;
+    bool mover_on, mover_stop;
+    struct ferry_op *mq, **mq_tail;
+    pthread_cond_t mq_cv;
     /* holds to drop once work queued on a caller's stream is done */
     struct rs_release *releases;
 };
 
 /* ---- fetch.c: moves to the device, synchronous and queued ---- */
-/* MOVING: the queueing call is still running the transfers (lock dropped);
+/* MOVING: the transfers run (lock dropped), in the queueing call or, for a
+ * queued move that reads files, on the store's mover thread;
  * QUEUED: they are queued or done; LANDING: one thread waits for the copies;
  * LANDED: the tiers are committed. Anyone may land an op, once. */
 enum { OP_MOVING, OP_QUEUED, OP_LANDING, OP_LANDED };
@@ -135,8 +143,18 @@ struct ferry_op {
     char msg[FY_ERRMSG_MAX]; /* the device's message for rc, taken when it failed */
     uint64_t moved, read;
     double t0;
+    /* what the transfers need (freed once they ran) */
+    int64_t *idx;
+    uint64_t *dp;
+    fy_hostrange *hr;
+    fy_fdrange *fr;
+    int64_t nh, nf, nc;
+    int spill_fd;
+    struct ferry_op *mnext; /* in the mover's queue */
 };
 
+/* Stop the mover thread (after every queued move has landed). */
+void rs_mover_stop(ferry_store *s);
 /* Land op (its copies done, the tensors' tiers committed or rolled back),
  * waiting for its copies with the lock dropped; idempotent. */
 void rs_op_land(ferry_store *s, struct ferry_op *op);

@@ -612,9 +612,13 @@ static void test_lane_fault(ferry_ctx *ctx)
     }
     ferry_plan p;
     CHECK_EQ(plan(&r, 2, FIXED + 3 * block_bytes(), 0, &p), 0);
-    int k[2];
+    int k[2] = {0, 1};
     streamed_blocks(&r, k, 2);
     ferry_op *a = NULL, *b = NULL;
+    /* block k0 in pinned RAM first, so its move is DMA only: queued in the call */
+    CHECK_EQ(ferry_model_to_device(r.m, r.blk[k[0]], 2), 0);
+    CHECK_EQ(ferry_model_evict(r.m, r.blk[k[0]], 2), 0);
+    CHECK_EQ(tstate(&r, r.blk[k[0]][0]).tier, FERRY_TIER_PINNED);
     CHECK_EQ(ferry_model_to_device_async(r.m, r.blk[k[0]], 2, &a), 0); /* keeps the lane busy */
     CHECK(fy_gpu_sim_fault(r.g, FY_OP_COPY, 2) >= 0);                     /* the next bias copy fails */
     CHECK_EQ(ferry_model_to_device_async(r.m, r.blk[k[1]], 2, &b), 0);
@@ -652,7 +656,7 @@ static void test_stream_wait_while_landing(ferry_ctx *ctx)
     if (!start(&r, ctx, "sim:64MiB,0.05GB/s", 64 << 20)) return;
     ferry_plan p;
     CHECK_EQ(plan(&r, 2, FIXED + 3 * block_bytes(), 0, &p), 0);
-    int k[2];
+    int k[2] = {0, 1};
     streamed_blocks(&r, k, 2);
     ferry_op *a = NULL, *b = NULL;
     CHECK_EQ(ferry_model_to_device_async(r.m, r.blk[k[0]], 2, &a), 0); /* 20 ms ahead on the lane */
@@ -702,6 +706,48 @@ static void test_dirty_changed_again(ferry_ctx *ctx)
     close_run(&r);
 }
 
+
+/* A queued move that reads the checkpoint returns before the reads ran (the
+ * store's mover thread does them): reads held at a gate cannot have finished
+ * when the call returns. */
+static atomic_int gate_open, reads_done;
+static ssize_t gated_pread(int fd, void *buf, size_t n, off_t off)
+{
+    for (int k = 0; k < 5000 && !atomic_load(&gate_open); k++) usleep(1000); /* at most 5 s */
+    ssize_t got = pread(fd, buf, n, off);
+    atomic_fetch_add(&reads_done, 1);
+    return got;
+}
+
+static void test_async_file_reads(ferry_ctx *ctx)
+{
+    run r;
+    if (!start(&r, ctx, "sim:64MiB", 64 << 20)) return;
+    ferry_plan p;
+    CHECK_EQ(plan(&r, 2, FIXED + 3 * block_bytes(), 0, &p), 0);
+    int k[1] = {-1};
+    streamed_blocks(&r, k, 1);
+    if (k[0] < 0) {
+        CHECK(0);
+        close_run(&r);
+        return;
+    }
+    atomic_store(&gate_open, 0);
+    atomic_store(&reads_done, 0);
+    CHECK_EQ(fy_sys_set("pread", (fy_sys_fn)gated_pread), 0);
+    ferry_op *op = NULL;
+    CHECK_EQ(ferry_model_to_device_async(r.m, r.blk[k[0]], 2, &op), 0);
+    CHECK_EQ(atomic_load(&reads_done), 0); /* returned with its reads still to come */
+    CHECK_EQ(ferry_op_query(op), 0);
+    atomic_store(&gate_open, 1);
+    CHECK_EQ(ferry_op_wait(op), 0);
+    CHECK(atomic_load(&reads_done) > 0);
+    fy_sys_reset();
+    CHECK_EQ(tstate(&r, r.blk[k[0]][0]).tier, FERRY_TIER_DEVICE);
+    CHECK_EQ(verify(&r), 0);
+    close_run(&r);
+}
+
 static ferry_ctx *ctx;
 #define CASES(CASE)                                        \
     CASE(plan, test_plan(ctx))                             \
@@ -714,7 +760,8 @@ static ferry_ctx *ctx;
     CASE(threads, test_threads(ctx))                       \
     CASE(lane_fault, test_lane_fault(ctx))                 \
     CASE(stream_wait_while_landing, test_stream_wait_while_landing(ctx)) \
-    CASE(dirty_changed_again, test_dirty_changed_again(ctx))
+    CASE(dirty_changed_again, test_dirty_changed_again(ctx)) \
+    CASE(async_file_reads, test_async_file_reads(ctx))
 CHECK_CASES(CASES)
 
 int main(int argc, char **argv)
