@@ -561,9 +561,12 @@ FERRY_API int ferry_op_wait(ferry_op *op);
 FERRY_API int ferry_op_query(ferry_op *op);
 /* Order a CUDA stream of the caller's (a CUstream as an integer, e.g.
  * torch.cuda.current_stream().cuda_stream; 0 the legacy default stream)
- * after the op's copies, without a host sync: kernels queued on it afterwards
- * read the landed bytes. The device addresses are ferry_model_tensor_state's
- * dptr once the call that queued the op returned. ferry_op_wait is still owed.
+ * after the op's copies, without a host sync for the copies: kernels queued on
+ * it afterwards read the landed bytes. While the op's file reads still run on
+ * the mover (and so the reads of every move queued before it), or another
+ * thread is landing it, the call waits on the host for them first. The device
+ * addresses are ferry_model_tensor_state's dptr once the call that queued the
+ * op returned. ferry_op_wait is still owed.
  * On a sim device the stream is a sim stream, 0 the caller's thread (waits). */
 FERRY_API int ferry_op_stream_wait(ferry_op *op, uint64_t cu_stream);
 /* Release a hold (ferry_model_hold) of tensor t (t < 0: all) once the work

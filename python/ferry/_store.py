@@ -130,7 +130,8 @@ class Op:
 
     def stream_wait(self, stream):
         """Order a raw CUstream (an int, e.g. torch.cuda.current_stream().cuda_stream)
-        after the copies, without a host sync."""
+        after the copies, without a host sync for them (the host waits while
+        the move's file reads still run: ferry_op_stream_wait)."""
         if self._op is not None:
             self.core.check_model(self.m, lib.ferry_op_stream_wait(self._op, int(stream)))
 

@@ -217,8 +217,6 @@ int64_t rs_reap_releases(ferry_store *s, bool wait)
     return dropped;
 }
 
-/* Queue the moves of tensors[0..n-1] and their groups; *out the op (its
- * tensors marked moving, the lock dropped during the transfers). */
 /* The transfers of a MOVING op, with the lock dropped: the moving tensors'
  * old copies (their file ranges, host copies, spill ranges) cannot go
  * meanwhile. Then QUEUED: others may land it. */
@@ -228,8 +226,8 @@ static void run_transfers(ferry_store *s, ferry_op *op)
     const bool *sel = op->sel;
     int64_t *idx = op->idx;
     uint64_t *dp = op->dp;
-    if (fy_xfer_bind(s->dev) < 0) op_fail(op, s, FERRY_E_INTERNAL); /* (the mover's thread) */
-    read_cached(op, s, m, idx, op->nc);
+    op_fail(op, s, fy_xfer_bind(s->dev)); /* (the mover's thread) */
+    if (op->rc == 0) read_cached(op, s, m, idx, op->nc);
     uint64_t cached_read = op->read;
     for (int k = 0; k < m->nfiles && op->rc == 0; k++) { /* SOURCE: file by file, through the loader */
         int64_t cnt = 0;
@@ -283,7 +281,6 @@ static void *mover_main(void *arg)
 static int mover_queue(ferry_store *s, ferry_op *op)
 {
     if (!s->mover_on) {
-        if (!s->mq_tail) s->mq_tail = &s->mq;
         if (pthread_create(&s->mover, NULL, mover_main, s) != 0) return -EAGAIN;
         s->mover_on = true;
     }
@@ -304,6 +301,9 @@ void rs_mover_stop(ferry_store *s)
     if (on) pthread_join(s->mover, NULL);
 }
 
+/* Queue the moves of tensors[0..n-1] and their groups; *out the op (its
+ * tensors marked moving). background: a move that reads files runs on the
+ * mover; else (and for copies from RAM alone) the transfers run here. */
 static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool background, ferry_op **out)
 {
     ferry_store *s = m->s;
@@ -445,11 +445,12 @@ FERRY_API int ferry_op_query(ferry_op *op)
     if (!op) return FERRY_E_INVAL;
     ferry_store *s = op->m->s;
     pthread_mutex_lock(&s->lock);
-    int rc = op->rc < 0                                            ? op->rc
-             : op->state == OP_LANDED                               ? 1
-             : op->state == OP_MOVING || op->state == OP_LANDING    ? 0
-             : op->xop                                              ? fy_xfer_op_query(op->xop)
-                                                                    : 1;
+    /* (the mover writes op->rc until the op leaves MOVING: look at the state first) */
+    int rc = op->state == OP_MOVING || op->state == OP_LANDING ? 0
+             : op->rc < 0                                       ? op->rc
+             : op->state == OP_LANDED                           ? 1
+             : op->xop                                          ? fy_xfer_op_query(op->xop)
+                                                                : 1;
     pthread_mutex_unlock(&s->lock);
     return rc;
 }

@@ -748,6 +748,39 @@ static void test_async_file_reads(ferry_ctx *ctx)
     close_run(&r);
 }
 
+
+/* The same move's reads failing on the mover while the owner polls it: the
+ * query says "not yet" until the op can report, then the error; the wait
+ * names the file; nothing is lost. (TSan: the mover's writes to the op.) */
+static void test_async_file_read_fails(ferry_ctx *ctx)
+{
+    run r;
+    if (!start(&r, ctx, "sim:64MiB", 64 << 20)) return;
+    ferry_plan p;
+    CHECK_EQ(plan(&r, 2, FIXED + 3 * block_bytes(), 0, &p), 0);
+    int k[1] = {-1};
+    streamed_blocks(&r, k, 1);
+    if (k[0] < 0) {
+        CHECK(0);
+        close_run(&r);
+        return;
+    }
+    CHECK_EQ(fy_sys_set("pread", (fy_sys_fn)eio_pread), 0);
+    atomic_store(&fail_reads, 1);
+    ferry_op *op = NULL;
+    CHECK_EQ(ferry_model_to_device_async(r.m, r.blk[k[0]], 2, &op), 0);
+    int q;
+    while ((q = ferry_op_query(op)) == 0) usleep(100);
+    CHECK(q < 0);
+    CHECK(ferry_op_wait(op) < 0);
+    CHECK_STR_HAS(ferry_model_errmsg(r.m), "dit.safetensors");
+    atomic_store(&fail_reads, 0);
+    fy_sys_reset();
+    CHECK_EQ(tstate(&r, r.blk[k[0]][0]).tier, FERRY_TIER_SOURCE);
+    CHECK_EQ(verify(&r), 0);
+    close_run(&r);
+}
+
 static ferry_ctx *ctx;
 #define CASES(CASE)                                        \
     CASE(plan, test_plan(ctx))                             \
@@ -761,7 +794,8 @@ static ferry_ctx *ctx;
     CASE(lane_fault, test_lane_fault(ctx))                 \
     CASE(stream_wait_while_landing, test_stream_wait_while_landing(ctx)) \
     CASE(dirty_changed_again, test_dirty_changed_again(ctx)) \
-    CASE(async_file_reads, test_async_file_reads(ctx))
+    CASE(async_file_reads, test_async_file_reads(ctx))     \
+    CASE(async_file_read_fails, test_async_file_read_fails(ctx))
 CHECK_CASES(CASES)
 
 int main(int argc, char **argv)
