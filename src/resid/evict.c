@@ -26,7 +26,7 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     bool need_avail = false;
     uint64_t dirty = 0;
     for (int64_t k = 0; k < n; k++)
-        if (ts[k]->dirty && !ts[k]->cached) need_avail = true, dirty += ts[k]->nbytes;
+        if (ts[k]->dirty) need_avail = true, dirty += ts[k]->nbytes;
     /* dirty bytes come before clean copies kept for speed: make them room */
     if (dirty && s->cache_used &&
         (h.host_used + dirty > h.host_budget || h.pinned_used + dirty > h.pinned_budget)) {
@@ -46,8 +46,7 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     }
     for (int64_t k = 0; k < n; k++) {
         rtensor *t = ts[k];
-        /* an empty tensor has nothing to save; a cached one's pinned copy is current */
-        if (!t->dirty || t->nbytes == 0 || t->cached) continue;
+        if (!t->dirty || t->nbytes == 0) continue; /* an empty tensor has nothing to save */
         fy_dest d = fy_policy_dest(&h, t->nbytes);
         void *p = NULL;
         if (d == FY_DEST_PINNED) {
@@ -133,13 +132,13 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
      * whole group stays on the device (its saved members' copies dropped). */
     int64_t nkeep = 0;
     for (int64_t k = 0; k < n; k++)
-        if (ts[k]->dirty && !ts[k]->cached && ts[k]->nbytes && ts[k]->tier == FERRY_TIER_DEVICE) nkeep++;
+        if (ts[k]->dirty && ts[k]->nbytes && ts[k]->tier == FERRY_TIER_DEVICE) nkeep++;
     if (nkeep) {
         for (int64_t k = 0; k < n; k++) {
             rtensor *t = ts[k];
             bool keep = false;
             for (int64_t q = 0; q < n && !keep; q++)
-                keep = ts[q]->dirty && !ts[q]->cached && ts[q]->nbytes && ts[q]->tier == FERRY_TIER_DEVICE &&
+                keep = ts[q]->dirty && ts[q]->nbytes && ts[q]->tier == FERRY_TIER_DEVICE &&
                        ts[q]->owner == t->owner && ts[q]->group == t->group;
             if (!keep) continue;
             if (t->tier != FERRY_TIER_DEVICE) { /* a saved member: undo the save */
@@ -158,7 +157,7 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
             t->keep = false;
             continue;
         }
-        if (!t->dirty || t->nbytes == 0 || t->cached) {
+        if (!t->dirty || t->nbytes == 0) {
             s->c.dropped++;
             /* an empty dirty tensor keeps its flag: nothing to lose; a cached
              * one's copy stays in the pinned pool */

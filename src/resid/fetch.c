@@ -42,8 +42,7 @@ typedef struct cache_read {
     int64_t nc;
     uint64_t *start;     /* start[k]: piece index where tensor ci[k] begins; start[nc] = total */
     atomic_ullong next;  /* the next piece */
-    atomic_int rc;
-    pthread_mutex_t mu;  /* the first failure's message */
+    atomic_int rc;       /* the first failure (its thread alone writes op->msg) */
 } cache_read;
 
 static void *cache_reader(void *arg)
@@ -63,11 +62,8 @@ static void *cache_reader(void *arg)
         uint64_t len = t->nbytes - off < CACHE_PIECE ? t->nbytes - off : CACHE_PIECE;
         int rc = ferry_file_tensor_read(c->m->files[t->file], t->idx, off, (uint8_t *)t->host + off, (size_t)len);
         int ok = 0;
-        if (rc < 0 && atomic_compare_exchange_strong(&c->rc, &ok, rc)) {
-            pthread_mutex_lock(&c->mu);
+        if (rc < 0 && atomic_compare_exchange_strong(&c->rc, &ok, rc))
             snprintf(c->op->msg, sizeof c->op->msg, "%s", ferry_file_errmsg(c->m->files[t->file]));
-            pthread_mutex_unlock(&c->mu);
-        }
     }
 }
 
@@ -89,7 +85,6 @@ static void read_cached(ferry_op *op, ferry_store *s, ferry_model *m, const int6
     }
     atomic_init(&c.next, 0);
     atomic_init(&c.rc, 0);
-    pthread_mutex_init(&c.mu, NULL);
     uint64_t pieces = c.start[nc];
     int nt = s->load.threads ? (int)s->load.threads : 4;
     if (nt > CACHE_THREADS_MAX) nt = CACHE_THREADS_MAX;
@@ -103,7 +98,6 @@ static void read_cached(ferry_op *op, ferry_store *s, ferry_model *m, const int6
     int rc = atomic_load(&c.rc);
     if (rc < 0) op->rc = rc;
     op->read += bytes;
-    pthread_mutex_destroy(&c.mu);
     fy_free(s->m, c.start);
 }
 
@@ -120,9 +114,7 @@ static void op_commit(ferry_store *s, ferry_op *op)
         if (op->rc < 0) {
             if (t->dptr) rs_dev_free(s, t);
             if (t->caching) { /* the cache copy it was filling goes (the tensor stays in SOURCE) */
-                rs_pool_free(s, t->host, t->nbytes);
-                s->cache_used -= t->nbytes;
-                t->host = NULL;
+                rs_cache_buffer_free(s, t);
                 t->caching = false;
             }
             continue;
@@ -130,14 +122,11 @@ static void op_commit(ferry_store *s, ferry_op *op)
         if (t->nbytes == 0) t->dptr = 0;
         /* (a dirty tensor's saved copy is not kept as a cache: the caller may
          * change it in place again without marking it, as ferry.h allows) */
-        if (t->caching && !t->streams) { /* a re-plan made it resident meanwhile: no copy beside it */
-            rs_pool_free(s, t->host, t->nbytes);
-            s->cache_used -= t->nbytes;
-            t->host = NULL;
+        if (t->caching) { /* its pinned copy stays beside the device copy, unless a re-plan
+                             made the block resident meanwhile */
             t->caching = false;
-        } else if (t->caching) { /* its pinned copy stays beside the device copy */
-            t->caching = false;
-            t->cached = true;
+            if (t->streams) t->cached = true;
+            else rs_cache_buffer_free(s, t);
         } else if (!t->cached) {
             rs_release_copy(s, t); /* the device copy is now the one */
         }

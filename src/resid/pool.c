@@ -82,13 +82,19 @@ void rs_pool_trim(ferry_store *s)
 
 /* ---- tensors' host copies ---- */
 
+void rs_cache_buffer_free(ferry_store *s, rtensor *t)
+{
+    rs_pool_free(s, t->host, t->nbytes);
+    s->cache_used -= t->nbytes;
+    t->host = NULL;
+}
+
 /* Drop whatever copy t has off the device (after it came back, or on removal). */
 void rs_release_copy(ferry_store *s, rtensor *t)
 {
     if (t->cached) { /* a pinned copy kept beside the device copy, or the tensor's copy in PINNED */
         t->cached = false;
-        s->cache_used -= t->nbytes;
-        rs_pool_free(s, t->host, t->nbytes);
+        rs_cache_buffer_free(s, t);
     } else if (t->tier == FERRY_TIER_PINNED) {
         rs_pool_free(s, t->host, t->nbytes);
     } else if (t->tier == FERRY_TIER_HOST) {

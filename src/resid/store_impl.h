@@ -188,6 +188,9 @@ void rs_pool_free(ferry_store *s, void *p, uint64_t n);
 void rs_pool_trim(ferry_store *s);
 /* Drop whatever copy t has off the device (after it came back, or on removal). */
 void rs_release_copy(ferry_store *s, rtensor *t);
+/* Give t's pinned cache buffer (cached, or being filled) back to the pool;
+ * the flags are the caller's to clear. */
+void rs_cache_buffer_free(ferry_store *s, rtensor *t);
 
 /* ---- blocks.c: the device block cache ---- */
 /* Give cached device blocks back to the driver until at least want bytes

@@ -249,10 +249,11 @@ void rs_uncache(ferry_store *s, rtensor *t)
 {
     if (!t->cached) return;
     t->cached = false;
-    s->cache_used -= t->nbytes;
-    if (t->dirty && t->tier != FERRY_TIER_DEVICE) return; /* its only copy: kept as a plain saved one */
-    rs_pool_free(s, t->host, t->nbytes);
-    t->host = NULL;
+    if (t->dirty && t->tier != FERRY_TIER_DEVICE) { /* its only copy: kept as a plain saved one */
+        s->cache_used -= t->nbytes;
+        return;
+    }
+    rs_cache_buffer_free(s, t);
     if (t->tier == FERRY_TIER_PINNED) t->tier = FERRY_TIER_SOURCE;
 }
 
