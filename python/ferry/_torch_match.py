@@ -105,15 +105,23 @@ def _assign(entries, new):
             m._buffers[name] = new
 
 
-def _repoint(entries, new):
+def _repoint(entries, new, keep=True):
     """Put new in place of the tensor every entry (key, module, attribute, is
     parameter, requires_grad) names: one Parameter for all the names of a tied
-    tensor, the one the module holds now where torch can swap its contents."""
+    tensor; with keep, the one the module holds now where torch can swap its
+    contents, else a new one (new itself when it is a Parameter: a streaming
+    model's views are Parameters cached per device address, which a swap
+    would change under the cache)."""
     param = None
     for key, m, name, is_param, requires_grad in entries:
         if is_param:
             if param is None:
-                param = _same_param(m._parameters.get(name), new, requires_grad)
+                if isinstance(new, torch.nn.Parameter):
+                    param = new
+                elif keep:
+                    param = _same_param(m._parameters.get(name), new, requires_grad)
+                else:
+                    param = torch.nn.Parameter(new, requires_grad=requires_grad)
             m._parameters[name] = param
         else:
             m._buffers[name] = new

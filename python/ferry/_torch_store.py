@@ -4,7 +4,6 @@ the store's device memory as it moves them, and their forward hooks; Job.
 """
 import contextlib
 import ctypes
-import inspect
 import os
 import threading
 
@@ -13,10 +12,9 @@ import torch
 from . import _core, _dlpack, _lib, _store, _torch_stream, errors
 from ._torch_load import _cuda_index, _empty, _frombuffer, _shape_view, _torch_device, dtype_for
 from ._torch_match import _attach_plan, _repoint
+from ._torch_stream import _HOOK_ALWAYS_CALL  # noqa: F401 - the tests read it here
 
 _UINT64_MAX = (1 << 64) - 1
-_HOOK_ALWAYS_CALL = "always_call" in inspect.signature(torch.nn.Module.register_forward_hook).parameters
-_torch_stream._HOOK_ALWAYS_CALL = _HOOK_ALWAYS_CALL
 
 
 def _store_device(device):
@@ -270,7 +268,7 @@ class Store:
                     new = self._view(core, now[1], info, dt)
                 else:
                     new = self._placeholder(info, dt)
-                (_repoint if a.streamer is None else _torch_stream.assign)(entries, new)
+                _repoint(entries, new, keep=a.streamer is None)
                 a.shown[idx] = now
 
     # ---- models ----
@@ -407,10 +405,7 @@ class Store:
                 self._leave(name, hook=True)
 
         a.hooks.append(a.module.register_forward_pre_hook(pre))
-        if _HOOK_ALWAYS_CALL:  # torch 2.1+: run even when forward raises
-            a.hooks.append(a.module.register_forward_hook(post, always_call=True))
-        else:
-            a.hooks.append(a.module.register_forward_hook(post))
+        a.hooks.append(_torch_stream.register_post(a.module, post))
 
     def _enter(self, name, hook=False):
         """to_device (which also marks the model used now) and pin it all."""
@@ -613,13 +608,13 @@ class Store:
             return
         for h in a.hooks:
             h.remove()
-        rp = _repoint if a.streamer is None else _torch_stream.assign
+        keep = a.streamer is None
         if a.streamer is not None:
             a.streamer.close()
             a.streamer = None
         for idx, info, dt, entries in a.plan:
             if a.shown.get(idx, (None,))[0] == _lib.TIER_DEVICE:
-                rp(entries, self._placeholder(info, dt))
+                _repoint(entries, self._placeholder(info, dt), keep=keep)
         try:
             del a.module._ferry_store_model
         except AttributeError:

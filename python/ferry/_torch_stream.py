@@ -21,13 +21,16 @@ streamed rest. Hooks then run each step:
 The first step records the order the blocks really run in and the peak of
 PyTorch's own allocations; the plan is then made again with them.
 """
+import inspect
 import time
 
 import torch
 
 from . import _lib, errors
+from ._torch_match import _repoint
 
-_HOOK_ALWAYS_CALL = None  # set by _torch_store (torch 2.1+: hooks that run when forward raises)
+# torch 2.1+: forward hooks that run even when forward raises
+_HOOK_ALWAYS_CALL = "always_call" in inspect.signature(torch.nn.Module.register_forward_hook).parameters
 
 DEFAULT_PREFETCH = 2
 _MARGIN = 512 << 20  # device bytes kept free beside PyTorch's measured peak
@@ -83,13 +86,11 @@ def find_blocks(module, spec):
 
 
 class _Block:
-    __slots__ = ("name", "module", "idx", "leader", "hooks", "n", "bytes")
+    __slots__ = ("name", "module", "idx", "leader")
 
-    def __init__(self, name, module, idx, nbytes):
-        self.name, self.module, self.idx, self.bytes = name, module, idx, nbytes
+    def __init__(self, name, module, idx):
+        self.name, self.module, self.idx = name, module, idx
         self.leader = idx[0]
-        self.hooks = []
-        self.n = 0  # its number in the module order
 
 
 class Streamer:
@@ -108,16 +109,14 @@ class Streamer:
                 by_key[key] = idx
         blocks = []
         in_block = set()
-        for k, (bname, bmod) in enumerate(find_blocks(module, spec)):
+        for bname, bmod in find_blocks(module, spec):
             pre = bname + "."
             idx = sorted({i for key, i in by_key.items() if key.startswith(pre)})
             idx = [i for i in idx if i not in in_block]
             if not idx:
                 continue  # a block without weights of its own: nothing to stream
             in_block.update(idx)
-            b = _Block(bname, bmod, idx, sum(self.m.infos[i].nbytes for i in idx))
-            b.n = len(blocks)
-            blocks.append(b)
+            blocks.append(_Block(bname, bmod, idx))
         if not blocks:
             raise ValueError(f"model \"{name}\": none of the blocks found holds a tensor of the checkpoint")
         self.blocks = blocks
@@ -222,11 +221,7 @@ class Streamer:
                 grads = [e[4] for e in entries if e[3]]
                 new = torch.nn.Parameter(view, requires_grad=grads[0]) if grads else view
                 self.params[key] = new
-            for _, mod, attr, is_param, _ in entries:
-                if is_param:
-                    mod._parameters[attr] = new
-                else:
-                    mod._buffers[attr] = new
+            _repoint(entries, new, keep=False)
             self.a.shown[i] = (_lib.TIER_DEVICE, st.dptr)
 
     # ---- hooks ----
@@ -376,11 +371,10 @@ class Streamer:
 
         a = self.a
         a.hooks.append(a.module.register_forward_pre_hook(pre))
-        a.hooks.append(_register_post(a.module, post))
+        a.hooks.append(register_post(a.module, post))
         for b in self.blocks:
-            b.hooks.append(b.module.register_forward_pre_hook(lambda mod, args, b=b: self.block_begin(b)))
-            b.hooks.append(_register_post(b.module, lambda mod, args, out, b=b: self.block_end(b)))
-            a.hooks.extend(b.hooks)
+            a.hooks.append(b.module.register_forward_pre_hook(lambda mod, args, b=b: self.block_begin(b)))
+            a.hooks.append(register_post(b.module, lambda mod, args, out, b=b: self.block_end(b)))
 
     def stats(self):
         steady = self.step_htod[1:] or self.step_htod
@@ -401,23 +395,8 @@ class Streamer:
         }
 
 
-def assign(entries, new):
-    """Put new in place of the tensor every entry names, as a new Parameter
-    where it is one: never by swapping the contents of the Parameter the
-    module holds (torch.utils.swap_tensors, which the Store uses elsewhere),
-    since a streaming model's Parameters are views cached per device address
-    and reused when a block lands there again."""
-    param = None
-    for _, mod, attr, is_param, requires_grad in entries:
-        if is_param:
-            if param is None:
-                param = new if isinstance(new, torch.nn.Parameter) else torch.nn.Parameter(new, requires_grad)
-            mod._parameters[attr] = param
-        else:
-            mod._buffers[attr] = new
-
-
-def _register_post(module, fn):
+def register_post(module, fn):
+    """module.register_forward_hook(fn), run even when forward raises where torch can."""
     if _HOOK_ALWAYS_CALL:
         return module.register_forward_hook(fn, always_call=True)
     return module.register_forward_hook(fn)

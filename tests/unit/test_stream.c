@@ -592,11 +592,21 @@ static void test_threads(ferry_ctx *ctx)
 
 /* ---- regressions found in review ---- */
 
-/* The first n blocks the plan streams (their moves go through the lane). */
-static void streamed_blocks(run *r, int *k, int n)
+/* start() with the plan the cases below share (window 2, one block
+ * resident) and k[0..n-1] = the first n blocks it streams (their moves go
+ * through the lane); false, and the case failed, when there are not n. */
+static bool start_streaming(run *r, ferry_ctx *ctx, const char *spec, int *k, int n)
 {
-    for (int b = 0, got = 0; b < NB && got < n; b++)
+    if (!start(r, ctx, spec, 64 << 20)) return false;
+    ferry_plan p;
+    CHECK_EQ(plan(r, 2, FIXED + 3 * block_bytes(), 0, &p), 0);
+    int got = 0;
+    for (int b = 0; b < NB && got < n; b++)
         if (ferry_model_block_streams(r->m, b) == 1) k[got++] = b;
+    if (got == n) return true;
+    CHECK(0);
+    close_run(r);
+    return false;
 }
 
 /* A queued move whose second copy fails while the lane is still busy with an
@@ -605,15 +615,8 @@ static void streamed_blocks(run *r, int *k, int n)
 static void test_lane_fault(ferry_ctx *ctx)
 {
     run r;
-    if (open_run(&r, ctx, "sim:64MiB,0.05GB/s", 64 << 20, 64 << 20, 32 << 20)) { /* 1 MiB: 20 ms */
-        CHECK(0);
-        close_run(&r);
-        return;
-    }
-    ferry_plan p;
-    CHECK_EQ(plan(&r, 2, FIXED + 3 * block_bytes(), 0, &p), 0);
-    int k[2] = {0, 1};
-    streamed_blocks(&r, k, 2);
+    int k[2];
+    if (!start_streaming(&r, ctx, "sim:64MiB,0.05GB/s", k, 2)) return; /* 1 MiB: 20 ms */
     ferry_op *a = NULL, *b = NULL;
     /* block k0 in pinned RAM first, so its move is DMA only: queued in the call */
     CHECK_EQ(ferry_model_to_device(r.m, r.blk[k[0]], 2), 0);
@@ -653,11 +656,8 @@ static void *land_by_reading(void *a)
 static void test_stream_wait_while_landing(ferry_ctx *ctx)
 {
     run r;
-    if (!start(&r, ctx, "sim:64MiB,0.05GB/s", 64 << 20)) return;
-    ferry_plan p;
-    CHECK_EQ(plan(&r, 2, FIXED + 3 * block_bytes(), 0, &p), 0);
-    int k[2] = {0, 1};
-    streamed_blocks(&r, k, 2);
+    int k[2];
+    if (!start_streaming(&r, ctx, "sim:64MiB,0.05GB/s", k, 2)) return;
     ferry_op *a = NULL, *b = NULL;
     CHECK_EQ(ferry_model_to_device_async(r.m, r.blk[k[0]], 2, &a), 0); /* 20 ms ahead on the lane */
     CHECK_EQ(ferry_model_to_device_async(r.m, r.blk[k[1]], 2, &b), 0);
@@ -683,11 +683,9 @@ static void test_stream_wait_while_landing(ferry_ctx *ctx)
 static void test_dirty_changed_again(ferry_ctx *ctx)
 {
     run r;
-    if (!start(&r, ctx, "sim:64MiB", 64 << 20)) return;
-    ferry_plan p;
-    CHECK_EQ(plan(&r, 2, FIXED + 3 * block_bytes(), 0, &p), 0);
-    CHECK_EQ(ferry_model_block_streams(r.m, 1), 1);
-    int64_t t = r.blk[1][0];
+    int k[1];
+    if (!start_streaming(&r, ctx, "sim:64MiB", k, 1)) return;
+    int64_t t = r.blk[k[0]][0];
     uint8_t *b = malloc(WB);
     CHECK_EQ(ferry_model_to_device(r.m, &t, 1), 0);
     CHECK_EQ(ferry_model_read(r.m, t, b), 0);
@@ -700,7 +698,7 @@ static void test_dirty_changed_again(ferry_ctx *ctx)
     CHECK_EQ(r.g->ops->copy_htod(r.g, st.dptr, b, WB, r.compute), 0);
     CHECK_EQ(r.g->ops->stream_sync(r.g, r.compute), 0);
     CHECK_EQ(ferry_model_evict(r.m, &t, 1), 0);
-    r.dirty_x[1 + 2 * 1] = 0x11 ^ 0x22;
+    r.dirty_x[1 + 2 * k[0]] = 0x11 ^ 0x22;
     CHECK_EQ(verify(&r), 0);
     free(b);
     close_run(&r);
@@ -722,16 +720,8 @@ static ssize_t gated_pread(int fd, void *buf, size_t n, off_t off)
 static void test_async_file_reads(ferry_ctx *ctx)
 {
     run r;
-    if (!start(&r, ctx, "sim:64MiB", 64 << 20)) return;
-    ferry_plan p;
-    CHECK_EQ(plan(&r, 2, FIXED + 3 * block_bytes(), 0, &p), 0);
-    int k[1] = {-1};
-    streamed_blocks(&r, k, 1);
-    if (k[0] < 0) {
-        CHECK(0);
-        close_run(&r);
-        return;
-    }
+    int k[1];
+    if (!start_streaming(&r, ctx, "sim:64MiB", k, 1)) return;
     atomic_store(&gate_open, 0);
     atomic_store(&reads_done, 0);
     CHECK_EQ(fy_sys_set("pread", (fy_sys_fn)gated_pread), 0);
@@ -755,16 +745,8 @@ static void test_async_file_reads(ferry_ctx *ctx)
 static void test_async_file_read_fails(ferry_ctx *ctx)
 {
     run r;
-    if (!start(&r, ctx, "sim:64MiB", 64 << 20)) return;
-    ferry_plan p;
-    CHECK_EQ(plan(&r, 2, FIXED + 3 * block_bytes(), 0, &p), 0);
-    int k[1] = {-1};
-    streamed_blocks(&r, k, 1);
-    if (k[0] < 0) {
-        CHECK(0);
-        close_run(&r);
-        return;
-    }
+    int k[1];
+    if (!start_streaming(&r, ctx, "sim:64MiB", k, 1)) return;
     CHECK_EQ(fy_sys_set("pread", (fy_sys_fn)eio_pread), 0);
     atomic_store(&fail_reads, 1);
     ferry_op *op = NULL;
