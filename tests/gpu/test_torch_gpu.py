@@ -34,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -42,21 +41,9 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "data"))
 
 import torch  # noqa: E402
 
+from gpucheck import check, results  # noqa: E402 (tests/gpu/gpucheck.py, beside this script)
+
 nn = torch.nn
-results = {"passed": 0, "failed": 0}
-
-
-def check(name, fn, *args):
-    t0 = time.perf_counter()
-    try:
-        fn(*args)
-    except Exception:  # noqa: BLE001 - report every failure, keep going
-        results["failed"] += 1
-        print(f"FAIL {name}\n" + "".join("    " + ln for ln in traceback.format_exc().splitlines(True)))
-    else:
-        results["passed"] += 1
-        print(f"PASS {name} ({time.perf_counter() - t0:.2f} s)")
-    sys.stdout.flush()
 
 
 def same(a, b, what=""):
