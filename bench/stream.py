@@ -698,6 +698,76 @@ def pin_in_place(torch, t):
     return nb
 
 
+def _union(iv):
+    """Total length of the union of intervals [(start, end)], and the merged list."""
+    merged = []
+    for a, b in sorted(iv):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return sum(b - a for a, b in merged), merged
+
+
+def timeline_summary(prof):
+    """What the GPU did in one profiled step (torch.profiler's CUDA activity:
+    every kernel and copy of the process, ferry's own copies included): the
+    host-to-device copies' busy time, count, bytes and rate while busy, the
+    kernels' busy time, how much of the copies overlapped kernels, and the
+    copy engine's idle gaps (the largest, with how long kernels ran in them)."""
+    import tempfile
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        tp = f.name
+    try:
+        prof.export_chrome_trace(tp)
+        with open(tp) as f:
+            ev = json.load(f).get("traceEvents", [])
+    finally:
+        os.unlink(tp)
+    cp, kn, nbytes = [], [], 0
+    for e in ev:
+        if e.get("ph") != "X" or "dur" not in e:
+            continue
+        cat, name = e.get("cat", ""), e.get("name", "")
+        iv = (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        if cat == "gpu_memcpy" and "HtoD" in name:
+            cp.append(iv)
+            nbytes += int((e.get("args") or {}).get("bytes", 0) or 0)
+        elif cat == "kernel":
+            kn.append(iv)
+    if not cp and not kn:
+        return {"error": "the profiler recorded no GPU activity"}
+    t0 = min(a for a, _ in cp + kn)
+    t1 = max(b for _, b in cp + kn)
+    cbusy, cm = _union(cp)
+    kbusy, km = _union(kn)
+    both = 0.0  # copy time with a kernel running
+    j = 0
+    for a, b in cm:
+        while j < len(km) and km[j][1] <= a:
+            j += 1
+        q = j
+        while q < len(km) and km[q][0] < b:
+            both += min(b, km[q][1]) - max(a, km[q][0])
+            q += 1
+    gaps = [(cm[i][1], cm[i + 1][0]) for i in range(len(cm) - 1)]
+    if cm:
+        gaps = [(t0, cm[0][0])] + gaps + [(cm[-1][1], t1)]
+    gaps = [(a, b) for a, b in gaps if b - a > 20]  # > 20 us
+
+    def kernel_in(a, b):
+        return sum(max(0.0, min(b, y) - max(a, x)) for x, y in km if x < b and y > a)
+
+    big = sorted(gaps, key=lambda g: g[0] - g[1])[:8]
+    return {"span_s": (t1 - t0) / 1e6, "copies": len(cp), "copy_bytes": nbytes,
+            "copy_busy_s": cbusy / 1e6, "copy_gbps_busy": nbytes / cbusy / 1e3 if cbusy else None,
+            "kernels": len(kn), "kernel_busy_s": kbusy / 1e6, "copy_with_kernel_s": both / 1e6,
+            "copy_idle_s": (t1 - t0 - cbusy) / 1e6, "copy_gaps_over_20us": len(gaps),
+            "copy_gap_s": sum(b - a for a, b in gaps) / 1e6,
+            "largest_gaps": [{"at_s": (a - t0) / 1e6, "s": (b - a) / 1e6, "kernel_s": kernel_in(a, b) / 1e6}
+                             for a, b in big]}
+
+
 def child_main(spec):
     """--child SPEC: load the model one way, run the steps, print one RESULT line."""
     rep = {"config": spec["config"], "method": spec["method"], "ok": False, "runs": []}
@@ -831,6 +901,9 @@ def _child_run(spec, rep):
             x = inp["x0"].clone()
             fr = extra.get("ferry")
             hs0 = fr.htod_seconds() if fr else None
+            if fr:
+                run["device_allocs"] = []
+                da0 = fr.stats().get("device_allocs")  # None before the library counted them
             if cuda:
                 torch.cuda.reset_peak_memory_stats(dev)
                 meter.run_peak = meter.used() - meter.base
@@ -838,12 +911,23 @@ def _child_run(spec, rep):
                 t = 1.0 - k / nsched
                 sync()
                 b0 = htod()
+                prof = None
+                if cuda and spec.get("profile_step") == k:  # a diagnostic step: its timing is perturbed
+                    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+                    prof.__enter__()
                 s0 = time.perf_counter()
                 out = forward(kind, model, inp, x, t)
                 sync()
                 run["step_seconds"].append(time.perf_counter() - s0)
+                if prof is not None:
+                    prof.__exit__(None, None, None)
+                    run["timeline"] = timeline_summary(prof)
                 b1 = htod()
                 run["htod_bytes"].append(None if b0 is None or b1 is None else b1 - b0)
+                if fr:  # the store's driver calls for device memory this step (0 when steady)
+                    da = fr.stats().get("device_allocs")
+                    run["device_allocs"].append(None if da is None or da0 is None else da - da0)
+                    da0 = da
                 meter.sample()
                 run["hashes"].append(out_hash(out))
                 if run["finite"] and not bool(torch.isfinite(out).all()):
@@ -860,7 +944,7 @@ def _child_run(spec, rep):
                 run["ferry_htod_seconds"] = fr.htod_seconds() - hs0
             meter.sample(uss=True)
             run["first_seconds"] = run["step_seconds"][0]
-            rest = run["step_seconds"][1:]
+            rest = [s for k, s in enumerate(run["step_seconds"]) if k > 0 and k != spec.get("profile_step")]
             run["steady_seconds"] = statistics.mean(rest) if rest else None
             hb = [b for b in run["htod_bytes"][1:] if b is not None]
             run["htod_bytes_steady"] = statistics.mean(hb) if hb else None
@@ -918,8 +1002,9 @@ class Bench:
     def child(self, flag, spec, timeout):
         cmd = [self.a.python, os.path.abspath(__file__), flag, json.dumps(spec)]
         env = dict(os.environ)
-        if self.a.ferry_lib:
-            env["FERRY_LIBRARY"] = os.path.abspath(self.a.ferry_lib)
+        lib = spec.get("lib") or self.a.ferry_lib
+        if lib:
+            env["FERRY_LIBRARY"] = os.path.abspath(lib)
         rc, out, err, wall, to = run_process(cmd, timeout, env=env)
         rep = None
         for line in reversed((out or "").splitlines()):
@@ -936,6 +1021,8 @@ class Bench:
         cs = [("resident", "resident", None)]
         fr = [parse_budget(b) for b in self.a.budgets.split(",") if b.strip()]
         cs += [(f"ferry:{round(f * 100)}", "ferry", f) for f in fr]
+        if self.a.ferry_lib_b:  # a second build of ferry beside the first (an A/B of a change)
+            cs += [(f"ferry_b:{round(f * 100)}", "ferry", f) for f in fr]
         cs += [("group_offload", "group_offload", None), ("group_offload_rs", "group_offload_rs", None),
                ("cpu_offload", "cpu_offload", None)]
         cs += [(f"comfy_aimdo:{round(f * 100)}", "comfy_aimdo", f) for f in fr]
@@ -1073,7 +1160,10 @@ class Bench:
         spec = {"config": name, "method": method, "device": a.device, "model": a.model, "cfg": self.cfg,
                 "path": self.path, "seed": a.seed, "steps": steps, "schedule_steps": a.steps, "text_tokens": a.text_tokens,
                 "image_tokens": self.image_tokens, "mem_poll_ms": a.mem_poll_ms,
-                "ferry_prefetch": a.ferry_prefetch, "ferry_reserve": a.ferry_reserve}
+                "ferry_prefetch": a.ferry_prefetch, "ferry_reserve": a.ferry_reserve,
+                "profile_step": a.profile_step}
+        if name.startswith("ferry_b:"):
+            spec["lib"] = a.ferry_lib_b
         if frac is not None:
             spec.update(budget_fraction=frac, budget_bytes=int(math.ceil(frac * self.weight_bytes)))
             r["budget_bytes"] = spec["budget_bytes"]
@@ -1284,6 +1374,9 @@ def main():
     ap.add_argument("--only", help="comma-separated configs or methods (resident always runs)")
     ap.add_argument("--skip", help="comma-separated configs or methods to leave out")
     ap.add_argument("--ferry-lib", help="libferry.so to use (sets FERRY_LIBRARY for the children)")
+    ap.add_argument("--profile-step", type=int, help="profile step K (0-based) of each run with torch.profiler "
+                    "and report the GPU's copy/compute timeline (that step's time is perturbed)")
+    ap.add_argument("--ferry-lib-b", help="a second libferry.so: its runs are the configs ferry_b:P, beside ferry:P")
     ap.add_argument("--ferry-prefetch", type=int, help="Store.add(prefetch=N)")
     ap.add_argument("--ferry-reserve", help="Store.add(reserve=...)")
     ap.add_argument("--mem-poll-ms", type=float, default=0,

@@ -717,10 +717,13 @@ typedef struct ferry_store_stats {
     uint64_t evicted;         /* tensors that left the device */
     uint64_t dropped;         /* of which clean (nothing written) */
     int64_t models, tensors;
-    uint64_t device_cached;   /* device blocks kept for reuse (given back by make_room) */
+    uint64_t device_cached;   /* free device memory the store holds for reuse: the free pieces of
+                                 its segments (make_room gives whole free segments back) */
     uint64_t pinned_pool_bytes; /* page-locked host RAM the store holds for dirty tensors
                                    (pinned once, reused; make_room unpins what is unused) */
     uint64_t pinned_cache_bytes; /* of the pool, clean copies of streamed blocks */
+    uint64_t device_allocs, device_frees; /* driver calls the store made for device memory
+                                             (a steady streamed pass should make none) */
 } ferry_store_stats;
 FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out);
 /* The spill file's directory once the first spill made the file, else NULL.

@@ -349,6 +349,8 @@ class StoreStats(Struct):
         ("device_cached", ctypes.c_uint64),
         ("pinned_pool_bytes", ctypes.c_uint64),
         ("pinned_cache_bytes", ctypes.c_uint64),
+        ("device_allocs", ctypes.c_uint64),
+        ("device_frees", ctypes.c_uint64),
     ]
 
 

@@ -194,6 +194,12 @@ static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, c
 
 int64_t rs_make_room_locked(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, uint64_t *could)
 {
+    return rs_make_room_ex(s, bytes, pm, prot, could, false);
+}
+
+int64_t rs_make_room_ex(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, uint64_t *could,
+                        bool spared_only)
+{
     rs_reap_releases(s, false); /* holds whose kernels are done go first */
     /* a planned model's own resident set is spared while its streamed blocks
      * (and everything else) can make the room, even if that means waiting for
@@ -209,7 +215,8 @@ int64_t rs_make_room_locked(ferry_store *s, uint64_t bytes, ferry_model *pm, con
         int64_t more = make_room_once(s, bytes, pm, prot, spare, could);
         rc = all && rc >= 0 && more >= 0 ? rc + more : more;
     }
-    if (rc == FERRY_E_BUDGET && spare) rc = make_room_once(s, bytes, pm, prot, false, could); /* the budget shrank */
+    if (rc == FERRY_E_BUDGET && spare && !spared_only)
+        rc = make_room_once(s, bytes, pm, prot, false, could); /* the budget shrank */
     return rc;
 }
 
@@ -299,9 +306,10 @@ static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, c
                 for (int64_t j = 0; j < m->n; j++)
                     if (m->t[j].group == gid[out[q]] && m->t[j].tier == FERRY_TIER_DEVICE) ts[nt++] = &m->t[j];
             }
-            uint64_t before = s->device_used;
             int erc = rs_evict_tensors(s, ts, nt);
-            uint64_t got = before - s->device_used;
+            uint64_t got = 0; /* tensor bytes evicted (the API's unit; each freed its dsize) */
+            for (int64_t q = 0; q < nt; q++)
+                if (ts[q]->tier != FERRY_TIER_DEVICE) got += ts[q]->nbytes;
             fy_free(s->m, ts);
             rc = erc < 0 ? erc : (int64_t)got;
         }

@@ -333,7 +333,18 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
     for (int64_t i = 0; i < m->n && rc == 0; i++) {
         rtensor *t = &m->t[i];
         if (!sel[i] || t->tier == FERRY_TIER_DEVICE || t->nbytes == 0) continue;
-        rc = rs_dev_alloc(s, t);
+        rc = rs_dev_alloc(s, t, true);
+        while (rc == RS_FRAGMENTED) {
+            /* t fits in no free piece and a new segment would take the store
+             * more than 1/16 past its budget: evict more (never the plan's
+             * resident set: that would stream it next pass, and again), so
+             * that pieces merge or whole segments come free; when nothing
+             * more can go, take the segment anyway (a move that fits by bytes
+             * does not fail) */
+            uint64_t room = s->o.device_budget > s->device_used ? s->o.device_budget - s->device_used : 0;
+            int64_t more = rs_make_room_ex(s, room + rs_dev_size(t->nbytes), m, sel, NULL, true);
+            rc = rs_dev_alloc(s, t, more > 0);
+        }
     }
     if (rc < 0) {
         rs_device_failed(s, m, rc);

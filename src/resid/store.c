@@ -97,8 +97,7 @@ FERRY_API void ferry_store_free(ferry_store *s)
     rs_mover_stop(s); /* every queued move landed above, so its queue is empty */
     for (int i = 0; i < s->nmodels; i++) rs_model_free(s->models[i]);
     fy_free(s->m, s->models);
-    rs_cache_release(s, UINT64_MAX);
-    fy_free(s->m, s->cache);
+    rs_dev_release_all(s);
     for (int c = 0; c < s->nchunks; c++) {
         fy_xfer_pinned_free(s->dev, s->chunks[c].base);
         fy_ranges_free(&s->chunks[c].fr, s->m);

@@ -26,7 +26,7 @@ typedef struct rtensor {
     int holds;
     int64_t group;
     fy_dptr dptr;   /* DEVICE */
-    uint64_t dsize; /* the device block's size (a reused block may be larger) */
+    uint64_t dsize; /* its device memory's size (nbytes rounded up to 512; device_used counts nbytes) */
     void *host;     /* PINNED / HOST */
     uint64_t soff;  /* SPILL: offset in the spill file */
     bool keep;      /* evict_tensors: stays on the device with its group */
@@ -75,8 +75,18 @@ typedef struct pchunk {
     fy_ranges fr;
 } pchunk;
 
+/* a device segment: one driver allocation, carved into tensors (blocks.c) */
+typedef struct dseg {
+    uint64_t base, size, used; /* used: bytes carved out now */
+    int64_t nlive;             /* tensors carved out now */
+    bool small;                /* serves requests under 1 MiB only */
+    bool streams;              /* holds streamed tensors (else others) while it holds any */
+    fy_ranges fr;              /* its free space */
+} dseg;
+
 typedef struct counters {
     uint64_t htod, dtoh, written, read, evicted, dropped;
+    uint64_t dev_allocs, dev_frees; /* driver calls for device memory */
     double s_htod, s_dtoh;
 } counters;
 
@@ -98,12 +108,13 @@ struct ferry_store {
     uint64_t pool_bytes;
     fy_spill *spill;
     bool spilling;
-    /* device blocks of evicted tensors, kept for reuse (no driver call, and
-     * memory the copy engine has written before: bench_alloc) until
-     * ferry_store_make_room gives them back */
-    fy_range *cache; /* off = device address, len = size */
-    int ncache, cap_cache;
-    uint64_t cached;
+    /* device memory: segments from the driver, carved into tensors and kept
+     * when they leave, for reuse (no driver call, and memory the copy engine
+     * has written before: bench_alloc) until ferry_store_make_room gives the
+     * free ones back (blocks.c) */
+    dseg *segs; /* sorted by base */
+    int nsegs, cap_segs;
+    uint64_t cached; /* free bytes inside segments */
     uint64_t cache_used; /* of pinned_used: clean copies of streamed blocks */
     counters c;
     /* the open job */
@@ -192,14 +203,24 @@ void rs_release_copy(ferry_store *s, rtensor *t);
  * the flags are the caller's to clear. */
 void rs_cache_buffer_free(ferry_store *s, rtensor *t);
 
-/* ---- blocks.c: the device block cache ---- */
-/* Give cached device blocks back to the driver until at least want bytes
- * were returned (UINT64_MAX: all). */
+/* ---- blocks.c: the store's device memory ---- */
+/* Give whole free segments back to the driver until at least want bytes were
+ * returned (UINT64_MAX: all). */
 uint64_t rs_cache_release(ferry_store *s, uint64_t want);
-/* A device block for t: a cached one that fits, else a new one. */
-int rs_dev_alloc(ferry_store *s, rtensor *t);
-/* t's block goes to the cache (or back to the driver). */
+/* The device bytes a tensor of n bytes takes: n rounded up to 512 (every
+ * tensor's start is that aligned; cuMemAlloc gives 256). */
+static inline uint64_t rs_dev_size(uint64_t n) { return (n + 511) / 512 * 512; }
+/* rs_dev_alloc's answer when strict and t fits nowhere in the free space
+ * while a new segment would take the store more than 1/16 past its budget. */
+#define RS_FRAGMENTED 1
+/* Device memory for t (t->dptr, t->dsize): carved from the store's free
+ * space, else from a new segment (strict: RS_FRAGMENTED rather than a new
+ * segment past the budget). 0 or a negative code (message in s->err). */
+int rs_dev_alloc(ferry_store *s, rtensor *t, bool strict);
+/* t's device memory goes back to the store's free space. */
 void rs_dev_free(ferry_store *s, rtensor *t);
+/* Every segment back to the driver (the store is going). */
+void rs_dev_release_all(ferry_store *s);
 
 /* ---- model.c: models and groups ---- */
 void rs_model_free(ferry_model *m);
@@ -215,6 +236,9 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n);
 /* Free bytes on the device, evicting by policy, protecting prot[] of pm.
  * Bytes freed, or FERRY_E_BUDGET with *could = what could be made. */
 int64_t rs_make_room_locked(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, uint64_t *could);
+/* The same; spared_only: pm's resident set (its plan's) is never taken. */
+int64_t rs_make_room_ex(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, uint64_t *could,
+                        bool spared_only);
 /* Evict down to the device budget (after it shrank): 0 or FERRY_E_BUDGET. */
 int rs_fit_budget(ferry_store *s);
 
