@@ -259,6 +259,13 @@ class Streamer:
             self.in_step = True
             if self.steps == 0:
                 self.recording = []
+            elif not self.active:
+                # no block runs yet, so the window has room for one more than
+                # the prefetch: queue it now (the prefetches the last step made
+                # have landed while the step ended: the copy engine would
+                # otherwise idle until the first streamed block has run; on
+                # the H200 that was 15-20 ms of each step)
+                self._prefetch(len(self.order) - 1, self.prefetch + 1)
 
     def step_end(self):
         with self.store._lock:
@@ -312,15 +319,19 @@ class Streamer:
                 return  # the blocks run in another order than listed: no guessing until it is known
             self._prefetch(self.pos[b])
 
-    def _prefetch(self, k):
+    def _prefetch(self, k, limit=None):
         """Queue the next blocks after position k of the pass (cyclically)
-        until `prefetch` of them that stream are in flight: resident blocks
-        need no copy, so counting them would leave the copy engine idle where
-        several come in a row."""
+        until `prefetch` (or limit) of them that stream are in flight:
+        resident blocks need no copy, so counting them would leave the copy
+        engine idle where several come in a row."""
         n = len(self.order)
+        # (the step's start passes k = n - 1 and a limit: every block of the
+        # pass, from the first; after block k, every other one)
+        span = n if limit is None else n + 1
+        limit = self.prefetch if limit is None else limit
         flying = sum(1 for b in self.ops if b in self.streamed)
-        for j in range(1, n):
-            if flying >= self.prefetch:
+        for j in range(1, span):
+            if flying >= limit:
                 break
             nb = self.order[(k + j) % n]
             if nb in self.streamed:
