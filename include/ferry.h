@@ -641,8 +641,11 @@ FERRY_API int ferry_model_block_streams(ferry_model *m, int64_t k);
  * activations need room, or room came back): models planned against the
  * store's budget are re-planned, and when the store now holds more than the
  * budget the excess is evicted at once by the order above (nothing dirty is
- * lost). The new budget stands even when that eviction fails (held tensors:
- * FERRY_E_BUDGET; the rest leaves as soon as it can). */
+ * lost), and then more, until the device memory the store holds (its
+ * tensors and the free pieces of its segments) is at most 1/16 past the
+ * budget or nothing more can go. The new budget stands even when that
+ * eviction fails (held tensors: FERRY_E_BUDGET; the rest leaves as soon as
+ * it can). */
 FERRY_API int ferry_store_set_device_budget(ferry_store *s, uint64_t bytes);
 
 /* Take tensors[0..n-1] (NULL: all) and their groups off the device: clean
@@ -690,9 +693,11 @@ FERRY_API int ferry_model_write(ferry_model *m, int64_t t, const void *buf);
  * evicted (0 when there was room; more than the shortfall when whole groups
  * overshoot). bytes = UINT64_MAX evicts everything evictable. When it is not
  * possible: FERRY_E_BUDGET, nothing evicted, and *could (may be NULL) = the
- * most that could be made free. On success the device blocks the store kept
- * for reuse are given back to the driver, so the room is real; make_room(0)
- * only gives those back. (Evictions by ferry_model_evict and by
+ * most that could be made free. On success the store's whole free segments
+ * are given back to the driver and, where the free pieces of segments that
+ * still hold tensors leave the device short of bytes, more tensors are
+ * evicted until it has them or nothing more can go, so the room is real;
+ * make_room(0) only gives the free segments back. (Evictions by ferry_model_evict and by
  * ferry_model_to_device keep the blocks for the store's own reuse.) Spill-file
  * ranges freed when tensors came back stay allocated for the next spill until
  * then, or until the next spill, which punches out what it did not reuse. The

@@ -334,9 +334,8 @@ class Streamer:
             if flying >= limit:
                 break
             nb = self.order[(k + j) % n]
-            if nb in self.streamed:
-                if nb not in self.ops:
-                    self._queue(nb)
+            if nb in self.streamed and nb not in self.ops:  # (those queued are counted already)
+                self._queue(nb)
                 flying += 1
 
     def drain(self):

@@ -10,7 +10,7 @@
  * streams, so the copies stopped overlapping compute. Carving a freed block
  * (best fit, neighbours merged when freed) serves any shape from the memory
  * the window just gave back, and a steady pass makes no driver call
- * (tests/unit/test_stream.c, case mixed_shapes).
+ * (tests/py/test_binding_stream.py, test_steady_passes_make_no_driver_calls).
  *
  * Requests under SMALL bytes come from their own 2 MiB segments, so that a
  * bias never splits a large block for good (a resident one would sit in

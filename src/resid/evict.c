@@ -220,6 +220,24 @@ int64_t rs_make_room_ex(ferry_store *s, uint64_t bytes, ferry_model *pm, const b
     return rc;
 }
 
+int64_t rs_hold_at_most(ferry_store *s, uint64_t held_max)
+{
+    int64_t got = 0;
+    rs_cache_release(s, UINT64_MAX);
+    while (s->device_used && s->device_used + s->cached > held_max) {
+        /* ask for the budget's room plus the excess: the policy evicts at
+         * least the excess more (whole groups), freeing pieces that merge
+         * into whole free segments, given back at once */
+        uint64_t room = s->o.device_budget > s->device_used ? s->o.device_budget - s->device_used : 0;
+        uint64_t excess = s->device_used + s->cached - held_max;
+        int64_t more = rs_make_room_locked(s, room + (excess < s->device_used ? excess : s->device_used), NULL, NULL, NULL);
+        if (more <= 0) break; /* nothing more can go: the rest stays */
+        got += more;
+        rs_cache_release(s, UINT64_MAX);
+    }
+    return got;
+}
+
 int rs_fit_budget(ferry_store *s)
 {
     if (s->device_used <= s->o.device_budget) return 0;
@@ -329,8 +347,16 @@ FERRY_API int64_t ferry_store_make_room(ferry_store *s, uint64_t bytes, uint64_t
     fy_xfer_bind(s->dev);
     int64_t rc = rs_make_room_locked(s, bytes, NULL, NULL, could);
     /* the caller wants device memory for itself: hand back what the store
-     * keeps for reuse, not only what it just evicted */
+     * keeps for reuse, not only what it just evicted; the free pieces of
+     * segments that still hold tensors cannot go back, so evict on until
+     * the device has the room (or nothing more can go) */
     if (rc >= 0) rs_cache_release(s, UINT64_MAX);
+    uint64_t fr = 0, tot = 0;
+    if (rc >= 0 && bytes != UINT64_MAX && ferry_device_mem_info(s->dev, &fr, &tot) == 0 && fr < bytes) {
+        uint64_t held = s->device_used + s->cached, short_by = bytes - fr;
+        int64_t more = rs_hold_at_most(s, held > short_by ? held - short_by : 0);
+        if (more > 0) rc += more;
+    }
     if (rc >= 0 && s->spill) fy_spill_flush(s->spill); /* and disk space held for reuse */
     if (rc >= 0) rs_pool_trim(s);                              /* and pinned RAM nobody uses */
     pthread_mutex_unlock(&s->lock);

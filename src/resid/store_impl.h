@@ -236,6 +236,10 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n);
 /* Free bytes on the device, evicting by policy, protecting prot[] of pm.
  * Bytes freed, or FERRY_E_BUDGET with *could = what could be made. */
 int64_t rs_make_room_locked(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, uint64_t *could);
+/* Evict by policy and give whole free segments back until the store holds at
+ * most held_max bytes of device memory (tensors + free pieces), or nothing
+ * more can go. The tensor bytes evicted (>= 0). */
+int64_t rs_hold_at_most(ferry_store *s, uint64_t held_max);
 /* The same; spared_only: pm's resident set (its plan's) is never taken. */
 int64_t rs_make_room_ex(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, uint64_t *could,
                         bool spared_only);

@@ -231,7 +231,11 @@ FERRY_API int ferry_store_set_device_budget(ferry_store *s, uint64_t bytes)
     if (shrank) {
         fy_xfer_bind(s->dev);
         rc = rs_fit_budget(s);
-        rs_cache_release(s, UINT64_MAX); /* the room is the caller's now, not the store's to reuse */
+        /* the room is the caller's now, not the store's to reuse: whole free
+         * segments go back, and where the tensors left sit scattered over
+         * segments, more leave until the store holds at most 1/16 past the
+         * budget (the allocator's own bound) */
+        if (rc == 0) rs_hold_at_most(s, bytes + bytes / 16);
     }
     pthread_mutex_unlock(&s->lock);
     return rc;

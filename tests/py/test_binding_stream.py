@@ -451,3 +451,45 @@ def test_errors(tmp_path, sim_free):
         store.add("dit", path, module=DiT())
         with pytest.raises(ValueError, match="not added with stream="):
             store.stream_stats("dit")
+
+
+@pytest.mark.parametrize("prefetch", [1, 2, 3])
+def test_prefetch_keeps_window_full(tmp_path, sim_free, prefetch):
+    """After each block, `prefetch` streamed blocks (at least) are in flight;
+    at a step's start (no block running) prefetch + 1 (the window). (The
+    count once took a block already queued twice, in the sum over the ops
+    and again on the walk: fewer stayed in flight, and the step-start extra
+    block was never queued.)"""
+    from ferry import _torch_stream as ts
+    ref, path = model_and_file(tmp_path)
+    m = DiT()
+    budget = int(nbytes(ref) * 0.5)
+    seen = {"begin": [], "end": []}
+    orig_sb, orig_be = ts.Streamer.step_begin, ts.Streamer.block_end
+
+    def flying(self):
+        return sum(1 for b in self.ops if b in self.streamed)
+
+    def sb(self):
+        orig_sb(self)
+        if self.steps >= 2:
+            seen["begin"].append(flying(self))
+
+    def be(self, b):
+        orig_be(self, b)
+        if self.steps >= 2:
+            seen["end"].append(flying(self))
+
+    with ft.Store(SIM, device_budget=budget) as store:
+        store.add("dit", path, module=m, stream="auto", prefetch=prefetch)
+        st = store._attached["dit"].streamer
+        st.step_begin = sb.__get__(st)
+        st.block_end = be.__get__(st)
+        with torch.no_grad():
+            for _ in range(4):
+                m(x_for())
+        ss = store.stream_stats("dit")
+        assert ss["streamed_blocks"] > prefetch + 1
+        assert seen["begin"] and all(f == prefetch + 1 for f in seen["begin"]), seen
+        # (a resident block ending leaves the step-start window as it was)
+        assert all(prefetch <= f <= prefetch + 1 for f in seen["end"]), seen
