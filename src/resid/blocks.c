@@ -19,7 +19,9 @@
  * driver's), or its first request rounded up to a granule where that is
  * larger; either is just the request where the extra would be more than 1/32
  * of the budget (small budgets) or take the store past it. A segment made to
- * one tensor's measure is carved like any other.
+ * one tensor's measure is carved like any other. While a segment holds
+ * tensors of streamed blocks it takes no others, and the other way round:
+ * the window's pieces then merge among themselves as its blocks come and go.
  * Free space inside segments that still hold a tensor cannot go back to the
  * driver; device_cached counts it (it is the store's, reusable), and
  * rs_cache_release gives back whole free segments only. The tensors alone
@@ -88,8 +90,9 @@ uint64_t rs_cache_release(ferry_store *s, uint64_t want)
     return got;
 }
 
-/* Carve n bytes out of the free space of segments of t's kind (best fit, the
- * lowest address among equals): 0, or -1 when none has room. */
+/* Carve n bytes out of the free space of segments of t's kind (small or not,
+ * streamed or not; best fit, the lowest address among equals): 0, or -1 when
+ * none has room. */
 static int carve(ferry_store *s, uint64_t n, bool small, rtensor *t)
 {
     int bs = -1;
