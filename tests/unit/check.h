@@ -3,6 +3,7 @@
 #ifndef FERRY_CHECK_H
 #define FERRY_CHECK_H
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int check_pass, check_fail;
@@ -109,6 +110,28 @@ static void check_run_(const check_case *cases, int n)
     }
 }
 #define check_run() check_run_(check_cases, check_ncases)
+
+/* A fresh directory $TMPDIR/ferry-NAME-XXXXXX (/tmp without TMPDIR) into
+ * dir[0..n-1], so that parallel cases never share files: 0, or -1 with the
+ * reason on stderr. (mkdtemp: the includer defines _GNU_SOURCE.) */
+static inline int check_tmpdir(char *dir, size_t n, const char *name)
+{
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, n, "%s/ferry-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", name);
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return -1;
+    }
+    return 0;
+}
+
+/* Remove dir and everything under it (the case's files); says so when it cannot. */
+static inline void check_rmtree(const char *dir)
+{
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
 
 static int check_summary(void)
 {

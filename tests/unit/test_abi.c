@@ -311,12 +311,7 @@ int main(int argc, char **argv)
 {
     int rc = check_args(argc, argv);
     if (rc >= 0) return rc;
-    const char *tmp = getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/ferry-abi-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    if (check_tmpdir(dir, sizeof dir, "abi") < 0) return 1;
     snprintf(model_path, sizeof model_path, "%s/m.safetensors", dir);
     write_st(model_path, 4, 100);
     CHECK_EQ(ferry_ctx_new(NULL, &ctx), 0);

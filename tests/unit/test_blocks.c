@@ -184,9 +184,7 @@ int main(int argc, char **argv)
 {
     int rc = check_args(argc, argv);
     if (rc >= 0) return rc;
-    const char *tmp = getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/ferry-blocks-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(dir)) return 1;
+    if (check_tmpdir(dir, sizeof dir, "blocks") < 0) return 1;
     snprintf(spill_dir, sizeof spill_dir, "%s/spill", dir);
     snprintf(path, sizeof path, "%s/m.safetensors", dir);
     if (mkdir(spill_dir, 0700) != 0) return 1;
@@ -194,8 +192,6 @@ int main(int argc, char **argv)
     CHECK_EQ(ferry_ctx_new(NULL, &ctx), 0);
     if (ctx) check_run();
     ferry_ctx_free(ctx);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    check_rmtree(dir);
     return check_summary();
 }

@@ -417,18 +417,11 @@ int main(int argc, char **argv)
 {
     int rc = check_args(argc, argv);
     if (rc >= 0) return rc;
-    const char *tmp = getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/ferry-test-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    if (check_tmpdir(dir, sizeof dir, "test") < 0) return 1;
     make_files();
     CHECK_EQ(ferry_ctx_new(NULL, &ctx), 0);
     check_run();
     ferry_ctx_free(ctx);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    check_rmtree(dir);
     return check_summary();
 }

@@ -696,12 +696,7 @@ int main(int argc, char **argv)
 {
     int rc = check_args(argc, argv);
     if (rc >= 0) return rc;
-    const char *tmp = getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/ferry-io-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    if (check_tmpdir(dir, sizeof dir, "io") < 0) return 1;
     real_pread = (pread_fn *)fy_sys_get("pread");
     real_read = (rw_fn *)fy_sys_get("read");
     real_write = (write_fn *)fy_sys_get("write");
@@ -709,8 +704,6 @@ int main(int argc, char **argv)
     CHECK_EQ(ferry_ctx_new(NULL, &ctx), 0);
     check_run();
     ferry_ctx_free(ctx);
-    char cmd[PATH_MAX + 16];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    check_rmtree(dir);
     return check_summary();
 }
