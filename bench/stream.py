@@ -741,22 +741,14 @@ def timeline_summary(prof):
     t1 = max(b for _, b in cp + kn)
     cbusy, cm = _union(cp)
     kbusy, km = _union(kn)
-    both = 0.0  # copy time with a kernel running
-    j = 0
-    for a, b in cm:
-        while j < len(km) and km[j][1] <= a:
-            j += 1
-        q = j
-        while q < len(km) and km[q][0] < b:
-            both += min(b, km[q][1]) - max(a, km[q][0])
-            q += 1
+    def kernel_in(a, b):  # time in [a, b) with a kernel running
+        return sum(min(b, y) - max(a, x) for x, y in km if x < b and y > a)
+
+    both = sum(kernel_in(a, b) for a, b in cm)  # copy time with a kernel running
     gaps = [(cm[i][1], cm[i + 1][0]) for i in range(len(cm) - 1)]
     if cm:
         gaps = [(t0, cm[0][0])] + gaps + [(cm[-1][1], t1)]
     gaps = [(a, b) for a, b in gaps if b - a > 20]  # > 20 us
-
-    def kernel_in(a, b):
-        return sum(max(0.0, min(b, y) - max(a, x)) for x, y in km if x < b and y > a)
 
     big = sorted(gaps, key=lambda g: g[0] - g[1])[:8]
     return {"span_s": (t1 - t0) / 1e6, "copies": len(cp), "copy_bytes": nbytes,
