@@ -449,6 +449,8 @@ def _emit(rep, code=None):
 
 def _ferry_path():
     """Make `import ferry` find this checkout's python/ferry when it is not installed."""
+    if os.environ.get("FERRY_BENCH_PYTHON"):
+        sys.path.insert(0, os.environ["FERRY_BENCH_PYTHON"])
     try:
         import ferry  # noqa: F401
     except ImportError:
@@ -997,6 +999,8 @@ class Bench:
         lib = spec.get("lib") or self.a.ferry_lib
         if lib:
             env["FERRY_LIBRARY"] = os.path.abspath(lib)
+        if spec.get("pydir"):  # the B build's own python/ (ferry_b:P)
+            env["FERRY_BENCH_PYTHON"] = os.path.abspath(spec["pydir"])
         rc, out, err, wall, to = run_process(cmd, timeout, env=env)
         rep = None
         for line in reversed((out or "").splitlines()):
@@ -1156,6 +1160,7 @@ class Bench:
                 "profile_step": a.profile_step}
         if name.startswith("ferry_b:"):
             spec["lib"] = a.ferry_lib_b
+            spec["pydir"] = a.ferry_python_b
         if frac is not None:
             spec.update(budget_fraction=frac, budget_bytes=int(math.ceil(frac * self.weight_bytes)))
             r["budget_bytes"] = spec["budget_bytes"]
@@ -1369,6 +1374,8 @@ def main():
     ap.add_argument("--profile-step", type=int, help="profile step K (0-based) of each run with torch.profiler "
                     "and report the GPU's copy/compute timeline (that step's time is perturbed)")
     ap.add_argument("--ferry-lib-b", help="a second libferry.so: its runs are the configs ferry_b:P, beside ferry:P")
+    ap.add_argument("--ferry-python-b", help="the python/ folder (holding ferry/) the ferry_b:P runs import, when "
+                    "the second build's binding differs too")
     ap.add_argument("--ferry-prefetch", type=int, help="Store.add(prefetch=N)")
     ap.add_argument("--ferry-reserve", help="Store.add(reserve=...)")
     ap.add_argument("--mem-poll-ms", type=float, default=0,

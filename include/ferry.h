@@ -676,6 +676,13 @@ typedef struct ferry_tensor_state {
     int streams;        /* its block streams under the model's plan */
 } ferry_tensor_state;
 FERRY_API int ferry_model_tensor_state(ferry_model *m, int64_t t, ferry_tensor_state *out);
+/* The device addresses of tensors[0..n-1] in one call (a framework's hook
+ * re-pointing a block's parameters before it runs): out[3k] is tensor k's
+ * dptr as ferry_model_tensor_state gives it (0 when not on the device),
+ * out[3k + 1] and out[3k + 2] the base and size of the device block of the
+ * store's that holds it (a view of the whole block, made once, serves every
+ * tensor later carved from it), or 0 and 0. */
+FERRY_API int ferry_model_device_addrs(ferry_model *m, const int64_t *tensors, int64_t n, uint64_t *out);
 
 /* Copy tensor t's current bytes (nbytes, from whichever tier holds them) into
  * buf. Synchronous. */
@@ -729,6 +736,12 @@ typedef struct ferry_store_stats {
     uint64_t pinned_cache_bytes; /* of the pool, clean copies of streamed blocks */
     uint64_t device_allocs, device_frees; /* driver calls the store made for device memory
                                              (a steady streamed pass should make none) */
+    /* Memory released after a caller's stream (ferry_model_release_after)
+     * and needed again before that stream's work had run: fence_orders
+     * counts the times the store's copies were ordered after it on the device
+     * (the host went on), fence_waits the times the host waited for it
+     * (a dirty tensor, a file read, memory going back to the driver). */
+    uint64_t fence_waits, fence_orders;
 } ferry_store_stats;
 FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out);
 /* The spill file's directory once the first spill made the file, else NULL.

@@ -351,6 +351,8 @@ class StoreStats(Struct):
         ("pinned_cache_bytes", ctypes.c_uint64),
         ("device_allocs", ctypes.c_uint64),
         ("device_frees", ctypes.c_uint64),
+        ("fence_waits", ctypes.c_uint64),
+        ("fence_orders", ctypes.c_uint64),
     ]
 
 
@@ -465,6 +467,7 @@ _bind({
     "ferry_model_hold": (_i32, [_vp, _i64]),
     "ferry_model_release": (_i32, [_vp, _i64]),
     "ferry_model_tensor_state": (_i32, [_vp, _i64, _P(TensorState)]),
+    "ferry_model_device_addrs": (_i32, [_vp, _P(ctypes.c_int64), _i64, _P(ctypes.c_uint64)]),
     "ferry_model_read": (_i32, [_vp, _i64, _vp]),
     "ferry_model_write": (_i32, [_vp, _i64, _vp]),
     "ferry_store_make_room": (_i64, [_vp, _u64, _P(_u64)]),

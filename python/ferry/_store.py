@@ -277,6 +277,12 @@ class StoreCore:
         self.check_model(m, lib.ferry_model_tensor_state(m.m, i, ctypes.byref(st)))
         return st
 
+    def device_addrs(self, m, arr, n, out):
+        """ferry_model_device_addrs: tensors arr[0..n-1] (a ctypes int64 array),
+        out a ctypes uint64 array of 3n (address, block base, block size)."""
+        self.check_model(m, lib.ferry_model_device_addrs(m.m, arr, n, out))
+        return out
+
     def state(self, m, i):
         st = self.raw_state(m, i, _lib.TensorState())
         return TensorState(st.name.decode("utf-8"), st.nbytes, tier_name(st.tier), bool(st.dirty), st.holds,

@@ -111,6 +111,7 @@ class Store:
         self._tls = threading.local()  # the forward pre-hooks' pins, per thread
         self._attached = {}  # model name -> _Attached
         self._states = {}    # model name -> [(tier, dptr)] of every tensor, as of the last call
+        self._segs = {}      # (base, size) of a device block of the store's -> {dtype: 1-D view of it}
         spec, self._tdev, self._dl = _store_device(device)
         self.device = spec
         fdev = _core.device(spec)
@@ -221,6 +222,29 @@ class Store:
             raw = torch.utils.dlpack.from_dlpack(cap)
             base = raw if dt is None else raw.view(dt)
         return _shape_view(base, info, dt, 0)
+
+    def _seg_view(self, core, base, size, dptr, info, dt):
+        """_view's tensor as a view of a 1-D view of the whole device block
+        [base, base + size) that holds it, made once per block and dtype:
+        one as_strided instead of a DLPack capsule per tensor (a streamed
+        block's tensors land at new addresses every pass)."""
+        if not info.nbytes:
+            return _empty(info, dt, self._tdev)
+        seg = self._segs.get((base, size))
+        if seg is None:
+            if len(self._segs) > 1024:
+                self._segs.clear()  # blocks the store gave back long ago
+            if self._dl is None:
+                buf = (ctypes.c_ubyte * size).from_address(base)
+                buf._ferry_owner = core
+                raw = torch.frombuffer(buf, dtype=torch.uint8)
+            else:
+                raw = torch.utils.dlpack.from_dlpack(_dlpack.capsule(base, size, self._dl[0], self._dl[1], core))
+            seg = self._segs[(base, size)] = {None: raw}
+        typed = seg.get(dt)
+        if typed is None:
+            typed = seg[dt] = seg[None].view(dt)
+        return _shape_view(typed, info, dt, dptr - base)
 
     @staticmethod
     def _placeholder(info, dt):

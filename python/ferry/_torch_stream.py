@@ -21,6 +21,7 @@ streamed rest. Hooks then run each step:
 The first step records the order the blocks really run in and the peak of
 PyTorch's own allocations; the plan is then made again with them.
 """
+import ctypes
 import inspect
 import time
 
@@ -86,11 +87,13 @@ def find_blocks(module, spec):
 
 
 class _Block:
-    __slots__ = ("name", "module", "idx", "leader")
+    __slots__ = ("name", "module", "idx", "leader", "c_idx", "c_out")
 
     def __init__(self, name, module, idx):
         self.name, self.module, self.idx = name, module, idx
         self.leader = idx[0]
+        self.c_idx = (ctypes.c_int64 * len(idx))(*idx)  # for ferry_model_device_addrs
+        self.c_out = (ctypes.c_uint64 * (3 * len(idx)))()
 
 
 class Streamer:
@@ -203,26 +206,33 @@ class Streamer:
         self.ops[b] = op
         return op
 
-    def _show(self, idxs):
-        """Point the module's tensors idxs at their device copies (cached per address)."""
+    def _show(self, b):
+        """Point block b's tensors at their device copies: their addresses in
+        one call, and a view only for a tensor whose address changed (cached
+        per address; made from a view of the device block that holds it)."""
         core = self.store._core
-        raw = _lib.TensorState()
-        for i in idxs:
-            st = core.raw_state(self.m, i, raw)
-            info, dt, entries = self.entry_of[i]
-            if self.a.shown.get(i) == (_lib.TIER_DEVICE, st.dptr):
+        out = core.device_addrs(self.m, b.c_idx, len(b.idx), b.c_out)
+        shown = self.a.shown
+        for k, i in enumerate(b.idx):
+            d = out[3 * k]
+            if shown.get(i) == (_lib.TIER_DEVICE, d):
                 continue
-            key = (i, st.dptr)
+            key = (i, d)
             new = self.params.get(key)
             if new is None:
                 if len(self.params) > 8 * len(self.entry_of):
                     self.params.clear()  # addresses the store no longer uses
-                view = self.store._view(core, st.dptr, info, dt)
+                info, dt, entries = self.entry_of[i]
+                base = out[3 * k + 1]
+                if base:
+                    view = self.store._seg_view(core, base, out[3 * k + 2], d, info, dt)
+                else:
+                    view = self.store._view(core, d, info, dt)
                 grads = [e[4] for e in entries if e[3]]
                 new = torch.nn.Parameter(view, requires_grad=grads[0]) if grads else view
                 self.params[key] = new
-            _repoint(entries, new, keep=False)
-            self.a.shown[i] = (_lib.TIER_DEVICE, st.dptr)
+            _repoint(self.entry_of[i][2], new, keep=False)
+            shown[i] = (_lib.TIER_DEVICE, d)
 
     # ---- hooks ----
 
@@ -300,7 +310,7 @@ class Streamer:
             op = self._queue(b)
             self.active.add(b)
             op.stream_wait(self._stream())
-            self._show(b.idx)
+            self._show(b)
 
     def block_end(self, b):
         with self.store._lock:

@@ -63,7 +63,8 @@ static const field f_store_stats[] = {
     F(ferry_store_stats, dropped),       F(ferry_store_stats, models),         F(ferry_store_stats, tensors),
     F(ferry_store_stats, device_cached), F(ferry_store_stats, pinned_pool_bytes),
     F(ferry_store_stats, pinned_cache_bytes), F(ferry_store_stats, device_allocs),
-    F(ferry_store_stats, device_frees),       {NULL, 0}};
+    F(ferry_store_stats, device_frees),       F(ferry_store_stats, fence_waits),
+    F(ferry_store_stats, fence_orders),       {NULL, 0}};
 static const field f_mem_range[] = {F(ferry_mem_range, start), F(ferry_mem_range, end), F(ferry_mem_range, peak),
                                     {NULL, 0}};
 static const field f_job_stats[] = {

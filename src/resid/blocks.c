@@ -84,6 +84,7 @@ uint64_t rs_cache_release(ferry_store *s, uint64_t want)
         for (int i = 0; i < s->nsegs; i++)
             if (s->segs[i].used == 0 && (best < 0 || s->segs[i].size > s->segs[best].size)) best = i;
         if (best < 0) break;
+        if (s->reuse) rs_reuse_wait_all(s); /* kernels may still read what it held */
         got += s->segs[best].size;
         seg_remove(s, best);
     }
@@ -183,6 +184,13 @@ int rs_dev_alloc(ferry_store *s, rtensor *t, bool strict)
     return 0;
 }
 
+void rs_dev_block(const ferry_store *s, uint64_t p, uint64_t *base, uint64_t *size)
+{
+    int i = seg_find(s, p);
+    *base = i >= 0 ? s->segs[i].base : 0;
+    *size = i >= 0 ? s->segs[i].size : 0;
+}
+
 void rs_dev_free(ferry_store *s, rtensor *t)
 {
     if (t->dptr) {
@@ -206,6 +214,7 @@ void rs_dev_free(ferry_store *s, rtensor *t)
 
 void rs_dev_release_all(ferry_store *s)
 {
+    rs_reuse_wait_all(s);
     while (s->nsegs) {
         s->cached += s->segs[s->nsegs - 1].used; /* (none, unless a tensor was never freed) */
         s->segs[s->nsegs - 1].used = 0;

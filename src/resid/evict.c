@@ -211,6 +211,12 @@ int64_t rs_make_room_ex(ferry_store *s, uint64_t bytes, ferry_model *pm, const b
      * released tensors: wait for them (their memory is reusable only then),
      * then evict what they held too */
     bool all = bytes == UINT64_MAX;
+    /* short of room while kernels may still read released clean tensors:
+     * they may go now, the copies into their memory ordered after those
+     * kernels on the device (rs_defer_releases), so the host does not wait
+     * for the GPU and keeps queueing work ahead of it */
+    if (rc == FERRY_E_BUDGET && s->releases && rs_defer_releases(s) > 0)
+        rc = make_room_once(s, bytes, pm, prot, spare, could);
     if ((rc == FERRY_E_BUDGET || (all && rc >= 0)) && s->releases && rs_reap_releases(s, true) > 0) {
         int64_t more = make_room_once(s, bytes, pm, prot, spare, could);
         rc = all && rc >= 0 && more >= 0 ? rc + more : more;

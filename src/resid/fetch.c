@@ -18,9 +18,12 @@
 /* A pending "release after stream": the hold of tensor t drops once f is done. */
 struct rs_release {
     struct rs_release *next;
-    rtensor *t;
+    rtensor *t;       /* NULL once deferred (in s->reuse) */
     fy_xfer_fence *f;
+    bool laned;       /* in s->reuse: the lane waits for it already */
 };
+
+static void reuse_reap(ferry_store *s, bool wait);
 
 static void op_fail(ferry_op *op, ferry_store *s, int rc)
 {
@@ -190,7 +193,10 @@ int64_t rs_reap_releases(ferry_store *s, bool wait)
     for (struct rs_release **p = &s->releases; *p;) {
         struct rs_release *r = *p;
         int q = fy_xfer_fence_query(r->f);
-        if (q == 0 && wait) q = fy_xfer_fence_wait(r->f) < 0 ? -1 : 1;
+        if (q == 0 && wait) {
+            q = fy_xfer_fence_wait(r->f) < 0 ? -1 : 1;
+            s->c.fence_waits++;
+        }
         if (q == 0) {
             p = &r->next;
             continue;
@@ -203,7 +209,67 @@ int64_t rs_reap_releases(ferry_store *s, bool wait)
         fy_free(s->m, r);
         dropped++;
     }
+    if (s->reuse) reuse_reap(s, false);
     return dropped;
+}
+
+int64_t rs_defer_releases(ferry_store *s)
+{
+    int64_t n = 0;
+    for (struct rs_release **p = &s->releases; *p;) {
+        struct rs_release *r = *p;
+        rtensor *t = r->t;
+        if (t->dirty || t->moving || t->tier != FERRY_TIER_DEVICE) {
+            p = &r->next;
+            continue;
+        }
+        if (t->holds > 0) t->holds--;
+        *p = r->next;
+        r->t = NULL;
+        r->laned = false;
+        r->next = s->reuse;
+        s->reuse = r;
+        n++;
+    }
+    return n;
+}
+
+/* Free the fences of s->reuse that are done (wait: after waiting for each). */
+static void reuse_reap(ferry_store *s, bool wait)
+{
+    for (struct rs_release **p = &s->reuse; *p;) {
+        struct rs_release *r = *p;
+        int q = fy_xfer_fence_query(r->f);
+        if (q == 0 && wait) {
+            q = fy_xfer_fence_wait(r->f) < 0 ? -1 : 1;
+            s->c.fence_waits++;
+        }
+        if (q == 0) {
+            p = &r->next;
+            continue;
+        }
+        *p = r->next; /* (a failed fence says nothing more will come of it) */
+        fy_xfer_fence_free(r->f);
+        fy_free(s->m, r);
+    }
+}
+
+void rs_reuse_wait_all(ferry_store *s) { reuse_reap(s, true); }
+
+int rs_reuse_order(ferry_store *s, bool lane)
+{
+    reuse_reap(s, !lane);
+    for (struct rs_release *r = s->reuse; r && lane; r = r->next) {
+        if (r->laned) continue;
+        int rc = fy_xfer_lane_wait(s->dev, r->f);
+        if (rc < 0) { /* the host waits instead */
+            reuse_reap(s, true);
+            return rc;
+        }
+        r->laned = true;
+        s->c.fence_orders++;
+    }
+    return 0;
 }
 
 /* The transfers of a MOVING op, with the lock dropped: the moving tensors'
@@ -382,6 +448,15 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
         }
         if (t->tier == FERRY_TIER_PINNED || t->tier == FERRY_TIER_HOST) hr[nh++] = (fy_hostrange){t->host, t->dptr, t->nbytes};
         if (t->tier == FERRY_TIER_SPILL) fr[nf++] = (fy_fdrange){t->soff, t->nbytes, t->dptr};
+    }
+    /* memory that released tensors left while kernels may still read it:
+     * this move's writes come after those kernels (on the device where all
+     * its copies take the lane) */
+    if (s->reuse) {
+        bool ring = nf > 0;
+        for (int64_t i = 0; i < m->n && !ring; i++)
+            ring = sel[i] && m->t[i].tier == FERRY_TIER_SOURCE && !m->t[i].caching && m->t[i].nbytes;
+        (void)rs_reuse_order(s, !ring); /* (on failure the host has waited instead) */
     }
     op->spill_fd = s->spill ? fy_spill_fd(s->spill) : -1;
     op->idx = idx, op->dp = dp, op->hr = hr, op->fr = fr;

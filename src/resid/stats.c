@@ -45,6 +45,8 @@ FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out)
     st.pinned_cache_bytes = s->cache_used;
     st.device_allocs = s->c.dev_allocs;
     st.device_frees = s->c.dev_frees;
+    st.fence_waits = s->c.fence_waits;
+    st.fence_orders = s->c.fence_orders;
     st.models = s->nmodels;
     for (int i = 0; i < s->nmodels; i++) st.tensors += s->models[i]->n;
     pthread_mutex_unlock(&s->lock);

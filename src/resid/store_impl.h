@@ -87,6 +87,7 @@ typedef struct dseg {
 typedef struct counters {
     uint64_t htod, dtoh, written, read, evicted, dropped;
     uint64_t dev_allocs, dev_frees; /* driver calls for device memory */
+    uint64_t fence_waits, fence_orders; /* reuse of released memory: host waits, lane orderings */
     double s_htod, s_dtoh;
 } counters;
 
@@ -135,6 +136,10 @@ struct ferry_store {
     pthread_cond_t mq_cv;
     /* holds to drop once work queued on a caller's stream is done */
     struct rs_release *releases;
+    /* fences of releases whose holds dropped early (rs_defer_releases): the
+     * memory their clean tensors left may be reused, but each new write to
+     * the device is ordered after them first (rs_reuse_order); kept until done */
+    struct rs_release *reuse;
 };
 
 /* ---- fetch.c: moves to the device, synchronous and queued ---- */
@@ -176,6 +181,20 @@ void rs_land_moving(ferry_store *s, ferry_model *m, const bool *sel, int64_t i);
 /* Drop the holds whose streams are done; wait: also wait for the rest.
  * Returns the holds dropped. */
 int64_t rs_reap_releases(ferry_store *s, bool wait);
+/* Short of room while kernels may still read released tensors: drop the
+ * pending holds of the clean ones now (their fences go to s->reuse), so
+ * eviction can take them without the host waiting for the kernels; the
+ * copies into their memory wait on the device instead (rs_reuse_order).
+ * Dirty tensors keep their pending holds (evicting one reads it back).
+ * Returns the holds dropped. */
+int64_t rs_defer_releases(ferry_store *s);
+/* Before a move writes device memory: order it after every fence of
+ * s->reuse still running. lane: all its copies run on the lane (pinned and
+ * RAM copies), which then waits on the device; else (file reads through the
+ * ring or the spill file, on streams of their own) the host waits.
+ * all: the host waits for every one (before memory goes back to the driver). */
+int rs_reuse_order(ferry_store *s, bool lane);
+void rs_reuse_wait_all(ferry_store *s);
 
 /* Messages name models and tensors one way everywhere: JSON-quoted
  * (model "dit", tensor "blocks.3.w"), so a hostile name cannot break the line. */
@@ -217,6 +236,8 @@ static inline uint64_t rs_dev_size(uint64_t n) { return (n + 511) / 512 * 512; }
  * space, else from a new segment (strict: RS_FRAGMENTED rather than a new
  * segment past the budget). 0 or a negative code (message in s->err). */
 int rs_dev_alloc(ferry_store *s, rtensor *t, bool strict);
+/* The segment holding device address p: its base and size (0, 0: none). */
+void rs_dev_block(const ferry_store *s, uint64_t p, uint64_t *base, uint64_t *size);
 /* t's device memory goes back to the store's free space. */
 void rs_dev_free(ferry_store *s, rtensor *t);
 /* Every segment back to the driver (the store is going). */

@@ -70,6 +70,23 @@ FERRY_API int ferry_model_tensor_state(ferry_model *m, int64_t t, ferry_tensor_s
     return fy_struct_out(out, &st, sizeof st);
 }
 
+FERRY_API int ferry_model_device_addrs(ferry_model *m, const int64_t *tensors, int64_t n, uint64_t *out)
+{
+    if (!m || n < 0 || (n && (!tensors || !out))) return FERRY_E_INVAL;
+    for (int64_t k = 0; k < n; k++)
+        if (tensors[k] < 0 || tensors[k] >= m->n) return FERRY_E_INVAL;
+    pthread_mutex_lock(&m->s->lock);
+    for (int64_t k = 0; k < n; k++) {
+        const rtensor *r = &m->t[tensors[k]];
+        uint64_t d = r->tier == FERRY_TIER_DEVICE || r->moving ? r->dptr : 0;
+        out[3 * k] = d;
+        out[3 * k + 1] = out[3 * k + 2] = 0;
+        if (d) rs_dev_block(m->s, d, &out[3 * k + 1], &out[3 * k + 2]);
+    }
+    pthread_mutex_unlock(&m->s->lock);
+    return 0;
+}
+
 FERRY_API int ferry_model_read(ferry_model *m, int64_t t, void *buf)
 {
     FY_TRY(check_t(m, t));

@@ -177,6 +177,18 @@ void fy_xfer_fence_free(fy_xfer_fence *f)
     fy_free(&f->d->ctx->mem, f);
 }
 
+int fy_xfer_lane_wait(ferry_device *d, fy_xfer_fence *f)
+{
+    if (!d || !f) return FERRY_E_INVAL;
+    fy_gpu *g = d->g;
+    int rc = g->ops->bind_thread(g);
+    pthread_mutex_lock(&d->lock);
+    if (rc == 0 && !d->lane) rc = g->ops->stream_new(g, &d->lane);
+    if (rc == 0) rc = g->ops->stream_wait(g, g->ops->stream_raw(g, d->lane), f->ev);
+    pthread_mutex_unlock(&d->lock);
+    return rc;
+}
+
 /* A move that already ran: hand back a completed op, or nothing when the
  * caller waits (op NULL) or the move failed. */
 static int done(ferry_device *d, int rc, fy_xfer_op **op)

@@ -62,6 +62,10 @@ int fy_xfer_fence_new(ferry_device *d, uint64_t stream, fy_xfer_fence **out);
 int fy_xfer_fence_query(fy_xfer_fence *f);
 int fy_xfer_fence_wait(fy_xfer_fence *f);
 void fy_xfer_fence_free(fy_xfer_fence *f);
+/* Order the lane (the stream every queued host copy runs on, in order) after
+ * f, on the device: every host copy queued from now on starts only once the
+ * work f marks has run. The host does not block; f stays the caller's. */
+int fy_xfer_lane_wait(ferry_device *d, fy_xfer_fence *f);
 
 /* ---- moves ---- */
 

@@ -566,7 +566,7 @@ def test_store_struct_layouts():
     if ctypes.sizeof(ctypes.c_void_p) != 8:
         pytest.skip("LP64 only")
     assert ctypes.sizeof(_lib.StoreOpts) == 80
-    assert ctypes.sizeof(_lib.StoreStats) == 216
+    assert ctypes.sizeof(_lib.StoreStats) == 232
     assert ctypes.sizeof(_lib.JobStats) == 208
     assert ctypes.sizeof(_lib.TensorState) == 64
     assert ctypes.sizeof(_lib.PlanOpts) == 56
