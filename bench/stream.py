@@ -897,7 +897,10 @@ def _child_run(spec, rep):
             hs0 = fr.htod_seconds() if fr else None
             if fr:
                 run["device_allocs"] = []
-                da0 = fr.stats().get("device_allocs")  # None before the library counted them
+                run["fence_waits"], run["fence_orders"] = [], []
+                st0 = fr.stats()
+                da0 = st0.get("device_allocs")  # None before the library counted them
+                fw0, fo0 = st0.get("fence_waits"), st0.get("fence_orders")
             if cuda:
                 torch.cuda.reset_peak_memory_stats(dev)
                 meter.run_peak = meter.used() - meter.base
@@ -919,8 +922,13 @@ def _child_run(spec, rep):
                 b1 = htod()
                 run["htod_bytes"].append(None if b0 is None or b1 is None else b1 - b0)
                 if fr:  # the store's driver calls for device memory this step (0 when steady)
-                    da = fr.stats().get("device_allocs")
+                    st1 = fr.stats()
+                    da = st1.get("device_allocs")
                     run["device_allocs"].append(None if da is None or da0 is None else da - da0)
+                    fw, fo = st1.get("fence_waits"), st1.get("fence_orders")
+                    run["fence_waits"].append(None if fw is None or fw0 is None else fw - fw0)
+                    run["fence_orders"].append(None if fo is None or fo0 is None else fo - fo0)
+                    fw0, fo0 = fw, fo
                     da0 = da
                 meter.sample()
                 run["hashes"].append(out_hash(out))
