@@ -447,7 +447,8 @@ FERRY_API int ferry_device_register_file(ferry_device *dev, const ferry_file *f,
 FERRY_API void ferry_device_unregister_file(ferry_device *dev, const ferry_file *f);
 
 /* The device's copy limits: bytes moved host->device and back through pinned
- * memory (a 256 MiB buffer, repeated), on 2 streams. Either rate may be NULL.
+ * memory (a 256 MiB buffer, or half of bytes where that is less, repeated),
+ * on 2 streams. Either rate may be NULL (that direction is not measured).
  * Allocates and frees its buffers. */
 FERRY_API int ferry_device_copy_rate(ferry_device *dev, uint64_t bytes, double *htod_gbps, double *dtoh_gbps);
 
@@ -609,6 +610,8 @@ typedef struct ferry_plan_opts {
     uint64_t reserve;       /* of them, left free for the caller (activations) */
     int pinned_cache;       /* 0 = keep streamed blocks' clean copies in pinned RAM as room
                                allows; -1 = never */
+    int dry_run;            /* 1 = only say what this plan would be (out): nothing is marked
+                               and the model keeps the plan it had (choosing a window) */
 } ferry_plan_opts;
 
 typedef struct ferry_plan {

@@ -247,6 +247,13 @@ class Device:
         self.check(lib.ferry_device_mem_info(self.dev, ctypes.byref(free), ctypes.byref(total)), self.spec)
         return free.value, total.value
 
+    def copy_rate(self, nbytes=1 << 30):
+        """The pinned host-to-device copy rate in GB/s (ferry_device_copy_rate,
+        nbytes moved)."""
+        r = ctypes.c_double()
+        self.check(lib.ferry_device_copy_rate(self.dev, int(nbytes), ctypes.byref(r), None), self.spec)
+        return r.value
+
     def __repr__(self):
         return f"<ferry.Device {self.description!r}>"
 

@@ -135,6 +135,7 @@ class PlanOpts(Struct):
         ("budget", ctypes.c_uint64),
         ("reserve", ctypes.c_uint64),
         ("pinned_cache", ctypes.c_int),
+        ("dry_run", ctypes.c_int),
     ]
 
 
@@ -436,6 +437,7 @@ _bind({
     "ferry_device_close": (None, [_vp]),
     "ferry_device_desc": (_cp, [_vp]),
     "ferry_device_mem_info": (_i32, [_vp, _P(_u64), _P(_u64)]),
+    "ferry_device_copy_rate": (_i32, [_vp, _u64, _P(ctypes.c_double), _P(ctypes.c_double)]),
     "ferry_route_parse": (_i32, [_cp]),
     "ferry_load": (_i32, [_vp, _vp, _P(LoadOpts), _P(_vp), _P(LoadStats)]),
     "ferry_loaded_ptr": (_u64, [_vp, _i64]),

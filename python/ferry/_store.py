@@ -294,9 +294,10 @@ class StoreCore:
         arr, n = self._index_array(idx)
         self.check_model(m, lib.ferry_model_group(m.m, arr, n))
 
-    def plan(self, m, blocks, window=0, budget=0, reserve=0, pinned_cache=True):
+    def plan(self, m, blocks, window=0, budget=0, reserve=0, pinned_cache=True, dry_run=False):
         """ferry_model_plan: blocks = one model index per block, in pass
-        order (each block already one group). The plan as a dict."""
+        order (each block already one group). The plan as a dict (dry_run:
+        the plan it would be; the model keeps the one it has)."""
         o = _lib.PlanOpts()
         arr = (ctypes.c_int64 * max(len(blocks), 1))(*blocks)
         o.blocks = ctypes.cast(arr, ctypes.POINTER(ctypes.c_int64))
@@ -305,6 +306,7 @@ class StoreCore:
         o.budget = int(budget)
         o.reserve = int(reserve)
         o.pinned_cache = 0 if pinned_cache else -1
+        o.dry_run = 1 if dry_run else 0
         out = _lib.Plan()
         self.check_model(m, lib.ferry_model_plan(m.m, ctypes.byref(o), ctypes.byref(out)))
         return _struct_dict(out)

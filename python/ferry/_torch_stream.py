@@ -33,7 +33,8 @@ from ._torch_match import _repoint
 # torch 2.1+: forward hooks that run even when forward raises
 _HOOK_ALWAYS_CALL = "always_call" in inspect.signature(torch.nn.Module.register_forward_hook).parameters
 
-DEFAULT_PREFETCH = 2
+DEFAULT_PREFETCH = 2  # until the second step has measured the blocks (choose_prefetch)
+PREFETCH_MAX = 4
 _MARGIN = 512 << 20  # device bytes kept free beside PyTorch's measured peak
 
 
@@ -84,6 +85,53 @@ def find_blocks(module, spec):
     if len(blocks) < 1:
         raise ValueError("stream: no blocks given")
     return blocks
+
+
+def spread(k, S, N):
+    """Whether block k of N streams when S of them do: ferry_model_plan's
+    rule (stream.c), streamed blocks spread evenly over the pass."""
+    return (k + 1) * S // N != k * S // N
+
+
+def predict_step(compute, copy, streams, prefetch):
+    """The steady step time of a cyclic pass as the hooks run it: block b
+    computes for compute[b] seconds, after block b - 1 and (when streams[b])
+    after its copy, which takes copy[b] seconds; the copy engine copies the
+    streamed blocks one at a time in pass order, the i-th only once the
+    streamed block prefetch before it has computed (the window holds that
+    one and the prefetch in flight). Three passes; the third is the answer."""
+    N = len(compute)
+    engine = t = 0.0
+    ends = []  # compute end of every streamed block so far, in order
+    start = 0.0
+    for ps in range(3):
+        if ps == 2:
+            start = t
+        for b in range(N):
+            if streams[b]:
+                i = len(ends)
+                free = ends[i - prefetch] if i >= prefetch else 0.0
+                engine = max(engine, free) + copy[b]
+                t = max(t, engine)
+            t += compute[b]
+            if streams[b]:
+                ends.append(t)
+    return t - start
+
+
+def choose_prefetch(compute, block_bytes, rate, plans):
+    """(prefetch, {prefetch: predicted step seconds}): the smallest prefetch
+    whose predicted step is within 1 % of the best. compute: seconds per
+    block, measured; block_bytes: each block's bytes; rate: the copy rate in
+    bytes/s, measured; plans: {prefetch: streamed block count} from dry-run
+    plans (a larger window leaves fewer blocks resident)."""
+    N = len(compute)
+    copy = [n / rate for n in block_bytes]
+    pred = {}
+    for p, S in sorted(plans.items()):
+        pred[p] = predict_step(compute, copy, [spread(k, S, N) for k in range(N)], p)
+    best = min(pred.values())
+    return min(p for p, v in pred.items() if v <= best * 1.01), pred
 
 
 class _Block:
@@ -148,6 +196,8 @@ class Streamer:
         self.replan_wanted = False
         self.plan = None
         self.streamed = set()          # the blocks the plan streams
+        self.timing = None             # block -> [begin, end] (CUDA events or host seconds) while measured
+        self.choice = None             # how the default prefetch was chosen (stats)
         self.make_plan(first=True)
 
     # ---- the plan ----
@@ -267,6 +317,10 @@ class Streamer:
                     core.pin(self.m, i)
                 self.store._refresh([self.name], self.fixed)
             self.in_step = True
+            if self.steps == 2 and self.timing is not None:
+                self._choose()  # (before this step queues anything)
+            if self.steps == 1 and not self.user_prefetch and self.streamed:
+                self.timing = {}  # the first steady step measures its blocks
             if self.steps == 0:
                 self.recording = []
             elif not self.active:
@@ -311,6 +365,8 @@ class Streamer:
             self.active.add(b)
             op.stream_wait(self._stream())
             self._show(b)
+            if self.timing is not None and self.in_step:
+                self.timing[b] = [self._mark()]
 
     def block_end(self, b):
         with self.store._lock:
@@ -318,6 +374,8 @@ class Streamer:
             if core is None:
                 return
             self.active.discard(b)
+            if self.timing is not None and b in self.timing:
+                self.timing[b].append(self._mark())
             op = self.ops.pop(b, None)
             if op is None:
                 return  # its pre-hook failed
@@ -328,6 +386,54 @@ class Streamer:
             if self.steps == 0 and self.recording != self.order[:len(self.recording)]:
                 return  # the blocks run in another order than listed: no guessing until it is known
             self._prefetch(self.pos[b])
+
+    def _mark(self):
+        """A point in the current stream's work: a timing event (cuda), else the host's clock."""
+        if self.store._tdev.type == "cuda":
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(torch.cuda.current_stream(self.store._tdev))
+            return ev
+        return time.perf_counter()
+
+    def _choose(self):
+        """The default prefetch from what the last step measured: each block's
+        compute time (from its start, its copy landed, to its end) and the
+        device's pinned copy rate, through predict_step for each window the
+        budget allows; re-plan when it differs."""
+        timing, self.timing = self.timing, None
+        try:
+            if any(len(timing.get(b, ())) != 2 for b in self.order):
+                return  # a block did not run (or ran twice): nothing to go by
+            if self.store._tdev.type == "cuda":
+                timing[self.order[-1]][1].synchronize()
+                compute = [timing[b][0].elapsed_time(timing[b][1]) / 1e3 for b in self.order]
+            else:
+                compute = [timing[b][1] - timing[b][0] for b in self.order]
+            core = self.store._core
+            size = {}
+            for b in self.order:
+                size[b] = sum(self.entry_of[i][0].nbytes for i in b.idx)
+            rate = core.dev.copy_rate(min(512 << 20, 2 * max(size.values()))) * 1e9
+            budget, reserve = self._budget(False)
+            plans = {}
+            for p in range(1, PREFETCH_MAX + 1):
+                try:
+                    got = core.plan(self.m, [b.leader for b in self.order], window=p + 1, budget=budget,
+                                    reserve=reserve, pinned_cache=self.pinned_cache, dry_run=True)
+                except errors.BudgetError:
+                    break
+                plans[p] = got["streamed_blocks"]
+            if not plans:
+                return
+            p, pred = choose_prefetch(compute, [size[b] for b in self.order], rate, plans)
+            self.choice = {"compute_s": sum(compute), "copy_gbps": rate / 1e9,
+                           "predicted_s": {k: round(v, 6) for k, v in pred.items()}, "prefetch": p,
+                           "was": self.prefetch}
+            if p != self.prefetch:
+                self.prefetch = p
+                self.make_plan()
+        except errors.FerryError:
+            pass  # (no probe on this device, say): the prefetch stays
 
     def _prefetch(self, k, limit=None):
         """Queue the next blocks after position k of the pass (cyclically)
@@ -402,6 +508,7 @@ class Streamer:
             "blocks": len(self.blocks),
             "order": [b.name for b in self.order],
             "prefetch": self.prefetch,
+            "prefetch_choice": self.choice,
             "plan": dict(self.plan or {}),
             "resident_blocks": (self.plan or {}).get("resident_blocks"),
             "streamed_blocks": (self.plan or {}).get("streamed_blocks"),

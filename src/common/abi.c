@@ -48,7 +48,8 @@ static const field f_tensor_state[] = {F(ferry_tensor_state, size),  F(ferry_ten
 static const field f_plan_opts[] = {F(ferry_plan_opts, size),   F(ferry_plan_opts, blocks),
                                     F(ferry_plan_opts, nblocks), F(ferry_plan_opts, window),
                                     F(ferry_plan_opts, budget),  F(ferry_plan_opts, reserve),
-                                    F(ferry_plan_opts, pinned_cache), {NULL, 0}};
+                                    F(ferry_plan_opts, pinned_cache), F(ferry_plan_opts, dry_run),
+                                    {NULL, 0}};
 static const field f_plan[] = {F(ferry_plan, size),           F(ferry_plan, blocks),
                                F(ferry_plan, resident_blocks), F(ferry_plan, streamed_blocks),
                                F(ferry_plan, fixed_bytes),     F(ferry_plan, resident_bytes),

@@ -32,7 +32,7 @@ static bool spread(int64_t k, int64_t S, int64_t N) { return (k + 1) * S / N != 
 /* Choose p's resident set for m under the store's state; mark the tensors.
  * On FERRY_E_BUDGET every block is marked streamed (the best effort that
  * still moves everything) and the message says why. */
-static int plan_compute(ferry_store *s, ferry_model *m, rs_plan *p)
+static int plan_compute(ferry_store *s, ferry_model *m, rs_plan *p, bool mark)
 {
     int64_t N = p->nblocks;
     uint64_t *bb = fy_calloc(s->m, (size_t)N, sizeof *bb);
@@ -95,7 +95,7 @@ static int plan_compute(ferry_store *s, ferry_model *m, rs_plan *p)
             g.window_bytes = window;
         }
     }
-    for (int64_t i = 0; i < m->n; i++) {
+    for (int64_t i = 0; i < m->n && mark; i++) {
         rtensor *t = &m->t[i];
         int64_t k = gblock[t->group];
         t->streams = k >= 0 && p->streams[k];
@@ -173,9 +173,14 @@ FERRY_API int ferry_model_plan(ferry_model *m, const ferry_plan_opts *opts, ferr
     p->budget = o.budget;
     p->reserve = o.reserve;
     p->pinned_cache = o.pinned_cache >= 0;
+    if (o.dry_run) { /* the plan it would be, for the caller to weigh: p is freed below */
+        rc = plan_compute(s, m, p, false);
+        if (out) fy_struct_out(out, &p->got, sizeof p->got);
+        goto out;
+    }
     rs_plan_free(s, m);
     m->plan = p;
-    rc = plan_compute(s, m, p);
+    rc = plan_compute(s, m, p, true);
     if (out) fy_struct_out(out, &p->got, sizeof p->got);
     p = NULL;
 out:
@@ -215,7 +220,7 @@ void rs_replan(ferry_store *s)
 {
     for (int i = 0; i < s->nmodels; i++) {
         ferry_model *m = s->models[i];
-        if (m->plan && m->plan->budget == 0) (void)plan_compute(s, m, m->plan); /* a failure keeps its message */
+        if (m->plan && m->plan->budget == 0) (void)plan_compute(s, m, m->plan, true); /* a failure keeps its message */
     }
 }
 

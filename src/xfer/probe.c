@@ -15,7 +15,10 @@ FERRY_API int ferry_device_copy_rate(ferry_device *d, uint64_t bytes, double *ht
 {
     if (!d) return FERRY_E_INVAL;
     fy_gpu *g = d->g;
-    const size_t chunk = 256u << 20;
+    /* 256 MiB, or half the bytes asked for (in 2 MiB) where that is less:
+     * a small probe fits a small device */
+    size_t chunk = 256u << 20;
+    if (bytes / 2 < chunk) chunk = bytes / 2 < (2u << 20) ? (2u << 20) : (size_t)((bytes / 2 + (2u << 20) - 1) & ~(uint64_t)((2u << 20) - 1));
     void *h = NULL;
     fy_dptr dp = 0;
     fy_stream *s[2] = {0};
@@ -24,7 +27,7 @@ FERRY_API int ferry_device_copy_rate(ferry_device *d, uint64_t bytes, double *ht
     if (rc == 0) rc = g->ops->mem_alloc(g, chunk, &dp);
     for (int k = 0; k < 2 && rc == 0; k++) rc = g->ops->stream_new(g, &s[k]);
     if (rc == 0) memset(h, 0x5A, chunk);
-    for (int dir = 0; dir < 2 && rc == 0; dir++) {
+    for (int dir = htod ? 0 : 1; dir < (dtoh ? 2 : 1) && rc == 0; dir++) {
         /* one untimed copy per stream first: the first copy pays for setup */
         for (int k = 0; k < 2 && rc == 0; k++) /* each stream its own half: no two copies write one byte */
             rc = dir == 0 ? g->ops->copy_htod(g, dp + (fy_dptr)(k * (chunk / 2)), (char *)h + k * (chunk / 2), chunk / 2, s[k])

@@ -493,3 +493,59 @@ def test_prefetch_keeps_window_full(tmp_path, sim_free, prefetch):
         assert seen["begin"] and all(f == prefetch + 1 for f in seen["begin"]), seen
         # (a resident block ending leaves the step-start window as it was)
         assert all(prefetch <= f <= prefetch + 1 for f in seen["end"]), seen
+
+
+def test_predict_step_and_choose_prefetch():
+    """The model the default prefetch is chosen by (synthetic times, exact)."""
+    from ferry import _torch_stream as ts
+    # one streamed block, compute-bound: copies hide behind compute
+    assert ts.predict_step([1.0, 1.0], [0.5, 0.5], [False, True], 1) == pytest.approx(2.0)
+    # every block streams, transfer-bound: one copy after another
+    assert ts.predict_step([0.1] * 4, [1.0] * 4, [True] * 4, 2) == pytest.approx(4.0)
+    # a run of resident blocks with prefetch 1: the copy of the block after
+    # them waits for the streamed block before them, so their compute hides
+    # one copy only; prefetch 2 hides two
+    comp, copy = [0.1, 1.0, 1.0, 0.1, 0.1], [1.0, 0, 0, 1.0, 1.0]
+    streams = [True, False, False, True, True]
+    t1, t2 = (ts.predict_step(comp, copy, streams, p) for p in (1, 2))
+    assert t2 < t1
+    # the smallest prefetch within 1 % of the best: here the budget's windows
+    # leave the same blocks streamed, so the longest copy run decides
+    N = 12
+    p, pred = ts.choose_prefetch([0.01] * N, [100] * N, 100.0, {1: 6, 2: 6, 3: 6, 4: 6})
+    assert set(pred) == {1, 2, 3, 4} and pred[p] <= min(pred.values()) * 1.01
+    assert all(pred[q] > pred[p] * 1.01 for q in pred if q < p)
+    # compute-bound: prefetch 1 is enough
+    p, _ = ts.choose_prefetch([1.0] * N, [100] * N, 1e6, {1: 6, 2: 5, 3: 4})
+    assert p == 1
+    assert [ts.spread(k, 3, 12) for k in range(12)].count(True) == 3
+
+
+def test_default_prefetch_is_measured(tmp_path, sim_free):
+    """Without a prefetch of the caller's, the second step measures each
+    block's compute and the device's copy rate and the third runs with the
+    prefetch predict_step chose (bit-identical throughout); with one, none
+    is measured."""
+    ref, path = model_and_file(tmp_path)
+    with torch.no_grad():
+        want = [ref(x_for(seed=s)) for s in range(4)]
+    budget = int(nbytes(ref) * 0.5)
+    for prefetch in (None, 2):
+        m = DiT()
+        with ft.Store(SIM, device_budget=budget) as store:
+            store.add("dit", path, module=m, stream="auto", prefetch=prefetch)
+            with torch.no_grad():
+                got = [m(x_for(seed=s)) for s in range(4)]
+            for a, b in zip(got, want):
+                assert torch.equal(a, b)
+            ss = store.stream_stats("dit")
+            ch = ss["prefetch_choice"]
+            if prefetch is not None:
+                assert ch is None and ss["prefetch"] == prefetch
+                continue
+            assert ch is not None, ss
+            assert ch["prefetch"] == ss["prefetch"] and 1 <= ss["prefetch"] <= 4
+            assert ch["was"] == 2 and 0.5 < ch["copy_gbps"] < 20  # SIM models 2 GB/s
+            assert ch["compute_s"] > 0 and set(ch["predicted_s"]) <= {1, 2, 3, 4}
+            # after the choice, every step still moves exactly the streamed blocks
+            assert ss["bytes_per_step"][3] == ss["planned_streamed_bytes"]

@@ -294,6 +294,26 @@ static void test_plan(ferry_ctx *ctx)
     ferry_plan g = {.size = sizeof g};
     CHECK_EQ(ferry_model_get_plan(r.m, &g), 0);
     CHECK_EQ(g.streamed_blocks, p.streamed_blocks);
+    /* a dry run with a window of 1 says one more block would stay (and a
+     * window too large for the budget says why), and changes nothing */
+    {
+        int64_t blocks[NB];
+        for (int k = 0; k < NB; k++) blocks[k] = r.blk[k][0];
+        ferry_plan_opts d = {.size = sizeof d, .blocks = blocks, .nblocks = NB, .window = 2, .budget = budget,
+                             .dry_run = 1};
+        ferry_plan q = {.size = sizeof q};
+        CHECK_EQ(ferry_model_plan(r.m, &d, &q), 0);
+        CHECK_EQ(q.resident_blocks, 5);
+        CHECK_EQ(q.window_bytes, 2 * block_bytes());
+        d.window = 8;
+        CHECK_EQ(ferry_model_plan(r.m, &d, &q), FERRY_E_BUDGET);
+        CHECK_EQ(ferry_model_get_plan(r.m, &g), 0);
+        CHECK_EQ(g.streamed_blocks, p.streamed_blocks);
+        CHECK_EQ(g.window_bytes, 3 * block_bytes());
+        int now = 0;
+        for (int k = 0; k < NB; k++) now += ferry_model_block_streams(r.m, k) == 1;
+        CHECK_EQ(now, NB - 4);
+    }
     /* too small for even the window: BUDGET, with the figures */
     CHECK_EQ(plan(&r, 3, FIXED + 2 * block_bytes(), 0, &p), FERRY_E_BUDGET);
     CHECK_STR_HAS(ferry_model_errmsg(r.m), "streaming needs");
