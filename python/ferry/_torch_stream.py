@@ -413,7 +413,9 @@ class Streamer:
             size = {}
             for b in self.order:
                 size[b] = sum(self.entry_of[i][0].nbytes for i in b.idx)
-            rate = core.dev.copy_rate(min(512 << 20, 2 * max(size.values()))) * 1e9
+            # (a 64 MiB buffer copied twice: near the limit already, and its
+            # pinning, once, costs a few ms rather than the 256 MiB probe's tens)
+            rate = core.dev.copy_rate(128 << 20) * 1e9
             budget, reserve = self._budget(False)
             plans = {}
             for p in range(1, PREFETCH_MAX + 1):
