@@ -347,7 +347,10 @@ int fy_fs_info(int fd, uint64_t *free_bytes, long *fs_type)
     if (rc) return rc;
     struct statfs sf;
     if (SYS(S_FSTATFS, fstatfs_fn)(fd, &sf) < 0) return -errno;
-    if (free_bytes) *free_bytes = (uint64_t)sf.f_bavail * (uint64_t)sf.f_bsize;
+    /* blocks are counted in fragments (statvfs's f_frsize); f_bsize is the
+     * preferred I/O size, which need not be the same */
+    uint64_t unit = sf.f_frsize > 0 ? (uint64_t)sf.f_frsize : (uint64_t)sf.f_bsize;
+    if (free_bytes && fy_mul_ovf((uint64_t)sf.f_bavail, unit, free_bytes)) *free_bytes = UINT64_MAX;
     if (fs_type) *fs_type = (long)sf.f_type;
     return 0;
 }

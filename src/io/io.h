@@ -109,7 +109,7 @@ int fy_fsync(int fd);
 /* fchmod(2): 0 or -errno. Not a fault point: its caller keeps the file's
  * mode as it is when this fails. */
 int fy_fchmod(int fd, mode_t mode);
-/* Free bytes for an unprivileged user (f_bavail * f_bsize) and the file
+/* Free bytes for an unprivileged user (f_bavail * f_frsize) and the file
  * system's magic number (statfs f_type) of the file system holding fd. */
 int fy_fs_info(int fd, uint64_t *free_bytes, long *fs_type);
 /* An unnamed file in dir (O_TMPFILE | O_RDWR, mode 0600): gone when its last

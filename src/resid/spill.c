@@ -137,7 +137,7 @@ int fy_spill_reserve(fy_spill *s, uint64_t len, uint64_t *off)
         rc = fy_fs_info(s->fd, &avail, NULL);
         if (rc < 0) return fy_seterr(err, rc, "%s: cannot query free space for the spill file: %s", s->dir, errtext(rc));
         FY_RETURN_IF(avail < need, err, -ENOSPC,
-                     "%s: no space to spill: %llu bytes needed, %llu bytes free on its file system", s->dir,
+                     "%s: no space to grow the spill file by %llu bytes: %llu bytes free on its file system", s->dir,
                      (unsigned long long)need, (unsigned long long)avail);
     }
 
@@ -164,13 +164,58 @@ int fy_spill_reserve(fy_spill *s, uint64_t len, uint64_t *off)
     return 0;
 }
 
+int fy_spill_check_room(fy_spill *s, uint64_t bytes)
+{
+    if (!s) return FERRY_E_INVAL;
+    uint64_t avail = 0;
+    int rc = fy_fs_info(s->fd, &avail, NULL);
+    if (rc < 0) return fy_seterr(s->err, rc, "%s: cannot query free space for the spill file: %s", s->dir, errtext(rc));
+    /* every byte below size is free or reserved */
+    uint64_t kept = s->holding ? s->size - s->reserved : 0, have;
+    if (fy_add_ovf(avail, kept, &have) || bytes <= have) return 0;
+    if (kept)
+        return fy_seterr(s->err, -ENOSPC,
+                         "%s: no space to spill: %llu bytes needed, %llu bytes free on its file system and at most "
+                         "%llu in the spill file's freed ranges",
+                         s->dir, (unsigned long long)bytes, (unsigned long long)avail, (unsigned long long)kept);
+    return fy_seterr(s->err, -ENOSPC, "%s: no space to spill: %llu bytes needed, %llu bytes free on its file system",
+                     s->dir, (unsigned long long)bytes, (unsigned long long)avail);
+}
+
+/* A range as fy_spill_reserve gave it: rounds len up; false (and nothing to
+ * do) for one that cannot have been reserved. */
+static bool reserved_range(const fy_spill *s, uint64_t off, uint64_t *len, uint64_t *end)
+{
+    if (*len == 0 || fy_add_ovf(*len, FY_SPILL_ALIGN - 1, len)) return false;
+    *len &= ~(uint64_t)(FY_SPILL_ALIGN - 1);
+    return off % FY_SPILL_ALIGN == 0 && !fy_add_ovf(off, *len, end) && *end <= s->size && *len <= s->reserved;
+}
+
+void fy_spill_unreserve(fy_spill *s, uint64_t off, uint64_t len)
+{
+    uint64_t end;
+    if (!s || !reserved_range(s, off, &len, &end)) return;
+    /* A range that grew the file is at its end (the later ones are gone
+     * already): cutting it off gives back its blocks and leaves the file as
+     * it was before it grew. */
+    if (end == s->size && fy_ftruncate(s->fd, off) == 0) {
+        s->size = off;
+        s->reserved -= len;
+        if (s->nlive) s->nlive--;
+        return;
+    }
+    /* A reused range: taken from the front of a free range, so giving it back
+     * restores that range. (-ENOMEM cannot happen: reserve kept room.) */
+    if (fy_ranges_give(&s->free, &s->mem, off, len) < 0) return;
+    s->reserved -= len;
+    if (s->nlive) s->nlive--;
+    (void)fy_fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len);
+}
+
 void fy_spill_release(fy_spill *s, uint64_t off, uint64_t len)
 {
-    if (!s || len == 0) return;
     uint64_t end;
-    if (fy_add_ovf(len, FY_SPILL_ALIGN - 1, &len)) return;
-    len &= ~(uint64_t)(FY_SPILL_ALIGN - 1);
-    if (off % FY_SPILL_ALIGN || fy_add_ovf(off, len, &end) || end > s->size || len > s->reserved) return;
+    if (!s || !reserved_range(s, off, &len, &end)) return;
 
     /* Overlapping a free range: not something we reserved. -ENOMEM: only
      * after a misuse (reserve keeps room for every live range); the range

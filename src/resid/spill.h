@@ -33,6 +33,27 @@ const char *fy_spill_dir(const fy_spill *s);
  * free; or the -errno of fallocate. *off receives the range's offset.
  * Also FERRY_E_INVAL for len 0, -EFBIG past the largest file, -ENOMEM. */
 int fy_spill_reserve(fy_spill *s, uint64_t len, uint64_t *off);
+/* Before a batch of reservations (one eviction's spill): -ENOSPC, with a
+ * message naming the directory, the bytes needed and the bytes free, when the
+ * file system cannot hold bytes more (the batch's total, each range rounded up
+ * to FY_SPILL_ALIGN), so that a batch that cannot fit fails before reserving
+ * any of it. Free means f_bavail * f_frsize (fstatfs); while holding, the
+ * freed ranges' bytes count too (their blocks may still be allocated and
+ * reusable), so the check never refuses a batch that could fit and a batch it
+ * lets through may still fail in fy_spill_reserve. 0, or the -errno of
+ * fstatfs (message naming the directory). */
+int fy_spill_check_room(fy_spill *s, uint64_t bytes);
+/* Take back a range reserved by fy_spill_reserve, when a batch fails: ranges
+ * taken back in the reverse order of their reservation, with nothing else
+ * reserved or released in between, leave the file's size, its free ranges and
+ * its allocated blocks as they were before those reservations (a range at the
+ * end of the file is cut off, any other goes back to the free list and its
+ * blocks are punched, holding or not, since fallocate may have filled a
+ * hole). Exceptions, which keep the books consistent but not identical: a
+ * free range that was the file's whole tail and was reused whole is cut off
+ * rather than kept, and where ftruncate fails the range is punched and kept
+ * free. Never allocates; a range that cannot have been reserved is ignored. */
+void fy_spill_unreserve(fy_spill *s, uint64_t off, uint64_t len);
 /* Return a reserved range (off and len as reserved): its blocks are punched
  * out (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE) and it is merged with
  * neighbouring free ranges; a free range at the end of the file is cut off

@@ -208,6 +208,18 @@ static int fake_fstatfs(int fd, struct statfs *sf)
     return 0;
 }
 
+/* f_bsize is the preferred I/O size, f_frsize the unit f_bavail counts in */
+static int fake_fstatfs_frsize(int fd, struct statfs *sf)
+{
+    (void)fd;
+    memset(sf, 0, sizeof *sf);
+    sf->f_type = 0xEF53;
+    sf->f_bsize = 1 << 20;
+    sf->f_frsize = 1024;
+    sf->f_bavail = 10;
+    return 0;
+}
+
 /* ---- the table itself ---- */
 
 static void test_table(void)
@@ -498,6 +510,17 @@ static void test_spill(void)
     CHECK_EQ(count_fds(), fds);
     CHECK_EQ(atomic_load(&live), 0);
     fake_fs_type = 0xEF53;
+
+    /* free space counts f_bavail in f_frsize units (f_bsize where that is 0) */
+    uint64_t fr = 0;
+    long ty = 0;
+    CHECK_EQ(fy_fs_info(0, &fr, &ty), 0);
+    CHECK_EQ(fr, (1ull << 20) * 4096);
+    CHECK_EQ(ty, 0xEF53);
+    CHECK_EQ(fy_sys_set("fstatfs", (fy_sys_fn)fake_fstatfs_frsize), 0);
+    CHECK_EQ(fy_fs_info(0, &fr, NULL), 0);
+    CHECK_EQ(fr, 10240);
+    CHECK_EQ(fy_sys_set("fstatfs", (fy_sys_fn)fake_fstatfs), 0);
 
     /* no O_TMPFILE: a named file, unlinked at once */
     CHECK_EQ(fy_sys_set("open", (fy_sys_fn)open_no_tmpfile), 0);

@@ -1,5 +1,6 @@
 /* test_spill.c - the spill file on a real disk: reservation, best-fit reuse,
- * merging, tail truncation, hole punching, tmpfs refusal, free-space checks,
+ * merging, tail truncation, hole punching, tmpfs refusal, free-space checks
+ * (one range, and a whole batch's), a failed batch taken back exactly,
  * fault loops over every system call and allocation, and kill -9 leaving
  * nothing behind. */
 #define _GNU_SOURCE
@@ -495,6 +496,213 @@ static void test_enospc(void)
     CHECK_EQ(rmdir(d), 0);
 }
 
+/* A failed batch is taken back with fy_spill_unreserve, last range first:
+ * the file's size, its blocks and its free ranges are as before the batch
+ * (the same batch reserved again lands on the same offsets), whether its
+ * ranges reused holes, grew the file, or both; also while holding, where the
+ * reused ranges are punched (fallocate may have filled them) and no more. */
+static void test_unreserve(void)
+{
+    char d[PATH_MAX];
+    make_dir(d, sizeof d, base);
+    for (int holding = 0; holding < 2; holding++) {
+        fy_spill *s = open_in(d);
+        if (!s) return;
+        int fd = fy_spill_fd(s);
+        /* in pages: live [0,16) free [16,48) live [48,56) free [56,88) live [88,96) [96,116) */
+        uint64_t o[6];
+        static const uint64_t lens[6] = {16 * K, 32 * K, 8 * K, 32 * K, 8 * K, 20 * K};
+        for (int i = 0; i < 6; i++) {
+            CHECK_EQ(fy_spill_reserve(s, lens[i], &o[i]), 0);
+            fill(fd, o[i], lens[i], (unsigned)i + 1);
+        }
+        if (holding) fy_spill_hold(s); /* the freed ranges keep their blocks */
+        fy_spill_release(s, o[1], lens[1]);
+        fy_spill_release(s, o[3], lens[3]);
+        uint64_t r0 = used(s), z0 = fsize(s);
+        struct stat st0 = fst(fd);
+        CHECK_EQ(z0, 116 * K);
+        /* a batch: the first hole whole, part of the second, growing, and
+         * the second hole again (unaligned: two pages) */
+        static const uint64_t blen[4] = {32 * K, 12 * K, 64 * K, 5000};
+        uint64_t bo[4], again[4];
+        for (int round = 0; round < 2; round++) {
+            for (int i = 0; i < 4; i++) CHECK_EQ(fy_spill_reserve(s, blen[i], round ? &again[i] : &bo[i]), 0);
+            CHECK_EQ(fsize(s), 116 * K + 64 * K);
+            CHECK((uint64_t)fst(fd).st_blocks * 512 >= (52 + 110) * K); /* the live ranges and the batch */
+            for (int i = 4; i-- > 0;) fy_spill_unreserve(s, round ? again[i] : bo[i], blen[i]);
+            CHECK_EQ(used(s), r0);
+            CHECK_EQ(fsize(s), z0);
+            struct stat st1 = fst(fd);
+            CHECK_EQ(st1.st_size, st0.st_size);
+            if (holding) CHECK(st1.st_blocks <= st0.st_blocks); /* the reused ranges punched, nothing kept */
+            else CHECK_EQ(st1.st_blocks, st0.st_blocks);        /* exactly as before */
+        }
+        for (int i = 0; i < 4; i++) CHECK_EQ(again[i], bo[i]); /* the same free ranges: the same best fits */
+        CHECK_EQ(bo[0], o[1]);
+        CHECK_EQ(bo[1], o[3]);
+        CHECK_EQ(bo[2], 116 * K);
+        CHECK_EQ(bo[3], o[3] + 12 * K);
+        for (int i = 0; i < 6; i++)
+            if (i != 1 && i != 3) CHECK(holds(fd, o[i], lens[i], (unsigned)i + 1)); /* the live ranges untouched */
+        /* nonsense is ignored: unaligned, past the end, overlapping a free range */
+        fy_spill_unreserve(s, o[0] + 1, K);
+        fy_spill_unreserve(s, z0, K);
+        fy_spill_unreserve(s, o[1], K);
+        fy_spill_unreserve(s, o[0], 0);
+        fy_spill_unreserve(NULL, 0, K);
+        CHECK_EQ(used(s), r0);
+        CHECK_EQ(fsize(s), z0);
+        uint64_t t;
+        fy_spill_release(s, o[5], lens[5]); /* holding: a free tail, kept */
+        if (holding) {
+            /* taking back a free tail that was reused whole: cut off rather
+             * than kept (the next flush would cut it anyway) */
+            CHECK_EQ(fsize(s), z0);
+            CHECK_EQ(fy_spill_reserve(s, lens[5], &t), 0);
+            CHECK_EQ(t, o[5]);
+            fy_spill_unreserve(s, t, lens[5]);
+        }
+        CHECK_EQ(fsize(s), o[5]);
+        CHECK_EQ(fst(fd).st_size, (long long)o[5]);
+        CHECK_EQ(fy_spill_reserve(s, 2 * K, &t), 0);
+        CHECK_EQ(t, o[1]);
+        fy_spill_unreserve(s, t, 2 * K);
+        CHECK_EQ(fsize(s), o[5]);
+        CHECK_EQ(used(s), r0 - lens[5]);
+        for (int i = 0; i < 6; i++)
+            if (i != 1 && i != 3 && i != 5) fy_spill_release(s, o[i], lens[i]);
+        if (holding) fy_spill_flush(s);
+        CHECK_EQ(used(s), 0);
+        CHECK_EQ(fsize(s), 0);
+        CHECK_EQ(fst(fd).st_size, 0);
+        CHECK_EQ(fst(fd).st_blocks, 0);
+        fy_spill_close(s);
+    }
+    CHECK_EQ(atomic_load(&live), 0);
+    CHECK(dir_empty(d));
+    CHECK_EQ(rmdir(d), 0);
+}
+
+/* Taking a batch back never allocates and survives failing punches and
+ * truncates: the books stay true to the file. */
+static void test_unreserve_faults(void)
+{
+    char d[PATH_MAX];
+    make_dir(d, sizeof d, base);
+    int n, failed = 0;
+    for (n = 1; n < 100; n++) {
+        fy_spill *s = open_in(d);
+        if (!s) return;
+        int fd = fy_spill_fd(s);
+        uint64_t a, b, h, x, y;
+        CHECK_EQ(fy_spill_reserve(s, 8 * K, &a), 0);
+        CHECK_EQ(fy_spill_reserve(s, 8 * K, &h), 0);
+        CHECK_EQ(fy_spill_reserve(s, 8 * K, &b), 0);
+        fy_spill_release(s, h, 8 * K);
+        CHECK_EQ(fy_spill_reserve(s, 8 * K, &x), 0); /* the hole */
+        CHECK_EQ(fy_spill_reserve(s, 8 * K, &y), 0); /* growing */
+        CHECK_EQ(x, h);
+        alloc_arm(1);
+        fy_fault_arm(n, EIO);
+        fy_spill_unreserve(s, y, 8 * K);
+        fy_spill_unreserve(s, x, 8 * K);
+        bool fired = fy_fault_fired();
+        fy_fault_arm(0, 0);
+        CHECK(!atomic_load(&alloc_fired));
+        alloc_arm(0);
+        CHECK_EQ(used(s), 16 * K);
+        CHECK_EQ(fsize(s), (uint64_t)fst(fd).st_size);
+        if (!fired) CHECK_EQ(fsize(s), 24 * K);
+        if (fired && n == 1) CHECK_EQ(fsize(s), 32 * K); /* the truncate failed: the tail kept, free */
+        /* everything is reusable and goes away */
+        uint64_t r;
+        CHECK_EQ(fy_spill_reserve(s, 8 * K, &r), 0);
+        CHECK_EQ(r, h);
+        fy_spill_release(s, r, 8 * K);
+        fy_spill_release(s, a, 8 * K);
+        fy_spill_release(s, b, 8 * K);
+        CHECK_EQ(used(s), 0);
+        CHECK_EQ(fsize(s), 0);
+        CHECK_EQ(fst(fd).st_size, 0);
+        fy_spill_close(s);
+        if (!fired) break;
+        failed++;
+    }
+    CHECK_EQ(failed, 2); /* the truncate of the grown range, the punch of the reused one */
+    CHECK_EQ(atomic_load(&live), 0);
+    CHECK_EQ(rmdir(d), 0);
+}
+
+/* The batch's free-space check, on what fstatfs says (f_bavail * f_frsize:
+ * f_bsize is made different to tell them apart). */
+static unsigned long long fake_bavail;
+static int fake_statfs_calls;
+static int fake_fstatfs(int fd, struct statfs *sf)
+{
+    if (fstatfs(fd, sf) < 0) return -1;
+    fake_statfs_calls++;
+    sf->f_frsize = 4096;
+    sf->f_bsize = 1 << 20;
+    sf->f_bavail = (fsblkcnt_t)fake_bavail;
+    return 0;
+}
+
+static void test_check_room(void)
+{
+    char d[PATH_MAX];
+    make_dir(d, sizeof d, base);
+    fy_spill *s = open_in(d);
+    if (!s) return;
+    CHECK_EQ(fy_sys_set("fstatfs", (fy_sys_fn)fake_fstatfs), 0);
+    fake_bavail = 100; /* 400 KiB */
+    fake_statfs_calls = 0;
+    CHECK_EQ(fy_spill_check_room(s, 100 * K), 0);
+    CHECK_EQ(fy_spill_check_room(s, 0), 0);
+    CHECK_EQ(fake_statfs_calls, 2);
+    err.msg[0] = '\0';
+    CHECK_EQ(fy_spill_check_room(s, 100 * K + 1), -ENOSPC);
+    CHECK_STR_HAS(msg(), d);
+    CHECK_STR_HAS(msg(), "409601 bytes needed");
+    CHECK_STR_HAS(msg(), "409600 bytes free");
+    CHECK_EQ(fsize(s), 0); /* a check reserves nothing */
+    CHECK_EQ(fst(fy_spill_fd(s)).st_size, 0);
+    /* while holding, freed ranges may still hold their blocks: they count */
+    uint64_t a, b;
+    CHECK_EQ(fy_spill_reserve(s, 40 * K, &a), 0);
+    CHECK_EQ(fy_spill_reserve(s, 8 * K, &b), 0);
+    fy_spill_hold(s);
+    fy_spill_release(s, a, 40 * K);
+    CHECK_EQ(fy_spill_check_room(s, 140 * K), 0);
+    CHECK_EQ(fy_spill_check_room(s, 140 * K + 1), -ENOSPC);
+    CHECK_STR_HAS(msg(), "573441 bytes needed");
+    CHECK_STR_HAS(msg(), "409600 bytes free");
+    CHECK_STR_HAS(msg(), "163840 in the spill file");
+    fy_spill_flush(s); /* punched: they count no more */
+    CHECK_EQ(fy_spill_check_room(s, 100 * K + 1), -ENOSPC);
+    /* no overflow at the extremes */
+    fake_bavail = ~0ull >> 8;
+    CHECK_EQ(fy_spill_check_room(s, UINT64_MAX), 0); /* f_bavail * f_frsize saturates */
+    fy_sys_reset();
+    /* fstatfs itself fails: its error, naming the directory */
+    fy_fault_arm(1, EIO);
+    CHECK_EQ(fy_spill_check_room(s, K), -EIO);
+    CHECK(fy_fault_fired());
+    fy_fault_arm(0, 0);
+    CHECK_STR_HAS(msg(), d);
+    CHECK_EQ(fy_spill_check_room(NULL, K), FERRY_E_INVAL);
+    /* the real file system: a request past its free space is refused */
+    struct statvfs sv;
+    CHECK_EQ(statvfs(d, &sv), 0);
+    CHECK_EQ(fy_spill_check_room(s, (uint64_t)sv.f_bavail * sv.f_frsize + 1024 * MiB), -ENOSPC);
+    CHECK_EQ(fy_spill_check_room(s, K), 0);
+    fy_spill_release(s, b, 8 * K);
+    fy_spill_close(s);
+    CHECK_EQ(atomic_load(&live), 0);
+    CHECK(dir_empty(d));
+    CHECK_EQ(rmdir(d), 0);
+}
+
 /* Fail each faultable call of fy_spill_open in turn. */
 static void test_fault_open(void)
 {
@@ -813,6 +1021,9 @@ static void test_kill9(int fallback)
     CASE(fault_alloc, test_fault_alloc())                                        \
     CASE(fault_reserve, test_fault_reserve())                                    \
     CASE(fault_release, test_fault_release())                                    \
+    CASE(unreserve, test_unreserve())                                            \
+    CASE(unreserve_faults, test_unreserve_faults())                              \
+    CASE(check_room, test_check_room())                                          \
     CASE(kill9, test_kill9(0))                                                   \
     CASE(kill9_fallback, test_kill9(1))
 CHECK_CASES(CASES)
