@@ -232,21 +232,16 @@ int fy_mem_self(fy_memsnap *out)
     return mem_self_at(g_proc_bad ? NULL : g_proc_root, out);
 }
 
-/* ---- cgroup v2 ------------------------------------------------------------ */
+/* ---- cgroups -------------------------------------------------------------- */
 
-typedef struct cg_line {
-    char *rel; /* PATH_MAX bytes: "" for the root, else "/a/b" */
-    int rc;    /* 1 found, < 0 malformed */
-} cg_line;
-
-/* "0::/a/b" -> "/a/b" with empty components dropped; "." and ".." refused so
- * that walking up can never leave the cgroup root. */
-static int cgroup_line(void *arg, const char *line, size_t len)
+/* A cgroup path "/a//b/" into out as "/a/b" ("" for the root), from the bytes
+ * [p, end), which may be out itself (out never runs ahead of p): it must
+ * start with '/' and hold no NUL; "." and ".." components are refused, so
+ * that walking up can never leave the hierarchy (nor, for a mount point, the
+ * tree it is read from). */
+static int clean_path(const char *p, const char *end, char out[PATH_MAX])
 {
-    cg_line *c = arg;
-    if (len < 3 || memcmp(line, "0::", 3) != 0) return 0;
-    const char *p = line + 3, *end = line + len;
-    if (p == end || *p != '/' || memchr(p, '\0', (size_t)(end - p))) return c->rc = -EINVAL;
+    if (p == end || *p != '/' || memchr(p, '\0', (size_t)(end - p))) return -EINVAL;
     size_t o = 0;
     while (p < end) {
         while (p < end && *p == '/') p++;
@@ -254,83 +249,304 @@ static int cgroup_line(void *arg, const char *line, size_t len)
         while (q < end && *q != '/') q++;
         size_t n = (size_t)(q - p);
         if (n == 0) break;
-        if ((n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.')) return c->rc = -EINVAL;
-        if (o + 1 + n >= PATH_MAX) return c->rc = -ENAMETOOLONG;
-        c->rel[o++] = '/';
-        memcpy(c->rel + o, p, n);
+        if ((n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.')) return -EINVAL;
+        if (o + 1 + n >= PATH_MAX) return -ENAMETOOLONG;
+        out[o++] = '/';
+        memmove(out + o, p, n);
         o += n;
         p = q;
     }
-    c->rel[o] = '\0';
-    return c->rc = 1;
+    out[o] = '\0';
+    return 0;
 }
 
-/* The process's cgroup v2 path relative to the cgroup root ("" = the root). */
-static int cgroup_rel(const char *proc_root, char rel[PATH_MAX])
+/* Whether the comma-separated list [p, end) holds the word "memory". */
+static bool has_memory(const char *p, const char *end)
 {
-    char path[PATH_MAX];
-    if (!proc_root) return -ENAMETOOLONG;
+    while (p < end) {
+        const char *q = memchr(p, ',', (size_t)(end - p));
+        if (!q) q = end;
+        if (q - p == 6 && memcmp(p, "memory", 6) == 0) return true;
+        p = q + 1;
+    }
+    return false;
+}
+
+/* /proc/self/cgroup: the v2 line "0::/a/b" and the v1 memory controller's
+ * "N:memory:/a/b" (or "N:cpu,memory:/a/b"); the first of each kind counts. */
+typedef struct cg_lines {
+    char *v2, *v1; /* PATH_MAX bytes each, cleaned as clean_path does */
+    int v2rc, v1rc; /* 0 no such line, 1 found, < 0 malformed */
+} cg_lines;
+
+static int cgroup_line(void *arg, const char *line, size_t len)
+{
+    cg_lines *c = arg;
+    const char *end = line + len;
+    if (len >= 3 && memcmp(line, "0::", 3) == 0) {
+        if (c->v2rc == 0) {
+            int rc = clean_path(line + 3, end, c->v2);
+            c->v2rc = rc < 0 ? rc : 1;
+        }
+        return 0;
+    }
+    const char *a = memchr(line, ':', len);
+    const char *b = a ? memchr(a + 1, ':', (size_t)(end - a - 1)) : NULL;
+    if (!b || a == line || c->v1rc != 0 || !has_memory(a + 1, b)) return 0;
+    int rc = clean_path(b + 1, end, c->v1);
+    c->v1rc = rc < 0 ? rc : 1;
+    return 0;
+}
+
+/* Which files say what, per version. v1 marks "no limit" with a huge number
+ * (PAGE_COUNTER_MAX pages: 9223372036854771712 with 4 KiB pages); anything
+ * from 2^62 up is taken for that, as no machine has that much memory. The
+ * page cache the kernel would drop before it reclaims anything else (the
+ * inactive file pages) is not the cgroup's debt: a checkpoint read through
+ * the cache is charged to the cgroup that read it, and counting it would make
+ * the budget shrink with every load. The active file pages stay counted
+ * (reclaimed only once they go inactive), as does shmem (not reclaimable
+ * without swap), so what is subtracted is the same as kubelet's working set
+ * and is the same on v1 (total_inactive_file: it and its children, as
+ * usage_in_bytes) and v2 (inactive_file: memory.current is hierarchical). */
+typedef struct cg_files {
+    int version;
+    const char *current, *peak, *reclaim_key, *limit_key; /* limit_key: in memory.stat, or NULL */
+    const char *limits[2];
+    bool max_word; /* "max" means no limit */
+    bool huge_none; /* a limit from 2^62 up means none */
+} cg_files;
+
+static const cg_files v2_files = {2, "/memory.current", "/memory.peak", "inactive_file", NULL,
+                                  {"/memory.max", "/memory.high"}, true, false};
+static const cg_files v1_files = {1, "/memory.usage_in_bytes", "/memory.max_usage_in_bytes", "total_inactive_file",
+                                  "hierarchical_memory_limit", {"/memory.limit_in_bytes", NULL}, false, true};
+#define V1_NO_LIMIT (1ull << 62)
+
+/* Where the process's memory cgroup is: dir = base + sub is its folder and
+ * name = mount root + sub its path in the hierarchy (for messages); the walk
+ * up strips components of sub until dir is dir_top bytes long (the highest
+ * level this process can see: the cgroup root for v2, the mount's root for
+ * v1). current: its memory.current or memory.usage_in_bytes. */
+typedef struct cg_where {
+    const cg_files *f;
+    char dir[PATH_MAX], name[PATH_MAX];
+    size_t dir_top;
+    uint64_t current;
+} cg_where;
+
+/* mountinfo: "36 25 0:32 ROOT MOUNTPOINT OPTS [OPTIONAL...] - TYPE SOURCE SUPEROPTS". */
+typedef struct mnt_find {
+    const char *path;    /* the process's v1 path, cleaned */
+    const char *cg_root; /* where /sys/fs/cgroup is read from */
+    bool redirected;     /* cg_root is not /sys/fs/cgroup */
+    cg_where *w;
+    int rc; /* 1 found, < 0 the first path error (too long) */
+} mnt_find;
+
+/* A mountinfo field with the kernel's octal escapes (\040 for ' ', \011,
+ * \012, \134) undone, into out (PATH_MAX bytes): its length, or -1. */
+static long unescape(const char *p, size_t n, char *out)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = p[i];
+        if (c == '\\') {
+            if (n - i < 4) return -1;
+            unsigned v = 0;
+            for (int k = 1; k <= 3; k++) {
+                if (p[i + k] < '0' || p[i + k] > '7') return -1;
+                v = v * 8 + (unsigned)(p[i + k] - '0');
+            }
+            if (v == 0 || v > 255) return -1;
+            c = (char)v;
+            i += 3;
+        }
+        if (o + 1 >= PATH_MAX) return -1;
+        out[o++] = c;
+    }
+    out[o] = '\0';
+    return (long)o;
+}
+
+static int mount_line(void *arg, const char *line, size_t len)
+{
+    mnt_find *m = arg;
+    const char *fld[64];
+    size_t flen[64];
+    int nf = 0, dash = -1;
+    for (size_t i = 0; i < len && nf < 64;) {
+        size_t j = i;
+        while (j < len && line[j] != ' ') j++;
+        fld[nf] = line + i;
+        flen[nf] = j - i;
+        if (dash < 0 && nf >= 6 && flen[nf] == 1 && fld[nf][0] == '-') dash = nf;
+        nf++;
+        i = j + 1;
+    }
+    /* Lines this does not understand are not the memory controller's mount. */
+    if (dash < 0 || nf < dash + 4) return 0;
+    if (flen[dash + 1] != 6 || memcmp(fld[dash + 1], "cgroup", 6) != 0) return 0;
+    if (!has_memory(fld[dash + 3], fld[dash + 3] + flen[dash + 3])) return 0;
+    char root[PATH_MAX], mp[PATH_MAX];
+    long n = unescape(fld[3], flen[3], root);
+    if (n < 0 || clean_path(root, root + n, root) < 0) return 0;
+    n = unescape(fld[4], flen[4], mp);
+    if (n < 0 || clean_path(mp, mp + n, mp) < 0) return 0;
+    /* The mount shows the hierarchy from root down: is the process in it? */
+    size_t rl = strlen(root);
+    if (strncmp(m->path, root, rl) != 0 || (m->path[rl] != '\0' && m->path[rl] != '/')) return 0;
+    static const char sysfs[] = "/sys/fs/cgroup";
+    const size_t sl = sizeof sysfs - 1;
+    const char *base_a, *base_b;
+    if (strncmp(mp, sysfs, sl) == 0 && (mp[sl] == '\0' || mp[sl] == '/')) {
+        base_a = m->cg_root;
+        base_b = mp + sl;
+    } else if (!m->redirected) {
+        base_a = mp;
+        base_b = "";
+    } else {
+        return 0; /* a fake tree holds only what is under /sys/fs/cgroup */
+    }
+    cg_where *w = m->w;
+    int rc = join3(w->dir, sizeof w->dir, base_a, base_b, m->path + rl);
+    w->dir_top = strlen(base_a) + strlen(base_b);
+    if (rc < 0) {
+        if (m->rc == 0) m->rc = rc;
+        return 0;
+    }
+    memcpy(w->name, m->path, strlen(m->path) + 1);
+    m->rc = 1;
+    return 1;
+}
+
+/* The process's memory cgroup: v2 where its memory.current exists, else v1's
+ * memory controller where mountinfo shows it mounted. *w is filled on 0. */
+static int cgroup_find(const char *proc_root, const char *cg_root, cg_where *w)
+{
+    char path[PATH_MAX], v2[PATH_MAX], v1[PATH_MAX];
+    bool unl;
+    if (!proc_root || !cg_root) return -ENAMETOOLONG;
     FY_TRY(join3(path, sizeof path, proc_root, "/self/cgroup", ""));
-    cg_line c = {rel, 0};
-    int rc = for_each_line(path, cgroup_line, &c);
-    if (rc < 0) return rc;
-    return c.rc == 1 ? 0 : -ENOENT;
+    cg_lines c = {v2, v1, 0, 0};
+    FY_TRY(for_each_line(path, cgroup_line, &c));
+    if (c.v2rc < 0) return c.v2rc;
+    if (c.v2rc == 1) {
+        w->f = &v2_files;
+        FY_TRY(join3(w->dir, sizeof w->dir, cg_root, v2, ""));
+        w->dir_top = strlen(cg_root);
+        memcpy(w->name, v2, strlen(v2) + 1);
+        FY_TRY(join3(path, sizeof path, w->dir, w->f->current, ""));
+        int rc = read_cg_value(path, false, &w->current, &unl);
+        if (rc != -ENOENT) return rc; /* else the memory controller is not on v2: a v1 or hybrid host */
+    }
+    if (c.v1rc <= 0) return c.v1rc < 0 ? c.v1rc : -ENOENT;
+    FY_TRY(join3(path, sizeof path, proc_root, "/self/mountinfo", ""));
+    mnt_find m = {v1, cg_root, strcmp(cg_root, "/sys/fs/cgroup") != 0, w, 0};
+    FY_TRY(for_each_line(path, mount_line, &m));
+    if (m.rc <= 0) return m.rc < 0 ? m.rc : -ENOENT;
+    w->f = &v1_files;
+    FY_TRY(join3(path, sizeof path, w->dir, w->f->current, ""));
+    return read_cg_value(path, false, &w->current, &unl);
 }
 
-/* "cgroup <rel>: <what>" into out->path; a long path keeps its end, where the
- * service or container name is, and control bytes become '?'. */
-static void name_limit(char *dst, size_t n, const char *rel, const char *what)
+/* memory.stat: "key value" lines; only the keys asked for are checked. */
+typedef struct stat_find {
+    const char *key[2];
+    uint64_t v[2];
+    bool seen[2];
+} stat_find;
+
+static int stat_line(void *arg, const char *line, size_t len)
 {
-    const char *shown = rel[0] ? rel : "/";
+    stat_find *s = arg;
+    for (int k = 0; k < 2; k++) {
+        if (!s->key[k]) continue;
+        size_t kl = strlen(s->key[k]);
+        if (len < kl || memcmp(line, s->key[k], kl) != 0 || (len > kl && line[kl] != ' ')) continue;
+        if (s->seen[k]) return -EINVAL; /* which of two values would be true? */
+        s->seen[k] = true;
+        size_t e = len;
+        while (e > kl + 1 && is_blank(line[e - 1])) e--;
+        return e > kl ? parse_u64(line + kl + 1, e - kl - 1, &s->v[k]) : -EINVAL;
+    }
+    return 0;
+}
+
+/* "cgroup <rel>: <what>" into dst (n bytes), rel being the first rel_len bytes
+ * of a cgroup path; a long path keeps its end, where the service or container
+ * name is, and control bytes become '?'. */
+static void name_limit(char *dst, size_t n, const char *rel, size_t rel_len, const char *what)
+{
+    const char *shown = rel_len ? rel : "/";
+    size_t len = rel_len ? rel_len : 1;
     size_t fixed = strlen("cgroup ") + strlen(": ") + strlen(what) + 1;
-    size_t room = n > fixed ? n - fixed : 0, len = strlen(shown);
+    size_t room = n > fixed ? n - fixed : 0;
     const char *ell = "";
     if (len > room && room > 3) {
-        shown += len - (room - 3);
-        while (((unsigned char)*shown & 0xC0) == 0x80) shown++; /* not inside a UTF-8 character */
+        size_t cut = len - (room - 3);
+        while (cut < len && ((unsigned char)shown[cut] & 0xC0) == 0x80) cut++; /* not inside a UTF-8 character */
+        shown += cut;
+        len -= cut;
         ell = "...";
     }
-    snprintf(dst, n, "cgroup %s%s: %s", ell, shown, what);
+    snprintf(dst, n, "cgroup %s%.*s: %s", ell, (int)len, shown, what);
     for (char *p = dst; *p; p++)
         if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
 }
 
 static int cgroup_read_at(const char *proc_root, const char *cg_root, fy_cgroup_mem *out)
 {
-    char rel[PATH_MAX], path[PATH_MAX];
+    cg_where w;
+    char path[PATH_MAX];
     bool unl;
     memset(out, 0, sizeof *out);
-    if (!cg_root) return -ENAMETOOLONG;
-    FY_TRY(cgroup_rel(proc_root, rel));
-
-    FY_TRY(join3(path, sizeof path, cg_root, rel, "/memory.current"));
-    FY_TRY(read_cg_value(path, false, &out->current, &unl));
-    FY_TRY(join3(path, sizeof path, cg_root, rel, "/memory.peak"));
+    FY_TRY(cgroup_find(proc_root, cg_root, &w));
+    const cg_files *f = w.f;
+    out->version = f->version;
+    out->current = w.current;
+    FY_TRY(join3(path, sizeof path, w.dir, f->peak, ""));
     int rc = read_cg_value(path, false, &out->peak, &unl);
     if (rc == 0) out->has_peak = 1;
     else if (rc != -ENOENT) return rc;
 
+    stat_find st = {{f->reclaim_key, f->limit_key}, {0, 0}, {false, false}};
+    FY_TRY(join3(path, sizeof path, w.dir, "/memory.stat", ""));
+    rc = for_each_line(path, stat_line, &st);
+    if (rc < 0 && rc != -ENOENT) return rc;
+    out->reclaimable = st.v[0];
+
     /* Walk up: the kernel enforces every ancestor's limit on us too. */
-    static const char *const files[2] = {"/memory.max", "/memory.high"};
-    char level[PATH_MAX];
-    memcpy(level, rel, strlen(rel) + 1);
+    size_t dl = strlen(w.dir), nl = strlen(w.name);
     for (;;) {
-        for (int f = 0; f < 2; f++) {
+        for (int i = 0; i < 2 && f->limits[i]; i++) {
             uint64_t v;
-            FY_TRY(join3(path, sizeof path, cg_root, level, files[f]));
-            rc = read_cg_value(path, true, &v, &unl);
-            if (rc == -ENOENT || (rc == 0 && unl)) continue;
+            w.dir[dl] = '\0';
+            FY_TRY(join3(path, sizeof path, w.dir, f->limits[i], ""));
+            rc = read_cg_value(path, f->max_word, &v, &unl);
+            if (rc == -ENOENT || (rc == 0 && (unl || (f->huge_none && v >= V1_NO_LIMIT)))) continue;
             if (rc < 0) return rc;
             if (!out->limited || v < out->limit) {
                 out->limited = 1;
                 out->limit = v;
-                name_limit(out->path, sizeof out->path, level, files[f] + 1);
+                name_limit(out->path, sizeof out->path, w.name, nl, f->limits[i] + 1);
             }
         }
-        if (!level[0]) break;
-        *strrchr(level, '/') = '\0';
+        if (dl == w.dir_top) break;
+        size_t k = dl;
+        while (k > w.dir_top && w.dir[k - 1] != '/') k--;
+        k--; /* the '/' before the last component: sub ends in the same bytes in dir and name */
+        nl -= dl - k;
+        dl = k;
     }
-    if (!out->limited) name_limit(out->path, sizeof out->path, rel, "no limit");
+    /* v1 sums the ancestors this process cannot see (a container whose mount
+     * starts at its own cgroup) into the leaf's hierarchical_memory_limit. */
+    if (st.seen[1] && st.v[1] < V1_NO_LIMIT && (!out->limited || st.v[1] < out->limit)) {
+        out->limited = 1;
+        out->limit = st.v[1];
+        name_limit(out->path, sizeof out->path, w.name, strlen(w.name), "memory.stat hierarchical_memory_limit");
+    }
+    if (!out->limited) name_limit(out->path, sizeof out->path, w.name, strlen(w.name), "no limit");
     return 0;
 }
 
@@ -368,7 +584,8 @@ int fy_host_available(uint64_t *avail, char *source, size_t n)
     uint64_t host;
     int hrc = mem_available(&host);
     if (rc == 0 && cg.limited) {
-        uint64_t room = cg.limit > cg.current ? cg.limit - cg.current : 0;
+        uint64_t used = cg.current > cg.reclaimable ? cg.current - cg.reclaimable : 0;
+        uint64_t room = cg.limit > used ? cg.limit - used : 0;
         bool host_lower = hrc == 0 && host < room;
         *avail = host_lower ? host : room;
         if (source && n) snprintf(source, n, "%s%s", cg.path, host_lower ? " (host MemAvailable is lower)" : "");
@@ -393,7 +610,7 @@ struct fy_memsampler {
     /* Captured at start, so that set_roots while running races with nothing. */
     char proc_root[PATH_MAX];
     bool proc_bad;
-    char current_path[PATH_MAX];
+    char current_path[PATH_MAX]; /* memory.current, or v1's memory.usage_in_bytes */
 };
 
 static void fold_snap(fy_memsnap *peak, const fy_memsnap *s)
@@ -456,12 +673,9 @@ int fy_memsampler_start(const ferry_allocator *mem, unsigned period_ms, fy_memsa
     s->proc_bad = g_proc_bad;
     memcpy(s->proc_root, g_proc_root, sizeof s->proc_root);
 
-    char rel[PATH_MAX];
-    uint64_t v;
-    bool unl;
-    if (!g_cg_bad && cgroup_rel(s->proc_bad ? NULL : s->proc_root, rel) == 0 &&
-        join3(s->current_path, sizeof s->current_path, g_cg_root, rel, "/memory.current") == 0 &&
-        read_cg_value(s->current_path, false, &v, &unl) == 0)
+    cg_where w;
+    if (cgroup_find(s->proc_bad ? NULL : s->proc_root, g_cg_bad ? NULL : g_cg_root, &w) == 0 &&
+        join3(s->current_path, sizeof s->current_path, w.dir, w.f->current, "") == 0)
         s->res.has_cgroup = 1;
 
     take_sample(s, &s->res.start, &s->res.cg_start);

@@ -1,6 +1,7 @@
-/* test_memstat.c - memstat against fake /proc and cgroup v2 trees (limits,
- * ancestors, malformed files) and against this process (smaps_rollup, the
- * sampler catching a peak that is gone by the time it stops). */
+/* test_memstat.c - memstat against fake /proc and cgroup v2 and v1 trees
+ * (limits, ancestors, page cache, mounts, malformed files) and against this
+ * process (smaps_rollup, its real cgroup, the sampler catching a peak that is
+ * gone by the time it stops). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -95,6 +96,7 @@ static void test_no_cgroup_v2(void)
     put("proc/self/cgroup", "12:memory:/user.slice\n4:cpu,cpuacct:/\n1:name=systemd:/user.slice\n");
     put("proc/meminfo", meminfo_8g);
     put("cg/user.slice/memory.current", "100\n"); /* not ours to read without a 0:: line */
+    put("cg/memory/user.slice/memory.usage_in_bytes", "100\n"); /* nor v1's without mountinfo */
     fy_cgroup_mem cg;
     poison_cg(&cg);
     CHECK_EQ(fy_cgroup_read(&cg), -ENOENT);
@@ -626,6 +628,21 @@ static void test_rollup_real(void)
     munmap(p, n);
 }
 
+/* A number from a real file, or -1. */
+static long long read_num(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    long long v = -1;
+    if (fscanf(f, "%lld", &v) != 1) v = -1;
+    fclose(f);
+    return v;
+}
+
+/* This process's real cgroup, worked out here the simple way: v2 at
+ * /sys/fs/cgroup, or v1's memory controller at /sys/fs/cgroup/memory mounted
+ * from the hierarchy's root (a host, not a container). Elsewhere the library
+ * is only asked to answer, and the case says it skipped the comparison. */
 static void test_cgroup_real(void)
 {
     fy_memstat_set_roots(NULL, NULL);
@@ -633,9 +650,12 @@ static void test_cgroup_real(void)
     int rc = fy_cgroup_read(&cg);
     CHECK(rc == 0 || rc == -ENOENT);
     if (rc == 0) {
+        CHECK(cg.version == 1 || cg.version == 2);
         CHECK(cg.current > 0);
         CHECK(strncmp(cg.path, "cgroup /", 8) == 0);
         if (cg.limited) CHECK(cg.limit > 0);
+        printf("this process: cgroup v%d, %s, current %llu MiB (%llu MiB inactive cache)\n", cg.version, cg.path,
+               (unsigned long long)(cg.current / MIB), (unsigned long long)(cg.reclaimable / MIB));
     }
     uint64_t avail;
     char src[128];
@@ -643,6 +663,63 @@ static void test_cgroup_real(void)
     CHECK(avail > 0);
     CHECK(src[0] != '\0');
     printf("this host: %llu MiB available (%s)\n", (unsigned long long)(avail / MIB), src);
+
+    char line[PATH_MAX + 64], v1[PATH_MAX] = "", v2[PATH_MAX] = "";
+    bool has_v1 = false, has_v2 = false;
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (!f) {
+        check_skip("no /proc/self/cgroup: no cgroup to compare with");
+        return;
+    }
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        char *a = strchr(line, ':'), *b = a ? strchr(a + 1, ':') : NULL;
+        if (!b) continue;
+        *b = '\0';
+        if (!has_v2 && strcmp(line, "0:") == 0) {
+            has_v2 = true;
+            snprintf(v2, sizeof v2, "%s", strcmp(b + 1, "/") == 0 ? "" : b + 1);
+        }
+        char *tok, *save = NULL;
+        for (tok = strtok_r(a + 1, ",", &save); tok && !has_v1; tok = strtok_r(NULL, ",", &save))
+            if (strcmp(tok, "memory") == 0) {
+                has_v1 = true;
+                snprintf(v1, sizeof v1, "%s", strcmp(b + 1, "/") == 0 ? "" : b + 1);
+            }
+    }
+    fclose(f);
+
+    char dir[PATH_MAX + 64], p[2 * PATH_MAX];
+    snprintf(dir, sizeof dir, "/sys/fs/cgroup%s", v2);
+    snprintf(p, sizeof p, "%s/memory.current", dir);
+    if (has_v2 && access(p, R_OK) == 0) {
+        CHECK_EQ(rc, 0);
+        CHECK_EQ(cg.version, 2);
+        return; /* v2 against its real files: test_cgroup_real has always covered it */
+    }
+    snprintf(dir, sizeof dir, "/sys/fs/cgroup/memory%s", v1);
+    snprintf(p, sizeof p, "%s/memory.usage_in_bytes", dir);
+    if (!has_v1 || access(p, R_OK) != 0) {
+        check_skip(has_v1 ? "cgroup v1 memory line, but not at /sys/fs/cgroup/memory as on a host"
+                          : "no cgroup v2 memory.current and no cgroup v1 memory controller here");
+        return;
+    }
+    CHECK_EQ(rc, 0);
+    CHECK_EQ(cg.version, 1);
+    /* The smallest limit up to the mount, as the library should find it. */
+    long long want = -1;
+    for (;;) {
+        snprintf(p, sizeof p, "%s/memory.limit_in_bytes", dir);
+        long long v = read_num(p);
+        CHECK(v > 0);
+        if (v > 0 && v < (1ll << 62) && (want < 0 || v < want)) want = v;
+        if (strcmp(dir, "/sys/fs/cgroup/memory") == 0) break;
+        *strrchr(dir, '/') = '\0';
+    }
+    CHECK_EQ(cg.limited, want >= 0);
+    if (want >= 0) CHECK_EQ(cg.limit, (uint64_t)want);
+    CHECK_EQ(cg.has_peak, 1);
+    CHECK(cg.peak >= cg.current / 2); /* a lifetime peak, read a moment apart */
 }
 
 /* The sampler must use the allocator it is given (alloc.h counts). */
@@ -759,6 +836,318 @@ static void test_sampler_fake(void)
     CHECK_EQ(r.end.uss, 5 * KB);
 }
 
+/* ---- cgroup v2's page cache, and cgroup v1 ---------------------------------- */
+
+static void test_v2_page_cache(void)
+{
+    tree("v2stat");
+    put("proc/self/cgroup", "0::/a\n");
+    put("proc/meminfo", meminfo_8g);
+    put("cg/a/memory.current", "700000000\n");
+    put("cg/a/memory.max", "1000000000\n");
+    put("cg/a/memory.stat", "anon 100000000\nfile 600000000\nactive_file 200000000\ninactive_file 400000000\n"
+                            "shmem 0\n");
+    fy_cgroup_mem cg;
+    CHECK_EQ(fy_cgroup_read(&cg), 0);
+    CHECK_EQ(cg.version, 2);
+    CHECK_EQ(cg.current, 700000000);
+    CHECK_EQ(cg.reclaimable, 400000000);
+    uint64_t avail;
+    char src[128];
+    CHECK_EQ(fy_host_available(&avail, src, sizeof src), 0);
+    CHECK_EQ(avail, 1000000000ull - 300000000ull); /* the inactive cache is not the cgroup's debt */
+    CHECK(strcmp(src, "cgroup /a: memory.max") == 0);
+
+    /* more cache than usage (the counters are not read at one instant): all room */
+    put("cg/a/memory.stat", "inactive_file 800000000\n");
+    CHECK_EQ(fy_host_available(&avail, src, sizeof src), 0);
+    CHECK_EQ(avail, 1000000000);
+    /* no such key: nothing subtracted; other lines are not ours to judge */
+    put("cg/a/memory.stat", "anon 1\nweird line\ntotal_inactive_file 5\n");
+    CHECK_EQ(fy_cgroup_read(&cg), 0);
+    CHECK_EQ(cg.reclaimable, 0);
+    /* the key malformed or twice: the cgroup cannot be read */
+    static const char *const bad[] = {"inactive_file x\n", "inactive_file\n", "inactive_file  5\n",
+                                      "inactive_file 5\ninactive_file 5\n", "inactive_file -5\n",
+                                      "inactive_file 99999999999999999999999\n"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        put("cg/a/memory.stat", bad[i]);
+        poison_cg(&cg);
+        int rc = fy_cgroup_read(&cg);
+        CHECK_EQ(rc, -EINVAL);
+        if (rc != -EINVAL) fprintf(stderr, "  memory.stat \"%s\"\n", bad[i]);
+        CHECK(cg_zeroed(&cg));
+        CHECK_EQ(fy_host_available(&avail, src, sizeof src), -EINVAL);
+    }
+    put("cg/a/memory.stat", "inactive_file 5 \n"); /* trailing blanks are fine */
+    CHECK_EQ(fy_cgroup_read(&cg), 0);
+    CHECK_EQ(cg.reclaimable, 5);
+}
+
+/* What this machine's development hosts show (Linux 5.x, hybrid v1 + v2). */
+static const char mountinfo_v1[] =
+    "22 28 0:21 / /proc rw,nosuid,nodev,noexec,relatime shared:12 - proc proc rw\n"
+    "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+    "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime shared:9 - cgroup cgroup rw,cpu,cpuacct\n"
+    "35 31 0:32 / /sys/fs/cgroup/memory rw,nosuid,nodev,noexec,relatime shared:14 - cgroup cgroup rw,memory\n"
+    "40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,xattr,name=systemd\n"
+    "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
+
+static const char stat_v1[] = "cache 300000000\nrss 100000000\ninactive_file 1\nactive_file 2\n"
+                              "hierarchical_memory_limit 9223372036854771712\n"
+                              "total_cache 300000000\ntotal_inactive_file 250000000\ntotal_active_file 50000000\n";
+
+static void test_v1_limit(void)
+{
+    tree("v1limit");
+    put("proc/self/cgroup", "9:name=systemd:/\n4:memory:/api/job\n3:cpu,cpuacct:/\n0::/\n");
+    put("proc/self/mountinfo", mountinfo_v1);
+    put("proc/meminfo", meminfo_8g);
+    /* the hybrid host's v2 root has no memory.current: v1 is read */
+    put("cg/memory/api/job/memory.limit_in_bytes", "9223372036854771712\n"); /* "unlimited" */
+    put("cg/memory/api/job/memory.usage_in_bytes", "400000000\n");
+    put("cg/memory/api/job/memory.max_usage_in_bytes", "900000000\n");
+    put("cg/memory/api/job/memory.stat", stat_v1);
+    put("cg/memory/api/memory.limit_in_bytes", "1000000000\n");
+    put("cg/memory/memory.limit_in_bytes", "9223372036854771712\n");
+    put("cg/memory/memory.usage_in_bytes", "5000000000\n");
+    fy_cgroup_mem cg;
+    poison_cg(&cg);
+    CHECK_EQ(fy_cgroup_read(&cg), 0);
+    CHECK_EQ(cg.version, 1);
+    CHECK_EQ(cg.limited, 1);
+    CHECK_EQ(cg.limit, 1000000000);
+    CHECK_EQ(cg.current, 400000000);
+    CHECK_EQ(cg.has_peak, 1);
+    CHECK_EQ(cg.peak, 900000000);
+    CHECK_EQ(cg.reclaimable, 250000000); /* total_inactive_file, not cache nor inactive_file */
+    CHECK(strcmp(cg.path, "cgroup /api: memory.limit_in_bytes") == 0);
+    uint64_t avail;
+    char src[128];
+    CHECK_EQ(fy_host_available(&avail, src, sizeof src), 0);
+    CHECK_EQ(avail, 1000000000ull - 150000000ull);
+    CHECK(strcmp(src, "cgroup /api: memory.limit_in_bytes") == 0);
+
+    /* its own limit, tighter; a tie with the parent names the deeper one */
+    put("cg/memory/api/job/memory.limit_in_bytes", "1000000000\n");
+    CHECK_EQ(fy_cgroup_read(&cg), 0);
+    CHECK(strcmp(cg.path, "cgroup /api/job: memory.limit_in_bytes") == 0);
+    put("cg/memory/api/job/memory.limit_in_bytes", "600000000\n");
+    CHECK_EQ(fy_cgroup_read(&cg), 0);
+    CHECK_EQ(cg.limit, 600000000);
+    CHECK(strcmp(cg.path, "cgroup /api/job: memory.limit_in_bytes") == 0);
+
+    /* no limit anywhere (2^62 and up is none), no max_usage, no memory.stat */
+    put("cg/memory/api/job/memory.limit_in_bytes", "4611686018427387904\n");
+    put("cg/memory/api/memory.limit_in_bytes", "9223372036854775807\n");
+    rm("cg/memory/api/job/memory.max_usage_in_bytes");
+    rm("cg/memory/api/job/memory.stat");
+    poison_cg(&cg);
+    CHECK_EQ(fy_cgroup_read(&cg), 0);
+    CHECK_EQ(cg.version, 1);
+    CHECK_EQ(cg.limited, 0);
+    CHECK_EQ(cg.limit, 0);
+    CHECK_EQ(cg.has_peak, 0);
+    CHECK_EQ(cg.peak, 0);
+    CHECK_EQ(cg.reclaimable, 0);
+    CHECK(strcmp(cg.path, "cgroup /api/job: no limit") == 0);
+    CHECK_EQ(fy_host_available(&avail, src, sizeof src), 0);
+    CHECK_EQ(avail, 8388608 * KB);
+    CHECK(strcmp(src, "/proc/meminfo MemAvailable") == 0);
+    put("cg/memory/api/memory.limit_in_bytes", "4611686018427387903\n"); /* just below: a limit */
+    CHECK_EQ(fy_cgroup_read(&cg), 0);
+    CHECK_EQ(cg.limit, 4611686018427387903ull);
+    CHECK_EQ(fy_host_available(&avail, src, sizeof src), 0);
+    CHECK(strcmp(src, "cgroup /api: memory.limit_in_bytes (host MemAvailable is lower)") == 0);
+
+    /* v2 wins where it has the memory controller */
+    put("cg/memory.current", "1234\n");
+    CHECK_EQ(fy_cgroup_read(&cg), 0);
+    CHECK_EQ(cg.version, 2);
+    CHECK_EQ(cg.current, 1234);
+    rm("cg/memory.current");
+
+    /* the process in the hierarchy's root */
+    put("proc/self/cgroup", "4:memory:/\n");
+    put("cg/memory/memory.stat", "total_inactive_file 1000000000\n");
+    CHECK_EQ(fy_cgroup_read(&cg), 0);
+    CHECK_EQ(cg.current, 5000000000ull);
+    CHECK_EQ(cg.reclaimable, 1000000000ull);
+    CHECK(strcmp(cg.path, "cgroup /: no limit") == 0);
+}
+
+/* A container (Docker on a v1 host): its cgroup is the mount's root, and the
+ * ancestors' limits reach it only through hierarchical_memory_limit. */
+static void test_v1_container(void)
+{
+    tree("v1ctr");
+    put("proc/self/cgroup", "12:memory:/kubepods/pod7/abc\n11:cpuset:/kubepods/pod7/abc\n");
+    put("proc/self/mountinfo",
+        "1402 1401 0:94 / / rw,relatime master:497 - overlay overlay rw,lowerdir=/x\n"
+        "1413 1412 0:32 /kubepods/pod7/abc /sys/fs/cgroup/memory ro,nosuid - cgroup cgroup rw,memory\n");
+    put("proc/meminfo", meminfo_8g);
+    put("cg/memory/memory.limit_in_bytes", "2000000000\n");
+    put("cg/memory/memory.usage_in_bytes", "100000000\n");
+    put("cg/memory/memory.stat", "total_inactive_file 0\nhierarchical_memory_limit 1500000000\n");
+    fy_cgroup_mem cg;
+    CHECK_EQ(fy_cgroup_read(&cg), 0);
+    CHECK_EQ(cg.version, 1);
+    CHECK_EQ(cg.limit, 1500000000);
+    CHECK(strcmp(cg.path, "cgroup /kubepods/pod7/abc: memory.stat hierarchical_memory_limit") == 0);
+    /* equal: the file that sets it is named */
+    put("cg/memory/memory.stat", "hierarchical_memory_limit 2000000000\n");
+    CHECK_EQ(fy_cgroup_read(&cg), 0);
+    CHECK(strcmp(cg.path, "cgroup /kubepods/pod7/abc: memory.limit_in_bytes") == 0);
+    put("cg/memory/memory.stat", "hierarchical_memory_limit 9223372036854771712\n");
+    put("cg/memory/memory.limit_in_bytes", "9223372036854771712\n");
+    CHECK_EQ(fy_cgroup_read(&cg), 0);
+    CHECK_EQ(cg.limited, 0);
+    put("cg/memory/memory.stat", "hierarchical_memory_limit 12x\n");
+    CHECK_EQ(fy_cgroup_read(&cg), -EINVAL);
+    rm("cg/memory/memory.stat");
+
+    /* a child of the mount's root: the walk stops at the root, named as the hierarchy has it */
+    put("proc/self/cgroup", "12:memory:/kubepods/pod7/abc/sub\n");
+    put("cg/memory/sub/memory.usage_in_bytes", "7\n");
+    put("cg/memory/memory.limit_in_bytes", "3000000000\n");
+    CHECK_EQ(fy_cgroup_read(&cg), 0);
+    CHECK_EQ(cg.current, 7);
+    CHECK(strcmp(cg.path, "cgroup /kubepods/pod7/abc: memory.limit_in_bytes") == 0);
+
+    /* combined controllers, an escaped mount point, optional fields */
+    tree("v1combined");
+    put("proc/self/cgroup", "5:cpu,memory,cpuacct:/a\n");
+    put("proc/self/mountinfo",
+        "35 31 0:32 / /sys/fs/cgroup/cpu\\040mem rw shared:1 master:2 - cgroup cgroup rw,cpu,memory,cpuacct\n");
+    put("cg/cpu mem/a/memory.usage_in_bytes", "10\n");
+    put("cg/cpu mem/a/memory.limit_in_bytes", "100\n");
+    put("proc/meminfo", meminfo_8g);
+    CHECK_EQ(fy_cgroup_read(&cg), 0);
+    CHECK_EQ(cg.limit, 100);
+    uint64_t avail;
+    CHECK_EQ(fy_host_available(&avail, NULL, 0), 0);
+    CHECK_EQ(avail, 90);
+}
+
+/* Where v1 is not found, or not readable. */
+static void test_v1_not_found(void)
+{
+    tree("v1none");
+    put("proc/meminfo", meminfo_8g);
+    put("proc/self/cgroup", "4:memory:/a\n");
+    put("cg/memory/a/memory.usage_in_bytes", "10\n");
+    put("cg/memory/a/memory.limit_in_bytes", "100\n");
+    fy_cgroup_mem cg;
+    uint64_t avail;
+    char src[128];
+    /* no mountinfo: MemAvailable */
+    CHECK_EQ(fy_cgroup_read(&cg), -ENOENT);
+    CHECK_EQ(fy_host_available(&avail, src, sizeof src), 0);
+    CHECK(strcmp(src, "/proc/meminfo MemAvailable") == 0);
+
+    static const char *const no_mount[] = {
+        "",
+        "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup2 cgroup2 rw\n",          /* not v1 */
+        "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memoryx\n",    /* not the word */
+        "35 31 0:32 / /sys/fs/cgroup/memory rw,memory - cgroup cgroup rw\n",     /* a mount option */
+        "35 31 0:32 /b /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n",    /* root elsewhere */
+        "35 31 0:32 /a/b /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n",  /* root below us */
+        "35 31 0:32 /../a /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n", /* outside the namespace */
+        "35 31 0:32 / /sys/fs/cgroup/../memory rw - cgroup cgroup rw,memory\n",  /* climbs */
+        "35 31 0:32 / /cgroup/memory rw - cgroup cgroup rw,memory\n",            /* not in the fake tree */
+        "35 31 0:32 / /sys/fs/cgroupmemory rw - cgroup cgroup rw,memory\n",
+        "35 31 0:32 / /sys/fs/cgroup/mem\\0ory rw - cgroup cgroup rw,memory\n",  /* a broken escape */
+        "35 31 0:32 / /sys/fs/cgroup/memory rw cgroup cgroup rw,memory\n",       /* no " - " */
+        "35 31 0:32 / /sys/fs/cgroup/memory - cgroup cgroup rw,memory\n",        /* a field short */
+        "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup\n",
+        "35 31 0:32 / sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n",      /* not absolute */
+    };
+    for (size_t i = 0; i < sizeof no_mount / sizeof *no_mount; i++) {
+        put("proc/self/mountinfo", no_mount[i]);
+        poison_cg(&cg);
+        int rc = fy_cgroup_read(&cg);
+        CHECK_EQ(rc, -ENOENT);
+        if (rc != -ENOENT) fprintf(stderr, "  mountinfo \"%s\"\n", no_mount[i]);
+        CHECK(cg_zeroed(&cg));
+        CHECK_EQ(fy_host_available(&avail, src, sizeof src), 0);
+        CHECK_EQ(avail, 8388608 * KB);
+    }
+    /* the first mount that holds the process counts; lines it cannot read are skipped */
+    put("proc/self/mountinfo", "35 31 0:32 /b /sys/fs/cgroup/other rw - cgroup cgroup rw,memory\n"
+                               "garbage\n\n"
+                               "36 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+                               "37 31 0:32 / /sys/fs/cgroup/late rw - cgroup cgroup rw,memory\n");
+    CHECK_EQ(fy_cgroup_read(&cg), 0);
+    CHECK_EQ(cg.limit, 100);
+    CHECK(strcmp(cg.path, "cgroup /a: memory.limit_in_bytes") == 0);
+
+    /* no usage_in_bytes: not found */
+    rm("cg/memory/a/memory.usage_in_bytes");
+    CHECK_EQ(fy_cgroup_read(&cg), -ENOENT);
+    put("cg/memory/a/memory.usage_in_bytes", "10\n");
+
+    /* found but malformed: an error, as for v2 */
+    static const char *const bad_value[] = {"abc\n", "max\n", "", "-1\n", "18446744073709551616\n"};
+    for (size_t i = 0; i < sizeof bad_value / sizeof *bad_value; i++) {
+        put("cg/memory/a/memory.limit_in_bytes", bad_value[i]);
+        poison_cg(&cg);
+        CHECK_EQ(fy_cgroup_read(&cg), -EINVAL);
+        CHECK(cg_zeroed(&cg));
+        avail = 1;
+        CHECK_EQ(fy_host_available(&avail, src, sizeof src), -EINVAL);
+        CHECK_EQ(avail, 0);
+        put("cg/memory/a/memory.limit_in_bytes", "100\n");
+        put("cg/memory/a/memory.usage_in_bytes", bad_value[i]);
+        CHECK_EQ(fy_cgroup_read(&cg), -EINVAL);
+        put("cg/memory/a/memory.usage_in_bytes", "10\n");
+        put("cg/memory/a/memory.max_usage_in_bytes", bad_value[i]);
+        CHECK_EQ(fy_cgroup_read(&cg), -EINVAL);
+        rm("cg/memory/a/memory.max_usage_in_bytes");
+    }
+    put("cg/memory/a/memory.stat", "total_inactive_file 1\ntotal_inactive_file 1\n");
+    CHECK_EQ(fy_cgroup_read(&cg), -EINVAL);
+    rm("cg/memory/a/memory.stat");
+
+    static const char *const bad_line[] = {"4:memory:a\n", "4:memory:/a/../b\n", "4:memory:\n", "4:memory:/./a\n"};
+    for (size_t i = 0; i < sizeof bad_line / sizeof *bad_line; i++) {
+        put("proc/self/cgroup", bad_line[i]);
+        CHECK_EQ(fy_cgroup_read(&cg), -EINVAL);
+    }
+    static const char *const no_line[] = {"4:memoryx:/a\n", "4:name=memory:/a\n", "memory:/a\n", "4:cpu:/a\n"};
+    for (size_t i = 0; i < sizeof no_line / sizeof *no_line; i++) {
+        put("proc/self/cgroup", no_line[i]);
+        CHECK_EQ(fy_cgroup_read(&cg), -ENOENT);
+    }
+    /* the first memory line counts */
+    put("proc/self/cgroup", "4:memory:/a\n5:memory:/elsewhere\n");
+    CHECK_EQ(fy_cgroup_read(&cg), 0);
+    CHECK_EQ(cg.limit, 100);
+    /* a malformed v2 line is an error even where v1 would do */
+    put("proc/self/cgroup", "4:memory:/a\n0::/..\n");
+    CHECK_EQ(fy_cgroup_read(&cg), -EINVAL);
+}
+
+/* The sampler follows v1's usage_in_bytes as it does v2's memory.current. */
+static void test_v1_sampler(void)
+{
+    tree("v1sampler");
+    put("proc/self/cgroup", "4:memory:/job\n");
+    put("proc/self/mountinfo", mountinfo_v1);
+    put("cg/memory/job/memory.usage_in_bytes", "5000\n");
+    rollup3(100, 50, 70);
+    fy_memsampler *s;
+    CHECK_EQ(fy_memsampler_start(NULL, 5, &s), 0);
+    put("cg/memory/job/memory.usage_in_bytes", "9000\n");
+    sleep_ms(100);
+    put("cg/memory/job/memory.usage_in_bytes", "6000\n");
+    fy_memsample_result r;
+    fy_memsampler_stop(s, &r);
+    CHECK_EQ(r.has_cgroup, 1);
+    CHECK_EQ(r.cg_start, 5000);
+    CHECK_EQ(r.cg_end, 6000);
+    CHECK_EQ(r.cg_peak, 9000);
+}
+
 /* `test_memstat CASE` runs one of these, `--list` names them (check.h); each
  * scenario makes its own tree under main's temp dir. */
 #define CASES(CASE)                                                              \
@@ -775,6 +1164,11 @@ static void test_sampler_fake(void)
     CASE(meminfo_malformed, test_meminfo_malformed())                            \
     CASE(rollup_fake, test_rollup_fake())                                        \
     CASE(sampler_fake, test_sampler_fake())                                      \
+    CASE(v2_page_cache, test_v2_page_cache())                                    \
+    CASE(v1_limit, test_v1_limit())                                              \
+    CASE(v1_container, test_v1_container())                                      \
+    CASE(v1_not_found, test_v1_not_found())                                      \
+    CASE(v1_sampler, test_v1_sampler())                                          \
     CASE(rollup_real, test_rollup_real())                                        \
     CASE(cgroup_real, test_cgroup_real())                                        \
     CASE(sampler_real, test_sampler_real())
