@@ -11,7 +11,8 @@
  *    message is non-empty and one line, and the table is left empty.
  * The header's JSON is also checked by fy_json_check and by jansson (the
  * parser it replaced, with the flags the reader used): both must accept or
- * refuse it, agree on a duplicate key, and end at the same offset.
+ * refuse it (but for a NUL byte jansson skips: see check_vs_jansson), agree on
+ * a duplicate key, and end at the same offset.
  * Each input is parsed three times: cleanly, then with one of ferry's own
  * allocations failing (the result must then be -ENOMEM, with nothing leaked),
  * then with one of the allocations failing that jansson makes (none since the
@@ -175,11 +176,17 @@ static void check_vs_jansson(const uint8_t *data, size_t size)
     json_error_t je;
     json_t *j = json_loadb((const char *)data + 8, (size_t)hlen, JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &je);
     CHECK(rc == 0 || rc == FERRY_E_CORRUPT);
-    CHECK((rc == 0) == (j != NULL));
-    if (j) {
+    /* One known difference, where ferry is the stricter: jansson drops a raw
+     * NUL byte that follows a number or literal (its ungetc puts back a 0,
+     * which its buffer reads as "empty"), so it takes "[2\0]"; ferry refuses
+     * a NUL outside a string, as JSON does. */
+    bool nul = memchr(data + 8, '\0', (size_t)hlen) != NULL;
+    if (rc == 0) CHECK(j != NULL);
+    else if (!nul) CHECK(j == NULL);
+    if (j && rc == 0 && !nul) {
         CHECK(ji.end == (size_t)je.position);
         if (json_is_object(j)) CHECK(ji.nkeys + ji.has_skip == json_object_size(j));
-    } else {
+    } else if (!j && rc < 0 && !nul) {
         CHECK(ji.duplicate == (json_error_code(&je) == json_error_duplicate_key));
     }
     json_decref(j);
