@@ -26,7 +26,9 @@ typedef struct fy_json_info {
 /* Check that p[0..n) begins with one JSON object or array; bytes after it are
  * not looked at (info->end says where it ended). Exactly as strict as
  * jansson's json_loadb(JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK):
- * whitespace is space, tab, CR, LF; strings refuse raw control characters,
+ * (stricter in one place: jansson drops a raw NUL byte after a number or
+ * literal, this refuses it, as JSON does); whitespace is space, tab, CR, LF;
+ * strings refuse raw control characters,
  * unknown escapes, lone surrogates and \u0000; integers must fit int64_t and
  * reals a double; no value deeper than FY_JSON_MAX_DEPTH. The bytes must
  * already be valid UTF-8 (fy_utf8_valid). skip_key (NULL for none): a key of
