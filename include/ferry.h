@@ -95,6 +95,18 @@ typedef struct ferry_ctx_opts {
     uint32_t size;            /* sizeof(ferry_ctx_opts) */
     uint32_t nthreads;        /* worker threads for hashing/IO; 0 = number of CPUs (max 64) */
     ferry_allocator allocator; /* zeroed = malloc/realloc/free */
+    /* Caps for servers that open untrusted files, applied by every
+     * ferry_file_open on this context (all shards of a checkpoint together);
+     * 0 = no cap beyond the formats' own (a safetensors header or index file is
+     * at most 100 MB). A file past a cap fails with FERRY_E_LIMIT before the
+     * memory is spent where the format says its size up front, the message
+     * naming the file, the figure and the cap. Without caps a 100 MB header
+     * of zero-size tensors (1.5 M of them) opens in about 320 MiB of peak RSS,
+     * header included (bench/RESULTS.md, "Header memory (issue 15.4)"). */
+    uint64_t max_header_bytes; /* headers read into memory (a safetensors header, an index file)
+                                  plus the tensor table kept (entries, names, shapes, strides,
+                                  metadata, in bytes asked of the allocator) */
+    uint64_t max_tensors;      /* tensors one opened file may hold */
 } ferry_ctx_opts;
 
 /* Create a context. opts may be NULL for defaults. On success *out owns a new
@@ -235,7 +247,8 @@ FERRY_API const char *ferry_format_name(ferry_format fmt);
  * -errno for system errors (-ENOENT, -EACCES, ...), FERRY_E_CORRUPT for a file
  * that breaks the format, FERRY_E_FORMAT for a file that is not safetensors at
  * all (no JSON object after the 8-byte length), FERRY_E_LIMIT for a header over
- * 100 MB, FERRY_E_UNSUPPORTED for legacy (pre-1.6, non-zip) PyTorch files,
+ * 100 MB or a file past a cap of the context's (ferry_ctx_opts: max_tensors,
+ * max_header_bytes), FERRY_E_UNSUPPORTED for legacy (pre-1.6, non-zip) PyTorch files,
  * compressed zip entries, refused pickle globals or opcodes (the message names
  * them), and for GGUF versions other than 2 and 3, big-endian GGUF and ggml
  * types ferry does not know (the message names the version or type number).

@@ -17,7 +17,7 @@ typedef struct field {
 static const field f_allocator[] = {F(ferry_allocator, alloc), F(ferry_allocator, realloc), F(ferry_allocator, free),
                                     F(ferry_allocator, opaque), {NULL, 0}};
 static const field f_ctx_opts[] = {F(ferry_ctx_opts, size), F(ferry_ctx_opts, nthreads), F(ferry_ctx_opts, allocator),
-                                   {NULL, 0}};
+                                   F(ferry_ctx_opts, max_header_bytes), F(ferry_ctx_opts, max_tensors), {NULL, 0}};
 static const field f_tensor_info[] = {F(ferry_tensor_info, size),   F(ferry_tensor_info, name),
                                       F(ferry_tensor_info, dtype),  F(ferry_tensor_info, ndim),
                                       F(ferry_tensor_info, shape),  F(ferry_tensor_info, nbytes),

@@ -295,6 +295,8 @@ FERRY_API int ferry_ctx_new(const ferry_ctx_opts *opts, ferry_ctx **out)
     }
     ctx->mem = *m;
     ctx->nthreads = o.nthreads ? o.nthreads : fy_ncpu();
+    ctx->max_header_bytes = o.max_header_bytes;
+    ctx->max_tensors = o.max_tensors > (uint64_t)INT64_MAX ? 0 : (int64_t)o.max_tensors; /* past any table: none */
     if (ctx->nthreads > 64) ctx->nthreads = 64;
     fy_err_init(&ctx->err);
     *out = ctx;

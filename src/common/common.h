@@ -25,6 +25,8 @@ typedef struct fy_err {
 struct ferry_ctx {
     ferry_allocator mem;
     uint32_t nthreads;
+    uint64_t max_header_bytes; /* ferry_ctx_opts' caps; 0: none */
+    int64_t max_tensors;
     fy_err err;
 };
 

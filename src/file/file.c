@@ -71,16 +71,25 @@ static int open_st(ferry_ctx *ctx, const char *path, int32_t idx, shard *sh, fy_
         if (sh->size > 8 && fy_pread_full(sh->fd, &brace, 1, 8) == 0 && brace != '{') rc = FERRY_E_FORMAT;
         return rc;
     }
+    /* the header buffer counts against max_header_bytes while it lives */
+    FY_RETURN_IF(fy_table_charge(tb, hlen) < 0, err, FERRY_E_LIMIT,
+                 "%s: header is %" PRIu64 " bytes, over the cap of %" PRIu64 " (max_header_bytes)", path, hlen,
+                 tb->max_bytes);
     uint8_t *hdr = fy_malloc(&ctx->mem, (size_t)hlen);
-    if (!hdr) return fy_seterr(err, -ENOMEM, "%s: out of memory for a %" PRIu64 "-byte header", path, hlen);
+    if (!hdr) {
+        fy_table_uncharge(tb, hlen);
+        return fy_seterr(err, -ENOMEM, "%s: out of memory for a %" PRIu64 "-byte header", path, hlen);
+    }
     rc = fy_pread_full(sh->fd, hdr, (size_t)hlen, 8);
     if (rc < 0) {
         fy_free(&ctx->mem, hdr);
+        fy_table_uncharge(tb, hlen);
         return fy_seterr(err, rc, "%s: reading the header: %s", path, ferry_strerror(rc));
     }
     rc = fy_st_parse(path, hdr, hlen, sh->size, idx, tb, err);
     bool brace = hdr[0] == '{';
     fy_free(&ctx->mem, hdr);
+    if (rc == 0) fy_table_uncharge(tb, hlen); /* (a failed parse left the table empty, uncharged) */
     if (rc < 0) return brace ? rc : FERRY_E_FORMAT;
     rc = fy_map_ro(sh->fd, sh->size, &sh->map);
     if (rc < 0) return fy_seterr(err, rc, "%s: mmap: %s", path, ferry_strerror(rc));
@@ -178,6 +187,11 @@ static int open_index(ferry_file *f, const char *path)
         fy_close(fd);
         return fy_seterr(err, FERRY_E_LIMIT, "%s: index file is %" PRIu64 " bytes (limit 100 MB)", path, size);
     }
+    if (fy_table_charge(&f->tb, size) < 0) {
+        fy_close(fd);
+        return fy_seterr(err, FERRY_E_LIMIT, "%s: index file is %" PRIu64 " bytes, over the cap of %" PRIu64
+                         " (max_header_bytes)", path, size, f->tb.max_bytes);
+    }
     uint8_t *buf = fy_malloc(&ctx->mem, (size_t)size);
     if (!buf) {
         fy_close(fd);
@@ -191,6 +205,7 @@ static int open_index(ferry_file *f, const char *path)
     }
     rc = fy_index_parse(path, buf, (size_t)size, &ix, &f->tb, err);
     fy_free(&ctx->mem, buf);
+    fy_table_uncharge(&f->tb, size);
     if (rc < 0) return rc;
 
     f->shards = fy_calloc(&ctx->mem, (size_t)ix.nfiles, sizeof(shard));
@@ -208,6 +223,8 @@ static int open_index(ferry_file *f, const char *path)
         }
         fy_table part;
         fy_table_init(&part, &ctx->mem);
+        part.max_bytes = f->tb.max_bytes; /* each shard on its own; the whole below, as they join */
+        part.max_n = f->tb.max_n;
         ferry_format sf = FERRY_FORMAT_SAFETENSORS;
         rc = open_st(ctx, f->shards[s].path, s, &f->shards[s], &part, &sf);
         if (rc == 0 && sf != FERRY_FORMAT_SAFETENSORS)
@@ -222,6 +239,10 @@ static int open_index(ferry_file *f, const char *path)
             if (rc == 0) part.t[k].name = NULL, part.t[k].shape = NULL, part.t[k].strides = NULL;
         }
         fy_table_free(&part);
+        if (rc == FERRY_E_LIMIT) {
+            fy_table_fail(&f->tb, rc, path, err);
+            goto out;
+        }
         if (rc < 0) {
             fy_seterr(err, rc, "%s: out of memory for the table of shard %s (%" PRId64 " tensors so far)", path,
                       f->shards[s].path, f->tb.n);
@@ -247,6 +268,8 @@ FERRY_API int ferry_file_open(ferry_ctx *ctx, const char *path, uint32_t flags, 
     f->ctx = ctx;
     fy_err_init_child(&f->err, &ctx->err);
     fy_table_init(&f->tb, &ctx->mem);
+    f->tb.max_bytes = ctx->max_header_bytes;
+    f->tb.max_n = ctx->max_tensors;
     int rc;
     if (ends_with(path, ".json")) {
         f->fmt = FERRY_FORMAT_SAFETENSORS_INDEX;

@@ -27,13 +27,34 @@ typedef struct fy_table {
     int64_t n, cap;
     char **meta_k, **meta_v;
     int64_t nmeta, meta_cap;
+    /* What the table holds, in bytes asked of mem (the arrays at their
+     * capacity, names, shapes, strides, metadata), plus what fy_table_charge
+     * added; and the caps on it and on n (0: none), which fy_table_free keeps.
+     * Set by ferry_file_open from ferry_ctx_opts' max_header_bytes and
+     * max_tensors. */
+    uint64_t bytes, max_bytes;
+    int64_t max_n;
 } fy_table;
 
 void fy_table_init(fy_table *tb, const ferry_allocator *mem);
+/* Frees everything; the table is empty again, its caps kept. */
 void fy_table_free(fy_table *tb);
-/* Append; takes ownership of name and shape on success only. */
+/* Append; takes ownership of name, shape and strides on success only.
+ * -ENOMEM, or FERRY_E_LIMIT past max_n or max_bytes. */
 int fy_table_push(fy_table *tb, const fy_tensor *t);
+/* -ENOMEM, or FERRY_E_LIMIT past max_bytes. */
 int fy_table_push_meta(fy_table *tb, const char *k, size_t klen, const char *v, size_t vlen);
+/* Room for n more tensors, so that pushing them does not grow the array
+ * (which, doubling, held up to twice the room). -ENOMEM, FERRY_E_LIMIT. */
+int fy_table_reserve(fy_table *tb, int64_t n);
+/* Count n bytes the table does not hold (a header buffer) against max_bytes
+ * until fy_table_uncharge: FERRY_E_LIMIT if that passes the cap. */
+int fy_table_charge(fy_table *tb, uint64_t n);
+void fy_table_uncharge(fy_table *tb, uint64_t n);
+/* The message for a failed push, reserve or charge (rc): for FERRY_E_LIMIT,
+ * which cap and its figure ("NAME: holds more than 1000 tensors, the cap
+ * (max_tensors)"), else "NAME: out of memory". Returns rc. */
+int fy_table_fail(const fy_table *tb, int rc, const char *name, fy_err *err);
 
 /* dtype by safetensors name (none of ggml's block types), FERRY_DTYPE_INVALID
  * if unknown. */

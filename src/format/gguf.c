@@ -255,6 +255,8 @@ static int fail(gg *g, int code, const char *fmt, ...)
 }
 
 static int oom(gg *g) { return fy_seterr(g->err, -ENOMEM, "%s: out of memory", g->name); }
+/* A failed push: out of memory, or past a cap of the table's (max_tensors, max_header_bytes). */
+static int push_failed(gg *g, int rc) { return fy_table_fail(g->tb, rc, g->name, g->err); }
 
 static uint64_t left(const gg *g) { return g->size - g->pos; }
 
@@ -432,7 +434,7 @@ static int read_kv(gg *g, uint32_t *align)
         if (g->text.oom) return oom(g);
         rc = fy_table_push_meta(g->tb, (const char *)k, (size_t)klen, g->text.p ? g->text.p : "", g->text.n);
     }
-    return rc < 0 ? oom(g) : 0;
+    return rc < 0 ? push_failed(g, rc) : 0;
 }
 
 static void fmt_ne(char *buf, size_t n, const uint64_t *ne, uint32_t nd)
@@ -519,10 +521,11 @@ static int read_tensor_info(gg *g, uint32_t align)
         for (uint32_t i = 0; i < nd; i++) t.shape[i] = (int64_t)ne[nd - 1 - i]; /* outermost first */
     }
     t.name = fy_strndup(g->tb->mem, (const char *)s, (size_t)n);
-    if (!t.name || fy_table_push(g->tb, &t) < 0) {
+    int rc = t.name ? fy_table_push(g->tb, &t) : -ENOMEM;
+    if (rc < 0) {
         fy_free(g->tb->mem, t.name);
         fy_free(g->tb->mem, t.shape);
-        return oom(g);
+        return push_failed(g, rc);
     }
     return 0;
 }
@@ -608,6 +611,9 @@ static int parse(gg *g)
                     "tensor_count %" PRIu64 " is impossible: each tensor info takes at least %d bytes and only %" PRIu64
                     " bytes follow the header and the key/values' minimum",
                     ntensors, GGUF_MIN_TENSOR, rest - nkv * GGUF_MIN_KV);
+    if (g->tb->max_n && ntensors > (uint64_t)(g->tb->max_n - g->tb->n))
+        return fail(g, FERRY_E_LIMIT, "tensor_count %" PRIu64 " is over the cap of %" PRId64 " (max_tensors)", ntensors,
+                    g->tb->max_n - g->tb->n);
 
     /* metadata */
     uint32_t align = GGUF_DEFAULT_ALIGN;

@@ -236,7 +236,7 @@ static int build(ctx *c)
         if (rc < 0) {
             fy_free(tb->mem, t.shape);
             fy_free(tb->mem, t.strides);
-            return fy_seterr(c->err, rc, "%s: out of memory", c->name);
+            return fy_table_fail(tb, rc, c->name, c->err);
         }
         c->r.names[j].name = NULL; /* the table owns it now */
     }

@@ -2,6 +2,7 @@
 #include "format.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <string.h>
 
 /* Every dtype as the smallest group of elements that fills whole bytes:
@@ -124,28 +125,67 @@ void fy_table_free(fy_table *tb)
     fy_free(tb->mem, tb->meta_k);
     fy_free(tb->mem, tb->meta_v);
     const ferry_allocator *m = tb->mem;
+    uint64_t max_bytes = tb->max_bytes;
+    int64_t max_n = tb->max_n;
     fy_table_init(tb, m);
+    tb->max_bytes = max_bytes;
+    tb->max_n = max_n;
+}
+
+/* Whether add more bytes stay within the cap. */
+static bool fits(const fy_table *tb, uint64_t add)
+{
+    uint64_t total;
+    return !tb->max_bytes || (!fy_add_ovf(tb->bytes, add, &total) && total <= tb->max_bytes);
+}
+
+/* The tensor array at cap entries. */
+static int resize(fy_table *tb, int64_t cap)
+{
+    uint64_t bytes;
+    if (fy_mul_ovf((uint64_t)cap, sizeof(fy_tensor), &bytes) || bytes > SIZE_MAX) return -ENOMEM;
+    uint64_t old = (uint64_t)tb->cap * sizeof(fy_tensor);
+    if (bytes > old && !fits(tb, bytes - old)) return FERRY_E_LIMIT;
+    fy_tensor *nt = fy_realloc(tb->mem, tb->t, (size_t)bytes);
+    if (!nt) return -ENOMEM;
+    tb->t = nt;
+    tb->cap = cap;
+    tb->bytes = tb->bytes - old + bytes;
+    return 0;
+}
+
+int fy_table_reserve(fy_table *tb, int64_t n)
+{
+    int64_t want;
+    if (n < 0 || __builtin_add_overflow(tb->n, n, &want)) return -ENOMEM;
+    if (tb->max_n && want > tb->max_n) return FERRY_E_LIMIT;
+    return want > tb->cap ? resize(tb, want) : 0;
 }
 
 int fy_table_push(fy_table *tb, const fy_tensor *t)
 {
+    if (tb->max_n && tb->n >= tb->max_n) return FERRY_E_LIMIT;
+    uint64_t own = strlen(t->name) + 1 + (uint64_t)t->ndim * sizeof(int64_t) * (t->strides ? 2 : 1);
+    if (!fits(tb, own)) return FERRY_E_LIMIT;
     if (tb->n == tb->cap) {
         int64_t cap = tb->cap ? tb->cap * 2 : 64;
-        uint64_t bytes;
-        if (fy_mul_ovf((uint64_t)cap, sizeof(fy_tensor), &bytes) || bytes > SIZE_MAX) return -ENOMEM;
-        fy_tensor *nt = fy_realloc(tb->mem, tb->t, (size_t)bytes);
-        if (!nt) return -ENOMEM;
-        tb->t = nt;
-        tb->cap = cap;
+        if (tb->max_n && cap > tb->max_n) cap = tb->max_n;
+        FY_TRY(resize(tb, cap));
+        if (!fits(tb, own)) return FERRY_E_LIMIT;
     }
     tb->t[tb->n++] = *t;
+    tb->bytes += own;
     return 0;
 }
 
 int fy_table_push_meta(fy_table *tb, const char *k, size_t klen, const char *v, size_t vlen)
 {
+    uint64_t own = (uint64_t)klen + 1 + (uint64_t)vlen + 1;
+    if (!fits(tb, own)) return FERRY_E_LIMIT;
     if (tb->nmeta == tb->meta_cap) {
         int64_t cap = tb->meta_cap ? tb->meta_cap * 2 : 16;
+        uint64_t grow = (uint64_t)(cap - tb->meta_cap) * 2 * sizeof(char *);
+        if (!fits(tb, grow + own)) return FERRY_E_LIMIT;
         char **nk = fy_realloc(tb->mem, tb->meta_k, (size_t)cap * sizeof(char *));
         if (!nk) return -ENOMEM;
         tb->meta_k = nk;
@@ -153,6 +193,7 @@ int fy_table_push_meta(fy_table *tb, const char *k, size_t klen, const char *v, 
         if (!nv) return -ENOMEM;
         tb->meta_v = nv;
         tb->meta_cap = cap;
+        tb->bytes += grow;
     }
     char *dk = fy_strndup(tb->mem, k, klen);
     char *dv = fy_strndup(tb->mem, v, vlen);
@@ -164,5 +205,26 @@ int fy_table_push_meta(fy_table *tb, const char *k, size_t klen, const char *v, 
     tb->meta_k[tb->nmeta] = dk;
     tb->meta_v[tb->nmeta] = dv;
     tb->nmeta++;
+    tb->bytes += own;
     return 0;
+}
+
+int fy_table_charge(fy_table *tb, uint64_t n)
+{
+    if (!fits(tb, n)) return FERRY_E_LIMIT;
+    tb->bytes += n;
+    return 0;
+}
+
+void fy_table_uncharge(fy_table *tb, uint64_t n) { tb->bytes = n < tb->bytes ? tb->bytes - n : 0; }
+
+int fy_table_fail(const fy_table *tb, int rc, const char *name, fy_err *err)
+{
+    if (rc != FERRY_E_LIMIT) return fy_seterr(err, rc, "%s: out of memory", name);
+    if (tb->max_n && tb->n >= tb->max_n)
+        return fy_seterr(err, rc, "%s: holds more than %" PRId64 " tensors, the cap (max_tensors)", name, tb->max_n);
+    return fy_seterr(err, rc,
+                     "%s: the header and the tensor table built from it would take more than the cap of %" PRIu64
+                     " bytes (max_header_bytes), at %" PRId64 " tensors and %" PRId64 " metadata entries",
+                     name, tb->max_bytes, tb->n, tb->nmeta);
 }

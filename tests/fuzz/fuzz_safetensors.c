@@ -9,15 +9,21 @@
  *    non-NULL valid UTF-8 and the keys unique;
  *  - on failure: the code is FERRY_E_CORRUPT, FERRY_E_LIMIT or -ENOMEM, the
  *    message is non-empty and one line, and the table is left empty.
+ * The header's JSON is also checked by fy_json_check and by jansson (the
+ * parser it replaced, with the flags the reader used): both must accept or
+ * refuse it (but for a NUL byte jansson skips: see check_vs_jansson), agree on
+ * a duplicate key, and end at the same offset.
  * Each input is parsed three times: cleanly, then with one of ferry's own
  * allocations failing (the result must then be -ENOMEM, with nothing leaked),
- * then with one of the allocations failing that ferry's own jansson calls make
- * outside the parser (any allowed result, nothing leaked). A violated invariant calls __builtin_trap(); leaks are left to
+ * then with one of the allocations failing that jansson makes (none since the
+ * reader stopped using jansson; kept for the differential check's sake: any
+ * allowed result, nothing leaked). A violated invariant calls __builtin_trap(); leaks are left to
  * LeakSanitizer, so every run frees what it got.
  *
  * FERRY_FUZZ_SKIP=newline,ferry-oom,json-oom (any of them) leaves checks out,
  * to keep fuzzing past a known bug. */
 #include "format/format.h"
+#include "format/json.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -155,6 +161,37 @@ static int parse_once(const uint8_t *data, size_t size, const ferry_allocator *m
     return rc;
 }
 
+/* fy_json_check against jansson on the header bytes (when they are UTF-8 and
+ * start with '{', as the reader requires before either is asked). */
+static void check_vs_jansson(const uint8_t *data, size_t size)
+{
+    if (size < 9) return;
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | data[i];
+    if (hlen == 0 || hlen > size - 8 || data[8] != '{') return;
+    size_t bad;
+    if (!fy_utf8_valid((const char *)data + 8, (size_t)hlen, &bad)) return;
+    fy_json_info ji;
+    int rc = fy_json_check(data + 8, (size_t)hlen, "__metadata__", fy_default_allocator(), &ji);
+    json_error_t je;
+    json_t *j = json_loadb((const char *)data + 8, (size_t)hlen, JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &je);
+    CHECK(rc == 0 || rc == FERRY_E_CORRUPT);
+    /* One known difference, where ferry is the stricter: jansson drops a raw
+     * NUL byte that follows a number or literal (its ungetc puts back a 0,
+     * which its buffer reads as "empty"), so it takes "[2\0]"; ferry refuses
+     * a NUL outside a string, as JSON does. */
+    bool nul = memchr(data + 8, '\0', (size_t)hlen) != NULL;
+    if (rc == 0) CHECK(j != NULL);
+    else if (!nul) CHECK(j == NULL);
+    if (j && rc == 0 && !nul) {
+        CHECK(ji.end == (size_t)je.position);
+        if (json_is_object(j)) CHECK(ji.nkeys + ji.has_skip == json_object_size(j));
+    } else if (!j && rc < 0 && !nul) {
+        CHECK(ji.duplicate == (json_error_code(&je) == json_error_duplicate_key));
+    }
+    json_decref(j);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static bool init;
@@ -162,6 +199,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         json_set_alloc_funcs(js_malloc, js_free);
         init = true;
     }
+    g_json_fail_at = -1;
+    check_vs_jansson(data, size);
     /* 1: clean, counting allocations. */
     g_ferry_allocs = g_json_allocs = 0;
     g_ferry_fail_at = g_json_fail_at = -1;

@@ -402,6 +402,60 @@ static void test_allocator(void)
     CHECK_EQ(ferry_ctx_new(NULL, NULL), FERRY_E_INVAL);
 }
 
+/* ferry_ctx_opts' caps for untrusted files: refused with FERRY_E_LIMIT and a
+ * message naming the file, the figure and the cap; within them, opens. */
+static void test_caps(void)
+{
+    static const struct {
+        uint64_t max_tensors, max_header_bytes;
+        const char *file, *msg; /* msg NULL: opens */
+    } cases[] = {
+        {2, 0, "one.safetensors", "one.safetensors: header holds 3 tensors, over the cap of 2 (max_tensors)"},
+        {3, 0, "one.safetensors", NULL},
+        {0, 100, "one.safetensors", "one.safetensors: header is 2"}, /* "... bytes, over the cap of 100" */
+        {0, 500, "one.safetensors", "(max_header_bytes)"},             /* the header fits, not its table */
+        {0, 4096, "one.safetensors", NULL},
+        /* sharded: each shard is within the cap, the checkpoint is not */
+        {2, 0, "m.safetensors.index.json", "m.safetensors.index.json: holds more than 2 tensors, the cap (max_tensors)"},
+        {3, 0, "m.safetensors.index.json", NULL},
+        {0, 100, "m.safetensors.index.json", "m.safetensors.index.json: index file is 1"},
+        {0, 8192, "m.safetensors.index.json", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ferry_ctx_opts o = {.size = sizeof o,
+                            .allocator = COUNTING_ALLOCATOR_INIT,
+                            .max_tensors = cases[i].max_tensors,
+                            .max_header_bytes = cases[i].max_header_bytes};
+        ferry_ctx *c;
+        CHECK_EQ(ferry_ctx_new(&o, &c), 0);
+        char p[512];
+        path_of(p, sizeof p, cases[i].file);
+        ferry_file *f = NULL;
+        int rc = ferry_file_open(c, p, 0, &f);
+        if (cases[i].msg) {
+            CHECK_EQ(rc, FERRY_E_LIMIT);
+            CHECK_STR_HAS(ferry_ctx_errmsg(c), cases[i].msg);
+            CHECK(f == NULL);
+        } else {
+            CHECK_EQ(rc, 0);
+            CHECK_EQ(ferry_file_tensor_count(f), 3);
+        }
+        ferry_file_close(f);
+        ferry_ctx_free(c);
+        CHECK_EQ(atomic_load(&live), 0);
+    }
+    /* a caller built before the caps existed (a shorter struct) gets none */
+    ferry_ctx_opts old = {.size = offsetof(ferry_ctx_opts, max_header_bytes), .max_tensors = 1};
+    ferry_ctx *c;
+    CHECK_EQ(ferry_ctx_new(&old, &c), 0);
+    char p[512];
+    path_of(p, sizeof p, "one.safetensors");
+    ferry_file *f = NULL;
+    CHECK_EQ(ferry_file_open(c, p, 0, &f), 0);
+    ferry_file_close(f);
+    ferry_ctx_free(c);
+}
+
 /* `test_file CASE` runs one of these, `--list` names them (check.h); main
  * makes the files and the ctx they share. */
 static ferry_ctx *ctx;
@@ -410,7 +464,8 @@ static ferry_ctx *ctx;
     CASE(open_touches_header_only, test_open_touches_header_only(ctx))           \
     CASE(hash, test_hash(ctx))                                                   \
     CASE(faults, test_faults(ctx))                                               \
-    CASE(allocator, test_allocator())
+    CASE(allocator, test_allocator())                                            \
+    CASE(caps, test_caps())
 CHECK_CASES(CASES)
 
 int main(int argc, char **argv)

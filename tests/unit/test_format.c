@@ -4,9 +4,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "check.h"
 #include "common/common.h"
 #include "format/format.h"
+#include "format/json.h"
 
 static fy_err err;
 static uint8_t buf[1 << 16];
@@ -268,12 +271,219 @@ static void test_helpers(void)
     CHECK(strcmp(ferry_version_string(), FERRY_VERSION_STRING) == 0);
 }
 
+
+/* ---- header memory (issue 15.4) ---- */
+
+/* An allocator that knows the bytes it has handed out now and at most. */
+typedef struct {
+    size_t now, peak;
+} sized;
+static sized g_sized;
+
+static void *s_alloc(void *o, size_t n)
+{
+    (void)o;
+    size_t *p = malloc(n + 16);
+    if (!p) return NULL;
+    *p = n;
+    g_sized.now += n;
+    if (g_sized.now > g_sized.peak) g_sized.peak = g_sized.now;
+    return (char *)p + 16;
+}
+
+static void s_free(void *o, void *q)
+{
+    (void)o;
+    if (!q) return;
+    size_t *p = (size_t *)((char *)q - 16);
+    g_sized.now -= *p;
+    free(p);
+}
+
+static void *s_realloc(void *o, void *q, size_t n)
+{
+    if (!q) return s_alloc(o, n);
+    size_t *p = (size_t *)((char *)q - 16), old = *p;
+    size_t *np = realloc(p, n + 16);
+    if (!np) return NULL;
+    *np = n;
+    g_sized.now = g_sized.now - old + n;
+    if (g_sized.now > g_sized.peak) g_sized.peak = g_sized.now;
+    return (char *)np + 16;
+}
+
+static const ferry_allocator sized_mem = {s_alloc, s_realloc, s_free, NULL};
+
+/* A whole file of n zero-size tensors "t0000000"... (and a metadata entry), in
+ * JSON order n-1 .. 0, in a malloc'd buffer. */
+static uint8_t *many_zero(int64_t n, size_t *size)
+{
+    size_t cap = 64 + (size_t)n * 64, o = 8;
+    uint8_t *b = malloc(cap);
+    if (!b) return NULL;
+    o += (size_t)snprintf((char *)b + o, cap - o, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (int64_t i = n - 1; i >= 0; i--)
+        o += (size_t)snprintf((char *)b + o, cap - o, ",\"t%07lld\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}",
+                              (long long)i);
+    b[o++] = '}';
+    uint64_t h = o - 8;
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(h >> (8 * i));
+    *size = o;
+    return b;
+}
+
+static void test_caps(void)
+{
+    static const char *three = "{\"__metadata__\":{\"k\":\"v\"},"
+                               "\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]},"
+                               "\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[2,4]},"
+                               "\"c\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[4,6]}}";
+    size_t n = mk(three, 6);
+    fy_table tb;
+    fy_table_init(&tb, fy_default_allocator());
+    /* the tensor count: refused before any table is made, __metadata__ not counted */
+    tb.max_n = 2;
+    CHECK_EQ(fy_st_parse_buffer("t.st", buf, n, &tb, &err), FERRY_E_LIMIT);
+    CHECK_STR_HAS(err.msg, "t.st: header holds 3 tensors, over the cap of 2 (max_tensors)");
+    CHECK_EQ(tb.n, 0);
+    CHECK_EQ(tb.max_n, 2); /* the caps outlive fy_table_free */
+    tb.max_n = 3;
+    CHECK_EQ(fy_st_parse_buffer("t.st", buf, n, &tb, &err), 0);
+    CHECK_EQ(tb.n, 3);
+    /* what the table says it holds: 3 entries, 3 names of 2 bytes, 3 shapes,
+     * the metadata arrays (16 slots each) and "k", "v" */
+    uint64_t want = 3 * sizeof(fy_tensor) + 3 * 2 + 3 * 8 + 2 * 16 * sizeof(char *) + 2 + 2;
+    CHECK_EQ(tb.bytes, want);
+    fy_table_free(&tb);
+    CHECK_EQ(tb.bytes, 0);
+    /* bytes: one short of what it needs, then exactly that */
+    tb.max_n = 0;
+    tb.max_bytes = want - 1;
+    CHECK_EQ(fy_st_parse_buffer("t.st", buf, n, &tb, &err), FERRY_E_LIMIT);
+    CHECK_STR_HAS(err.msg, "t.st: the header and the tensor table built from it would take more than the cap of");
+    CHECK_STR_HAS(err.msg, "(max_header_bytes)");
+    CHECK_EQ(tb.n, 0);
+    CHECK_EQ(tb.nmeta, 0);
+    tb.max_bytes = want;
+    CHECK_EQ(fy_st_parse_buffer("t.st", buf, n, &tb, &err), 0);
+    /* a charge (the header buffer, in file.c) counts against the same cap */
+    fy_table_free(&tb);
+    CHECK_EQ(fy_table_charge(&tb, want + 1), FERRY_E_LIMIT);
+    CHECK_EQ(fy_table_charge(&tb, want - 3 * sizeof(fy_tensor) + 1), 0); /* no room left for the entries */
+    CHECK_EQ(fy_st_parse_buffer("t.st", buf, n, &tb, &err), FERRY_E_LIMIT);
+    CHECK_STR_HAS(err.msg, "a table of its 3 tensors would take more than the cap");
+    fy_table_free(&tb);
+
+    /* GGUF-like pushes: the count cap in fy_table_push itself */
+    fy_table_init(&tb, fy_default_allocator());
+    tb.max_n = 1;
+    fy_tensor t = {.name = fy_strndup(tb.mem, "x", 1), .dtype = FERRY_DTYPE_U8};
+    CHECK_EQ(fy_table_push(&tb, &t), 0);
+    fy_tensor u = {.name = "y", .dtype = FERRY_DTYPE_U8};
+    CHECK_EQ(fy_table_push(&tb, &u), FERRY_E_LIMIT);
+    CHECK_EQ(fy_table_fail(&tb, FERRY_E_LIMIT, "m.gguf", &err), FERRY_E_LIMIT);
+    CHECK_STR_HAS(err.msg, "m.gguf: holds more than 1 tensors, the cap (max_tensors)");
+    fy_table_free(&tb);
+}
+
+/* 100k zero-size tensors open within a bound on what the parse asks of the
+ * allocator (jansson's tree took about 21 bytes a header byte in RSS). */
+static void test_large_header(void)
+{
+    const int64_t n = 100000;
+    size_t size;
+    uint8_t *file = many_zero(n, &size);
+    CHECK(file != NULL);
+    if (!file) return;
+    size_t hlen = size - 8;
+    fy_table tb;
+    fy_table_init(&tb, &sized_mem);
+    g_sized.now = g_sized.peak = 0;
+    CHECK_EQ(fy_st_parse_buffer("big.st", file, size, &tb, &err), 0);
+    CHECK_EQ(tb.n, n);
+    CHECK_EQ(tb.nmeta, 1);
+    /* the table is in JSON order reversed (equal offsets keep JSON order) */
+    CHECK(strcmp(tb.t[0].name, "t0099999") == 0 && strcmp(tb.t[n - 1].name, "t0000000") == 0);
+    /* exactly as many entries as tensors (no doubling), each name and shape counted */
+    CHECK_EQ(tb.cap, n);
+    uint64_t want = (uint64_t)n * (sizeof(fy_tensor) + 9 + 8) + 2 * 16 * sizeof(char *) + 7 + 3;
+    CHECK_EQ(tb.bytes, want);
+    CHECK_EQ(g_sized.now, want); /* the accounting is what the table holds */
+    /* peak: the table plus the parse's own (offset records, duplicate-key set):
+     * under 2 bytes a header byte, about 120 a tensor, the header not included */
+    CHECK(g_sized.peak < 2 * hlen);
+    CHECK(g_sized.peak < (size_t)n * 120);
+    fprintf(stderr, "large_header: %lld tensors, header %zu bytes, table %llu bytes, parse peak %zu bytes\n",
+            (long long)n, hlen, (unsigned long long)tb.bytes, g_sized.peak);
+    fy_table_free(&tb);
+    CHECK_EQ(g_sized.now, 0);
+
+    /* the same with one name twice, far apart: still found */
+    memcpy(strstr((char *)file + 8, "\"t0000001\""), "\"t0099998\"", 10);
+    CHECK_EQ(fy_st_parse_buffer("big.st", file, size, &tb, &err), FERRY_E_CORRUPT);
+    CHECK_STR_HAS(err.msg, "big.st: header names a key twice ('t0099998')");
+    CHECK_EQ(g_sized.now, 0);
+    free(file);
+}
+
+/* fy_json_check accepts what jansson (as the safetensors reader used it)
+ * accepts, refuses what it refuses, and ends where it ends. */
+static void test_json_vs_jansson(void)
+{
+    static const char *docs[] = {
+        "{}", "[]", "{\"a\":1}", "{\"a\":1,}", "{\"a\" : [1, 2 ,3]}\t", "{\"a\":[1,]}", "[1 2]", "{\"a\":1 \"b\":2}",
+        "{\"a\"}", "{\"a\":}", "{1:2}", "{\"a\":01}", "{\"a\":-0}", "{\"a\":-}", "{\"a\":1.}", "{\"a\":.5}",
+        "{\"a\":1e}", "{\"a\":1e+5}", "{\"a\":1E-5}", "{\"a\":+1}", "{\"a\":9223372036854775807}",
+        "{\"a\":9223372036854775808}", "{\"a\":-9223372036854775808}", "{\"a\":-9223372036854775809}",
+        "{\"a\":1e308}", "{\"a\":1e309}", "{\"a\":-1e309}", "{\"a\":1.7976931348623157e308}",
+        "{\"a\":1.7976931348623159e308}", "{\"a\":179769313486231580793728971405303415079934132710037826936173778980444968292764750946649017977587207096330286416692887910946555547851940402630657488671505820681908902000708383676273854845817711531764475730270069855571366959622842914819860834936475292719074168444365510704342711559699508093042880177904174497791.9}",
+        "{\"a\":1e-400}", "{\"a\":0.000000000000000000000000000000000000001e999999999999}",
+        "{\"a\":true,\"b\":false,\"c\":null}", "{\"a\":True}", "{\"a\":nul}", "{\"a\":nullx}", "{\"a\":\"\\u0041\"}",
+        "{\"a\":\"\\u00\"}", "{\"a\":\"\\x\"}", "{\"a\":\"\\ud83d\\ude00\"}", "{\"a\":\"\\ud83d\"}", "{\"a\":\"\\ude00\"}",
+        "{\"a\":\"\\ud83d\\u0041\"}", "{\"a\":\"\\u0000\"}", "{\"a\\u0000\":1}", "{\"a\":\"x\ty\"}", "{\"a\":\"\x7f\"}",
+        "{\"a\":1,\"a\":2}", "{\"a\":1,\"\\u0061\":2}", "{\"a\":{\"b\":1,\"b\":2}}", "{\"a\":{\"b\":1},\"c\":{\"b\":1}}",
+        "{\"ab\":1,\"a\\u0062\":2}", "{\"\\/\":1,\"/\":2}", "{\"a\":1}x", "{\"a\":1}{}", "{\"a\":[[[]]]}  ",
+        "{\"a\":\"unterminated", "{\"a\":[1,2", "{\"a\"", "{", "{ }", "{\r\n\"a\"\r\n:\r\n1\r\n}",
+        "{\"a\":\"\xc3\xa9\"}", "{\"a\":[\"\\\"\",\"\\\\\",\"\\b\\f\\n\\r\\t\"]}",
+    };
+    for (size_t d = 0; d < sizeof docs / sizeof docs[0]; d++) {
+        const char *doc = docs[d];
+        size_t len = strlen(doc);
+        json_error_t je;
+        json_t *j = json_loadb(doc, len, JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &je);
+        fy_json_info ji;
+        int rc = fy_json_check((const uint8_t *)doc, len, NULL, fy_default_allocator(), &ji);
+        if ((j != NULL) != (rc == 0)) fprintf(stderr, "json_vs_jansson: differ on %s (jansson: %s)\n", doc, j ? "ok" : je.text);
+        CHECK_EQ(rc == 0, j != NULL);
+        if (j && rc == 0) CHECK_EQ(ji.end, (size_t)je.position);
+        if (!j && rc < 0) CHECK_EQ(ji.duplicate, json_error_code(&je) == json_error_duplicate_key);
+        json_decref(j);
+    }
+    /* nesting: 2048 levels are allowed, 2049 are not (jansson's limit) */
+    for (int depth = 2047; depth <= 2049; depth++) {
+        char *doc = malloc((size_t)depth * 2 + 1);
+        memset(doc, '[', (size_t)depth);
+        memset(doc + depth, ']', (size_t)depth);
+        json_error_t je;
+        json_t *j = json_loadb(doc, (size_t)depth * 2, JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &je);
+        fy_json_info ji;
+        int rc = fy_json_check((const uint8_t *)doc, (size_t)depth * 2, NULL, fy_default_allocator(), &ji);
+        CHECK_EQ(rc == 0, j != NULL);
+        CHECK_EQ(rc == 0, depth <= 2048);
+        json_decref(j);
+        free(doc);
+    }
+}
+
 /* `test_format CASE` runs one of these, `--list` names them (check.h). */
 #define CASES(CASE)                                                              \
     CASE(valid, test_valid())                                                    \
     CASE(invalid, test_invalid())                                                \
     CASE(index, test_index())                                                    \
-    CASE(helpers, test_helpers())
+    CASE(helpers, test_helpers())                                                \
+    CASE(caps, test_caps())                                                      \
+    CASE(large_header, test_large_header())                                      \
+    CASE(json_vs_jansson, test_json_vs_jansson())
 CHECK_CASES(CASES)
 
 int main(int argc, char **argv)

@@ -46,14 +46,25 @@ int cli_help(const cli_cmd *c)
     return EXIT_OK;
 }
 
+uint64_t cli_max_tensors, cli_max_header_bytes;
+
+int cli_ctx_new(uint32_t nthreads, ferry_ctx **ctx)
+{
+    ferry_ctx_opts o = {.size = sizeof o,
+                        .nthreads = nthreads,
+                        .max_header_bytes = cli_max_header_bytes,
+                        .max_tensors = cli_max_tensors};
+    if (ferry_ctx_new(&o, ctx) < 0) return cli_fail("%s", ferry_ctx_errmsg(NULL));
+    return 0;
+}
+
 int cli_open(const char *path, uint32_t nthreads, ferry_ctx **ctx, ferry_file **f)
 {
-    ferry_ctx_opts o = {.size = sizeof o, .nthreads = nthreads};
-    int rc = ferry_ctx_new(&o, ctx);
-    if (rc < 0) return cli_fail("%s", ferry_ctx_errmsg(NULL));
-    rc = ferry_file_open(*ctx, path, 0, f);
+    int ex = cli_ctx_new(nthreads, ctx);
+    if (ex) return ex;
+    int rc = ferry_file_open(*ctx, path, 0, f);
     if (rc < 0) {
-        int ex = cli_fail_ctx(*ctx, rc);
+        ex = cli_fail_ctx(*ctx, rc);
         ferry_ctx_free(*ctx);
         *ctx = NULL;
         return ex;

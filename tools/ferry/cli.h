@@ -31,6 +31,12 @@ int cli_fail_ctx(ferry_ctx *ctx, int rc);
 bool cli_is_help(const char *arg);
 int cli_help(const cli_cmd *c);
 
+/* The caps on files' headers given before the command (--max-tensors,
+ * --max-header-bytes); 0: none. Every context the commands make gets them. */
+extern uint64_t cli_max_tensors, cli_max_header_bytes;
+/* A context with nthreads (0: the default) and the caps above; prints the
+ * error and returns an exit status on failure, else 0. */
+int cli_ctx_new(uint32_t nthreads, ferry_ctx **ctx);
 /* Open ctx + file, or print the error; returns 0 or an exit status. */
 int cli_open(const char *path, uint32_t nthreads, ferry_ctx **ctx, ferry_file **f);
 

@@ -135,7 +135,7 @@ static int run(int argc, char **argv)
     ferry_ctx *ctx;
     ferry_device *dev = NULL;
     int ex = EXIT_OK;
-    if (ferry_ctx_new(NULL, &ctx) < 0) { free(paths); return cli_fail("%s", ferry_ctx_errmsg(NULL)); }
+    if ((ex = cli_ctx_new(0, &ctx))) { free(paths); return ex; }
     int rc = ferry_device_open(ctx, dev_spec, &dev);
     if (rc < 0) {
         ex = cli_fail_ctx(ctx, rc);

@@ -195,10 +195,7 @@ static int run(int argc, char **argv)
     bufs b = {0};
     int ex = sim_scenario_parse(&sc);
     if (ex || check) goto out;
-    if (ferry_ctx_new(NULL, &ctx) < 0) {
-        ex = cli_fail("%s", ferry_ctx_errmsg(NULL));
-        goto out;
-    }
+    if ((ex = cli_ctx_new(0, &ctx))) goto out;
     if ((ex = sim_scenario_open(&sc, ctx))) goto out;
     int rc = ferry_device_open(ctx, sc.device, &dev);
     if (rc < 0) {

@@ -1,4 +1,6 @@
 /* main.c - the ferry command-line tool: dispatch to subcommands. */
+#include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +18,15 @@ static void usage(FILE *out)
             "usage: ferry COMMAND [OPTIONS] ...\n"
             "       ferry COMMAND --help     options of one command\n"
             "       ferry --version\n"
-            "       ferry --stats COMMAND ...  also print wall time and peak RSS (VmHWM) on stderr\n"
+            "       ferry [GLOBAL OPTIONS] COMMAND ...\n"
+            "\n"
+            "global options (before COMMAND):\n"
+            "  --stats                 also print wall time and peak RSS (VmHWM) on stderr\n"
+            "  --max-tensors N         refuse a checkpoint of more than N tensors (all shards)\n"
+            "  --max-header-bytes SIZE refuse a checkpoint whose headers and tensor table take\n"
+            "                          more than SIZE bytes of memory (e.g. 64MiB); for files\n"
+            "                          from untrusted sources. Default for both: no cap beyond\n"
+            "                          the formats' own (a safetensors header is at most 100 MB)\n"
             "\n"
             "commands:\n",
             ferry_version_string());
@@ -37,17 +47,49 @@ static void usage(FILE *out)
 
 static int dispatch(int argc, char **argv);
 
+/* A global option's value: a whole number (--max-tensors) or a size. */
+static bool global_value(const char *opt, const char *v, bool size, uint64_t *out)
+{
+    char *end = NULL;
+    if (v && size && cli_parse_size(v, out)) return true;
+    if (v && !size && *v >= '0' && *v <= '9') {
+        errno = 0;
+        unsigned long long x = strtoull(v, &end, 10);
+        if (errno == 0 && *end == '\0') {
+            *out = (uint64_t)x;
+            return true;
+        }
+    }
+    fprintf(stderr, "ferry: %s needs %s, not '%s' (see 'ferry --help')\n", opt,
+            size ? "a size (4096, 64MiB, 1GB)" : "a whole number", v ? v : "");
+    return false;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc >= 2 && strcmp(argv[1], "--stats") == 0) {
-        double t0 = cli_now();
-        int ex = dispatch(argc - 1, argv + 1);
-        fflush(stdout);
-        fprintf(stderr, "ferry: %.1f ms, peak RSS (VmHWM) %.1f MiB, exit %d\n", (cli_now() - t0) * 1e3,
-                (double)cli_vmhwm_kib() / 1024.0, ex);
-        return ex;
+    bool stats = false;
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--stats") == 0) stats = true;
+        else if (strcmp(a, "--max-tensors") == 0 || strcmp(a, "--max-header-bytes") == 0) {
+            bool size = a[6] == 'h';
+            if (!global_value(a, i + 1 < argc ? argv[i + 1] : NULL, size, size ? &cli_max_header_bytes : &cli_max_tensors))
+                return EXIT_USAGE;
+            i++;
+        } else break;
     }
-    return dispatch(argc, argv);
+    /* the command sees itself as argv[1] */
+    argv[i - 1] = argv[0];
+    argc -= i - 1;
+    argv += i - 1;
+    if (!stats) return dispatch(argc, argv);
+    double t0 = cli_now();
+    int ex = dispatch(argc, argv);
+    fflush(stdout);
+    fprintf(stderr, "ferry: %.1f ms, peak RSS (VmHWM) %.1f MiB, exit %d\n", (cli_now() - t0) * 1e3,
+            (double)cli_vmhwm_kib() / 1024.0, ex);
+    return ex;
 }
 
 static int dispatch(int argc, char **argv)
