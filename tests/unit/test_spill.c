@@ -535,8 +535,11 @@ static void test_unreserve(void)
             CHECK_EQ(fsize(s), z0);
             struct stat st1 = fst(fd);
             CHECK_EQ(st1.st_size, st0.st_size);
-            if (holding) CHECK(st1.st_blocks <= st0.st_blocks); /* the reused ranges punched, nothing kept */
-            else CHECK_EQ(st1.st_blocks, st0.st_blocks);        /* exactly as before */
+            if (holding) CHECK(st1.st_blocks <= st0.st_blocks + 8); /* the reused ranges punched, nothing kept */
+            /* as before, but for one block of the file system's own metadata:
+             * ext4 keeps an extent-tree block once a file had more than four
+             * extents, even after the punch and truncate (seen under CI) */
+            else CHECK(st1.st_blocks >= st0.st_blocks && st1.st_blocks <= st0.st_blocks + 8);
         }
         for (int i = 0; i < 4; i++) CHECK_EQ(again[i], bo[i]); /* the same free ranges: the same best fits */
         CHECK_EQ(bo[0], o[1]);
