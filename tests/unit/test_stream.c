@@ -371,6 +371,20 @@ static void cyclic(ferry_ctx *ctx, int pinned_cache)
      * kernels read what they should: pass() checks every byte); a move
      * through the ring (no cache) is never ordered so: its host waits, if
      * anything is still running then */
+    /* every block's addresses in one call: tensor_state's dptr, inside its segment */
+    for (int k = 0; k < NB; k++) {
+        uint64_t ad[6] = {1, 1, 1, 1, 1, 1};
+        CHECK_EQ(ferry_model_device_addrs(r.m, r.blk[k], 2, ad), 0);
+        for (int j = 0; j < 2; j++) {
+            ferry_tensor_state st = tstate(&r, r.blk[k][j]);
+            CHECK_EQ(ad[3 * j], st.dptr);
+            if (st.dptr) CHECK(ad[3 * j + 1] <= st.dptr && st.dptr + st.nbytes <= ad[3 * j + 1] + ad[3 * j + 2]);
+            else CHECK(ad[3 * j + 1] == 0 && ad[3 * j + 2] == 0);
+        }
+    }
+    int64_t bad[1] = {ferry_model_tensor_count(r.m)};
+    uint64_t junk[3];
+    CHECK_EQ(ferry_model_device_addrs(r.m, bad, 1, junk), FERRY_E_INVAL);
     ferry_store_stats f1 = stats(&r);
     if (pinned_cache == 0) {
         CHECK(f1.fence_orders > f0.fence_orders);
