@@ -196,6 +196,7 @@ class Streamer:
         self.replan_wanted = False
         self.plan = None
         self.streamed = set()          # the blocks the plan streams
+        self.held = set()              # resident blocks held for the whole step (steps after the first)
         self.timing = None             # block -> [begin, end] (CUDA events or host seconds) while measured
         self.choice = None             # how the default prefetch was chosen (stats)
         self.make_plan(first=True)
@@ -291,12 +292,36 @@ class Streamer:
         2.1 skips it when forward raises)."""
         if self.in_step:
             core = self.store._core
-            for i in self.fixed:
+            for i in self.fixed + [b.leader for b in self.held]:
                 try:
                     core.unpin(self.m, i)
                 except errors.FerryError:
                     pass
+            self.held = set()
             self.in_step = False
+
+    def _hold_resident(self):
+        """Hold the plan's resident blocks for the whole step, as the tensors
+        outside the blocks are, so that their own hooks do nothing but time
+        them: no move to queue, hold, order, release or land per block (on a
+        step bound by the host, at short sequences, those calls were most of
+        what a resident block cost beyond its kernels)."""
+        core = self.store._core
+        res = [b for b in self.order if b not in self.streamed and b not in self.ops]
+        missing = []
+        for b in res:
+            out = core.device_addrs(self.m, b.c_idx, len(b.idx), b.c_out)
+            if any(out[3 * k] == 0 and self.entry_of[i][0].nbytes for k, i in enumerate(b.idx)):
+                missing.extend(b.idx)
+        if missing:  # (another model's moves, or a re-plan, took some since)
+            self.store._sync()  # what their memory is reused for may still be read
+            core.to_device(self.m, missing)
+            self.moved_others = len(core.models) > 1
+        for b in res:
+            core.pin(self.m, b.leader)
+            self.held.add(b)
+        for b in res:
+            self._show(b)
 
     def step_begin(self):
         with self.store._lock:
@@ -318,9 +343,11 @@ class Streamer:
                 self.store._refresh([self.name], self.fixed)
             self.in_step = True
             if self.steps == 2 and self.timing is not None:
-                self._choose()  # (before this step queues anything)
+                self._choose()  # (before this step queues or holds anything)
             if self.steps == 1 and not self.user_prefetch and self.streamed:
                 self.timing = {}  # the first steady step measures its blocks
+            if self.steps >= 1:
+                self._hold_resident()
             if self.steps == 0:
                 self.recording = []
             elif not self.active:
@@ -338,7 +365,8 @@ class Streamer:
                 return
             self.in_step = False
             s = self._stream()
-            for i in self.fixed:
+            held, self.held = self.held, set()
+            for i in self.fixed + [b.leader for b in held]:
                 core.release_after(self.m, i, s)
             if self.steps == 0 and self.recording:
                 seen = set(self.recording)
@@ -361,6 +389,10 @@ class Streamer:
             self.store._live()
             if self.steps == 0 and self.in_step:
                 self.recording.append(b)
+            if b in self.held:
+                if self.timing is not None:
+                    self.timing[b] = [self._mark()]
+                return
             op = self._queue(b)
             self.active.add(b)
             op.stream_wait(self._stream())
@@ -376,6 +408,9 @@ class Streamer:
             self.active.discard(b)
             if self.timing is not None and b in self.timing:
                 self.timing[b].append(self._mark())
+            if b in self.held:
+                self._prefetch(self.pos[b])
+                return
             op = self.ops.pop(b, None)
             if op is None:
                 return  # its pre-hook failed
@@ -442,6 +477,8 @@ class Streamer:
         until `prefetch` (or limit) of them that stream are in flight:
         resident blocks need no copy, so counting them would leave the copy
         engine idle where several come in a row."""
+        if not self.streamed:
+            return
         n = len(self.order)
         # (the step's start passes k = n - 1 and a limit: every block of the
         # pass, from the first; after block k, every other one)

@@ -549,3 +549,35 @@ def test_default_prefetch_is_measured(tmp_path, sim_free):
             assert ch["compute_s"] > 0 and set(ch["predicted_s"]) <= {1, 2, 3, 4}
             # after the choice, every step still moves exactly the streamed blocks
             assert ss["bytes_per_step"][3] == ss["planned_streamed_bytes"]
+
+
+def test_resident_blocks_are_held_for_the_step(tmp_path, sim_free):
+    """After the first step, the plan's resident blocks are held from the
+    step's start to its end (their hooks do nothing else); after a step only
+    the next step's prefetched blocks are (their queued moves)."""
+    ref, path = model_and_file(tmp_path)
+    m = DiT()
+    with ft.Store(SIM, device_budget=int(nbytes(ref) * 0.5)) as store:
+        store.add("dit", path, module=m, stream="auto")
+        core = store._core
+        model = core.models["dit"]
+        st = store._attached["dit"].streamer
+        seen = []
+
+        def look(mod, args):
+            if st.steps >= 1:
+                seen.append({b.name: (b in st.streamed, core.state(model, b.leader).pins) for b in st.blocks})
+
+        h = m.blocks[0].register_forward_pre_hook(look)  # runs after ferry's own pre-hook
+        with torch.no_grad():
+            for s in range(3):
+                assert torch.equal(m(x_for(seed=s)), ref(x_for(seed=s)))
+        h.remove()
+        assert len(seen) == 2
+        for snap in seen:
+            res = [holds for streams, holds in snap.values() if not streams]
+            assert res and all(h == 1 for h in res), snap
+        queued = {b.leader for b in st.ops}  # (a held leader keeps its group)
+        assert queued and all(b in st.streamed for b in st.ops)
+        for i in range(len(model)):
+            assert core.state(model, i).pins == (1 if i in queued else 0), core.state(model, i)
