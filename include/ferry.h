@@ -585,10 +585,15 @@ FERRY_API int ferry_op_query(ferry_op *op);
 FERRY_API int ferry_op_stream_wait(ferry_op *op, uint64_t cu_stream);
 /* Release a hold (ferry_model_hold) of tensor t (t < 0: all) once the work
  * already queued on cu_stream has run: until an event recorded there now has
- * completed the tensor stays held, so its device memory is never reused while
- * a kernel may still read it. The host does not wait; the store drops such
- * holds as their events complete (and waits for them when it needs the room).
- * FERRY_E_INVAL for a tensor not held. */
+ * completed, the tensor's device memory is not written, read back or given
+ * to the driver. The host does not wait; the store drops such holds as their
+ * events complete. When it needs the room before then, a clean tensor's hold
+ * (every tensor of its group clean) drops at once and the store's copies into
+ * its memory are ordered after the event on the device (copies from pinned or
+ * pageable RAM) or after the host waited for it (file reads, read-backs,
+ * memory going back to the driver); a dirty group's hold waits for its event.
+ * (So ferry_model_tensor_state's holds may count it released before the
+ * stream ran.) FERRY_E_INVAL for a tensor not held. */
 FERRY_API int ferry_model_release_after(ferry_model *m, int64_t t, uint64_t cu_stream);
 
 /* ---- streaming a model larger than its budget ----
@@ -623,8 +628,10 @@ typedef struct ferry_plan_opts {
     uint64_t reserve;       /* of them, left free for the caller (activations) */
     int pinned_cache;       /* 0 = keep streamed blocks' clean copies in pinned RAM as room
                                allows; -1 = never */
-    int dry_run;            /* 1 = only say what this plan would be (out): nothing is marked
-                               and the model keeps the plan it had (choosing a window) */
+    int64_t dry_run;        /* 1 = only say what this plan would be (out): nothing is marked
+                               and the model keeps the plan it had (choosing a window). 64 bits:
+                               the struct grows, so a caller built before it (size 56, padding
+                               where an int would go) never asks for one */
 } ferry_plan_opts;
 
 typedef struct ferry_plan {
@@ -727,8 +734,10 @@ FERRY_API int ferry_model_write(ferry_model *m, int64_t t, const void *buf);
  * pinned pool's unused chunks are unpinned and freed by it too. */
 /* Holds released with ferry_model_release_after count until their stream has
  * run that far; when that leaves too little room, or bytes is UINT64_MAX, the
- * call waits for those streams and then evicts what they held too. Tensors of
- * a queued move that has not landed are never evicted. */
+ * call waits for those streams (and for the kernels of holds dropped early,
+ * see ferry_model_release_after, before it frees memory to the driver) and
+ * then evicts what they held too. Tensors of a queued move that has not
+ * landed are never evicted. */
 FERRY_API int64_t ferry_store_make_room(ferry_store *s, uint64_t bytes, uint64_t *could);
 
 typedef struct ferry_store_stats {

@@ -135,7 +135,7 @@ class PlanOpts(Struct):
         ("budget", ctypes.c_uint64),
         ("reserve", ctypes.c_uint64),
         ("pinned_cache", ctypes.c_int),
-        ("dry_run", ctypes.c_int),
+        ("dry_run", ctypes.c_int64),
     ]
 
 

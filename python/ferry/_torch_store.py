@@ -672,6 +672,7 @@ class Store:
             for name in list(self._attached):
                 self._detach(name)
             self._states = {}
+            self._segs = {}  # (their views keep the store's memory)
             self._core = None
 
     def __enter__(self):

@@ -109,8 +109,8 @@ def predict_step(compute, copy, streams, prefetch):
             start = t
         for b in range(N):
             if streams[b]:
-                i = len(ends)
-                free = ends[i - prefetch] if i >= prefetch else 0.0
+                i, back = len(ends), max(prefetch, 1)  # (prefetch 0: queued once the last one computed)
+                free = ends[i - back] if i >= back else 0.0
                 engine = max(engine, free) + copy[b]
                 t = max(t, engine)
             t += compute[b]
@@ -119,10 +119,15 @@ def predict_step(compute, copy, streams, prefetch):
     return t - start
 
 
-def choose_prefetch(compute, block_bytes, rate, plans):
+SWITCH_GAIN = 0.05  # a measured prefetch replaces the current one only for this much less time
+
+
+def choose_prefetch(compute, block_bytes, rate, plans, current=None):
     """(prefetch, {prefetch: predicted step seconds}): the smallest prefetch
-    whose predicted step is within 1 % of the best. compute: seconds per
-    block, measured; block_bytes: each block's bytes; rate: the copy rate in
+    whose predicted step is within 1 % of the best, unless the current one's
+    prediction is within SWITCH_GAIN of that (one step's timings are noisy,
+    and a switch changes the resident set). compute: seconds per block,
+    measured; block_bytes: each block's bytes; rate: the copy rate in
     bytes/s, measured; plans: {prefetch: streamed block count} from dry-run
     plans (a larger window leaves fewer blocks resident)."""
     N = len(compute)
@@ -131,7 +136,10 @@ def choose_prefetch(compute, block_bytes, rate, plans):
     for p, S in sorted(plans.items()):
         pred[p] = predict_step(compute, copy, [spread(k, S, N) for k in range(N)], p)
     best = min(pred.values())
-    return min(p for p, v in pred.items() if v <= best * 1.01), pred
+    pick = min(p for p, v in pred.items() if v <= best * 1.01)
+    if current in pred and pred[current] <= pred[pick] * (1 + SWITCH_GAIN):
+        pick = current
+    return pick, pred
 
 
 class _Block:
@@ -199,7 +207,16 @@ class Streamer:
         self.held = set()              # resident blocks held for the whole step (steps after the first)
         self.timing = None             # block -> [begin, end] (CUDA events or host seconds) while measured
         self.choice = None             # how the default prefetch was chosen (stats)
+        self.rate = None               # the pinned copy rate, bytes/s (for the choice)
         self.make_plan(first=True)
+        if not self.user_prefetch:
+            # measured now, while none of this model's copies run (a probe
+            # beside them would read low): a 64 MiB buffer copied twice is
+            # near the limit already, and pinning it costs a few ms
+            try:
+                self.rate = core.dev.copy_rate(128 << 20) * 1e9
+            except errors.FerryError:
+                self.rate = None  # (the device cannot spare 64 MiB now: the prefetch stays)
 
     # ---- the plan ----
 
@@ -390,15 +407,14 @@ class Streamer:
             if self.steps == 0 and self.in_step:
                 self.recording.append(b)
             if b in self.held:
-                if self.timing is not None:
-                    self.timing[b] = [self._mark()]
+                self._time_begin(b)
                 return
             op = self._queue(b)
             self.active.add(b)
             op.stream_wait(self._stream())
             self._show(b)
-            if self.timing is not None and self.in_step:
-                self.timing[b] = [self._mark()]
+            if self.in_step:
+                self._time_begin(b)
 
     def block_end(self, b):
         with self.store._lock:
@@ -422,6 +438,14 @@ class Streamer:
                 return  # the blocks run in another order than listed: no guessing until it is known
             self._prefetch(self.pos[b])
 
+    def _time_begin(self, b):
+        if self.timing is None:
+            return
+        if b in self.timing:
+            self.timing = None  # a block ran twice in the step: nothing to go by
+        else:
+            self.timing[b] = [self._mark()]
+
     def _mark(self):
         """A point in the current stream's work: a timing event (cuda), else the host's clock."""
         if self.store._tdev.type == "cuda":
@@ -438,9 +462,10 @@ class Streamer:
         timing, self.timing = self.timing, None
         try:
             if any(len(timing.get(b, ())) != 2 for b in self.order):
-                return  # a block did not run (or ran twice): nothing to go by
+                return  # a block did not run: nothing to go by
             if self.store._tdev.type == "cuda":
-                timing[self.order[-1]][1].synchronize()
+                for b in self.order:
+                    timing[b][1].synchronize()
                 compute = [timing[b][0].elapsed_time(timing[b][1]) / 1e3 for b in self.order]
             else:
                 compute = [timing[b][1] - timing[b][0] for b in self.order]
@@ -448,9 +473,9 @@ class Streamer:
             size = {}
             for b in self.order:
                 size[b] = sum(self.entry_of[i][0].nbytes for i in b.idx)
-            # (a 64 MiB buffer copied twice: near the limit already, and its
-            # pinning, once, costs a few ms rather than the 256 MiB probe's tens)
-            rate = core.dev.copy_rate(128 << 20) * 1e9
+            rate = self.rate
+            if not rate:
+                return
             budget, reserve = self._budget(False)
             plans = {}
             for p in range(1, PREFETCH_MAX + 1):
@@ -462,15 +487,15 @@ class Streamer:
                 plans[p] = got["streamed_blocks"]
             if not plans:
                 return
-            p, pred = choose_prefetch(compute, [size[b] for b in self.order], rate, plans)
+            p, pred = choose_prefetch(compute, [size[b] for b in self.order], rate, plans, current=self.prefetch)
             self.choice = {"compute_s": sum(compute), "copy_gbps": rate / 1e9,
                            "predicted_s": {k: round(v, 6) for k, v in pred.items()}, "prefetch": p,
                            "was": self.prefetch}
             if p != self.prefetch:
                 self.prefetch = p
                 self.make_plan()
-        except errors.FerryError:
-            pass  # (no probe on this device, say): the prefetch stays
+        except (errors.FerryError, RuntimeError, ValueError):
+            pass  # (a timing event torch will not read, say): the prefetch stays
 
     def _prefetch(self, k, limit=None):
         """Queue the next blocks after position k of the pass (cyclically)

@@ -67,6 +67,10 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     uint64_t dirty = 0;
     for (int64_t k = 0; k < n; k++)
         if (ts[k]->dirty) need_avail = true, dirty += ts[k]->nbytes;
+    /* a dirty tensor is read back on the store's streams: not before the
+     * kernels of releases deferred meanwhile, which may still change it in
+     * place (a group held by one member; a tensor marked dirty afterwards) */
+    if (dirty && s->reuse) rs_reuse_wait_all(s);
     /* dirty bytes come before clean copies kept for speed: make them room */
     if (dirty && s->cache_used &&
         (h.host_used + dirty > h.host_budget || h.pinned_used + dirty > h.pinned_budget)) {

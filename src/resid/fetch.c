@@ -219,7 +219,16 @@ int64_t rs_defer_releases(ferry_store *s)
     for (struct rs_release **p = &s->releases; *p;) {
         struct rs_release *r = *p;
         rtensor *t = r->t;
-        if (t->dirty || t->moving || t->tier != FERRY_TIER_DEVICE) {
+        /* the whole group: a hold of one member keeps all of them (the
+         * PyTorch hooks hold a block by its leader), and evicting a dirty
+         * one reads it back */
+        const ferry_model *om = t->owner;
+        bool clean = true;
+        for (int64_t j = 0; j < om->n && clean; j++) {
+            const rtensor *u = &om->t[j];
+            if (u->group == t->group && (u->dirty || u->moving || u->tier != FERRY_TIER_DEVICE)) clean = false;
+        }
+        if (!clean) {
             p = &r->next;
             continue;
         }

@@ -72,9 +72,13 @@ FERRY_API int ferry_model_tensor_state(ferry_model *m, int64_t t, ferry_tensor_s
 
 FERRY_API int ferry_model_device_addrs(ferry_model *m, const int64_t *tensors, int64_t n, uint64_t *out)
 {
-    if (!m || n < 0 || (n && (!tensors || !out))) return FERRY_E_INVAL;
+    if (!m) return FERRY_E_INVAL;
+    if (n < 0 || (n && (!tensors || !out)))
+        return rs_merr(m, FERRY_E_INVAL, "ferry_model_device_addrs: bad arguments (%" PRId64 " tensors)", n);
     for (int64_t k = 0; k < n; k++)
-        if (tensors[k] < 0 || tensors[k] >= m->n) return FERRY_E_INVAL;
+        if (tensors[k] < 0 || tensors[k] >= m->n)
+            return rs_merr(m, FERRY_E_INVAL, "ferry_model_device_addrs: tensor index %" PRId64 " out of range (%" PRId64 " tensors)",
+                           tensors[k], m->n);
     pthread_mutex_lock(&m->s->lock);
     for (int64_t k = 0; k < n; k++) {
         const rtensor *r = &m->t[tensors[k]];

@@ -47,6 +47,16 @@ class DiT(nn.Module):
         return self.head(h)
 
 
+def steady(st, first=1):
+    """bytes_per_step from step `first` on, or from the step after the
+    default prefetch's choice (the third step's start) where that choice
+    changed the plan: the step it changed at streams another set."""
+    ch = st.get("prefetch_choice")
+    if ch and ch["prefetch"] != ch["was"]:
+        first = max(first, 3)
+    return st["bytes_per_step"][first:]
+
+
 def tensor_bytes(t):
     return bytes(t.detach().contiguous().reshape(-1).view(torch.uint8).tolist())
 
@@ -107,7 +117,8 @@ def test_streamed_outputs_are_bit_identical(tmp_path, sim_free, frac, mode):
         else:
             assert st["streamed_blocks"] > 0
             # every step after the first moves exactly the streamed blocks
-            assert st["bytes_per_step"][1:] == [st["planned_streamed_bytes"]] * 3
+            got = steady(st)
+            assert got and got == [st["planned_streamed_bytes"]] * len(got)
             assert st["bytes_per_step"][0] == total
         # the store never held more than its budget on the device
         assert store.stats()["tier_bytes"]["device"] <= budget
@@ -184,7 +195,7 @@ def test_pass_order_is_recorded(tmp_path, sim_free):
         st = store.stream_stats("dit")
         assert st["order"][0] == "blocks.11" and st["order"][-1] == "blocks.0"
         assert all(torch.equal(o, want) for o in outs)
-        assert st["bytes_per_step"][2] == st["planned_streamed_bytes"]
+        assert st["bytes_per_step"][-1] == st["planned_streamed_bytes"]
 
 
 def test_dirty_blocks_survive_streaming(tmp_path, sim_free):
@@ -512,9 +523,17 @@ def test_predict_step_and_choose_prefetch():
     # the smallest prefetch within 1 % of the best: here the budget's windows
     # leave the same blocks streamed, so the longest copy run decides
     N = 12
-    p, pred = ts.choose_prefetch([0.01] * N, [100] * N, 100.0, {1: 6, 2: 6, 3: 6, 4: 6})
-    assert set(pred) == {1, 2, 3, 4} and pred[p] <= min(pred.values()) * 1.01
-    assert all(pred[q] > pred[p] * 1.01 for q in pred if q < p)
+    p, pred = ts.choose_prefetch([0.05] * N, [100] * N, 100.0, {1: 6, 2: 6, 3: 6, 4: 6})
+    assert set(pred) == {1, 2, 3, 4} and p == 2  # 6.3 s with 1, 6.0 with 2-4
+    assert pred[1] == pytest.approx(6.3) and pred[2] == pytest.approx(6.0)
+    # runs of slow blocks: a deeper window pays
+    slow = [0.1, 0.1, 0.1, 0.8, 0.8, 0.8] * 2
+    assert ts.choose_prefetch(slow, [100] * N, 100.0, {1: 6, 2: 6, 3: 6, 4: 6})[0] == 3
+    # the current prefetch stays unless another is clearly (5 %) faster
+    assert ts.choose_prefetch(slow, [100] * N, 100.0, {1: 6, 2: 6, 3: 6, 4: 6}, current=4)[0] == 4
+    assert ts.choose_prefetch(slow, [100] * N, 100.0, {1: 6, 2: 6, 3: 6, 4: 6}, current=2)[0] == 3
+    assert ts.choose_prefetch([0.01] * N, [100] * N, 100.0, {1: 6, 2: 6}, current=1)[0] == 1  # 1 % slower: stays
+    assert ts.predict_step([0.1] * 4, [1.0] * 4, [True] * 4, 0) == pytest.approx(4.4)  # no overlap
     # compute-bound: prefetch 1 is enough
     p, _ = ts.choose_prefetch([1.0] * N, [100] * N, 1e6, {1: 6, 2: 5, 3: 4})
     assert p == 1
@@ -549,6 +568,11 @@ def test_default_prefetch_is_measured(tmp_path, sim_free):
             assert ch["compute_s"] > 0 and set(ch["predicted_s"]) <= {1, 2, 3, 4}
             # after the choice, every step still moves exactly the streamed blocks
             assert ss["bytes_per_step"][3] == ss["planned_streamed_bytes"]
+    # the rate is probed when the model is added, not beside its own copies
+    m = DiT()
+    with ft.Store(SIM, device_budget=budget) as store:
+        store.add("dit", path, module=m, stream="auto")
+        assert 0.5e9 < store._attached["dit"].streamer.rate < 20e9
 
 
 def test_resident_blocks_are_held_for_the_step(tmp_path, sim_free):

@@ -302,7 +302,10 @@ static void test_plan(ferry_ctx *ctx)
         ferry_plan_opts d = {.size = sizeof d, .blocks = blocks, .nblocks = NB, .window = 2, .budget = budget,
                              .dry_run = 1};
         ferry_plan q = {.size = sizeof q};
+        int before[NB];
+        for (int k = 0; k < NB; k++) before[k] = tstate(&r, r.blk[k][1]).streams;
         CHECK_EQ(ferry_model_plan(r.m, &d, &q), 0);
+        for (int k = 0; k < NB; k++) CHECK_EQ(tstate(&r, r.blk[k][1]).streams, before[k]); /* no tensor marked */
         CHECK_EQ(q.resident_blocks, 5);
         CHECK_EQ(q.window_bytes, 2 * block_bytes());
         d.window = 8;
@@ -402,6 +405,52 @@ static void cyclic(ferry_ctx *ctx, int pinned_cache)
 
 static void test_cyclic(ferry_ctx *ctx) { cyclic(ctx, 0); }
 static void test_cyclic_nocache(ferry_ctx *ctx) { cyclic(ctx, -1); }
+
+/* A block released after the compute stream while "kernels" there still
+ * read it (and change a dirty member in place), and another block's move
+ * needing its memory: a move through the ring (a file read on streams of its
+ * own) starts only after the host waited for them, and a group with a dirty
+ * member is read back only after them, though only its clean leader was held
+ * and released (as the PyTorch hooks hold a block). */
+static void test_reuse_ordered(ferry_ctx *ctx)
+{
+    run r;
+    if (!start(&r, ctx, "sim:64MiB,0.05GB/s", FIXED + WB + WB / 2)) return; /* 1 MiB: 20 ms */
+    uint64_t raw = r.g->ops->stream_raw(r.g, r.compute);
+    enum { K = 4 };
+    uint8_t *sink[K];
+    for (int k = 0; k < K; k++) sink[k] = malloc(WB);
+    for (int dirty = 0; dirty < 2; dirty++) {
+        int a = dirty ? 1 : 0, b = dirty ? 0 : 1; /* block a is read while block b's move needs its room */
+        CHECK_EQ(ferry_model_to_device(r.m, r.blk[a], 2), 0);
+        uint8_t x[BIAS], y[BIAS], back[BIAS];
+        memset(x, 0x11, sizeof x);
+        memset(y, 0x22, sizeof y);
+        ferry_tensor_state sw = tstate(&r, r.blk[a][0]), sb = tstate(&r, r.blk[a][1]);
+        if (dirty) CHECK_EQ(ferry_model_write(r.m, r.blk[a][1], x), 0);
+        CHECK_EQ(ferry_model_hold(r.m, r.blk[a][0]), 0); /* the leader only */
+        for (int k = 0; k < K; k++) CHECK_EQ(r.g->ops->copy_dtoh(r.g, sink[k], sw.dptr, WB, r.compute), 0);
+        if (dirty) CHECK_EQ(r.g->ops->copy_htod(r.g, sb.dptr, y, BIAS, r.compute), 0); /* changed in place */
+        CHECK_EQ(ferry_model_release_after(r.m, r.blk[a][0], raw), 0);
+        ferry_store_stats s0 = stats(&r);
+        CHECK_EQ(ferry_model_to_device(r.m, r.blk[b], 2), 0); /* from the checkpoint, through the ring */
+        ferry_store_stats s1 = stats(&r);
+        CHECK(tstate(&r, r.blk[a][0]).tier != FERRY_TIER_DEVICE); /* evicted for it */
+        CHECK_EQ(r.g->ops->stream_sync(r.g, r.compute), 0);
+        for (int k = 0; k < K; k++)
+            for (uint64_t j = 0; j < WB; j += 4099) CHECK_EQ(sink[k][j], byte_at(1 + 2 * a, j));
+        CHECK_EQ(s1.fence_orders, s0.fence_orders); /* never the lane for a ring read */
+        CHECK(s1.fence_waits > s0.fence_waits);
+        if (dirty) {
+            CHECK_EQ(ferry_model_read(r.m, r.blk[a][1], back), 0);
+            CHECK_EQ(back[0], 0x22);
+            CHECK_EQ(back[BIAS - 1], 0x22);
+        }
+        CHECK_EQ(ferry_model_evict(r.m, r.blk[b], 2), 0);
+    }
+    for (int k = 0; k < K; k++) free(sink[k]);
+    close_run(&r);
+}
 
 /* Plain LRU over the same pass (no plan) misses every block: the contrast
  * the plan exists for. */
@@ -817,6 +866,7 @@ static ferry_ctx *ctx;
     CASE(cyclic, test_cyclic(ctx))                         \
     CASE(cyclic_nocache, test_cyclic_nocache(ctx))         \
     CASE(lru_thrashes, test_lru_thrashes(ctx))             \
+    CASE(reuse_ordered, test_reuse_ordered(ctx))           \
     CASE(dirty, test_dirty(ctx))                           \
     CASE(faults, test_faults(ctx))                         \
     CASE(budget, test_budget(ctx))                         \
