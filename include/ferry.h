@@ -263,7 +263,10 @@ FERRY_API int ferry_file_open(ferry_ctx *ctx, const char *path, uint32_t flags,
                                    the file never changes and other processes never see it.
                                    Such a file cannot be page-locked: FERRY_ROUTE_REGISTER and
                                    ferry_device_register_file refuse it (FERRY_E_UNSUPPORTED). */
-/* Close a file: unmaps it. Every pointer obtained from it becomes invalid. */
+/* Close a file: unmaps it. Every pointer obtained from it becomes invalid.
+ * A registration still held on a device (ferry_device_register_file) is
+ * dropped first, as ferry_device_unregister_file would. Not while a load
+ * reads f, nor while another thread closes a device f is registered on. */
 FERRY_API void ferry_file_close(ferry_file *f);
 
 FERRY_API ferry_format ferry_file_format(const ferry_file *f);
@@ -455,7 +458,8 @@ FERRY_API int ferry_load_into(ferry_device *dev, const ferry_file *f, const int6
  * no CPU copy and no registration cost. Registered pages cannot be reclaimed:
  * they count against pinned_budget (this file alone; 0 = no limit;
  * FERRY_E_BUDGET if over).
- * Unregister before closing f; ferry_device_close() unregisters what is left. */
+ * ferry_device_unregister_file, ferry_file_close(f) or ferry_device_close()
+ * (whichever comes first) unregisters it. */
 FERRY_API int ferry_device_register_file(ferry_device *dev, const ferry_file *f, uint64_t pinned_budget);
 FERRY_API void ferry_device_unregister_file(ferry_device *dev, const ferry_file *f);
 

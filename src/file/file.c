@@ -267,6 +267,7 @@ FERRY_API int ferry_file_open(ferry_ctx *ctx, const char *path, uint32_t flags, 
     if (!f) return fy_seterr(&ctx->err, -ENOMEM, "%s: out of memory (%zu bytes)", path, sizeof *f);
     f->ctx = ctx;
     fy_err_init_child(&f->err, &ctx->err);
+    pthread_mutex_init(&f->watch_lock, NULL);
     fy_table_init(&f->tb, &ctx->mem);
     f->tb.max_bytes = ctx->max_header_bytes;
     f->tb.max_n = ctx->max_tensors;
@@ -317,10 +318,58 @@ FERRY_API int ferry_file_open(ferry_ctx *ctx, const char *path, uint32_t flags, 
     return 0;
 }
 
+int fy_file_watch_add(const ferry_file *cf, void (*closing)(void *, const ferry_file *), void *owner)
+{
+    ferry_file *f = (ferry_file *)cf; /* allocated mutable by ferry_file_open */
+    int rc = 0;
+    pthread_mutex_lock(&f->watch_lock);
+    for (int i = 0; i < f->nwatch; i++)
+        if (f->watch[i].closing == closing && f->watch[i].owner == owner) goto out;
+    if (f->nwatch == f->cap_watch) {
+        int cap = f->cap_watch ? f->cap_watch * 2 : 2;
+        fy_file_watch *n = fy_realloc(&f->ctx->mem, f->watch, (size_t)cap * sizeof *n);
+        if (!n) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        f->watch = n;
+        f->cap_watch = cap;
+    }
+    f->watch[f->nwatch++] = (fy_file_watch){closing, owner};
+    rc = 1;
+out:
+    pthread_mutex_unlock(&f->watch_lock);
+    return rc;
+}
+
+void fy_file_watch_drop(const ferry_file *cf, void (*closing)(void *, const ferry_file *), void *owner)
+{
+    ferry_file *f = (ferry_file *)cf;
+    pthread_mutex_lock(&f->watch_lock);
+    for (int i = 0; i < f->nwatch; i++)
+        if (f->watch[i].closing == closing && f->watch[i].owner == owner) {
+            f->watch[i] = f->watch[--f->nwatch];
+            break;
+        }
+    pthread_mutex_unlock(&f->watch_lock);
+}
+
 FERRY_API void ferry_file_close(ferry_file *f)
 {
     if (!f) return;
     const ferry_allocator *m = &f->ctx->mem;
+    /* whoever still keys state by f (a device's registration of these
+     * mappings) drops it now, while the mappings still exist; taken off the
+     * list first so the callbacks run with no lock of f held */
+    pthread_mutex_lock(&f->watch_lock);
+    fy_file_watch *w = f->watch;
+    int nw = f->nwatch;
+    f->watch = NULL;
+    f->nwatch = f->cap_watch = 0;
+    pthread_mutex_unlock(&f->watch_lock);
+    for (int i = 0; i < nw; i++) w[i].closing(w[i].owner, f);
+    fy_free(m, w);
+    pthread_mutex_destroy(&f->watch_lock);
     for (int32_t s = 0; s < f->nshards; s++) {
         fy_unmap(f->shards[s].map, f->shards[s].size);
         fy_close(f->shards[s].fd);

@@ -52,6 +52,7 @@ void xf_ring_free(ferry_device *d)
 FERRY_API void ferry_device_close(ferry_device *d)
 {
     if (!d) return;
+    xf_reg_unwatch_all(d); /* a file closed later must not call back into d */
     for (int i = 0; i < d->nregs; i++) d->g->ops->host_unregister(d->g, d->regs[i].base);
     fy_free(&d->ctx->mem, d->regs);
     xf_ring_free(d);

@@ -110,6 +110,27 @@ void xf_reg_unuse(ferry_device *d, const ferry_file *f)
     pthread_mutex_unlock(&d->lock);
 }
 
+/* f is being closed while d still holds its registration (the caller never
+ * unregistered it): drop it while the mappings exist, so no entry outlives the
+ * file (one keyed by a freed pointer would match a later file at the same
+ * address, and the pages would stay locked). */
+static void reg_file_closing(void *owner, const ferry_file *f)
+{
+    ferry_device *d = owner;
+    pthread_mutex_lock(&d->lock);
+    for (int i = 0; i < d->nregs; i++)
+        if (d->regs[i].f == f) d->regs[i].held = false;
+    reg_release_unused(d, f);
+    pthread_mutex_unlock(&d->lock);
+}
+
+/* The device stops watching every file it registered (ferry_device_close). */
+void xf_reg_unwatch_all(ferry_device *d)
+{
+    for (int i = 0; i < d->nregs; i++)
+        if (d->regs[i].held) fy_file_watch_drop(d->regs[i].f, reg_file_closing, d);
+}
+
 FERRY_API int ferry_device_register_file(ferry_device *d, const ferry_file *f, uint64_t pinned_budget)
 {
     if (!d || !f) return FERRY_E_INVAL;
@@ -118,7 +139,12 @@ FERRY_API int ferry_device_register_file(ferry_device *d, const ferry_file *f, u
     FY_RETURN_IF(pinned_budget && need > pinned_budget, &d->err, FERRY_E_BUDGET,
                  "%s: registering %" PRIu64 " bytes exceeds the pinned budget of %" PRIu64 " bytes",
                  f->shards[0].path, need, pinned_budget);
-    return xf_reg_acquire(d, f, true);
+    /* watched before it is held, so a close never misses a held entry */
+    int w = fy_file_watch_add(f, reg_file_closing, d);
+    FY_RETURN_IF(w < 0, &d->err, w, "%s: out of memory for the file's close watch", f->shards[0].path);
+    int rc = xf_reg_acquire(d, f, true);
+    if (rc < 0 && w == 1) fy_file_watch_drop(f, reg_file_closing, d);
+    return rc;
 }
 
 FERRY_API void ferry_device_unregister_file(ferry_device *d, const ferry_file *f)
@@ -129,6 +155,7 @@ FERRY_API void ferry_device_unregister_file(ferry_device *d, const ferry_file *f
         if (d->regs[i].f == f) d->regs[i].held = false;
     reg_release_unused(d, f); /* a load still copying keeps its shards until it ends */
     pthread_mutex_unlock(&d->lock);
+    fy_file_watch_drop(f, reg_file_closing, d);
 }
 
 /* Registered with ferry_device_register_file (all shards that hold bytes)? */

@@ -127,6 +127,8 @@ int xf_copy_spread(fy_gpu *g, bool to_device, fy_dptr dev, void *host, uint64_t 
                    uint32_t *next);
 
 /* ---- register.c: page-locked file mappings ---- */
+/* Forget the close watches on the files d registered (ferry_device_close, before freeing d). */
+void xf_reg_unwatch_all(ferry_device *d);
 
 /* Register every shard of f not registered yet, then mark them held (hold)
  * or in use by one more load. On failure nothing changes. */

@@ -1041,6 +1041,77 @@ static void test_register(ferry_ctx *ctx)
     }
 }
 
+/* A file closed while still registered (issue 15): the close drops the
+ * registration on every device that holds one, so nothing stays page-locked
+ * and a later file, even one allocated at the freed file's address, is not
+ * taken for registered. A device closed first, or a file unregistered first,
+ * leaves no watch behind that a later close would call (ASan sees a stale one). */
+static void test_closed_registered(ferry_ctx *ctx)
+{
+    static const char *const files[] = {"odd.safetensors", "sh.safetensors.index.json"};
+    for (size_t k = 0; k < 2; k++) {
+        ferry_device *d = open_dev(ctx, "sim:256MiB"), *d2 = open_dev(ctx, "sim:256MiB");
+        ferry_file *f = open_file(ctx, files[k]);
+        if (!d || !d2 || !f) {
+            ferry_file_close(f);
+            goto next;
+        }
+        uint64_t need = file_pages(f);
+        CHECK_EQ(ferry_device_register_file(d, f, 0), 0);
+        CHECK_EQ(ferry_device_register_file(d, f, 0), 0); /* twice: one watch */
+        CHECK_EQ(ferry_device_register_file(d2, f, 0), 0);
+        CHECK_EQ(use_of(d).reg, need);
+        CHECK_EQ(use_of(d2).reg, need);
+        const void *old = f;
+        ferry_file_close(f); /* never unregistered */
+        CHECK_EQ(use_of(d).reg, 0);
+        CHECK_EQ(use_of(d2).reg, 0);
+
+        /* another file, perhaps at the same address: a load does not find it registered */
+        f = open_file(ctx, files[k]);
+        if (!f) goto next;
+        if ((const void *)f == old) fprintf(stderr, "closed_registered: the new file reuses the old address\n");
+        ferry_load_opts o = small_opts(FERRY_ROUTE_AUTO);
+        ferry_load_stats st = {.size = sizeof st};
+        ferry_loaded *l = NULL;
+        CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
+        CHECK(st.route != FERRY_ROUTE_REGISTER);
+        if (l) CHECK_EQ(verify_loaded(l, f, "after a registered file was closed"), 0);
+        ferry_loaded_free(l);
+        CHECK_EQ(use_of(d).reg, 0);
+
+        /* unregistered, then the device closed, then the file: no call into the closed device */
+        CHECK_EQ(ferry_device_register_file(d2, f, 0), 0);
+        ferry_device_unregister_file(d2, f);
+        ferry_device_close(d2);
+        d2 = NULL;
+        /* registered, device closed first: the device dropped its watch */
+        CHECK_EQ(ferry_device_register_file(d, f, 0), 0);
+        ferry_device_close(d);
+        d = NULL;
+        ferry_file_close(f);
+
+        /* a failed registration leaves no watch either */
+        d = open_dev(ctx, "sim:256MiB");
+        f = open_file(ctx, files[k]);
+        if (!d || !f) {
+            ferry_file_close(f);
+            goto next;
+        }
+        CHECK_EQ(ferry_device_register_file(d, f, 1), FERRY_E_BUDGET); /* refused before watching */
+        fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_HOST_REGISTER, 1);
+        CHECK_EQ(ferry_device_register_file(d, f, 0), FERRY_E_DEVICE);
+        CHECK_EQ(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_HOST_REGISTER, 0), 0);
+        CHECK_EQ(use_of(d).reg, 0);
+        ferry_device_close(d);
+        d = NULL;
+        ferry_file_close(f);
+    next:
+        ferry_device_close(d);
+        ferry_device_close(d2);
+    }
+}
+
 /* ---- 4. capacity ---- */
 
 static void test_capacity(ferry_ctx *ctx)
@@ -1809,6 +1880,7 @@ static ferry_ctx *ctx;
     CASE(auto_cold, test_auto_cold(ctx))                                         \
     CASE(load_into, test_load_into(ctx))                                         \
     CASE(register, test_register(ctx))                                           \
+    CASE(closed_registered, test_closed_registered(ctx))                         \
     CASE(capacity, test_capacity(ctx))                                           \
     CASE(ring_reuse, test_ring_reuse(ctx))                                       \
     CASE(huge, test_huge(ctx))                                                   \
