@@ -536,10 +536,23 @@ FERRY_API void ferry_store_free(ferry_store *s);
  * evicted later. The files must stay open while the model exists. */
 FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *const *files, int nfiles,
                               int priority, ferry_model **out);
-/* Remove a model: frees whatever it holds. FERRY_E_BUSY while a tensor is held. */
+/* Remove a model: frees whatever it holds, and m itself. FERRY_E_BUSY (nothing
+ * changes) while a tensor is held, a queued move was not waited for, or a
+ * reference from ferry_store_find has not been put back. The pointer from
+ * ferry_store_add is the adder's: only one thread removes a model, once; a
+ * thread that found it must not remove it. Threads that use a model they did
+ * not add get it from ferry_store_find, so a remove cannot free it under
+ * them. */
 FERRY_API int ferry_store_remove(ferry_model *m);
-/* The model called name, or NULL. */
+/* The model called name, or NULL. Takes a reference: m stays valid (and
+ * ferry_store_remove(m) fails with FERRY_E_BUSY) until the caller gives it back
+ * with ferry_model_put(m), once per successful find. ferry_store_free frees
+ * every model, referenced or not. Thread-safe. */
 FERRY_API ferry_model *ferry_store_find(ferry_store *s, const char *name);
+/* Give back a reference taken by ferry_store_find; m may be removed (and
+ * freed) by its owner as soon as this returns, so do not use it after.
+ * NULL: nothing. Thread-safe. */
+FERRY_API void ferry_model_put(ferry_model *m);
 
 FERRY_API const char *ferry_model_name(const ferry_model *m);
 FERRY_API int64_t ferry_model_tensor_count(const ferry_model *m);

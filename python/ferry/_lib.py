@@ -449,6 +449,7 @@ _bind({
     "ferry_store_add": (_i32, [_vp, _cp, _P(_vp), _i32, _i32, _P(_vp)]),
     "ferry_store_remove": (_i32, [_vp]),
     "ferry_store_find": (_vp, [_vp, _cp]),
+    "ferry_model_put": (None, [_vp]),
     "ferry_model_name": (_cp, [_vp]),
     "ferry_model_tensor_count": (_i64, [_vp]),
     "ferry_model_find": (_i64, [_vp, _cp]),

@@ -179,6 +179,13 @@ FERRY_API int ferry_store_remove(ferry_model *m)
     ferry_store *s = m->s;
     pthread_mutex_lock(&s->lock);
     rs_reap_releases(s, false);
+    if (m->refs > 0) {
+        /* another thread found it and may be inside a call on it right now */
+        int rc = rs_merr(m, FERRY_E_BUSY, "found by ferry_store_find %" PRId64 " time%s and not put back: "
+                                          "ferry_model_put it first", m->refs, m->refs == 1 ? "" : "s");
+        pthread_mutex_unlock(&s->lock);
+        return rc;
+    }
     for (struct ferry_op *op = s->ops; op; op = op->next)
         if (op->m == m) {
             int rc = rs_merr(m, FERRY_E_BUSY, "a queued move (ferry_model_to_device_async) was not waited for: "
@@ -209,8 +216,17 @@ FERRY_API ferry_model *ferry_store_find(ferry_store *s, const char *name)
     if (!s || !name) return NULL;
     pthread_mutex_lock(&s->lock);
     ferry_model *m = rs_find_model(s, name);
+    if (m) m->refs++; /* under the lock that remove takes: m cannot be freed in between */
     pthread_mutex_unlock(&s->lock);
     return m;
+}
+
+FERRY_API void ferry_model_put(ferry_model *m)
+{
+    if (!m) return;
+    pthread_mutex_lock(&m->s->lock);
+    if (m->refs > 0) m->refs--; /* a put with nothing found is a caller's error: ignored, never negative */
+    pthread_mutex_unlock(&m->s->lock);
 }
 
 FERRY_API const char *ferry_model_name(const ferry_model *m) { return m ? m->name : ""; }

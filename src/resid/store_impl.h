@@ -66,6 +66,7 @@ struct ferry_model {
     int64_t n;
     int64_t *by_name; /* tensor indices sorted by name */
     rs_plan *plan;    /* NULL unless ferry_model_plan made one */
+    int64_t refs;     /* taken by ferry_store_find, not yet put back; ferry_store_remove waits for 0 */
 };
 
 /* pinned pool: chunks of pinned memory, each with its free ranges */

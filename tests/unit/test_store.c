@@ -25,6 +25,7 @@
 #include <sys/statvfs.h>
 #include <sys/vfs.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "alloc.h"
@@ -217,6 +218,7 @@ static void test_tiers(ferry_ctx *ctx)
     CHECK_EQ(ferry_store_add(s, "a", &fb, 1, 0, &dup), FERRY_E_INVAL);
     CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "already");
     CHECK(ferry_store_find(s, "b") == mb);
+    ferry_model_put(mb); /* the find's reference */
     CHECK(ferry_store_find(s, "zz") == NULL);
     CHECK_EQ(ferry_model_find(ma, "blk.3.b"), 7);
     CHECK_EQ(ferry_model_find(ma, "nope"), FERRY_E_NOTFOUND);
@@ -1004,6 +1006,96 @@ out:
     ferry_device_close(d);
 }
 
+/* ferry_store_find takes a reference (issue 15): a model that other threads
+ * found and are using is never freed under them; its owner's remove fails
+ * with FERRY_E_BUSY until every reference is put back. Run under TSan/ASan:
+ * a model freed while a finder is inside a call on it is reported there. */
+typedef struct farg {
+    ferry_store *s;
+    atomic_int stop;
+    atomic_long found, calls_bad;
+} farg;
+
+static void *finder(void *a)
+{
+    farg *x = a;
+    while (!atomic_load(&x->stop)) {
+        ferry_model *m = ferry_store_find(x->s, "a");
+        if (m) {
+            atomic_fetch_add(&x->found, 1);
+            if (strcmp(ferry_model_name(m), "a") != 0 || ferry_model_tensor_count(m) <= 0)
+                atomic_fetch_add(&x->calls_bad, 1);
+            if (ferry_model_to_device(m, NULL, 0) < 0) atomic_fetch_add(&x->calls_bad, 1);
+            ferry_model_evict(m, NULL, 0);
+            ferry_model_put(m);
+        }
+        struct timespec ts = {0, 300 * 1000}; /* leave the owner a window to remove */
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+static void test_find_remove(ferry_ctx *ctx)
+{
+    ferry_device *d = NULL;
+    CHECK_EQ(ferry_device_open(ctx, "sim:1GiB", &d), 0);
+    ferry_file *fa = open_model(ctx, "a.safetensors");
+    ferry_store *s = NULL;
+    if (!d || !fa) goto out;
+    s = mk_store(d, 64 << 20, 64 << 20, 32 << 20);
+    if (!s) goto out;
+
+    /* one thread: a reference blocks the remove, its put lets it through */
+    ferry_model *m = NULL;
+    CHECK_EQ(ferry_store_add(s, "a", &fa, 1, 0, &m), 0);
+    ferry_model *r1 = ferry_store_find(s, "a"), *r2 = ferry_store_find(s, "a");
+    CHECK(r1 == m && r2 == m);
+    CHECK_EQ(ferry_store_remove(m), FERRY_E_BUSY);
+    CHECK_STR_HAS(ferry_model_errmsg(m), "2 times");
+    CHECK_STR_HAS(ferry_model_errmsg(m), "ferry_model_put");
+    ferry_model_put(r1);
+    CHECK_EQ(ferry_store_remove(m), FERRY_E_BUSY); /* one still out */
+    ferry_model_put(r2);
+    ferry_model_put(r2); /* one too many: ignored */
+    ferry_model_put(NULL);
+    CHECK_EQ(ferry_model_to_device(m, NULL, 0), 0); /* still usable: nothing was removed */
+    CHECK_EQ(verify(m, fa, -1, 0), 0);
+    CHECK_EQ(ferry_store_remove(m), 0);
+    CHECK(ferry_store_find(s, "a") == NULL);
+
+    /* threads finding and using it while its owner removes and re-adds it */
+    farg x = {.s = s};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) CHECK_EQ(pthread_create(&th[i], NULL, finder, &x), 0);
+    int removed = 0, busy = 0;
+    for (int round = 0; round < 20; round++) {
+        m = NULL;
+        CHECK_EQ(ferry_store_add(s, "a", &fa, 1, 0, &m), 0);
+        if (!m) break;
+        struct timespec ts = {0, 500 * 1000}; /* let the finders get at it */
+        nanosleep(&ts, NULL);
+        int rc;
+        for (long tries = 0; (rc = ferry_store_remove(m)) == FERRY_E_BUSY && tries < 100000; tries++) {
+            busy++;
+            struct timespec w = {0, 20 * 1000};
+            nanosleep(&w, NULL);
+        }
+        CHECK_EQ(rc, 0);
+        if (rc != 0) break; /* m is still in the store; the store's free takes it */
+        removed++;
+    }
+    atomic_store(&x.stop, 1);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    CHECK_EQ(removed, 20);
+    CHECK_EQ(atomic_load(&x.calls_bad), 0);
+    CHECK(atomic_load(&x.found) > 0);
+    fprintf(stderr, "find_remove: %ld finds, %d busy removes\n", (long)atomic_load(&x.found), busy);
+out:
+    ferry_store_free(s);
+    ferry_file_close(fa);
+    ferry_device_close(d);
+}
+
 /* Review findings (all fixed): a dirty tensor that could not be saved keeps
  * its whole group on the device; empty tensors move and evict without
  * spill ranges or pool slots; ferry_store_add survives every allocation
@@ -1259,6 +1351,7 @@ static ferry_ctx *ctx;
     CASE(jobs, test_jobs(ctx))                                                   \
     CASE(kill9, test_kill9(ctx))                                                 \
     CASE(threads, test_threads(ctx))                                             \
+    CASE(find_remove, test_find_remove(ctx))                                     \
     CASE(review, test_review(ctx))                                               \
     CASE(add_oom, test_add_oom())                                                \
     CASE(async, test_async(ctx))
