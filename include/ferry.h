@@ -317,7 +317,10 @@ FERRY_API int64_t ferry_file_find(const ferry_file *f, const char *name);
 /* Zero-copy view of tensor i's bytes inside the file mapping: *out points at
  * nbytes readable bytes, valid while f is open, writable only when f was opened
  * with FERRY_OPEN_PRIVATE (copy-on-write). Touching
- * them reads the file through the page cache. Returns 0 or FERRY_E_INVAL. */
+ * them reads the file through the page cache, and raises SIGBUS where the file
+ * was cut below them after it was opened (the one read ferry cannot guard:
+ * README, "Truncated checkpoints"; ferry_file_tensor_read cannot fault).
+ * Returns 0 or FERRY_E_INVAL. */
 FERRY_API int ferry_file_tensor_data(const ferry_file *f, int64_t i, const void **out);
 /* Copy len bytes of tensor i starting at byte off into buf with pread (no
  * SIGBUS if the file shrank since it was opened). Returns 0, FERRY_E_INVAL for
@@ -444,7 +447,10 @@ FERRY_API void ferry_loaded_free(ferry_loaded *l);
 /* Fill caller-owned device memory: tensor idx[k] of f goes to dptrs[k] (each
  * at least that tensor's nbytes, e.g. allocated by PyTorch), k < n. Returns when
  * the copies are complete. Errors: FERRY_E_INVAL, FERRY_E_NODEV (cufile asked
- * for but unavailable), FERRY_E_DEVICE, -errno of a failed read; on failure the
+ * for but unavailable), FERRY_E_DEVICE, -errno of a failed read,
+ * FERRY_E_CORRUPT for a file that ended early (cut after it was opened: the
+ * message names the file and a tensor; every route, register included, says
+ * so rather than fault, see README "Truncated checkpoints"); on failure the
  * destination contents are unspecified and nothing stays registered or
  * allocated; FERRY_E_UNSUPPORTED for a path the device cannot take (cpu:
  * direct/register; cufile after a successful probe). Thread-safe for
@@ -457,7 +463,9 @@ FERRY_API int ferry_load_into(ferry_device *dev, const ferry_file *f, const int6
  * that loads with FERRY_ROUTE_REGISTER (and auto) copy from the page cache with
  * no CPU copy and no registration cost. Registered pages cannot be reclaimed:
  * they count against pinned_budget (this file alone; 0 = no limit;
- * FERRY_E_BUDGET if over).
+ * FERRY_E_BUDGET if over). A file that shrank since it was opened is refused
+ * (FERRY_E_CORRUPT); rewrite checkpoints by rename, never in place, while
+ * they are registered (README, "Truncated checkpoints").
  * ferry_device_unregister_file, ferry_file_close(f) or ferry_device_close()
  * (whichever comes first) unregisters it. */
 FERRY_API int ferry_device_register_file(ferry_device *dev, const ferry_file *f, uint64_t pinned_budget);

@@ -14,7 +14,10 @@
  *   (pageable or registered) must stay valid until an event recorded after
  *   the copy completes.
  * - Frees, unregistration, stream_free, event_free, mem_info and event_query
- *   never fail by injection, so cleanup paths stay testable. */
+ *   never fail by injection, so cleanup paths stay testable.
+ * - A host->device copy from memory that cannot be read (a file mapping past
+ *   the end of its file, truncated after it was mapped) is not a SIGBUS: the
+ *   next stream_sync of its stream fails with -EFAULT (copy_guarded). */
 #define _GNU_SOURCE
 #include "gpu.h"
 
@@ -24,6 +27,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 enum {
@@ -56,6 +60,7 @@ typedef struct sim_op {
     bool is_copy;
     bool is_wait;  /* a stream_wait: hold the stream until ev reaches seq */
     bool to_dev;   /* copy direction (each has its own modelled link) */
+    bool guarded;  /* read the host side with copy_guarded (not sim's own pinned memory) */
     void *dst; /* copy */
     const void *src;
     size_t n;
@@ -73,6 +78,11 @@ struct fy_stream {
     sim_op *head, *tail;
     uint64_t queued, done;
     bool stop;
+    /* the first copy whose host side could not be read since the last
+     * stream_sync, which reports it (as CUDA reports an async failure) */
+    int fault_rc;
+    const void *fault_src;
+    size_t fault_n, fault_at;
 };
 
 struct fy_event {
@@ -449,6 +459,36 @@ static int sim_host_unregister(fy_gpu *gg, void *p)
 
 /* ---- streams ---- */
 
+/* memcpy, except that host memory which cannot be read (a file mapping past
+ * the end of a file truncated after it was mapped, a failing disk's page) is
+ * an error rather than a SIGBUS: the kernel does the copy (process_vm_readv on
+ * this process), much as a real device's DMA reads pages the driver pinned
+ * without the CPU touching them. Where the call is refused (a seccomp filter:
+ * ENOSYS, EPERM) the rest is a plain memcpy. Returns 0, or -errno with *at the
+ * bytes copied before the failure. */
+static int copy_guarded(void *dst, const void *src, size_t n, size_t *at)
+{
+    size_t done = 0;
+    while (done < n) {
+        struct iovec l = {(char *)dst + done, n - done};
+        struct iovec r = {(void *)((uintptr_t)src + done), n - done};
+        ssize_t k = process_vm_readv(getpid(), &l, 1, &r, 1, 0);
+        if (k > 0) {
+            done += (size_t)k;
+            continue;
+        }
+        int e = k < 0 ? errno : EFAULT;
+        if (e == EINTR) continue;
+        if (e == ENOSYS || e == EPERM) {
+            memcpy((char *)dst + done, (const char *)src + done, n - done);
+            return 0;
+        }
+        *at = done;
+        return -e;
+    }
+    return 0;
+}
+
 static void *stream_worker(void *arg)
 {
     fy_stream *s = arg;
@@ -470,9 +510,18 @@ static void *stream_worker(void *arg)
                 *link = until;
             }
             pthread_mutex_unlock(&g->lock);
-            memcpy(op->dst, op->src, op->n);
+            size_t at = 0;
+            int rc = 0;
+            if (op->guarded) rc = copy_guarded(op->dst, op->src, op->n, &at);
+            else memcpy(op->dst, op->src, op->n);
             if (until > 0) fy_sleep_until(until);
             pthread_mutex_lock(&g->lock);
+            if (rc < 0 && s->fault_rc == 0) {
+                s->fault_rc = rc;
+                s->fault_src = op->src;
+                s->fault_n = op->n;
+                s->fault_at = at;
+            }
             bool zero = --op->dev->inflight == 0;
             if (op->pinned && --op->pinned->inflight == 0) zero = true;
             if (zero) pthread_cond_broadcast(&g->released);
@@ -606,6 +655,13 @@ static int sim_stream_sync(fy_gpu *gg, fy_stream *s)
     else if ((rc = fault_hit(g, FY_OP_ANY, "stream_sync")) == 0) {
         uint64_t target = s->queued;
         while (s->done < target) pthread_cond_wait(&s->idle, &g->lock);
+        if (s->fault_rc < 0) {
+            rc = fy_seterr(gg->err, s->fault_rc,
+                           "sim: copy_htod of %zu bytes from %p: host byte %zu could not be read (%s): a file "
+                           "mapping past the end of its file?",
+                           s->fault_n, s->fault_src, s->fault_at, strerror(-s->fault_rc));
+            s->fault_rc = 0;
+        }
     }
     pthread_mutex_unlock(&g->lock);
     return rc;
@@ -765,6 +821,7 @@ static int copy_queue(sim_gpu *g, const char *name, bool to_dev, fy_dptr d, void
     if (!op) return fy_seterr(err, -ENOMEM, "sim: %s: out of host memory", name);
     op->is_copy = true;
     op->to_dev = to_dev;
+    op->guarded = to_dev && !pin;
     op->n = n;
     op->dst = to_dev ? (void *)(uintptr_t)d : host;
     op->src = to_dev ? (const void *)host : (const void *)(uintptr_t)d;

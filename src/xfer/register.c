@@ -62,17 +62,41 @@ static void reg_release_unused(ferry_device *d, const ferry_file *f)
     }
 }
 
-/* A mapping that no longer covers its file (truncated after open) would be
- * read past the end by the device: refuse before registering or copying. */
+/* A mapping that no longer covers its file (truncated, or rewritten in place,
+ * after open) faults where its pages past the new end are read: on the CPU a
+ * SIGBUS, which no return code can stop once raised. So the size is re-checked
+ * before registering (cuMemHostRegister pins the pages: a shard cut before it
+ * would fail there or, on the sim, fault later) and before each batch's copies
+ * are queued, and a shard that shrank is refused, naming the first tensor the
+ * cut reaches from byte `from` on (a cut tail with no tensor in it is refused
+ * too: the registration spans it). A cut after the check is what the device
+ * sees: the sim reads the mapping without faulting (sim.c, copy_guarded) and
+ * the stream_sync re-check below names the tensor; a real device's DMA reads
+ * the pages pinned at registration (README, "Truncated checkpoints"). */
+static int shrunk(ferry_device *d, const ferry_file *f, int32_t s, uint64_t from)
+{
+    const shard *sh = &f->shards[s];
+    uint64_t now = 0;
+    if (fy_fstat_size(sh->fd, &now) < 0 || now >= sh->size) return 0; /* fstat failing: the copy will tell */
+    const fy_tensor *cut = NULL;
+    for (int64_t i = 0; i < f->tb.n && !cut; i++) {
+        const fy_tensor *t = &f->tb.t[i];
+        if (t->shard == s && t->nbytes && t->offset + t->nbytes > now && t->offset + t->nbytes > from) cut = t;
+    }
+    char q[128];
+    if (cut)
+        return fy_seterr(&d->err, FERRY_E_CORRUPT,
+                         "%s: tensor %s: the file is now %" PRIu64 " bytes, it was %" PRIu64
+                         " when opened: truncated after it was opened?",
+                         sh->path, fy_quote(q, sizeof q, cut->name), now, sh->size);
+    return fy_seterr(&d->err, FERRY_E_CORRUPT,
+                     "%s: the file is now %" PRIu64 " bytes, it was %" PRIu64 " when opened: truncated after it was opened?",
+                     sh->path, now, sh->size);
+}
+
 static int check_size(ferry_device *d, const ferry_file *f)
 {
-    for (int32_t s = 0; s < f->nshards; s++) {
-        uint64_t now = 0;
-        if (fy_fstat_size(f->shards[s].fd, &now) == 0 && now < f->shards[s].size)
-            return fy_seterr(&d->err, FERRY_E_CORRUPT,
-                             "%s: the file shrank from %" PRIu64 " to %" PRIu64 " bytes since it was opened",
-                             f->shards[s].path, f->shards[s].size, now);
-    }
+    for (int32_t s = 0; s < f->nshards; s++) FY_TRY(shrunk(d, f, s, 0));
     return 0;
 }
 
@@ -194,6 +218,10 @@ int xf_run_register(ferry_device *d, const ferry_file *f, const plan *p, const f
     for (int64_t b = 0; b < p->nbt && rc == 0; b++) {
         const batch *bt = &p->bt[b];
         const uint8_t *base = f->shards[bt->shard].map;
+        /* one fstat per batch (a contiguous run of the file: one per shard for
+         * ferry_load, more for a load_into with gaps): a cut seen here is
+         * refused before any of the batch's copies is queued */
+        if ((rc = shrunk(d, f, bt->shard, bt->off)) < 0) break;
         for (int64_t q = bt->first; q < bt->first + bt->count && rc == 0;) {
             /* consecutive tensors that are also adjacent on the device (ferry_load's
              * blocks mirror the file) go in one copy */
@@ -211,6 +239,15 @@ int xf_run_register(ferry_device *d, const ferry_file *f, const plan *p, const f
         int r = g->ops->stream_sync(g, streams[k]);
         if (rc == 0 && r < 0) rc = r;
     }
+    /* A copy that failed because the file was cut after its batch was checked
+     * (the sim reads the mapping without faulting, see sim.c): say which
+     * tensor, as the check would have. */
+    if (rc < 0 && rc != FERRY_E_CORRUPT)
+        for (int32_t k = 0; k < f->nshards; k++)
+            if (shrunk(d, f, k, 0) < 0) {
+                rc = FERRY_E_CORRUPT;
+                break;
+            }
 out:
     xf_reg_unuse(d, f);
     return rc;
