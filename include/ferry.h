@@ -329,6 +329,24 @@ FERRY_API int ferry_file_tensor_data(const ferry_file *f, int64_t i, const void 
 FERRY_API int ferry_file_tensor_read(const ferry_file *f, int64_t i, uint64_t off, void *buf,
                                      size_t len);
 
+/* Tensor i's elements in row-major order, as ferry_file_convert writes them.
+ * For a contiguous tensor they are its bytes: ferry_file_tensor_gathered_bytes
+ * is nbytes and ferry_file_tensor_gather is ferry_file_tensor_read. For a
+ * strided PyTorch view (strides set, FERRY_TENSOR_NONCONTIGUOUS), whose nbytes
+ * is its span in the storage, they are its numel x element-size bytes
+ * gathered from the span (W.t() gives W's elements transposed; a column of
+ * 50 floats gives 200 bytes).
+ * ferry_file_tensor_gathered_bytes returns that count (>= 0), FERRY_E_INVAL for
+ * a bad i, or FERRY_E_UNSUPPORTED for a strided view whose elements are not
+ * whole bytes. ferry_file_tensor_gather copies len of those bytes, starting at
+ * byte off, into buf, reading with pread like ferry_file_tensor_read (no
+ * SIGBUS); a strided view is read through a window of up to 256 MiB of its
+ * span at a time. Returns 0, FERRY_E_INVAL for a range outside them,
+ * FERRY_E_UNSUPPORTED, -ENOMEM, or ferry_file_tensor_read's errors.
+ * Thread-safe; errors go to the ctx f was opened with. */
+FERRY_API int64_t ferry_file_tensor_gathered_bytes(const ferry_file *f, int64_t i);
+FERRY_API int ferry_file_tensor_gather(const ferry_file *f, int64_t i, uint64_t off, void *buf, size_t len);
+
 /* Parse a byte count: "4096", "16MiB"/"16M" (binary), "1.5GB" (decimal), units
  * case-insensitive. Returns 0, or FERRY_E_INVAL for anything else (negative,
  * garbage, over 2^64-1). Thread-safe. */
@@ -348,7 +366,9 @@ FERRY_API int ferry_file_convert(ferry_ctx *ctx, const ferry_file *f, const char
 
 /* ---- hashing ----------------------------------------------------------- */
 
-/* XXH3-64 (seed 0) of every tensor's bytes, into per_tensor[count] (may be NULL),
+/* XXH3-64 (seed 0) of every tensor's bytes, into per_tensor[count] (may be NULL;
+ * a strided view's bytes are its elements in row-major order, those of
+ * ferry_file_tensor_gather, so it hashes as its ferry_file_convert copy does),
  * and a model hash into *model (may be NULL): XXH3-64 over, for each tensor in
  * name order, its name, NUL, dtype name, NUL, ndim and shape as little-endian
  * int64, and its data hash as little-endian uint64. The model hash therefore

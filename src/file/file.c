@@ -464,6 +464,83 @@ FERRY_API int ferry_file_tensor_read(const ferry_file *f, int64_t i, uint64_t of
     return 0;
 }
 
+FERRY_API int64_t ferry_file_tensor_gathered_bytes(const ferry_file *f, int64_t i)
+{
+    if (!f || i < 0 || i >= f->tb.n) return FERRY_E_INVAL;
+    const fy_tensor *t = &f->tb.t[i];
+    if (!t->strides) return (int64_t)t->nbytes;
+    int bits = ferry_dtype_bits(t->dtype);
+    if (bits <= 0 || bits % 8) return FERRY_E_UNSUPPORTED;
+    uint64_t nb = (uint64_t)bits / 8;
+    for (int32_t d = 0; d < t->ndim; d++)
+        if (fy_mul_ovf(nb, (uint64_t)t->shape[d], &nb)) return FERRY_E_CORRUPT;
+    return nb > INT64_MAX ? FERRY_E_CORRUPT : (int64_t)nb;
+}
+
+/* A strided view's elements are scattered over its span: read the span
+ * through a window of up to GATHER_WINDOW bytes (pread, as everywhere else:
+ * a truncated file is an error, not a SIGBUS) and copy each element out. */
+#define GATHER_WINDOW (256u << 20)
+
+FERRY_API int ferry_file_tensor_gather(const ferry_file *f, int64_t i, uint64_t off, void *buf, size_t len)
+{
+    if (!f || i < 0 || i >= f->tb.n) return FERRY_E_INVAL;
+    const fy_tensor *t = &f->tb.t[i];
+    if (!t->strides) return ferry_file_tensor_read(f, i, off, buf, len);
+    fy_err *err = (fy_err *)&f->err;
+    char q[128];
+    int64_t total = ferry_file_tensor_gathered_bytes(f, i);
+    FY_RETURN_IF(total == FERRY_E_UNSUPPORTED || t->ndim > 64, err, FERRY_E_UNSUPPORTED,
+                 "tensor %s: strided %s tensors cannot be gathered", Q(q, t->name), ferry_dtype_name(t->dtype));
+    FY_RETURN_IF(total < 0, err, FERRY_E_CORRUPT, "tensor %s: its size overflows 64 bits", Q(q, t->name));
+    uint64_t end;
+    FY_RETURN_IF(fy_add_ovf(off, len, &end) || end > (uint64_t)total || (len && !buf), err, FERRY_E_INVAL,
+                 "tensor %s: read of %zu bytes at %" PRIu64 " is outside its %" PRId64 " row-major bytes",
+                 Q(q, t->name), len, off, total);
+    if (!len) return 0;
+    size_t es = (size_t)ferry_dtype_bits(t->dtype) / 8;
+    size_t win_cap = t->nbytes < GATHER_WINDOW ? (size_t)t->nbytes : GATHER_WINDOW;
+    if (win_cap < es) win_cap = es;
+    uint8_t *win = fy_malloc(&f->ctx->mem, win_cap);
+    FY_RETURN_IF(!win, err, -ENOMEM, "tensor %s: out of memory for a %zu-byte gather window", Q(q, t->name), win_cap);
+    /* the row-major index of the first element wanted */
+    int64_t idx[64];
+    uint64_t e = off / es;
+    for (int32_t d = t->ndim - 1; d >= 0; d--) {
+        uint64_t n = (uint64_t)t->shape[d];
+        idx[d] = (int64_t)(e % n);
+        e /= n;
+    }
+    uint64_t wbeg = 0, wlen = 0; /* the window holds span bytes [wbeg, wbeg + wlen) */
+    uint8_t *out = buf;
+    size_t skip = (size_t)(off % es), done = 0;
+    int rc = 0;
+    while (done < len) {
+        int64_t el = 0;
+        for (int32_t d = 0; d < t->ndim; d++) el += idx[d] * t->strides[d];
+        uint64_t at = (uint64_t)el * es;
+        if (el < 0 || at + es > t->nbytes) {
+            rc = fy_seterr(err, FERRY_E_CORRUPT, "tensor %s: a strided element lies outside its span", Q(q, t->name));
+            break;
+        }
+        if (at < wbeg || at + es > wbeg + wlen) {
+            wbeg = at;
+            wlen = t->nbytes - at < win_cap ? t->nbytes - at : win_cap;
+            if ((rc = ferry_file_tensor_read(f, i, wbeg, win, (size_t)wlen)) < 0) break;
+        }
+        size_t take = es - skip < len - done ? es - skip : len - done;
+        memcpy(out + done, win + (at - wbeg) + skip, take);
+        done += take;
+        skip = 0;
+        for (int32_t d = t->ndim - 1; d >= 0; d--) {
+            if (++idx[d] < t->shape[d]) break;
+            idx[d] = 0;
+        }
+    }
+    fy_free(&f->ctx->mem, win);
+    return rc;
+}
+
 FERRY_API uint64_t ferry_xxh3(const void *data, size_t len) { return XXH3_64bits(data, len); }
 
 /* ---- hashing with a pool of threads ---- */
@@ -495,11 +572,18 @@ static void *hash_worker(void *arg)
         long long k = atomic_fetch_add(&j->next, 1);
         if (k >= j->f->tb.n) break;
         int64_t i = j->order[k];
-        uint64_t n = j->f->tb.t[i].nbytes;
+        /* a strided view hashes as its elements in row-major order, as
+         * ferry_file_convert writes it, so that a copy hashes the same; one
+         * whose elements are not whole bytes keeps its span */
+        const fy_tensor *t = &j->f->tb.t[i];
+        int64_t gn = t->strides ? ferry_file_tensor_gathered_bytes(j->f, i) : -1;
+        bool gather = gn >= 0;
+        uint64_t n = gather ? (uint64_t)gn : t->nbytes;
         XXH3_64bits_reset(&st);
         for (uint64_t off = 0; off < n;) {
             size_t len = n - off > HASH_CHUNK ? HASH_CHUNK : (size_t)(n - off);
-            int rc = ferry_file_tensor_read(j->f, i, off, buf, len);
+            int rc = gather ? ferry_file_tensor_gather(j->f, i, off, buf, len)
+                            : ferry_file_tensor_read(j->f, i, off, buf, len);
             if (rc < 0) {
                 int zero = 0;
                 atomic_compare_exchange_strong(&j->rc, &zero, rc);
@@ -507,8 +591,9 @@ static void *hash_worker(void *arg)
             }
             XXH3_64bits_update(&st, buf, len);
             off += len;
-            fy_progress_add(&j->prog, len);
+            if (!gather) fy_progress_add(&j->prog, len); /* progress counts spans, as the total does */
         }
+        if (gather) fy_progress_add(&j->prog, t->nbytes);
         j->out[i] = XXH3_64bits_digest(&st);
     }
 done:

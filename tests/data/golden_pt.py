@@ -122,6 +122,19 @@ class PtGen:
         ])
         self.valid("pt/views.pt", "PyTorch: strided views, shared storages, scalars, empty tensors", obj)
 
+        # Issue 16: a transposed weight and a strided column of a 50 x 32 float32
+        # weight. Their bytes are their elements in row-major order (the column:
+        # 50 x 4 = 200, not its 6,276-byte span), so W.t() hashes unlike W and the
+        # file hashes as its `ferry convert` copy does (tests/golden/run_convert.py).
+        self.keys = 0
+        w = self.st("F32", 50 * 32)
+        obj = collections.OrderedDict([
+            ("w", pw.Tensor(w, [50, 32])),
+            ("w.t", pw.Tensor(w, [32, 50], [1, 32])),
+            ("w.col3", pw.Tensor(w, [50], [32], offset=3)),
+        ])
+        self.valid("pt/strided.pt", "PyTorch: a transposed weight and a strided column of it", obj)
+
         for proto in (3, 4, 5):
             self.keys = 0
             obj = {"layers": [{"w": pw.Tensor(self.st("F32", 4), [2, 2]), "b": pw.Tensor(self.st("F16", 2), [2])}

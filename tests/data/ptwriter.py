@@ -452,6 +452,7 @@ def expected(obj, layout, blob):
         }
         if not contig:  # the elements in row-major order (what a converter writes)
             row["gathered_sha256"] = hashlib.sha256(_gather(blob, off, el, t.shape, t.stride)).hexdigest()
+            row["gathered_nbytes"] = numel * el
         rows.append((off, seq, row))
     rows.sort(key=lambda r: (r[0], r[1]))
     return [r[2] for r in rows]

@@ -35,6 +35,16 @@ TIMEOUT = 20
 XXH3_EMPTY = "2d06800538d394c2"  # XXH3-64 of no bytes, seed 0
 
 
+
+def elem_sha(e):
+    """sha256 of what cat writes and hash hashes: a strided view's elements in
+    row-major order (gathered_sha256), else the tensor's bytes."""
+    return e.get("gathered_sha256", e["sha256"])
+
+
+def elem_nbytes(e):
+    return e.get("gathered_nbytes", e["nbytes"])
+
 class Runner:
     def __init__(self, ferry, golden):
         self.ferry = ferry
@@ -146,10 +156,11 @@ class Runner:
             r, good = self.run_checked(f"{what}: cat {name!r}", args, 0)
             if not good:
                 continue
-            self.check(hashlib.sha256(r[1]).hexdigest() == e["sha256"] and r[2] == b"",
+            # a strided view (PyTorch) is written as its elements in row-major order
+            self.check(hashlib.sha256(r[1]).hexdigest() == elem_sha(e) and r[2] == b"",
                        f"{what}: cat {name!r}",
                        f"wrote {len(r[1])} bytes (sha256 {hashlib.sha256(r[1]).hexdigest()[:16]}...), "
-                       f"expected {e['nbytes']} (sha256 {e['sha256'][:16]}...); stderr: {short(r[2])}")
+                       f"expected {elem_nbytes(e)} (sha256 {elem_sha(e)[:16]}...); stderr: {short(r[2])}")
 
         # hash
         r, good = self.run_checked(what + ": hash --json", ["hash", "--json", path], 0)
@@ -165,9 +176,10 @@ class Runner:
                           f"{len(ts)} entries, expected {len(c['tensors'])}"):
             return
         self.check([t.get("name") for t in ts] == [e["name"] for e in c["tensors"]] and
-                   [t.get("nbytes") for t in ts] == [e["nbytes"] for e in c["tensors"]],
+                   [t.get("nbytes") for t in ts] == [elem_nbytes(e) for e in c["tensors"]],
                    what + ": hash --json", "names/nbytes differ from the tensors (in file order)")
-        self.check(h.get("total_bytes") == c["total_bytes"] and h.get("algorithm") == "xxh3-64",
+        self.check(h.get("total_bytes") == sum(elem_nbytes(e) for e in c["tensors"]) and
+                   h.get("algorithm") == "xxh3-64",
                    what + ": hash --json", f"total_bytes {h.get('total_bytes')} / algorithm {h.get('algorithm')}")
         sha_to_x, x_to_sha, incons = {}, {}, []
         for t, e in zip(ts, c["tensors"]):
@@ -175,11 +187,11 @@ class Runner:
             if not (isinstance(x, str) and len(x) == 16 and all(ch in "0123456789abcdef" for ch in x)):
                 incons.append(f"{e['name']!r}: xxh3 {x!r} is not 16 hex digits")
                 continue
-            if e["nbytes"] == 0 and x != XXH3_EMPTY:
+            if elem_nbytes(e) == 0 and x != XXH3_EMPTY:
                 incons.append(f"{e['name']!r}: empty tensor hashes to {x}, not {XXH3_EMPTY}")
-            if sha_to_x.setdefault(e["sha256"], x) != x:
+            if sha_to_x.setdefault(elem_sha(e), x) != x:
                 incons.append(f"{e['name']!r}: same bytes as another tensor, different xxh3")
-            if x_to_sha.setdefault(x, e["sha256"]) != e["sha256"]:
+            if x_to_sha.setdefault(x, elem_sha(e)) != elem_sha(e):
                 incons.append(f"{e['name']!r}: different bytes from another tensor, same xxh3 {x}")
         self.check(not incons, what + ": hash --json", "; ".join(incons[:5]))
         hashes[c["file"]] = h.get("model")

@@ -134,7 +134,7 @@ def load(path):
 
 
 def expected(t):
-    """(strides or None, nbytes, bytes) as ferry must report them."""
+    """(strides or None, nbytes, the bytes cat writes) as ferry must report them."""
     el = t.element_size()
     numel = t.numel()
     if numel == 0:
@@ -147,7 +147,8 @@ def expected(t):
         own = t.reshape(-1).view(torch.uint8).numpy().tobytes()
         assert own == sb[off:off + numel * el]
         return None, numel * el, own
-    return list(t.stride()), span * el, sb[off:off + span * el]
+    # nbytes is the span in the storage; cat writes the elements in row-major order
+    return list(t.stride()), span * el, t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
 def check_file(c, path, what):

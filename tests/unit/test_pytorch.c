@@ -584,6 +584,27 @@ static void test_file(void)
         uint8_t buf[24];
         CHECK_EQ(ferry_file_tensor_read(f, i, 0, buf, 24), 0);
         CHECK_EQ(memcmp(buf, s0, 24), 0);
+        /* its elements in row-major order: wt[r][c] is storage element r + 3c */
+        static const int order[6] = {0, 3, 1, 4, 2, 5};
+        uint8_t want[24], got[24];
+        for (int k = 0; k < 6; k++) memcpy(want + 4 * k, s0 + 4 * order[k], 4);
+        CHECK_EQ(ferry_file_tensor_gathered_bytes(f, i), 24);
+        CHECK_EQ(ferry_file_tensor_gather(f, i, 0, got, 24), 0);
+        CHECK_EQ(memcmp(got, want, 24), 0);
+        memset(got, 0xEE, sizeof got); /* a range that starts and ends inside elements */
+        CHECK_EQ(ferry_file_tensor_gather(f, i, 2, got, 9), 0);
+        CHECK_EQ(memcmp(got, want + 2, 9), 0);
+        CHECK_EQ(got[9], 0xEE);
+        CHECK_EQ(ferry_file_tensor_gather(f, i, 20, got, 5), FERRY_E_INVAL);
+        /* hashed as those elements, as its converted copy is */
+        uint64_t h[5];
+        CHECK_EQ(ferry_file_hash(ctx, f, h, NULL, NULL, NULL), 0);
+        CHECK_EQ(h[i], ferry_xxh3(want, 24));
+        int64_t w = ferry_file_find(f, "state_dict.w");
+        CHECK_EQ(ferry_file_tensor_gathered_bytes(f, w), 24);
+        CHECK_EQ(ferry_file_tensor_gather(f, w, 4, got, 8), 0);
+        CHECK_EQ(memcmp(got, s0 + 4, 8), 0);
+        CHECK_EQ(h[w], ferry_xxh3(s0, 24));
         const void *p;
         CHECK_EQ(ferry_file_tensor_data(f, ferry_file_find(f, "state_dict.b"), &p), 0);
         CHECK_EQ(memcmp(p, s1 + 2, 6), 0);

@@ -12,8 +12,10 @@ const cli_cmd cmd_cat = {
     "cat", "write one tensor's raw bytes to stdout",
     "usage: ferry cat PATH TENSOR > out.bin\n"
     "\n"
-    "Write the raw bytes of TENSOR (exactly as stored: little-endian, row-major) to\n"
-    "standard output. Refuses to write binary data to a terminal.\n"
+    "Write the raw bytes of TENSOR (as stored: little-endian, row-major) to\n"
+    "standard output; a strided PyTorch view's elements are gathered from its\n"
+    "storage in row-major order, as `ferry convert` writes them. Refuses to write\n"
+    "binary data to a terminal.\n"
     "\n"
     "options:\n"
     "  -h, --help  show this help\n",
@@ -56,14 +58,19 @@ static int run(int argc, char **argv)
         ex = cli_fail("%s: no tensor named '%s' (see 'ferry inspect %s')", args[0], args[1], args[0]);
         goto out;
     }
-    ferry_tensor_info ti = {.size = sizeof ti};
-    ferry_file_tensor_info(f, i, &ti);
+    /* the elements, not a strided view's span in its storage */
+    int64_t nb = ferry_file_tensor_gathered_bytes(f, i);
+    if (nb < 0) {
+        ex = cli_fail("%s: tensor '%s': %s (a strided view of sub-byte elements)", args[0], args[1], ferry_strerror((int)nb));
+        goto out;
+    }
+    uint64_t nbytes = (uint64_t)nb;
     size_t chunk = 8u << 20;
     char *buf = malloc(chunk);
     if (!buf) { ex = cli_fail("out of memory"); goto out; }
-    for (uint64_t off = 0; off < ti.nbytes;) {
-        size_t len = ti.nbytes - off > chunk ? chunk : (size_t)(ti.nbytes - off);
-        int rc = ferry_file_tensor_read(f, i, off, buf, len);
+    for (uint64_t off = 0; off < nbytes;) {
+        size_t len = nbytes - off > chunk ? chunk : (size_t)(nbytes - off);
+        int rc = ferry_file_tensor_gather(f, i, off, buf, len);
         if (rc < 0) { ex = cli_fail_ctx(ctx, rc); break; }
         rc = write_all(STDOUT_FILENO, buf, len);
         if (rc < 0) { ex = cli_fail("cat: writing to stdout: %s", strerror(-rc)); break; }

@@ -13,7 +13,9 @@ const cli_cmd cmd_hash = {
     "usage: ferry hash [--json] [--threads N] PATH\n"
     "\n"
     "Print the XXH3-64 checksum of each tensor's bytes (the same value as\n"
-    "`ferry cat PATH NAME | xxhsum -H3`) and one for the whole model. The model hash\n"
+    "`ferry cat PATH NAME | xxhsum -H3`; a strided PyTorch view's bytes are its\n"
+    "elements in row-major order, as `ferry convert` writes them) and one for the\n"
+    "whole model. The model hash\n"
     "covers each tensor's name, dtype, shape and data checksum, in name order: it\n"
     "does not depend on the file layout or sharding, so a checkpoint and a converted\n"
     "or re-sharded copy of it hash the same.\n"
@@ -21,9 +23,21 @@ const cli_cmd cmd_hash = {
     "options:\n"
     "  --json        print {\"algorithm\": \"xxh3-64\", \"model\": HEX, \"total_bytes\": N,\n"
     "                \"seconds\": S, \"tensors\": [{\"name\", \"xxh3\": HEX, \"nbytes\"}, ...]}\n"
+    "                (nbytes: the bytes hashed; total_bytes: their sum)\n"
     "  --threads N   reader threads (default: number of CPUs)\n"
     "  -h, --help    show this help\n",
     run};
+
+/* What ferry_file_hash hashed of tensor i: its row-major elements, or for a
+ * strided view of sub-byte elements (which cannot be gathered) its span. */
+static uint64_t hashed_bytes(const ferry_file *f, int64_t i)
+{
+    int64_t g = ferry_file_tensor_gathered_bytes(f, i);
+    if (g >= 0) return (uint64_t)g;
+    ferry_tensor_info ti = {.size = sizeof ti};
+    ferry_file_tensor_info(f, i, &ti);
+    return ti.nbytes;
+}
 
 static int run(int argc, char **argv)
 {
@@ -59,13 +73,16 @@ static int run(int argc, char **argv)
     double secs = cli_now() - t0;
     cli_progress_end(&p);
     if (rc < 0) { ex = cli_fail_ctx(ctx, rc); goto out; }
+    /* the bytes hashed: a strided view's elements, not its span in the storage */
+    uint64_t total = 0;
+    for (int64_t i = 0; i < n; i++) total += hashed_bytes(f, i);
     char hex[17];
     if (json) {
         json_t *o = json_object(), *ts = json_array();
         json_object_set_new(o, "algorithm", json_string("xxh3-64"));
         snprintf(hex, sizeof hex, "%016" PRIx64, model);
         json_object_set_new(o, "model", json_string(hex));
-        json_object_set_new(o, "total_bytes", json_integer((json_int_t)ferry_file_total_bytes(f)));
+        json_object_set_new(o, "total_bytes", json_integer((json_int_t)total));
         json_object_set_new(o, "seconds", json_real(secs));
         for (int64_t i = 0; i < n; i++) {
             ferry_tensor_info ti = {.size = sizeof ti};
@@ -74,7 +91,7 @@ static int run(int argc, char **argv)
             snprintf(hex, sizeof hex, "%016" PRIx64, h[i]);
             json_object_set_new(t, "name", json_string(ti.name));
             json_object_set_new(t, "xxh3", json_string(hex));
-            json_object_set_new(t, "nbytes", json_integer((json_int_t)ti.nbytes));
+            json_object_set_new(t, "nbytes", json_integer((json_int_t)hashed_bytes(f, i)));
             json_array_append_new(ts, t);
         }
         json_object_set_new(o, "tensors", ts);
@@ -89,8 +106,8 @@ static int run(int argc, char **argv)
         }
         char hb[32];
         printf("%016" PRIx64 "  (model: %" PRId64 " tensors, %s, %.2f s, %.2f GB/s)\n", model, n,
-               cli_human(hb, sizeof hb, ferry_file_total_bytes(f)), secs,
-               secs > 0 ? (double)ferry_file_total_bytes(f) / secs / 1e9 : 0.0);
+               cli_human(hb, sizeof hb, total), secs,
+               secs > 0 ? (double)total / secs / 1e9 : 0.0);
     }
 out:
     free(h);
