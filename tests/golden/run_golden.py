@@ -254,6 +254,31 @@ class Runner:
         r, good = self.run_checked("inspect ''", ["inspect", ""], 1)
         if good:
             self.check(r[2].startswith(b"ferry: ") and r[2].count(b"\n") == 1, "inspect ''", f"stderr: {short(r[2])}")
+        # Issue 16: device specs that name no device, and a device with a route it
+        # cannot take, are usage errors like a bad --path, whatever the PATH; no
+        # load starts. Several PATHs: all must open before the first is loaded.
+        for args in (["load", "--device", "gpu", any_file], ["load", "--device", "sim:banana", any_file],
+                     ["load", "--device", "cpu", "--path", "direct", any_file],
+                     ["load", "--device", "cpu", "--path", "register", any_file],
+                     ["load", "--device", "cpu", "--path", "cufile", "/no/such/file"],
+                     ["load", "--device", "sim:banana", "/no/such/file"],
+                     ["load", "--path", "foo", any_file], ["bench", "--device", "gpu", any_file]):
+            w = f"usage error: ferry {' '.join(args)}"
+            r, good = self.run_checked(w, args, 2)
+            if good:
+                self.check(r[1] == b"" and r[2].startswith(b"ferry ") and b"--help" in r[2] and
+                           r[2].count(b"\n") == 1, w, f"stdout {short(r[1])}, stderr {short(r[2])}")
+        missing = os.path.join(self.golden, "no-such-checkpoint.safetensors")
+        for paths in ([any_file, missing], [any_file, any_file, missing]):
+            w = f"load: PATH {len(paths)} is missing"
+            r, good = self.run_checked(w, ["load", "--device", "sim:1GiB", *paths], 1)
+            if good:
+                self.check(r[1] == b"" and os.fsencode(missing) in r[2] and r[2].count(b"\n") == 1, w,
+                           f"something was loaded, or the message lacks the path: stdout {short(r[1])}, "
+                           f"stderr {short(r[2])}")
+        r, good = self.run_checked("load: two PATHs", ["load", "--device", "sim:1GiB", any_file, any_file], 0)
+        if good:
+            self.check(r[1].count(os.fsencode(any_file)) == 2, "load: two PATHs", f"stdout {short(r[1])}")
         # A valid file but no such tensor: a failure, not a usage error.
         r, good = self.run_checked("cat: no such tensor", ["cat", any_file, "no.such.tensor"], 1)
         if good:

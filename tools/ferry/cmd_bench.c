@@ -175,7 +175,9 @@ static int run(int argc, char **argv)
         if (!json) fprintf(stderr, "ferry: %s\n", note);
     }
     if (rc < 0) {
-        ex = cli_fail_ctx(ctx, rc);
+        /* a spec that names no device ("gpu", "sim:banana") is a usage error */
+        ex = rc == FERRY_E_INVAL && dev_spec ? cli_usage_error(&cmd_bench, "--device: %s", ferry_ctx_errmsg(ctx))
+                                             : cli_fail_ctx(ctx, rc);
         goto out;
     }
     int err = 0;

@@ -12,7 +12,8 @@ const cli_cmd cmd_load = {
     "load", "load checkpoints to a GPU (or a simulated one) and report GB/s and peak RSS",
     "usage: ferry load [OPTIONS] PATH...\n"
     "\n"
-    "Load every tensor of each checkpoint into device memory, then report bytes,\n"
+    "Check that every PATH opens, then load every tensor of each checkpoint into\n"
+    "device memory, one after the other, and report bytes,\n"
     "seconds, GB/s, the transfer path used (and why) and the process's peak RSS\n"
     "(VmHWM). A progress bar is drawn when stderr is a terminal.\n"
     "\n"
@@ -139,6 +140,13 @@ static int run(int argc, char **argv)
         } else paths[npaths++] = a;
     }
     if (!npaths) { free(paths); return cli_usage_error(&cmd_load, "missing PATH"); }
+    /* "cpu" is the only spelling of the cpu device (ferry_device_open), and
+     * ferry_load refuses it any route but ring and auto: say so before any work */
+    if (strcmp(dev_spec, "cpu") == 0 && lo.route != FERRY_ROUTE_AUTO && lo.route != FERRY_ROUTE_RING) {
+        free(paths);
+        return cli_usage_error(&cmd_load, "--device cpu reads straight into host memory: use --path ring or auto, not %s",
+                               ferry_route_name(lo.route));
+    }
 
     ferry_ctx *ctx;
     ferry_device *dev = NULL;
@@ -146,8 +154,21 @@ static int run(int argc, char **argv)
     if ((ex = cli_ctx_new(0, &ctx))) { free(paths); return ex; }
     int rc = ferry_device_open(ctx, dev_spec, &dev);
     if (rc < 0) {
-        ex = cli_fail_ctx(ctx, rc);
+        /* FERRY_E_INVAL: a spec that names no device ("gpu", "sim:banana"), a usage
+         * error; others (no driver, no such GPU) are failures */
+        ex = rc == FERRY_E_INVAL ? cli_usage_error(&cmd_load, "--device: %s", ferry_ctx_errmsg(ctx)) : cli_fail_ctx(ctx, rc);
         goto out;
+    }
+    /* every checkpoint must open before the first is loaded: a typo in the last
+     * PATH should not cost the loads before it. Each is closed again and
+     * reopened for its load, so only one file's registrations are held at a time. */
+    for (int k = 0; k < npaths; k++) {
+        ferry_file *f;
+        if ((rc = ferry_file_open(ctx, paths[k], 0, &f)) < 0) {
+            ex = cli_fail_ctx(ctx, rc);
+            goto out;
+        }
+        ferry_file_close(f);
     }
     json_t *files = json_array();
     uint64_t all_bytes = 0;
