@@ -524,8 +524,9 @@ FERRY_API int ferry_file_tensor_gather(const ferry_file *f, int64_t i, uint64_t 
             break;
         }
         if (at < wbeg || at + es > wbeg + wlen) {
-            wbeg = at;
-            wlen = t->nbytes - at < win_cap ? t->nbytes - at : win_cap;
+            /* a window as full as the span allows: one read for a span that fits */
+            wbeg = t->nbytes - at < win_cap ? t->nbytes - win_cap : at;
+            wlen = win_cap;
             if ((rc = ferry_file_tensor_read(f, i, wbeg, win, (size_t)wlen)) < 0) break;
         }
         size_t take = es - skip < len - done ? es - skip : len - done;
