@@ -23,8 +23,6 @@ struct rs_release {
     bool laned;       /* in s->reuse: the lane waits for it already */
 };
 
-static void reuse_reap(ferry_store *s, bool wait);
-
 static void op_fail(ferry_op *op, ferry_store *s, int rc)
 {
     if (op->rc < 0 || rc >= 0) return;
@@ -187,10 +185,13 @@ void rs_land_moving(ferry_store *s, ferry_model *m, const bool *sel, int64_t i)
     }
 }
 
-int64_t rs_reap_releases(ferry_store *s, bool wait)
+/* Free the entries of a release list whose fences are done (wait: after
+ * waiting for each), dropping the hold of each that still has one (those of
+ * s->releases; a deferred one's went already). Returns the holds dropped. */
+static int64_t reap_list(ferry_store *s, struct rs_release **head, bool wait)
 {
     int64_t dropped = 0;
-    for (struct rs_release **p = &s->releases; *p;) {
+    for (struct rs_release **p = head; *p;) {
         struct rs_release *r = *p;
         int q = fy_xfer_fence_query(r->f);
         if (q == 0 && wait) {
@@ -203,13 +204,21 @@ int64_t rs_reap_releases(ferry_store *s, bool wait)
         }
         /* done, or the fence failed: a failed event says nothing more will
          * come of it, so the hold goes either way rather than forever */
-        if (r->t->holds > 0) r->t->holds--;
+        if (r->t) {
+            if (r->t->holds > 0) r->t->holds--;
+            dropped++;
+        }
         *p = r->next;
         fy_xfer_fence_free(r->f);
         fy_free(s->m, r);
-        dropped++;
     }
-    if (s->reuse) reuse_reap(s, false);
+    return dropped;
+}
+
+int64_t rs_reap_releases(ferry_store *s, bool wait)
+{
+    int64_t dropped = reap_list(s, &s->releases, wait);
+    if (s->reuse) reap_list(s, &s->reuse, false);
     return dropped;
 }
 
@@ -243,36 +252,16 @@ int64_t rs_defer_releases(ferry_store *s)
     return n;
 }
 
-/* Free the fences of s->reuse that are done (wait: after waiting for each). */
-static void reuse_reap(ferry_store *s, bool wait)
-{
-    for (struct rs_release **p = &s->reuse; *p;) {
-        struct rs_release *r = *p;
-        int q = fy_xfer_fence_query(r->f);
-        if (q == 0 && wait) {
-            q = fy_xfer_fence_wait(r->f) < 0 ? -1 : 1;
-            s->c.fence_waits++;
-        }
-        if (q == 0) {
-            p = &r->next;
-            continue;
-        }
-        *p = r->next; /* (a failed fence says nothing more will come of it) */
-        fy_xfer_fence_free(r->f);
-        fy_free(s->m, r);
-    }
-}
-
-void rs_reuse_wait_all(ferry_store *s) { reuse_reap(s, true); }
+void rs_reuse_wait_all(ferry_store *s) { reap_list(s, &s->reuse, true); }
 
 int rs_reuse_order(ferry_store *s, bool lane)
 {
-    reuse_reap(s, !lane);
+    reap_list(s, &s->reuse, !lane);
     for (struct rs_release *r = s->reuse; r && lane; r = r->next) {
         if (r->laned) continue;
         int rc = fy_xfer_lane_wait(s->dev, r->f);
         if (rc < 0) { /* the host waits instead */
-            reuse_reap(s, true);
+            reap_list(s, &s->reuse, true);
             return rc;
         }
         r->laned = true;
