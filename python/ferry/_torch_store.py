@@ -10,7 +10,7 @@ import threading
 import torch
 
 from . import _core, _dlpack, _lib, _store, _torch_stream, errors
-from ._torch_load import _cuda_index, _empty, _frombuffer, _shape_view, _torch_device, dtype_for
+from ._torch_load import _cuda_index, _empty, _shape_view, _torch_device, dtype_for
 from ._torch_match import _attach_plan, _repoint
 from ._torch_stream import _HOOK_ALWAYS_CALL  # noqa: F401 - the tests read it here
 
@@ -213,15 +213,16 @@ class Store:
         are freed by the store, never by the view; the view keeps the store)."""
         if not info.nbytes:
             return _empty(info, dt, self._tdev)
+        raw = self._raw(core, dptr, info.nbytes)
+        return _shape_view(raw if dt is None else raw.view(dt), info, dt, 0)
+
+    def _raw(self, core, dptr, n):
+        """n bytes the store owns at dptr as a 1-D uint8 tensor that keeps core."""
         if self._dl is None:  # sim / cpu: host memory
-            buf = (ctypes.c_ubyte * info.nbytes).from_address(dptr)
+            buf = (ctypes.c_ubyte * n).from_address(dptr)
             buf._ferry_owner = core
-            base = _frombuffer(buf, dt or torch.uint8)
-        else:
-            cap = _dlpack.capsule(dptr, info.nbytes, self._dl[0], self._dl[1], core)
-            raw = torch.utils.dlpack.from_dlpack(cap)
-            base = raw if dt is None else raw.view(dt)
-        return _shape_view(base, info, dt, 0)
+            return torch.frombuffer(buf, dtype=torch.uint8)
+        return torch.utils.dlpack.from_dlpack(_dlpack.capsule(dptr, n, self._dl[0], self._dl[1], core))
 
     def _seg_view(self, core, base, size, dptr, info, dt):
         """_view's tensor as a view of a 1-D view of the whole device block
@@ -234,13 +235,7 @@ class Store:
         if seg is None:
             if len(self._segs) > 1024:
                 self._segs.clear()  # blocks the store gave back long ago
-            if self._dl is None:
-                buf = (ctypes.c_ubyte * size).from_address(base)
-                buf._ferry_owner = core
-                raw = torch.frombuffer(buf, dtype=torch.uint8)
-            else:
-                raw = torch.utils.dlpack.from_dlpack(_dlpack.capsule(base, size, self._dl[0], self._dl[1], core))
-            seg = self._segs[(base, size)] = {None: raw}
+            seg = self._segs[(base, size)] = {None: self._raw(core, base, size)}
         typed = seg.get(dt)
         if typed is None:
             typed = seg[dt] = seg[None].view(dt)

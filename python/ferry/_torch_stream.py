@@ -274,12 +274,13 @@ class Streamer:
         self.ops[b] = op
         return op
 
-    def _show(self, b):
+    def _show(self, b, fresh=False):
         """Point block b's tensors at their device copies: their addresses in
-        one call, and a view only for a tensor whose address changed (cached
-        per address; made from a view of the device block that holds it)."""
+        one call (fresh: b.c_out holds them already), and a view only for a
+        tensor whose address changed (cached per address; made from a view of
+        the device block that holds it)."""
         core = self.store._core
-        out = core.device_addrs(self.m, b.c_idx, len(b.idx), b.c_out)
+        out = b.c_out if fresh else core.device_addrs(self.m, b.c_idx, len(b.idx), b.c_out)
         shown = self.a.shown
         for k, i in enumerate(b.idx):
             d = out[3 * k]
@@ -338,7 +339,7 @@ class Streamer:
             core.pin(self.m, b.leader)
             self.held.add(b)
         for b in res:
-            self._show(b)
+            self._show(b, fresh=not missing)  # (the addresses read above, unless moves followed)
 
     def step_begin(self):
         with self.store._lock:
