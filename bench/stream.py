@@ -459,6 +459,18 @@ def _ferry_path():
 
 # ----------------------------------------------------------------------------- child: measurements
 
+def smaps_rollup(key):
+    """A field of /proc/self/smaps_rollup in bytes (None where it is missing)."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 class Meter:
     """Host and device memory of this process: VmHWM / the Rss split / USS, and
     device memory in use (mem_get_info) above the baseline taken at creation."""
@@ -471,6 +483,7 @@ class Meter:
         self.run_peak = 0
         self.rss = {"RssAnon": 0, "RssFile": 0, "RssShmem": 0}
         self.uss_peak = None
+        self.huge_peak = None  # AnonHugePages (smaps_rollup): how much of the pinned memory got 2 MiB pages
         self._stop = None
         if self.cuda and poll_ms > 0:
             self._stop = threading.Event()
@@ -497,6 +510,9 @@ class Meter:
             if v is not None:
                 self.rss[k] = max(self.rss[k], v)
         if uss:
+            h = smaps_rollup("AnonHugePages")
+            if h is not None:
+                self.huge_peak = h if self.huge_peak is None else max(self.huge_peak, h)
             try:
                 import psutil
                 u = psutil.Process().memory_full_info().uss
@@ -507,7 +523,8 @@ class Meter:
     def report(self):
         if self._stop is not None:
             self._stop.set()
-        r = {"peak_rss_bytes": vm_status("VmHWM"), "rss_split_peak_bytes": self.rss, "uss_peak_bytes": self.uss_peak}
+        r = {"peak_rss_bytes": vm_status("VmHWM"), "rss_split_peak_bytes": self.rss, "uss_peak_bytes": self.uss_peak,
+             "anon_huge_peak_bytes": self.huge_peak}
         if self.cuda:
             t = self.torch.cuda
             r.update(device_used_baseline_bytes=self.base, device_used_peak_delta_bytes=self.dev_peak,
