@@ -209,6 +209,13 @@ if ! "$PY" -c "import gguf, numpy" 2>/dev/null; then
     "$PY" -m pip install --quiet --disable-pip-version-check gguf numpy ||
         echo "deps: could not install gguf/numpy from PyPI; the GGUF cross-check will be skipped"
 fi
+# diffusers, for ferry.diffusers.from_pretrained against diffusers' own
+# (tests/py/test_binding_diffusers.py skips without it): 0.31.0 is the newest
+# that imports with Debian's torch 1.13 (0.32 on need torch.float8_e4m3fn).
+if ! "$PY" -c "import diffusers" 2>/dev/null; then
+    "$PY" -m pip install --quiet --disable-pip-version-check "diffusers==0.31.0" ||
+        echo "deps: could not install diffusers from PyPI; the diffusers test will be skipped"
+fi
 # Real torch, for the PyTorch cross-check (ctest pytorch_crosscheck re-runs itself
 # under /usr/bin/python3 and skips itself without it). Debian's python3-torch
 # (1.13, CPU only): about 35 s on this machine, from Debian's mirror like the
