@@ -287,6 +287,45 @@ def parse_size(s):
     return out.value
 
 
+class ProgressBar:
+    """progress=True: a tqdm bar in bytes (tqdm imported only then), made at
+    the first report (when the total is known) and advanced as the library
+    reports bytes landed. Without tqdm: one plain line on stderr at close."""
+
+    def __init__(self, desc):
+        self.desc, self.bar, self.done, self.total = desc, None, 0, 0
+        try:
+            import tqdm
+            self._tqdm = tqdm.tqdm
+        except ImportError:
+            self._tqdm = None
+
+    def __call__(self, done, total):
+        if self._tqdm is not None and self.bar is None:
+            self.bar = self._tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                                  desc=self.desc)
+        if self.bar is not None:
+            self.bar.update(done - self.done)
+        self.done, self.total = done, total
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+        elif self._tqdm is None and self.total:
+            import sys
+            print(f"ferry: {self.desc}: {self.done} of {self.total} bytes", file=sys.stderr)
+
+
+def progress_fn(progress, desc):
+    """(callable or None, bar or None) for a load's progress= argument."""
+    if progress is True:
+        bar = ProgressBar(desc)
+        return bar, bar
+    if progress is False:
+        return None, None
+    return progress, None
+
+
 class LoadOptions:
     """ferry_load_opts from the keyword options, plus the progress callback's
     bookkeeping: the ctypes trampoline must live as long as the load, and an

@@ -173,6 +173,8 @@ def load_file(path, device="cpu", *, path_kind="auto", ring_buffers=None, ring_b
     ferry_load_opts; progress(done, total) is called from ferry's worker
     threads (an exception it raises is raised here after the load). On cpu
     nothing is read, so progress is called once with (total, total).
+    progress=True: a tqdm bar in bytes when tqdm is importable (else one
+    line on stderr at the end).
 
     owner="ferry": ferry allocates the memory (ferry_load) and each tensor is
     imported through DLPack; the memory is freed when the last tensor of the
@@ -195,6 +197,16 @@ def load_file(path, device="cpu", *, path_kind="auto", ring_buffers=None, ring_b
     if owner not in ("torch", "ferry"):
         raise ValueError(f"owner must be 'torch' or 'ferry', not {owner!r}")
     device = _parse_device(device, owner)
+    progress, bar = _core.progress_fn(progress, os.path.basename(path))
+    try:
+        return _load_file(path, device, path_kind, ring_buffers, ring_buffer_bytes, threads,
+                          progress, owner, stats)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _load_file(path, device, path_kind, ring_buffers, ring_buffer_bytes, threads, progress, owner, stats):
     opts = _core.LoadOptions(path_kind, threads, ring_buffers, ring_buffer_bytes, progress)
     if owner == "ferry":
         return _load_owned(path, device, opts, stats)

@@ -31,6 +31,19 @@ class _Progress:
 
 def load_into(module, path, *, strict=True, device=None, path_kind="auto", ring_buffers=None,
               ring_buffer_bytes=None, threads=None, progress=None):
+    """See _load_into; progress=True draws a tqdm bar (as load_file)."""
+    progress, bar = _core.progress_fn(progress, os.path.basename(os.fspath(path)))
+    try:
+        return _load_into(module, path, strict=strict, device=device, path_kind=path_kind,
+                          ring_buffers=ring_buffers, ring_buffer_bytes=ring_buffer_bytes,
+                          threads=threads, progress=progress)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _load_into(module, path, *, strict=True, device=None, path_kind="auto", ring_buffers=None,
+               ring_buffer_bytes=None, threads=None, progress=None):
     """Fill module's parameters and persistent buffers from a checkpoint
     without an intermediate copy, checking keys, shapes and dtypes first (an
     error leaves the module untouched).
