@@ -364,6 +364,29 @@ FERRY_API int ferry_parse_size(const char *s, uint64_t *out);
 FERRY_API int ferry_file_convert(ferry_ctx *ctx, const ferry_file *f, const char *out_path, uint64_t align,
                                  void (*progress)(void *opaque, uint64_t done, uint64_t total), void *opaque);
 
+/* ferry_file_convert with options. */
+typedef struct ferry_convert_opts {
+    uint32_t size;     /* sizeof(ferry_convert_opts) */
+    /* FERRY_DTYPE_INVALID (0): every tensor keeps its dtype and bytes. F16,
+     * BF16 or F32: every F16, BF16, F32 and F64 tensor is cast to it (IEEE 754
+     * round to nearest, ties to even; a magnitude past the target's largest
+     * finite value becomes Inf, one below half its smallest subnormal a signed
+     * zero; Inf stays Inf; a NaN stays a NaN of its sign, the top bits of its
+     * payload kept and made quiet, as x86's conversion instructions do; note
+     * that PyTorch's .to() writes one canonical NaN instead). Integers, BOOL,
+     * C64 and the 8-, 6- and 4-bit float types (FP8 weights come with scales
+     * a cast would ignore) are copied unchanged. Any other dtype is
+     * FERRY_E_INVAL. */
+    ferry_dtype dtype;
+    uint64_t align;    /* as ferry_file_convert's align; 0 = 8 */
+} ferry_convert_opts;
+/* ferry_file_convert with opts (NULL: all defaults): the same output, errors
+ * and guarantees, the tensors cast as opts->dtype says. */
+FERRY_API int ferry_file_convert_with(ferry_ctx *ctx, const ferry_file *f, const char *out_path,
+                                      const ferry_convert_opts *opts,
+                                      void (*progress)(void *opaque, uint64_t done, uint64_t total),
+                                      void *opaque);
+
 /* ---- hashing ----------------------------------------------------------- */
 
 /* XXH3-64 (seed 0) of every tensor's bytes, into per_tensor[count] (may be NULL;

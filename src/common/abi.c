@@ -77,6 +77,9 @@ static const field f_job_stats[] = {
     F(ferry_job_stats, seconds_dtoh), F(ferry_job_stats, evicted),       F(ferry_job_stats, dropped),
     {NULL, 0}};
 
+static const field f_convert_opts[] = {F(ferry_convert_opts, size), F(ferry_convert_opts, dtype),
+                                       F(ferry_convert_opts, align), {NULL, 0}};
+
 static const struct {
     const char *name;
     size_t size;
@@ -94,6 +97,7 @@ static const struct {
     {"ferry_plan", sizeof(ferry_plan), f_plan},
     {"ferry_mem_range", sizeof(ferry_mem_range), f_mem_range},
     {"ferry_job_stats", sizeof(ferry_job_stats), f_job_stats},
+    {"ferry_convert_opts", sizeof(ferry_convert_opts), f_convert_opts},
 };
 
 static int find_struct(const char *type)

@@ -21,8 +21,24 @@ static int write_failed(fy_err *err, const char *out_path, int rc)
     return fy_seterr(err, rc, "%s: writing: %s (nothing was written to it)", out_path, ferry_strerror(rc));
 }
 
+/* Where a tensor's bytes go: straight to fd, or cast into cbuf first (whole
+ * elements each time: chunks are multiples of 8 bytes, gathers of elements). */
+typedef struct sink {
+    int fd;
+    ferry_dtype from, to; /* equal: no cast */
+    uint8_t *cbuf;        /* 2 x CHUNK: a cast at most doubles the size (F16 to F32) */
+} sink;
+
+static int emit(const sink *s, const uint8_t *buf, size_t len)
+{
+    if (s->from == s->to) return fy_write_full(s->fd, buf, len);
+    size_t n = len / (size_t)(ferry_dtype_bits(s->from) / 8);
+    int rc = fy_cast(s->from, s->to, buf, s->cbuf, n);
+    return rc < 0 ? rc : fy_write_full(s->fd, s->cbuf, n * (size_t)(ferry_dtype_bits(s->to) / 8));
+}
+
 /* Gather a strided tensor's elements in row-major order into the output. */
-static int gather(const ferry_file *f, const fy_tensor *t, int fd, const char *out_path, uint8_t *buf, fy_err *err)
+static int gather(const ferry_file *f, const fy_tensor *t, const sink *sk, const char *out_path, uint8_t *buf, fy_err *err)
 {
     char q[128];
     int bits = ferry_dtype_bits(t->dtype);
@@ -43,7 +59,7 @@ static int gather(const ferry_file *f, const fy_tensor *t, int fd, const char *o
         memcpy(buf + used, base + at, es);
         used += es;
         if (used + es > CHUNK || e + 1 == numel) {
-            int rc = fy_write_full(fd, buf, used);
+            int rc = emit(sk, buf, used);
             if (rc < 0) return write_failed(err, out_path, rc);
             used = 0;
         }
@@ -58,17 +74,29 @@ static int gather(const ferry_file *f, const fy_tensor *t, int fd, const char *o
 FERRY_API int ferry_file_convert(ferry_ctx *ctx, const ferry_file *f, const char *out_path, uint64_t align,
                                  void (*progress)(void *, uint64_t, uint64_t), void *opaque)
 {
+    ferry_convert_opts o = {.size = sizeof o, .align = align};
+    return ferry_file_convert_with(ctx, f, out_path, &o, progress, opaque);
+}
+
+FERRY_API int ferry_file_convert_with(ferry_ctx *ctx, const ferry_file *f, const char *out_path,
+                                      const ferry_convert_opts *opts, void (*progress)(void *, uint64_t, uint64_t),
+                                      void *opaque)
+{
     if (!ctx || !f || !out_path) return FERRY_E_INVAL;
     fy_err *err = &ctx->err;
     const ferry_allocator *m = &ctx->mem;
+    ferry_convert_opts o = {.size = sizeof o};
+    FY_TRY(fy_struct_in(&o, sizeof o, opts, err, "ferry_file_convert_with"));
     fy_st_out lay;
-    FY_TRY(fy_st_layout(&f->tb, align, m, &lay, err));
+    FY_TRY(fy_st_layout(&f->tb, o.align, o.dtype, m, &lay, err));
     size_t n = (size_t)f->tb.n;
-    uint8_t *buf = fy_malloc(m, CHUNK);
+    bool casts = false;
+    for (size_t i = 0; i < n; i++) casts |= fy_cast_out_dtype(f->tb.t[i].dtype, o.dtype) != f->tb.t[i].dtype;
+    uint8_t *buf = fy_malloc(m, CHUNK), *cbuf = casts ? fy_malloc(m, 2 * (size_t)CHUNK) : NULL;
     char *tmp = NULL;
     int fd = -1, rc = 0;
-    if (!buf) {
-        rc = fy_seterr(err, -ENOMEM, "convert: out of memory for the %u-byte copy buffer", (unsigned)CHUNK);
+    if (!buf || (casts && !cbuf)) {
+        rc = fy_seterr(err, -ENOMEM, "convert: out of memory for the %u-byte copy buffers", (unsigned)CHUNK);
         goto out;
     }
 
@@ -89,8 +117,9 @@ FERRY_API int ferry_file_convert(ferry_ctx *ctx, const ferry_file *f, const char
     uint64_t done = 0;
     for (size_t k = 0; k < n; k++) {
         const fy_tensor *t = &f->tb.t[lay.order[k]];
+        sink sk = {fd, t->dtype, fy_cast_out_dtype(t->dtype, o.dtype), cbuf};
         if (t->strides) {
-            if ((rc = gather(f, t, fd, out_path, buf, err)) < 0) goto fail_keep_msg;
+            if ((rc = gather(f, t, &sk, out_path, buf, err)) < 0) goto fail_keep_msg;
         } else {
             for (uint64_t off = 0; off < t->nbytes;) {
                 size_t len = t->nbytes - off > CHUNK ? CHUNK : (size_t)(t->nbytes - off);
@@ -100,7 +129,7 @@ FERRY_API int ferry_file_convert(ferry_ctx *ctx, const ferry_file *f, const char
                     fy_seterr(err, rc, "%s", msg);
                     goto fail_keep_msg;
                 }
-                if ((rc = fy_write_full(fd, buf, len)) < 0) goto werr;
+                if ((rc = emit(&sk, buf, len)) < 0) goto werr;
                 off += len;
             }
         }
@@ -126,6 +155,7 @@ fail_keep_msg:
 out:
     fy_close(fd);
     fy_free(m, tmp);
+    fy_free(m, cbuf);
     fy_free(m, buf);
     fy_st_layout_free(&lay, m);
     return rc;

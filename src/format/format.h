@@ -81,7 +81,22 @@ int fy_st_parse_buffer(const char *name, const uint8_t *buf, size_t n, fy_table 
  * (block-quantized GGUF types it has not). fy_st_out_bytes: the bytes t takes
  * in the output (a strided view is gathered into numel x element size). */
 bool fy_st_dtype_ok(ferry_dtype dt);
-uint64_t fy_st_out_bytes(const fy_tensor *t);
+uint64_t fy_st_out_bytes(const fy_tensor *t, ferry_dtype to);
+
+/* Casts (cast.c), bit-exact and independent of the FPU's mode: IEEE 754
+ * round to nearest, ties to even; overflow to Inf, underflow to (signed)
+ * zero through the subnormals; Inf stays Inf; a NaN keeps its sign and the
+ * top bits of its payload and is made quiet. fy_cast_is_float: F16, BF16,
+ * F32 or F64, the dtypes a cast reads (FP8/FP6/FP4, integers, BOOL, C64 and
+ * ggml's block types are never cast). fy_cast_target_ok: F16, BF16 or F32.
+ * fy_cast_out_dtype: what src becomes under a cast to `to` (to itself for
+ * a float, src otherwise; to INVALID means no cast). fy_cast converts n
+ * elements from in to out (which may be in itself only when the element
+ * size does not grow): 0, or FERRY_E_INVAL for dtypes outside those sets. */
+bool fy_cast_is_float(ferry_dtype dt);
+bool fy_cast_target_ok(ferry_dtype dt);
+ferry_dtype fy_cast_out_dtype(ferry_dtype src, ferry_dtype to);
+int fy_cast(ferry_dtype src, ferry_dtype dst, const void *in, void *out, size_t n);
 /* The layout of tb as a safetensors file: order[k] is the tensor (index into
  * tb) stored k-th, the tensors whose size is a multiple of align first (so
  * that every one of them starts aligned), the others after in tb's order;
@@ -96,7 +111,10 @@ typedef struct fy_st_out {
     uint8_t *hdr;
     size_t hdr_len;
 } fy_st_out;
-int fy_st_layout(const fy_table *tb, uint64_t align, const ferry_allocator *mem, fy_st_out *out, fy_err *err);
+/* to: FERRY_DTYPE_INVALID, or the dtype every floating-point tensor is cast
+ * to (fy_cast_out_dtype: its byte size follows). */
+int fy_st_layout(const fy_table *tb, uint64_t align, ferry_dtype to, const ferry_allocator *mem, fy_st_out *out,
+                 fy_err *err);
 void fy_st_layout_free(fy_st_out *out, const ferry_allocator *mem);
 
 /* A sharded checkpoint's index (`*.safetensors.index.json`): fills names[i] ->

@@ -18,18 +18,20 @@
 
 bool fy_st_dtype_ok(ferry_dtype dt) { return dt > FERRY_DTYPE_INVALID && dt <= FERRY_DTYPE_F4; }
 
-uint64_t fy_st_out_bytes(const fy_tensor *t)
+uint64_t fy_st_out_bytes(const fy_tensor *t, ferry_dtype to)
 {
+    ferry_dtype dt = fy_cast_out_dtype(t->dtype, to);
     uint64_t numel = 1, nb = t->nbytes;
-    if (!t->strides) return nb;
+    if (!t->strides && dt == t->dtype) return nb;
     for (int32_t d = 0; d < t->ndim; d++) numel *= (uint64_t)t->shape[d];
-    fy_dtype_nbytes(t->dtype, numel, &nb);
+    fy_dtype_nbytes(dt, numel, &nb);
     return nb;
 }
 
 typedef struct out_order {
     const fy_table *tb;
     uint64_t align;
+    ferry_dtype to;
 } out_order;
 
 static int cmp_out(const void *a, const void *b, void *arg)
@@ -37,13 +39,13 @@ static int cmp_out(const void *a, const void *b, void *arg)
     const out_order *c = arg;
     int64_t i = *(const int64_t *)a, j = *(const int64_t *)b;
     const fy_tensor *x = &c->tb->t[i], *y = &c->tb->t[j];
-    bool ax = fy_st_out_bytes(x) % c->align == 0, ay = fy_st_out_bytes(y) % c->align == 0;
+    bool ax = fy_st_out_bytes(x, c->to) % c->align == 0, ay = fy_st_out_bytes(y, c->to) % c->align == 0;
     if (ax != ay) return ax ? -1 : 1; /* whole multiples first: they all start aligned */
     return i < j ? -1 : i > j;        /* otherwise the source's order */
 }
 
 /* The JSON text of the header for tb laid out in order. */
-static int header_json(const fy_table *tb, const int64_t *order, char **text, fy_err *err)
+static int header_json(const fy_table *tb, const int64_t *order, ferry_dtype to, char **text, fy_err *err)
 {
     char q[128];
     json_t *hdr = json_object(), *meta = json_object();
@@ -60,8 +62,8 @@ static int header_json(const fy_table *tb, const int64_t *order, char **text, fy
         const fy_tensor *t = &tb->t[order[k]];
         json_t *shape = json_array();
         for (int32_t d = 0; d < t->ndim; d++) json_array_append_new(shape, json_integer(t->shape[d]));
-        uint64_t nb = fy_st_out_bytes(t); /* gathered: numel x size */
-        json_t *e = json_pack("{s:s,s:o,s:[I,I]}", "dtype", ferry_dtype_name(t->dtype), "shape", shape, "data_offsets",
+        uint64_t nb = fy_st_out_bytes(t, to); /* gathered, cast: numel x size */
+        json_t *e = json_pack("{s:s,s:o,s:[I,I]}", "dtype", ferry_dtype_name(fy_cast_out_dtype(t->dtype, to)), "shape", shape, "data_offsets",
                               (json_int_t)pos, (json_int_t)(pos + nb));
         if (e && (json_object_get(hdr, t->name) || strcmp(t->name, "__metadata__") == 0)) {
             json_decref(e);
@@ -82,13 +84,16 @@ out:
     return rc;
 }
 
-int fy_st_layout(const fy_table *tb, uint64_t align, const ferry_allocator *mem, fy_st_out *out, fy_err *err)
+int fy_st_layout(const fy_table *tb, uint64_t align, ferry_dtype to, const ferry_allocator *mem, fy_st_out *out,
+                 fy_err *err)
 {
     char q[128];
     memset(out, 0, sizeof *out);
     if (align == 0) align = 8;
     FY_RETURN_IF(align & (align - 1) || align > (1u << 20), err, FERRY_E_INVAL,
                  "convert: alignment %" PRIu64 " is not a power of two up to 1 MiB", align);
+    FY_RETURN_IF(to != FERRY_DTYPE_INVALID && !fy_cast_target_ok(to), err, FERRY_E_INVAL,
+                 "convert: cannot cast to %s (F16, BF16 or F32 only)", ferry_dtype_name(to));
     size_t n = (size_t)tb->n;
     for (size_t i = 0; i < n; i++)
         FY_RETURN_IF(!fy_st_dtype_ok(tb->t[i].dtype), err, FERRY_E_UNSUPPORTED,
@@ -98,11 +103,11 @@ int fy_st_layout(const fy_table *tb, uint64_t align, const ferry_allocator *mem,
     out->order = fy_calloc(mem, n ? n : 1, sizeof *out->order);
     if (!out->order) return fy_seterr(err, -ENOMEM, "convert: out of memory for the order of the tensors");
     for (size_t i = 0; i < n; i++) out->order[i] = (int64_t)i;
-    out_order oo = {tb, align};
+    out_order oo = {tb, align, to};
     qsort_r(out->order, n, sizeof *out->order, cmp_out, &oo);
 
     char *text = NULL;
-    int rc = header_json(tb, out->order, &text, err);
+    int rc = header_json(tb, out->order, to, &text, err);
     if (rc == 0) {
         size_t tl = strlen(text);
         uint64_t hl = tl + ((align - (8 + tl) % align) % align); /* pad: the data starts aligned */

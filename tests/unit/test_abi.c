@@ -194,7 +194,8 @@ static void test_abi_tables(void)
                  {"ferry_tensor_info", sizeof(ferry_tensor_info)},   {"ferry_load_opts", sizeof(ferry_load_opts)},
                  {"ferry_load_stats", sizeof(ferry_load_stats)},     {"ferry_store_opts", sizeof(ferry_store_opts)},
                  {"ferry_tensor_state", sizeof(ferry_tensor_state)}, {"ferry_store_stats", sizeof(ferry_store_stats)},
-                 {"ferry_mem_range", sizeof(ferry_mem_range)},       {"ferry_job_stats", sizeof(ferry_job_stats)}};
+                 {"ferry_mem_range", sizeof(ferry_mem_range)},       {"ferry_job_stats", sizeof(ferry_job_stats)},
+                 {"ferry_convert_opts", sizeof(ferry_convert_opts)}};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
         CHECK_EQ(ferry_abi_sizeof(known[i].name), (int64_t)known[i].size);
         /* fields in declaration order, inside the struct, none left out at the end */

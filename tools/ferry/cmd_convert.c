@@ -9,7 +9,7 @@ static int run(int argc, char **argv);
 
 const cli_cmd cmd_convert = {
     "convert", "write a checkpoint (any format ferry reads) as a safetensors file",
-    "usage: ferry convert [--align N] [--force] IN OUT.safetensors\n"
+    "usage: ferry convert [--align N] [--dtype BF16|F16|F32] [--force] IN OUT.safetensors\n"
     "\n"
     "Stream every tensor of IN into a new safetensors file OUT (bounded memory:\n"
     "one 8 MiB buffer). The data section starts at a multiple of N bytes (the\n"
@@ -19,8 +19,19 @@ const cli_cmd cmd_convert = {
     "beside its final name and renamed into place when complete; it is checked by\n"
     "reopening it before ferry reports success.\n"
     "\n"
+    "IN may be any checkpoint ferry opens. A GGUF file holding block-quantized\n"
+    "tensors (Q4_K, Q8_0, IQ2_XXS, ...) cannot be converted: safetensors has no\n"
+    "dtype for them (its F16, BF16 and F32 tensors alone would convert).\n"
+    "\n"
     "options:\n"
     "  --align N   alignment in bytes, a power of two up to 1MiB (default 4096)\n"
+    "  --dtype DT  cast every F16, BF16, F32 and F64 tensor to DT (BF16, F16 or\n"
+    "              F32): IEEE round to nearest, ties to even; overflow becomes\n"
+    "              Inf, underflow goes through the subnormals to a signed zero;\n"
+    "              Inf stays Inf; a NaN stays NaN (its sign and top payload bits\n"
+    "              kept, made quiet). Integer, BOOL, complex and FP8/FP6/FP4\n"
+    "              tensors are copied unchanged. Without it every tensor keeps its\n"
+    "              bytes, so `ferry hash` of OUT equals that of IN\n"
     "  --force     replace OUT if it exists\n"
     "  --json      print {\"in\", \"out\", \"tensors\", \"bytes\", \"align\", \"seconds\"}\n"
     "  -h, --help  show this help\n",
@@ -31,6 +42,7 @@ static int run(int argc, char **argv)
     const char *in = NULL, *out = NULL;
     bool force = false, json = false;
     uint64_t align = 4096;
+    ferry_dtype dtype = FERRY_DTYPE_INVALID;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (cli_is_help(a)) return cli_help(&cmd_convert);
@@ -41,6 +53,12 @@ static int run(int argc, char **argv)
                 align > (1u << 20))
                 return cli_usage_error(&cmd_convert, "--align takes a power of two from 1 to 1MiB");
             i++;
+        } else if (strcmp(a, "--dtype") == 0) {
+            const char *d = i + 1 < argc ? argv[++i] : "";
+            if (strcmp(d, "BF16") == 0 || strcmp(d, "bf16") == 0) dtype = FERRY_DTYPE_BF16;
+            else if (strcmp(d, "F16") == 0 || strcmp(d, "f16") == 0) dtype = FERRY_DTYPE_F16;
+            else if (strcmp(d, "F32") == 0 || strcmp(d, "f32") == 0) dtype = FERRY_DTYPE_F32;
+            else return cli_usage_error(&cmd_convert, "--dtype takes BF16, F16 or F32, not '%s'", d);
         } else if (a[0] == '-' && a[1]) return cli_usage_error(&cmd_convert, "unknown option '%s'", a);
         else if (!in) in = a;
         else if (!out) out = a;
@@ -56,7 +74,8 @@ static int run(int argc, char **argv)
     cli_progress p;
     cli_progress_start(&p, "convert");
     double t0 = cli_now();
-    int rc = ferry_file_convert(ctx, f, out, align, cli_progress_update, &p);
+    ferry_convert_opts co = {.size = sizeof co, .dtype = dtype, .align = align};
+    int rc = ferry_file_convert_with(ctx, f, out, &co, cli_progress_update, &p);
     double secs = cli_now() - t0;
     cli_progress_end(&p);
     if (rc < 0) {

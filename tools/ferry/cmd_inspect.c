@@ -1,6 +1,8 @@
 /* cmd_inspect.c - `ferry inspect`: what a checkpoint holds. */
+#include <fnmatch.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -9,7 +11,7 @@ static int run(int argc, char **argv);
 
 const cli_cmd cmd_inspect = {
     "inspect", "list a checkpoint's tensors, dtypes, shapes, sizes and metadata",
-    "usage: ferry inspect [--json] PATH\n"
+    "usage: ferry inspect [--json] [--filter GLOB]... PATH\n"
     "\n"
     "Validate a checkpoint completely and describe it: format, tensor count, total\n"
     "bytes, metadata, and per tensor its name, dtype, shape, byte size and absolute\n"
@@ -27,10 +29,32 @@ const cli_cmd cmd_inspect = {
     "              (PyTorch) adds \"strides\" (in elements) and \"flags\": [\"noncontiguous\"],\n"
     "              its nbytes spanning first to last element; views of one storage\n"
     "              add \"shared_storage\" to \"flags\"\n"
+    "              each tensor also has \"numel\" (its element count) and the\n"
+    "              object \"total_numel\" (the parameters of the tensors listed)\n"
+    "  --filter GLOB  list only tensors whose name matches GLOB (fnmatch: '*'\n"
+    "              matches dots too; repeat for any of several); the counts and\n"
+    "              totals are then those of the matching tensors\n"
     "  -h, --help  show this help\n"
     "\n"
     "Exit status: 0 valid, 1 invalid or unreadable (message on stderr), 2 usage error.\n",
     run};
+
+static const char **filters;
+static int nfilters;
+
+static bool listed(const char *name)
+{
+    for (int i = 0; i < nfilters; i++)
+        if (fnmatch(filters[i], name, 0) == 0) return true;
+    return nfilters == 0;
+}
+
+static uint64_t numel_of(const ferry_tensor_info *ti)
+{
+    uint64_t n = 1;
+    for (int d = 0; d < ti->ndim; d++) n *= (uint64_t)ti->shape[d];
+    return n;
+}
 
 static int print_json(ferry_file *f, const char *path)
 {
@@ -44,20 +68,31 @@ static int print_json(ferry_file *f, const char *path)
         json_object_set_new(meta, k, json_string(v));
     }
     json_object_set_new(o, "metadata", meta);
-    json_object_set_new(o, "tensor_count", json_integer(n));
-    json_object_set_new(o, "total_bytes", json_integer((json_int_t)ferry_file_total_bytes(f)));
+    int64_t cnt = 0;
+    uint64_t tb = 0, tn = 0;
+    for (int64_t i = 0; i < n; i++) {
+        ferry_tensor_info ti = {.size = sizeof ti};
+        ferry_file_tensor_info(f, i, &ti);
+        if (!listed(ti.name)) continue;
+        cnt++, tb += ti.nbytes, tn += numel_of(&ti);
+    }
+    json_object_set_new(o, "tensor_count", json_integer(cnt));
+    json_object_set_new(o, "total_bytes", json_integer((json_int_t)tb));
+    json_object_set_new(o, "total_numel", json_integer((json_int_t)tn));
     for (int s = 0; s < ferry_file_shard_count(f); s++)
         json_array_append_new(files, json_string(ferry_file_shard_path(f, s)));
     json_object_set_new(o, "files", files);
     for (int64_t i = 0; i < n; i++) {
         ferry_tensor_info ti = {.size = sizeof ti};
         ferry_file_tensor_info(f, i, &ti);
+        if (!listed(ti.name)) continue;
         json_t *t = json_object(), *shape = json_array();
         for (int d = 0; d < ti.ndim; d++) json_array_append_new(shape, json_integer(ti.shape[d]));
         json_object_set_new(t, "name", json_string(ti.name));
         json_object_set_new(t, "dtype", json_string(ferry_dtype_name(ti.dtype)));
         json_object_set_new(t, "shape", shape);
         json_object_set_new(t, "nbytes", json_integer((json_int_t)ti.nbytes));
+        json_object_set_new(t, "numel", json_integer((json_int_t)numel_of(&ti)));
         json_object_set_new(t, "offset", json_integer((json_int_t)ti.offset));
         json_object_set_new(t, "file", json_string(ferry_file_shard_path(f, ti.shard)));
         if (ti.strides) {
@@ -103,14 +138,20 @@ static void print_text(ferry_file *f, const char *path)
     uint64_t by_dt[FERRY_DTYPE_COUNT] = {0};
     int64_t cnt_dt[FERRY_DTYPE_COUNT] = {0};
     size_t w = 4;
+    uint64_t numel = 0, lb = 0;
+    int64_t cnt = 0;
     for (int64_t i = 0; i < n; i++) {
         ferry_tensor_info ti = {.size = sizeof ti};
         ferry_file_tensor_info(f, i, &ti);
+        if (!listed(ti.name)) continue;
+        numel += numel_of(&ti), lb += ti.nbytes, cnt++;
         by_dt[ti.dtype] += ti.nbytes;
         cnt_dt[ti.dtype]++;
         size_t l = strlen(ti.name);
         if (l > w) w = l;
     }
+    if (nfilters) printf("matching:    %" PRId64 " tensors, %" PRIu64 " bytes\n", cnt, lb);
+    printf("elements:    %" PRIu64 " (%.3g parameters)\n", numel, (double)numel);
     printf("dtypes:     ");
     for (int d = 1; d < FERRY_DTYPE_COUNT; d++)
         if (cnt_dt[d]) printf(" %s x%" PRId64 " (%s)", ferry_dtype_name((ferry_dtype)d), cnt_dt[d], cli_human(h, sizeof h, by_dt[d]));
@@ -122,6 +163,7 @@ static void print_text(ferry_file *f, const char *path)
         char shape[256];
         size_t o = 0;
         ferry_file_tensor_info(f, i, &ti);
+        if (!listed(ti.name)) continue;
         o += (size_t)snprintf(shape, sizeof shape, "[");
         for (int d = 0; d < ti.ndim && o < sizeof shape - 24; d++)
             o += (size_t)snprintf(shape + o, sizeof shape - o, "%s%" PRId64, d ? ", " : "", ti.shape[d]);
@@ -145,7 +187,13 @@ static int run(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (opts && cli_is_help(argv[i])) return cli_help(&cmd_inspect);
         if (opts && strcmp(argv[i], "--json") == 0) json = true;
-        else if (opts && strcmp(argv[i], "--") == 0) opts = false;
+        else if (opts && strcmp(argv[i], "--filter") == 0) {
+            if (i + 1 >= argc) return cli_usage_error(&cmd_inspect, "--filter needs a GLOB");
+            const char **nf = realloc(filters, (size_t)(nfilters + 1) * sizeof *nf);
+            if (!nf) return cli_fail("out of memory");
+            filters = nf;
+            filters[nfilters++] = argv[++i];
+        } else if (opts && strcmp(argv[i], "--") == 0) opts = false;
         else if (opts && argv[i][0] == '-' && argv[i][1]) return cli_usage_error(&cmd_inspect, "unknown option '%s'", argv[i]);
         else if (!path) path = argv[i];
         else return cli_usage_error(&cmd_inspect, "one PATH only, got '%s' too", argv[i]);
@@ -159,6 +207,8 @@ static int run(int argc, char **argv)
     else print_text(f, path);
     ferry_file_close(f);
     ferry_ctx_free(ctx);
+    free(filters);
+    filters = NULL, nfilters = 0;
     if (fflush(stdout) != 0 || ferror(stdout)) return cli_fail("writing to stdout failed");
     return ex;
 }
