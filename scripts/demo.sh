@@ -9,8 +9,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build --target ferry
+# The configuration of scripts/test.sh's plain stage (same folder, build type and
+# Python), so that neither rebuilds the whole tree after the other. libferry.so
+# too: README's `pip install ./python` bundles build/libferry.so.
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE="$PWD/.deps/venv/bin/python3" >/dev/null
+cmake --build build --target ferry ferry_shared
 if [ $# -ge 1 ]; then
     ckpt=$1
 else

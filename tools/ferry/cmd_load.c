@@ -14,7 +14,8 @@ const cli_cmd cmd_load = {
     "\n"
     "Check that every PATH opens, then load every tensor of each checkpoint into\n"
     "device memory, one after the other, and report bytes,\n"
-    "seconds, GB/s, the transfer path used (and why) and the process's peak RSS\n"
+    "seconds, GB/s (from 64 MiB up: a smaller load is mostly its setup), the\n"
+    "transfer path used (and why) and the process's peak RSS\n"
     "(VmHWM). A progress bar is drawn when stderr is a terminal.\n"
     "\n"
     "options:\n"
@@ -38,6 +39,14 @@ const cli_cmd cmd_load = {
     "  --json              print one JSON object\n"
     "  -h, --help          show this help\n",
     run};
+
+/* "1 tensor", "2 tensors" */
+static const char *plural(int64_t n, const char *one, const char *many) { return n == 1 ? one : many; }
+
+/* Below this a load's time is mostly setting it up (threads, buffers, the first
+ * copy), so a GB/s figure would say nothing about the path: text output gives
+ * the time alone (--json keeps gbps). */
+#define RATE_MIN_BYTES (64ull << 20)
 
 static bool parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
 {
@@ -156,7 +165,13 @@ static int run(int argc, char **argv)
     if (rc < 0) {
         /* FERRY_E_INVAL: a spec that names no device ("gpu", "sim:banana"), a usage
          * error; others (no driver, no such GPU) are failures */
-        ex = rc == FERRY_E_INVAL ? cli_usage_error(&cmd_load, "--device: %s", ferry_ctx_errmsg(ctx)) : cli_fail_ctx(ctx, rc);
+        if (rc == FERRY_E_INVAL) ex = cli_usage_error(&cmd_load, "--device: %s", ferry_ctx_errmsg(ctx));
+        else if (rc == FERRY_E_NODEV && strncmp(dev_spec, "cuda", 4) == 0)
+            /* no usable GPU: say what runs here instead */
+            ex = cli_fail("%s; without a GPU use --device sim:SIZE (a simulated GPU, e.g. sim:24GiB) or --device cpu "
+                          "(host memory)",
+                          ferry_ctx_errmsg(ctx));
+        else ex = cli_fail_ctx(ctx, rc);
         goto out;
     }
     /* every checkpoint must open before the first is loaded: a typo in the last
@@ -198,7 +213,8 @@ static int run(int argc, char **argv)
                 verified_all = false;
                 ex = bad < 0 ? cli_fail("%s: verify: could not read the tensors back (%s)", paths[k],
                                         *ferry_ctx_errmsg(ctx) ? ferry_ctx_errmsg(ctx) : "out of memory")
-                             : cli_fail("%s: %" PRId64 " tensors differ on the device", paths[k], bad);
+                             : cli_fail("%s: %" PRId64 " %s on the device", paths[k], bad,
+                                        plural(bad, "tensor differs", "tensors differ"));
             }
         }
         double gbps = st.seconds > 0 ? (double)st.bytes / st.seconds / 1e9 : 0;
@@ -216,11 +232,14 @@ static int run(int argc, char **argv)
         if (do_verify) json_object_set_new(o, "verified", json_boolean(bad == 0));
         json_array_append_new(files, o);
         if (!json) {
-            char h[32], cached[48] = "";
+            char h[32], cached[48] = "", rate[96];
+            int64_t nt = ferry_file_tensor_count(f);
             if (st.resident >= 0) snprintf(cached, sizeof cached, "; %.0f%% cached", st.resident * 100);
-            printf("%s: %" PRId64 " tensors, %s in %.3f s = %.2f GB/s via %s (%s%s)%s\n", paths[k],
-                   ferry_file_tensor_count(f), cli_human(h, sizeof h, st.bytes), st.seconds, gbps,
-                   ferry_route_name(st.route), st.why, cached, do_verify && bad == 0 ? "; verified bit-identical" : "");
+            if (st.bytes >= RATE_MIN_BYTES) snprintf(rate, sizeof rate, "%.3f s = %.2f GB/s", st.seconds, gbps);
+            else snprintf(rate, sizeof rate, "%.2f ms (too small for a GB/s figure)", st.seconds * 1e3);
+            printf("%s: %" PRId64 " %s, %s in %s via %s (%s%s)%s\n", paths[k], nt, plural(nt, "tensor", "tensors"),
+                   cli_human(h, sizeof h, st.bytes), rate, ferry_route_name(st.route), st.why, cached,
+                   do_verify && bad == 0 ? "; verified bit-identical" : "");
         }
         ferry_loaded_free(l);
         ferry_file_close(f);

@@ -1,0 +1,43 @@
+#!/bin/bash
+# What ferry load and ferry bench print for a new user (issue 16, item 4):
+# without a GPU, load names the devices that do work here (sim:SIZE, cpu); a
+# one-tensor file is "1 tensor"; a file too small to time gets a time, not a
+# GB/s figure; bench --device cpu shows no host->device link and no path cpu
+# cannot take.
+#   test_load_bench_messages.sh FERRY SOURCE
+set -u
+ferry=$1 src=$2
+one=$src/tests/fuzz/corpus/safetensors/dtype_bf16.safetensors # 1 tensor, a few bytes
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+has() { grep -qF -- "$2" <<<"$1" || fail "$3: no '$2' in: $1"; }
+hasnt() { ! grep -qF -- "$2" <<<"$1" || fail "$3: '$2' in: $1"; }
+
+out=$("$ferry" load "$one" 2>&1)
+rc=$?
+if [ $rc -eq 0 ]; then
+    echo "(a GPU is here: the no-GPU message is not checked)"
+else
+    [ $rc -eq 1 ] || fail "load with no GPU exited $rc, not 1"
+    has "$out" "--device sim:SIZE" "load with no GPU"
+    has "$out" "--device cpu" "load with no GPU"
+    [ "$(wc -l <<<"$out")" -eq 1 ] || fail "load with no GPU: more than one line: $out"
+fi
+
+out=$("$ferry" load --device cpu "$one" 2>&1) || fail "load --device cpu failed: $out"
+has "$out" ": 1 tensor," "load of a one-tensor file"
+has "$out" "too small for a GB/s figure" "load of a tiny file"
+hasnt "$out" "GB/s via" "load of a tiny file"
+
+out=$("$ferry" bench --device cpu "$one" 2>&1) || fail "bench --device cpu failed: $out"
+hasnt "$out" "host->device" "bench --device cpu"
+hasnt "$out" "--path" "bench --device cpu"
+! grep -qE '^(direct|register|cufile) ' <<<"$out" || fail "bench --device cpu lists a path cpu cannot take: $out"
+has "$out" "host memory copy" "bench --device cpu"
+has "$out" "times are shown, not rates" "bench of a tiny file"
+
+out=$("$ferry" bench --device sim:1GiB "$one" 2>&1) || fail "bench --device sim failed: $out"
+hasnt "$out" "use --path" "bench's cufile row"
+
+[ $fails -eq 0 ] && echo "load/bench messages: all checks passed"
+exit $((fails > 0))
