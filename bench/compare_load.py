@@ -72,8 +72,13 @@ GIB = float(1 << 30)
 
 def vm_status(key):
     """A /proc/self/status field in bytes (VmHWM, VmRSS), or None."""
+    return proc_field("/proc/self/status", key)
+
+
+def proc_field(path, key):
+    """A "Key: N kB" field of a /proc file (status, smaps_rollup) in bytes, or None."""
     try:
-        with open("/proc/self/status") as f:
+        with open(path) as f:
             for line in f:
                 if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024

@@ -114,7 +114,7 @@ import time
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
 from compare_load import (T_PROC_START, fs_type, last_line, rc_text, run_process,  # noqa: E402
-                          tail, vm_status)
+                          proc_field, tail, vm_status)
 
 RESULT_TAG = "STREAM_RESULT "
 GB = 1e9
@@ -459,18 +459,6 @@ def _ferry_path():
 
 # ----------------------------------------------------------------------------- child: measurements
 
-def smaps_rollup(key):
-    """A field of /proc/self/smaps_rollup in bytes (None where it is missing)."""
-    try:
-        with open("/proc/self/smaps_rollup") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 class Meter:
     """Host and device memory of this process: VmHWM / the Rss split / USS, and
     device memory in use (mem_get_info) above the baseline taken at creation."""
@@ -510,7 +498,7 @@ class Meter:
             if v is not None:
                 self.rss[k] = max(self.rss[k], v)
         if uss:
-            h = smaps_rollup("AnonHugePages")
+            h = proc_field("/proc/self/smaps_rollup", "AnonHugePages")
             if h is not None:
                 self.huge_peak = h if self.huge_peak is None else max(self.huge_peak, h)
             try:

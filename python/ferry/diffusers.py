@@ -25,7 +25,6 @@ not imported here; the class passed in brings it.
 """
 import contextlib
 import glob
-import json
 import os
 
 import torch
@@ -134,8 +133,7 @@ def from_pretrained(model_class, folder, *, subfolder=None, device=None, torch_d
         model = model_class.from_config(config)
 
     # what each tensor is in the file, and what it must be in the model
-    with contextlib.closing(_Infos(ckpt)) as infos:
-        file_dt = infos.dtypes()
+    file_dt = _file_dtypes(ckpt)
     # (diffusers keeps _keep_in_fp32_modules in float32 only under float16, and
     # otherwise casts the whole model, buffers included, to torch_dtype)
     keep = _keep_fp32(model) if torch_dtype == torch.float16 else []
@@ -185,15 +183,10 @@ def from_pretrained(model_class, folder, *, subfolder=None, device=None, torch_d
     return model
 
 
-class _Infos:
-    """The checkpoint's tensor names -> torch dtypes (an open handle, closed after)."""
-
-    def __init__(self, path):
-        self.h = _core._Handle(path)
-        self.path = path
-
-    def dtypes(self):
-        return {i.name: dtype_for(i, self.path) for i in self.h.infos()}
-
-    def close(self):
-        self.h._close()
+def _file_dtypes(path):
+    """The checkpoint's tensor names -> torch dtypes (its header only; load_into opens it again)."""
+    h = _core._Handle(path)
+    try:
+        return {i.name: dtype_for(i, path) for i in h.infos()}
+    finally:
+        h._close()

@@ -34,13 +34,19 @@ class FakeBar:
         self.closed = True
 
 
-@pytest.mark.parametrize("owner,device", [("torch", "cpu"), ("ferry", "cpu"), ("ferry", "sim:64MiB")])
-def test_progress_true_fake_tqdm(tmp_path, monkeypatch, owner, device):
+@pytest.fixture
+def ckpt(tmp_path, monkeypatch):
+    """A small checkpoint, with the fake tqdm installed and no bar made yet."""
     p = tmp_path / "m.safetensors"
     write_st(p)
     FakeBar.made = []
     monkeypatch.setitem(sys.modules, "tqdm", types.SimpleNamespace(tqdm=FakeBar))
-    sd = ferry.torch.load_file(p, device, owner=owner, progress=True)
+    return p
+
+
+@pytest.mark.parametrize("owner,device", [("torch", "cpu"), ("ferry", "cpu"), ("ferry", "sim:64MiB")])
+def test_progress_true_fake_tqdm(ckpt, owner, device):
+    sd = ferry.torch.load_file(ckpt, device, owner=owner, progress=True)
     assert sorted(sd) == ["a", "b"]
     assert len(FakeBar.made) == 1
     bar = FakeBar.made[0]
@@ -55,13 +61,9 @@ def test_progress_true_without_tqdm(tmp_path, monkeypatch, capsys):
     assert "m.safetensors: 24 of 24 bytes" in capsys.readouterr().err
 
 
-def test_progress_off_by_default(tmp_path, monkeypatch):
-    p = tmp_path / "m.safetensors"
-    write_st(p)
-    FakeBar.made = []
-    monkeypatch.setitem(sys.modules, "tqdm", types.SimpleNamespace(tqdm=FakeBar))
-    ferry.torch.load_file(p, "sim:64MiB", owner="ferry")
-    ferry.torch.load_file(p, "sim:64MiB", owner="ferry", progress=False)
+def test_progress_off_by_default(ckpt):
+    ferry.torch.load_file(ckpt, "sim:64MiB", owner="ferry")
+    ferry.torch.load_file(ckpt, "sim:64MiB", owner="ferry", progress=False)
     assert FakeBar.made == []
 
 
@@ -73,15 +75,11 @@ def test_progress_real_tqdm(tmp_path, capsys):
     assert "m.safetensors" in capsys.readouterr().err
 
 
-def test_load_into_progress_true(tmp_path, monkeypatch):
-    p = tmp_path / "m.safetensors"
-    write_st(p)
-    FakeBar.made = []
-    monkeypatch.setitem(sys.modules, "tqdm", types.SimpleNamespace(tqdm=FakeBar))
+def test_load_into_progress_true(ckpt):
     m = torch.nn.Module()
     m.register_buffer("a", torch.zeros(4))
     m.register_buffer("b", torch.zeros(2))
-    ferry.torch.load_into(m, p, progress=True)
+    ferry.torch.load_into(m, ckpt, progress=True)
     assert m.a.tolist() == [0, 1, 2, 3]
     bar, = FakeBar.made
     assert (bar.total, bar.n, bar.closed) == (24, 24, True)
