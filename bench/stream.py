@@ -82,7 +82,10 @@ every CPU value accelerate's hooks give set_module_tensor_to_device for the
 execution device, i.e. every weight each step; comfy_aimdo: the bytes the glue
 copies); the physical bound
 max(resident steady step, bytes per step / pinned host->device rate measured in
-the same run, 1 GiB, torch) and the ratio to it; peak host memory (VmHWM of the
+the same run, 1 GiB, torch, the best of its start and end) and the ratio to
+it, and "x own bound": the same with the rate each process measures right after
+its own steps (the host's DMA rate drifts by several percent within minutes,
+whatever the memory's page size: bench_pinrate); peak host memory (VmHWM of the
 child; psutil USS sampled after loading and after each token count; the
 RssAnon/RssFile/RssShmem split); GPU memory: torch.cuda.max_memory_allocated
 and _reserved, and device memory in use (torch.cuda.mem_get_info, total - free)
@@ -785,6 +788,14 @@ def child_main(spec):
         import traceback
         rep["error"] = f"{type(e).__name__}: {e}"[:2000]
         rep["traceback"] = tail(traceback.format_exc(), 4000)
+    if rep["ok"] and str(spec["device"]).startswith("cuda") and spec.get("limit_gib"):
+        # the host's DMA rate drifts over minutes (bench_pinrate: 50.7 to 55.4 GB/s on one
+        # machine, whatever the memory's page size), so each process also measures it
+        # right after its own steps: the bound of "x own bound"
+        try:
+            rep["copy_limit"] = pinned_copy_rate(spec["device"], spec["limit_gib"], reps=3)
+        except Exception as e:  # noqa: BLE001
+            rep["copy_limit"] = {"error": f"{type(e).__name__}: {e}"[:300]}
     if "meter" in rep:
         rep.update(rep.pop("meter").report())
     _emit(rep)
@@ -1170,7 +1181,7 @@ class Bench:
                 "path": self.path, "seed": a.seed, "steps": steps, "schedule_steps": a.steps, "text_tokens": a.text_tokens,
                 "image_tokens": self.image_tokens, "mem_poll_ms": a.mem_poll_ms,
                 "ferry_prefetch": a.ferry_prefetch, "ferry_reserve": a.ferry_reserve,
-                "profile_step": a.profile_step}
+                "profile_step": a.profile_step, "limit_gib": a.limit_gib}
         if name.startswith("ferry_b:"):
             spec["lib"] = a.ferry_lib_b
             spec["pydir"] = a.ferry_python_b
@@ -1287,6 +1298,16 @@ class Bench:
                         row["bound_seconds"] = bound
                         if row["steady_seconds"]:
                             row["x_bound"] = row["steady_seconds"] / bound
+                    own = []  # each process's steady step over the bound from its own copy rate
+                    for r in ok:
+                        g = (r.get("copy_limit") or {}).get("gbps_best")
+                        for x in r["runs"]:
+                            if g and x["image_tokens"] == ntok and x.get("steady_seconds") is not None \
+                                    and x.get("htod_bytes_steady") is not None:
+                                own.append(x["steady_seconds"] / max(res, x["htod_bytes_steady"] / (g * GB)))
+                    if own:
+                        row["x_own_bound_runs"] = own
+                        row["x_own_bound"] = statistics.median(own)
                     n = min(len(e["hashes"]), *(len(x["hashes"]) for x in runs))
                     row["identical"] = all(x["hashes"][:n] == e["hashes"][:n] for x in runs) if n else None
                     row["identical_steps_compared"] = n
@@ -1303,15 +1324,22 @@ class Bench:
         def f(v, fmt, scale=1.0):
             return fmt % (v / scale) if isinstance(v, (int, float)) else "—"
 
-        lines = [f"pinned host→device copy limit (same run): {f(rate, '%.1f')} GB/s", "",
+        def own_txt(row):
+            v = row.get("x_own_bound_runs")
+            if not v:
+                return "—"
+            return f"{min(v):.2f}" if len(v) == 1 else f"{min(v):.2f}-{max(v):.2f}"
+
+        lines = [f"pinned host→device copy limit (same run): {f(rate, '%.1f')} GB/s (× own bound: each "
+                 f"process's bound from the copy rate it measured right after its steps; its range over runs)", "",
                  "| config | image tokens | first step s | steady step s | × resident | H2D GB/step | "
-                 "bound s | × bound | GPU used Δ / torch max alloc GiB | peak RSS / USS GiB | load s | "
-                 "identical | notes |",
-                 "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                 "bound s | × bound | × own bound | GPU used Δ / torch max alloc GiB | peak RSS / USS GiB | "
+                 "load s | identical | notes |",
+                 "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for row in s["rows"]:
             if row["status"] != "ok":
                 why = (row.get("error") or row["status"])[:200].replace("|", "\\|")
-                lines.append(f"| {row['config']} | — | — | — | — | — | — | — | — | — | — | — | "
+                lines.append(f"| {row['config']} | — | — | — | — | — | — | — | — | — | — | — | — | "
                              f"{row['status']}: {why} |")
                 continue
             notes = []
@@ -1332,7 +1360,8 @@ class Bench:
                 f"| {row['config']} | {row['image_tokens']} | {f(row['first_seconds'], '%.3f')} | "
                 f"{f(row['steady_seconds'], '%.3f')} | {f(row.get('x_resident'), '%.2f')} | "
                 f"{f(row['htod_bytes_per_step'], '%.2f', GB)} | {f(row.get('bound_seconds'), '%.3f')} | "
-                f"{f(row.get('x_bound'), '%.2f')} | {f(row['device_used_peak_delta_bytes'], '%.1f', GIB)} / "
+                f"{f(row.get('x_bound'), '%.2f')} | {own_txt(row)} | "
+                f"{f(row['device_used_peak_delta_bytes'], '%.1f', GIB)} / "
                 f"{f(row['torch_max_allocated_bytes'], '%.1f', GIB)} | {f(row['peak_rss_bytes'], '%.1f', GIB)} / "
                 f"{f(row['uss_peak_bytes'], '%.1f', GIB)} | {f(row['load_seconds'], '%.1f')} | "
                 f"{'—' if ident is None else ('yes' if ident else 'NO')} | {'; '.join(notes)} |")
