@@ -1305,7 +1305,7 @@ class Bench:
                             if g and x["image_tokens"] == ntok and x.get("steady_seconds") is not None \
                                     and x.get("htod_bytes_steady") is not None:
                                 own.append(x["steady_seconds"] / max(res, x["htod_bytes_steady"] / (g * GB)))
-                    if own:
+                    if own and row["htod_bytes_per_step"]:
                         row["x_own_bound_runs"] = own
                         row["x_own_bound"] = statistics.median(own)
                     n = min(len(e["hashes"]), *(len(x["hashes"]) for x in runs))

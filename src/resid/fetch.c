@@ -537,7 +537,8 @@ FERRY_API int ferry_op_stream_wait(ferry_op *op, uint64_t cu_stream)
     /* being moved or landed by another thread: once landed, no ordering is needed */
     while (op->state == OP_MOVING || op->state == OP_LANDING) pthread_cond_wait(&s->landed, &s->lock);
     int rc = op->rc < 0 ? op->rc : op->xop && op->state == OP_QUEUED ? fy_xfer_op_order(op->xop, cu_stream) : 0;
-    if (rc < 0 && op->rc == 0) rs_device_failed(s, op->m, rc);
+    if (op->rc < 0) rs_merr(op->m, op->rc, "%s", op->msg); /* failed in the mover, not landed yet */
+    else if (rc < 0) rs_device_failed(s, op->m, rc);
     pthread_mutex_unlock(&s->lock);
     return rc;
 }

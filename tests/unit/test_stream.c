@@ -722,7 +722,11 @@ static void test_lane_fault(ferry_ctx *ctx)
     CHECK_EQ(ferry_model_to_device_async(r.m, r.blk[k[0]], 2, &a), 0); /* keeps the lane busy */
     CHECK(fy_gpu_sim_fault(r.g, FY_OP_COPY, 2) >= 0);                     /* the next bias copy fails */
     CHECK_EQ(ferry_model_to_device_async(r.m, r.blk[k[1]], 2, &b), 0);
+    /* ordered onto a stream (the PyTorch hooks' way): the failure and its cause */
+    CHECK(ferry_op_stream_wait(b, r.g->ops->stream_raw(r.g, r.compute)) < 0);
+    CHECK_STR_HAS(ferry_model_errmsg(r.m), "injected failure in copy");
     CHECK(ferry_op_wait(b) < 0);
+    CHECK_STR_HAS(ferry_model_errmsg(r.m), "injected failure in copy");
     CHECK_EQ(fy_gpu_sim_fault(r.g, FY_OP_COPY, 0), 0);
     CHECK_EQ(tstate(&r, r.blk[k[1]][0]).tier, FERRY_TIER_SOURCE); /* rolled back */
     int res = 0; /* a resident block: loaded through the ring, into the freed device blocks */
