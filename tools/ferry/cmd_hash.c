@@ -166,11 +166,12 @@ static int run_sha256(char **paths, int npaths, bool json)
             ferry_ctx *ctx = NULL;
             ferry_file *f = NULL;
             r = cli_open(paths[i], 1, &ctx, &f);
-            for (int s = 0; !r && s < ferry_file_shard_count(f); s++) {
-                int rs = sha256_one(ferry_file_shard_path(f, s), buf, out);
-                if (rs) r = rs;
-            }
             if (!r) {
+                /* an unreadable shard is reported; the others are still hashed */
+                for (int s = 0; s < ferry_file_shard_count(f); s++) {
+                    int rs = sha256_one(ferry_file_shard_path(f, s), buf, out);
+                    if (rs) r = rs;
+                }
                 ferry_file_close(f);
                 ferry_ctx_free(ctx);
             }
