@@ -3,7 +3,7 @@
 # without a GPU, load names the devices that do work here (sim:SIZE, cpu); a
 # one-tensor file is "1 tensor"; a file too small to time gets a time, not a
 # GB/s figure; bench --device cpu shows no host->device link and no path cpu
-# cannot take.
+# cannot take; hash and convert count "1 tensor" too.
 #   test_load_bench_messages.sh FERRY SOURCE
 set -u
 ferry=$1 src=$2
@@ -38,6 +38,14 @@ has "$out" "times are shown, not rates" "bench of a tiny file"
 
 out=$("$ferry" bench --device sim:1GiB "$one" 2>&1) || fail "bench --device sim failed: $out"
 hasnt "$out" "use --path" "bench's cufile row"
+
+# the other counts that may be 1 (hash's model line, convert's summary)
+out=$("$ferry" hash "$one" 2>&1) || fail "hash failed: $out"
+has "$out" "(model: 1 tensor," "hash of a one-tensor file"
+tmp=$(mktemp -d)
+out=$("$ferry" convert "$one" "$tmp/out.safetensors" 2>&1) || fail "convert failed: $out"
+has "$out" ": 1 tensor," "convert of a one-tensor file"
+rm -rf "$tmp"
 
 [ $fails -eq 0 ] && echo "load/bench messages: all checks passed"
 exit $((fails > 0))

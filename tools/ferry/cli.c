@@ -72,6 +72,8 @@ int cli_open(const char *path, uint32_t nthreads, ferry_ctx **ctx, ferry_file **
     return 0;
 }
 
+const char *cli_plural(int64_t n, const char *one, const char *many) { return n == 1 ? one : many; }
+
 const char *cli_human(char *buf, size_t n, uint64_t b)
 {
     static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};

@@ -92,8 +92,9 @@ static int run(int argc, char **argv)
                        in, out, (long long)ferry_file_tensor_count(g), (unsigned long long)ferry_file_total_bytes(g),
                        (unsigned long long)align, secs);
             else
-                printf("%s -> %s: %lld tensors, %s, data aligned to %llu bytes, %.2f s\n", in, out,
-                       (long long)ferry_file_tensor_count(g), cli_human(h, sizeof h, ferry_file_total_bytes(g)),
+                printf("%s -> %s: %lld %s, %s, data aligned to %llu bytes, %.2f s\n", in, out,
+                       (long long)ferry_file_tensor_count(g),
+                       cli_plural(ferry_file_tensor_count(g), "tensor", "tensors"), cli_human(h, sizeof h, ferry_file_total_bytes(g)),
                        (unsigned long long)align, secs);
             ferry_file_close(g);
         }

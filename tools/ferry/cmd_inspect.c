@@ -150,7 +150,7 @@ static void print_text(ferry_file *f, const char *path)
         size_t l = strlen(ti.name);
         if (l > w) w = l;
     }
-    if (nfilters) printf("matching:    %" PRId64 " tensors, %" PRIu64 " bytes\n", cnt, lb);
+    if (nfilters) printf("matching:    %" PRId64 " %s, %" PRIu64 " bytes\n", cnt, cli_plural(cnt, "tensor", "tensors"), lb);
     printf("elements:    %" PRIu64 " (%.3g parameters)\n", numel, (double)numel);
     printf("dtypes:     ");
     for (int d = 1; d < FERRY_DTYPE_COUNT; d++)

@@ -40,9 +40,6 @@ const cli_cmd cmd_load = {
     "  -h, --help          show this help\n",
     run};
 
-/* "1 tensor", "2 tensors" */
-static const char *plural(int64_t n, const char *one, const char *many) { return n == 1 ? one : many; }
-
 /* Below this a load's time is mostly setting it up (threads, buffers, the first
  * copy), so a GB/s figure would say nothing about the path: text output gives
  * the time alone (--json keeps gbps). */
@@ -214,7 +211,7 @@ static int run(int argc, char **argv)
                 ex = bad < 0 ? cli_fail("%s: verify: could not read the tensors back (%s)", paths[k],
                                         *ferry_ctx_errmsg(ctx) ? ferry_ctx_errmsg(ctx) : "out of memory")
                              : cli_fail("%s: %" PRId64 " %s on the device", paths[k], bad,
-                                        plural(bad, "tensor differs", "tensors differ"));
+                                        cli_plural(bad, "tensor differs", "tensors differ"));
             }
         }
         double gbps = st.seconds > 0 ? (double)st.bytes / st.seconds / 1e9 : 0;
@@ -237,7 +234,7 @@ static int run(int argc, char **argv)
             if (st.resident >= 0) snprintf(cached, sizeof cached, "; %.0f%% cached", st.resident * 100);
             if (st.bytes >= RATE_MIN_BYTES) snprintf(rate, sizeof rate, "%.3f s = %.2f GB/s", st.seconds, gbps);
             else snprintf(rate, sizeof rate, "%.2f ms (too small for a GB/s figure)", st.seconds * 1e3);
-            printf("%s: %" PRId64 " %s, %s in %s via %s (%s%s)%s\n", paths[k], nt, plural(nt, "tensor", "tensors"),
+            printf("%s: %" PRId64 " %s, %s in %s via %s (%s%s)%s\n", paths[k], nt, cli_plural(nt, "tensor", "tensors"),
                    cli_human(h, sizeof h, st.bytes), rate, ferry_route_name(st.route), st.why, cached,
                    do_verify && bad == 0 ? "; verified bit-identical" : "");
         }

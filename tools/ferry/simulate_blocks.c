@@ -128,8 +128,8 @@ int sim_find_blocks(const scenario *sc, sim_model *sm, const json_t *spec, const
     }
     best b = best_prefix(e, ne);
     if (b.blocks)
-        snprintf(hint, sizeof hint, "\"%.*s\" has the most: %" PRId64 " blocks, %s of %s", (int)(b.plen > 200 ? 200 : b.plen),
-                 b.name, b.blocks, cli_human(h1, sizeof h1, b.bytes), cli_human(h2, sizeof h2, total));
+        snprintf(hint, sizeof hint, "\"%.*s\" has the most: %" PRId64 " %s, %s of %s", (int)(b.plen > 200 ? 200 : b.plen),
+                 b.name, b.blocks, cli_plural(b.blocks, "block", "blocks"), cli_human(h1, sizeof h1, b.bytes), cli_human(h2, sizeof h2, total));
     else
         snprintf(hint, sizeof hint, "no name has a numbered component after a prefix (like \"blocks.3.\")");
 
