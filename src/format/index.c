@@ -72,6 +72,7 @@ int fy_index_parse(const char *name, const uint8_t *buf, size_t n, fy_index *ix,
             char *text = NULL;
             const char *val;
             size_t vlen;
+            ferry_meta_kind kind = json_is_string(v) ? FERRY_META_TEXT : FERRY_META_JSON;
             if (json_is_string(v)) {
                 val = json_string_value(v);
                 vlen = json_string_length(v);
@@ -81,7 +82,7 @@ int fy_index_parse(const char *name, const uint8_t *buf, size_t n, fy_index *ix,
                 val = text;
                 vlen = strlen(text);
             }
-            rc = fy_table_push_meta(meta, k, klen, val, vlen);
+            rc = fy_table_push_meta(meta, k, klen, val, vlen, kind);
             free(text);
             if (rc < 0) { fy_seterr(err, rc, "%s: out of memory", name); goto out; }
         }
