@@ -27,7 +27,8 @@ def typed_metadata(ferry, d, problems):
         ("eps", gw.FLOAT32, 1e-5), ("f64", gw.FLOAT64, 0.1), ("nan", gw.FLOAT32, float("nan")),
         ("inf", gw.FLOAT64, float("-inf")), ("flag", gw.BOOL, True), ("off", gw.BOOL, False),
         ("num.text", gw.STRING, "2"), ("arr.f32", gw.ARRAY, (gw.FLOAT32, [0.5, -1.25])),
-        ("arr.str", gw.ARRAY, (gw.STRING, ["a", "b\"c"])), ("arr.nan", gw.ARRAY, (gw.FLOAT32, [1.0, float("nan")])),
+        ("arr.str", gw.ARRAY, (gw.STRING, ["a", "b\"c"])), ("arr.nul", gw.ARRAY, (gw.STRING, ["n\0ul"])),
+        ("arr.nan", gw.ARRAY, (gw.FLOAT32, [1.0, float("nan")])),
         ("arr.nested", gw.ARRAY, (gw.ARRAY, [(gw.INT32, [1, 2]), (gw.BOOL, [True])])),
         ("tokens", gw.ARRAY, (gw.STRING, [f"t{i}" for i in range(17)])),
     ])
@@ -41,7 +42,8 @@ def typed_metadata(ferry, d, problems):
             "u64.max": (str((1 << 64) - 1), str),  # past int64: the CLI's JSON library keeps it as text
             "eps": (float("1e-05"), float), "f64": (0.1, float), "nan": ("NaN", str), "inf": ("-Infinity", str),
             "flag": (True, bool), "off": (False, bool), "num.text": ("2", str), "arr.f32": ([0.5, -1.25], list),
-            "arr.str": (["a", 'b"c'], list), "arr.nan": ("[1,NaN]", str), "arr.nested": ([[1, 2], [True]], list),
+            "arr.str": (["a", 'b"c'], list), "arr.nul": (["n\0ul"], list), "arr.nan": ("[1,NaN]", str),
+            "arr.nested": ([[1, 2], [True]], list),
             "tokens": ("[STRING x 17]", str)}
     for k, (v, t) in want.items():
         if k not in md or type(md[k]) is not t or md[k] != v:

@@ -187,7 +187,8 @@ def main():
     with open(f"{bad}/model_index.json", "w") as f:
         f.write("{not json")
     r = ferry(bad)
-    check(r.returncode == 1 and f"{bad}/model_index.json" in r.stderr, f"bad model_index.json: {r.returncode} {r.stderr!r}")
+    check(r.returncode == 1 and f"{bad}/model_index.json" in r.stderr,
+          f"bad model_index.json: {r.returncode} {r.stderr!r}")
     with open(f"{d}/vae/diffusion_pytorch_model.fp16.safetensors", "wb") as f:
         f.write(b"\x08" + bytes(7) + b"{}")
     r = ferry("--json", d)

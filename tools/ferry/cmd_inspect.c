@@ -99,7 +99,7 @@ static void totals(ferry_file *f, int64_t *cnt, uint64_t *bytes, uint64_t *numel
 static json_t *meta_json(ferry_file *f, int64_t i, const char *v)
 {
     if (ferry_file_metadata_kind(f, i) == FERRY_META_JSON) {
-        json_t *j = json_loads(v, JSON_DECODE_ANY, NULL);
+        json_t *j = json_loads(v, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
         if (j) return j;
     }
     return json_string(v);
