@@ -178,8 +178,8 @@ def main():
     usage_error(two, "a.safetensors", "b.safetensors")
     bare = os.path.join(base, "bare")
     os.makedirs(f"{bare}/scheduler")
-    with open(f"{bare}/model_index.json", "w") as f:
-        json.dump({"scheduler": ["diffusers", "DDIMScheduler"]}, f)
+    with open(f"{bare}/model_index.json", "w") as f:  # a name outside the folder is no component
+        json.dump({"scheduler": ["diffusers", "DDIMScheduler"], "../bert": ["transformers", "BertModel"]}, f)
     usage_error(bare, "model_index.json")
     # a broken model_index.json, or a broken component: failures (1), naming the file
     bad = os.path.join(base, "badindex")

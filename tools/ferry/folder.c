@@ -256,8 +256,11 @@ static int from_model_index(const cli_cmd *cmd, const char *dir, const char *mi,
     const char *k;
     json_t *v;
     int rc = 0;
-    json_object_foreach(root, k, v) /* diffusers: "name": [library, class]; "_..." are not components */
-        if (k[0] != '_' && json_is_array(v) && !names_add(&comps, k)) rc = -ENOMEM;
+    /* diffusers: "name": [library, class]; "_..." are not components, and a
+     * name is one subfolder (no "/", none above the folder) */
+    json_object_foreach(root, k, v)
+        if (k[0] != '_' && k[0] != '.' && k[0] && !strchr(k, '/') && json_is_array(v) && !names_add(&comps, k))
+            rc = -ENOMEM;
     json_decref(root);
     if (comps.n) qsort(comps.v, (size_t)comps.n, sizeof *comps.v, by_name);
     int with = 0;
@@ -276,7 +279,7 @@ static int from_model_index(const cli_cmd *cmd, const char *dir, const char *mi,
         free(sub);
     }
     names_free(&comps);
-    if (rc == -ENOMEM) return cli_fail("out of memory");
+    if (rc == -ENOMEM) rc = cli_fail("out of memory");
     if (rc == 0 && with == 0)
         rc = cli_usage_error(cmd, "%s: its model_index.json names no component folder holding a checkpoint", dir);
     if (rc) cli_folder_free(out);
