@@ -291,6 +291,23 @@ FERRY_API int64_t ferry_file_metadata_count(const ferry_file *f);
 FERRY_API int ferry_file_metadata(const ferry_file *f, int64_t i, const char **key,
                                   const char **value);
 
+/* How to read metadata value i (ferry_file_metadata_kind). */
+typedef enum ferry_meta_kind {
+    FERRY_META_TEXT = 0, /* a plain string: safetensors __metadata__ values, index
+                            metadata strings, GGUF strings, and the GGUF values JSON
+                            cannot hold (NaN, Infinity, -Infinity, a "[TYPE x N]"
+                            summary, or an array holding one of those) */
+    FERRY_META_JSON = 1, /* valid JSON text (RFC 8259) of a number, boolean, null,
+                            array or object: index metadata that is not a string,
+                            GGUF integers, finite floats, booleans and shown arrays.
+                            Integers keep all their digits, up to UINT64_MAX and
+                            INT64_MIN, which some JSON readers cannot hold exactly. */
+} ferry_meta_kind;
+/* The kind of metadata value i (ferry_file_metadata's value): FERRY_META_TEXT
+ * or FERRY_META_JSON, or FERRY_E_INVAL if f is NULL or i is out of range.
+ * Kinds may be added: treat any other value as FERRY_META_TEXT. */
+FERRY_API int ferry_file_metadata_kind(const ferry_file *f, int64_t i);
+
 typedef struct ferry_tensor_info {
     uint32_t size;         /* sizeof(ferry_tensor_info), set by the caller */
     const char *name;      /* NUL-terminated UTF-8, valid while the file is open */

@@ -8,6 +8,7 @@ ring is reused by every load) and stay open until the process exits.
 """
 import collections
 import ctypes
+import json
 import os
 import threading
 
@@ -154,15 +155,30 @@ class File:
         return [lib.ferry_file_shard_path(h.f, i).decode("utf-8", "surrogateescape")
                 for i in range(lib.ferry_file_shard_count(h.f))]
 
-    @property
-    def metadata(self):
+    def _metadata(self, typed):
         h = self._handle()
         out = {}
         k, v = ctypes.c_char_p(), ctypes.c_char_p()
         for i in range(lib.ferry_file_metadata_count(h.f)):
             h.check(lib.ferry_file_metadata(h.f, i, ctypes.byref(k), ctypes.byref(v)))
-            out[k.value.decode("utf-8")] = v.value.decode("utf-8")
+            text = v.value.decode("utf-8")
+            if typed and lib.ferry_file_metadata_kind(h.f, i) == _lib.META_JSON:
+                text = json.loads(text)
+            out[k.value.decode("utf-8")] = text
         return out
+
+    @property
+    def metadata(self):
+        """{key: value} as text (GGUF numbers in decimal, short arrays as JSON)."""
+        return self._metadata(False)
+
+    @property
+    def typed_metadata(self):
+        """metadata with the values the file types as Python values: a GGUF's
+        integers, floats, booleans and arrays of up to 16 items, an index's
+        non-string values; strings, NaN, Infinity and summarised long arrays
+        ("[STRING x 151936]") stay strings."""
+        return self._metadata(True)
 
     @property
     def tensors(self):

@@ -25,6 +25,7 @@ MIN_VERSION = 100  # 0.1.0
 OPEN_PRIVATE = 0x1
 TENSOR_NONCONTIGUOUS = 0x1
 TENSOR_SHARED_STORAGE = 0x2
+META_JSON = 1  # ferry_meta_kind FERRY_META_JSON: the value is JSON text
 
 # ferry's own codes start here and go down (FERRY_E_BASE); how many there are
 # and their names come from the library (ferry_abi_enum_count, ferry_error_name).
@@ -427,6 +428,7 @@ _bind({
     "ferry_file_shard_path": (_cp, [_vp, _i32]),
     "ferry_file_metadata_count": (_i64, [_vp]),
     "ferry_file_metadata": (_i32, [_vp, _i64, _P(_cp), _P(_cp)]),
+    "ferry_file_metadata_kind": (_i32, [_vp, _i64]),
     "ferry_file_tensor_info": (_i32, [_vp, _i64, _P(TensorInfo)]),
     "ferry_file_find": (_i64, [_vp, _cp]),
     "ferry_file_tensor_data": (_i32, [_vp, _i64, _P(_vp)]),

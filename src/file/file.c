@@ -405,6 +405,12 @@ FERRY_API int ferry_file_metadata(const ferry_file *f, int64_t i, const char **k
     return 0;
 }
 
+FERRY_API int ferry_file_metadata_kind(const ferry_file *f, int64_t i)
+{
+    if (!f || i < 0 || i >= f->tb.nmeta) return FERRY_E_INVAL;
+    return f->tb.meta_kind[i];
+}
+
 FERRY_API int ferry_file_tensor_info(const ferry_file *f, int64_t i, ferry_tensor_info *out)
 {
     if (!f || !out || i < 0 || i >= f->tb.n) return FERRY_E_INVAL;

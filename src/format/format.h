@@ -26,6 +26,7 @@ typedef struct fy_table {
     fy_tensor *t;
     int64_t n, cap;
     char **meta_k, **meta_v;
+    uint8_t *meta_kind; /* ferry_meta_kind of each value */
     int64_t nmeta, meta_cap;
     /* What the table holds, in bytes asked of mem (the arrays at their
      * capacity, names, shapes, strides, metadata), plus what fy_table_charge
@@ -42,8 +43,11 @@ void fy_table_free(fy_table *tb);
 /* Append; takes ownership of name, shape and strides on success only.
  * -ENOMEM, or FERRY_E_LIMIT past max_n or max_bytes. */
 int fy_table_push(fy_table *tb, const fy_tensor *t);
-/* -ENOMEM, or FERRY_E_LIMIT past max_bytes. */
-int fy_table_push_meta(fy_table *tb, const char *k, size_t klen, const char *v, size_t vlen);
+/* Append a key/value; kind says how to read v (FERRY_META_TEXT: a plain
+ * string, FERRY_META_JSON: valid JSON text). -ENOMEM, or FERRY_E_LIMIT past
+ * max_bytes. */
+int fy_table_push_meta(fy_table *tb, const char *k, size_t klen, const char *v, size_t vlen,
+                       ferry_meta_kind kind);
 /* Room for n more tensors, so that pushing them does not grow the array
  * (which, doubling, held up to twice the room). -ENOMEM, FERRY_E_LIMIT. */
 int fy_table_reserve(fy_table *tb, int64_t n);

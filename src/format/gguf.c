@@ -93,6 +93,7 @@ typedef struct sbuf {
     char *p;
     size_t n, cap;
     bool oom;
+    bool not_json; /* holds text JSON cannot read: NaN, Infinity, "[TYPE x N]" */
 } sbuf;
 
 static void sb_add(sbuf *b, const void *s, size_t n)
@@ -330,12 +331,14 @@ static int read_value(gg *g, uint32_t t, int depth, sbuf *out, bool top)
             float f;
             memcpy(&f, &u, sizeof f);
             fmt_float(num, sizeof num, f, true);
+            out->not_json |= !isfinite(f);
             break;
         }
         default: { /* VT_F64 */
             double d;
             memcpy(&d, &v, sizeof d);
             fmt_float(num, sizeof num, d, false);
+            out->not_json |= !isfinite(d);
         }
         }
         sb_str(out, num);
@@ -376,6 +379,7 @@ static int read_value(gg *g, uint32_t t, int depth, sbuf *out, bool top)
     if (out && !show) {
         snprintf(num, sizeof num, "[%s x %" PRIu64 "]", vt_name[et], n);
         sb_str(out, num);
+        out->not_json = true;
     }
     if (!show && vt_size[et] && et != VT_BOOL) { /* fixed-size items: skip them all at once */
         g->pos += n * vt_size[et];
@@ -427,12 +431,14 @@ static int read_kv(gg *g, uint32_t *align)
         at = g->pos + 8;
         FY_TRY(read_string(g, "a STRING value", &s, &n));
         FY_TRY(check_text(g, "the STRING value", s, n, at));
-        rc = fy_table_push_meta(g->tb, (const char *)k, (size_t)klen, (const char *)s, (size_t)n);
-    } else {
+        rc = fy_table_push_meta(g->tb, (const char *)k, (size_t)klen, (const char *)s, (size_t)n, FERRY_META_TEXT);
+    } else { /* numbers, booleans and shown arrays are JSON text as they are */
         g->text.n = 0;
+        g->text.not_json = false;
         FY_TRY(read_value(g, t, 0, &g->text, true));
         if (g->text.oom) return oom(g);
-        rc = fy_table_push_meta(g->tb, (const char *)k, (size_t)klen, g->text.p ? g->text.p : "", g->text.n);
+        rc = fy_table_push_meta(g->tb, (const char *)k, (size_t)klen, g->text.p ? g->text.p : "", g->text.n,
+                                g->text.not_json ? FERRY_META_TEXT : FERRY_META_JSON);
     }
     return rc < 0 ? push_failed(g, rc) : 0;
 }

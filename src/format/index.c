@@ -38,6 +38,26 @@ static bool safe_relpath(const char *p)
     return true;
 }
 
+/* v as compact JSON text (*len bytes, NUL-terminated, from mem), or NULL when
+ * out of memory. Not json_dumps: when its buffer cannot grow while it writes
+ * an object's key, jansson 2.14 drops the key and carries on (dump.c ignores
+ * dump_string's result there), so the text would be wrong, not missing.
+ * json_dumpb into a buffer sized by a first pass allocates nothing that way. */
+static char *dump_value(const ferry_allocator *mem, const json_t *v, size_t *len)
+{
+    const size_t flags = JSON_ENCODE_ANY | JSON_COMPACT;
+    size_t n = json_dumpb(v, NULL, 0, flags); /* 0: its loop check ran out of memory */
+    char *text = n ? fy_malloc(mem, n + 1) : NULL;
+    if (!text) return NULL;
+    if (json_dumpb(v, text, n, flags) != n) {
+        fy_free(mem, text);
+        return NULL;
+    }
+    text[n] = '\0';
+    *len = n;
+    return text;
+}
+
 int fy_index_parse(const char *name, const uint8_t *buf, size_t n, fy_index *ix, fy_table *meta,
                    fy_err *err)
 {
@@ -72,17 +92,17 @@ int fy_index_parse(const char *name, const uint8_t *buf, size_t n, fy_index *ix,
             char *text = NULL;
             const char *val;
             size_t vlen;
+            ferry_meta_kind kind = json_is_string(v) ? FERRY_META_TEXT : FERRY_META_JSON;
             if (json_is_string(v)) {
                 val = json_string_value(v);
                 vlen = json_string_length(v);
             } else {
-                text = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+                text = dump_value(mem, v, &vlen);
                 if (!text) { rc = fy_seterr(err, -ENOMEM, "%s: out of memory", name); goto out; }
                 val = text;
-                vlen = strlen(text);
             }
-            rc = fy_table_push_meta(meta, k, klen, val, vlen);
-            free(text);
+            rc = fy_table_push_meta(meta, k, klen, val, vlen, kind);
+            fy_free(mem, text);
             if (rc < 0) { fy_seterr(err, rc, "%s: out of memory", name); goto out; }
         }
     }

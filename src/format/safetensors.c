@@ -261,7 +261,7 @@ int fy_st_parse(const char *name, const uint8_t *hdr, uint64_t hlen, uint64_t fi
                 fy_json_string(hdr, ev, &mvb, &mve, &esc);
                 const char *val = decode_into(mem, &mv, hdr, mvb, mve, &mvlen);
                 if (!val) { rc = fy_seterr(err, -ENOMEM, "%s: out of memory", name); goto out; }
-                if ((rc = fy_table_push_meta(tb, k, mklen, val, mvlen)) < 0) {
+                if ((rc = fy_table_push_meta(tb, k, mklen, val, mvlen, FERRY_META_TEXT)) < 0) {
                     fy_table_fail(tb, rc, name, err);
                     goto out;
                 }

@@ -124,6 +124,7 @@ void fy_table_free(fy_table *tb)
     }
     fy_free(tb->mem, tb->meta_k);
     fy_free(tb->mem, tb->meta_v);
+    fy_free(tb->mem, tb->meta_kind);
     const ferry_allocator *m = tb->mem;
     uint64_t max_bytes = tb->max_bytes;
     int64_t max_n = tb->max_n;
@@ -178,13 +179,14 @@ int fy_table_push(fy_table *tb, const fy_tensor *t)
     return 0;
 }
 
-int fy_table_push_meta(fy_table *tb, const char *k, size_t klen, const char *v, size_t vlen)
+int fy_table_push_meta(fy_table *tb, const char *k, size_t klen, const char *v, size_t vlen,
+                       ferry_meta_kind kind)
 {
     uint64_t own = (uint64_t)klen + 1 + (uint64_t)vlen + 1;
     if (!fits(tb, own)) return FERRY_E_LIMIT;
     if (tb->nmeta == tb->meta_cap) {
         int64_t cap = tb->meta_cap ? tb->meta_cap * 2 : 16;
-        uint64_t grow = (uint64_t)(cap - tb->meta_cap) * 2 * sizeof(char *);
+        uint64_t grow = (uint64_t)(cap - tb->meta_cap) * (2 * sizeof(char *) + 1);
         if (!fits(tb, grow + own)) return FERRY_E_LIMIT;
         char **nk = fy_realloc(tb->mem, tb->meta_k, (size_t)cap * sizeof(char *));
         if (!nk) return -ENOMEM;
@@ -192,6 +194,9 @@ int fy_table_push_meta(fy_table *tb, const char *k, size_t klen, const char *v, 
         char **nv = fy_realloc(tb->mem, tb->meta_v, (size_t)cap * sizeof(char *));
         if (!nv) return -ENOMEM;
         tb->meta_v = nv;
+        uint8_t *nkd = fy_realloc(tb->mem, tb->meta_kind, (size_t)cap);
+        if (!nkd) return -ENOMEM;
+        tb->meta_kind = nkd;
         tb->meta_cap = cap;
         tb->bytes += grow;
     }
@@ -204,6 +209,7 @@ int fy_table_push_meta(fy_table *tb, const char *k, size_t klen, const char *v, 
     }
     tb->meta_k[tb->nmeta] = dk;
     tb->meta_v[tb->nmeta] = dv;
+    tb->meta_kind[tb->nmeta] = (uint8_t)kind;
     tb->nmeta++;
     tb->bytes += own;
     return 0;

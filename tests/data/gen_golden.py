@@ -24,9 +24,10 @@ writes into OUTDIR:
       {"file": path relative to OUTDIR (or absolute), "class": short name,
        "valid": bool, "exit": 0 or 1, "expect": substring or null,
        "msg_path": path (relative to OUTDIR) the message must contain; defaults to file,
+       "commands": optional list of the commands to run on it ("inspect", "hash"; default both),
        -- valid cases only --
        "format": "safetensors" | "safetensors-index" | "gguf" | "pytorch",
-       "metadata": {str: str}, "tensor_count": n, "total_bytes": n,
+       "metadata": {key: value as inspect --json gives it}, "tensor_count": n, "total_bytes": n,
        "files": [shard paths relative to the checkpoint's folder, in shard order],
        "tensors": [{"name", "dtype", "shape", "nbytes", "offset", "file", "sha256"}]
                   (pytorch adds "strides": null or element strides, and
@@ -317,7 +318,7 @@ class Gen:
         with open(self.path("sharded/model.safetensors.index.json"), "w", encoding="utf-8") as f:
             json.dump({"metadata": md, "weight_map": wm}, f, indent=2)
         self.valid("sharded/model.safetensors.index.json", "sharded checkpoint (3 shards)", exp_all,
-                   {"total_size": str(total)}, fmt="safetensors-index", files=list(layout),
+                   {"total_size": total}, fmt="safetensors-index", files=list(layout),
                    same_model_as="sharded_single.safetensors")
         # The same tensors in one file: the model hash must not depend on sharding.
         self.rng.shuffle(single)
@@ -325,7 +326,7 @@ class Gen:
                    self.st_file("sharded_single.safetensors", single),
                    same_model_as="sharded/model.safetensors.index.json")
 
-        # Shards in a subfolder, odd metadata values (given as their JSON text).
+        # Shards in a subfolder, metadata values of every JSON type (inspect --json keeps their types).
         ts1 = [self.t("a.w", "F32", [2]), self.t("a.b", "U8", [3])]
         ts2 = [self.t("b.w", "I32", [2, 1])]
         e1 = self.st_file("sharded_sub/sub/part-1.safetensors", ts1)
@@ -340,9 +341,8 @@ class Gen:
             f.write(compact({"weight_map": {"a.w": "sub/part-1.safetensors", "b.w": "sub/dir/part-2.safetensors",
                                             "a.b": "sub/part-1.safetensors"},
                              "metadata": mdv}))
-        md = {k: v if isinstance(v, str) else compact(v) for k, v in mdv.items()}
-        self.valid("sharded_sub/model.safetensors.index.json", "sharded, shards in subfolders, JSON metadata",
-                   e1 + e2, md, fmt="safetensors-index", files=["sub/part-1.safetensors", "sub/dir/part-2.safetensors"])
+        self.valid("sharded_sub/model.safetensors.index.json", "sharded, shards in subfolders, typed metadata",
+                   e1 + e2, mdv, fmt="safetensors-index", files=["sub/part-1.safetensors", "sub/dir/part-2.safetensors"])
 
         # One shard, no "metadata" at all; another with "metadata": null.
         ts = [self.t("only", "F32", [2]), self.t("other", "F32", [1])]
@@ -579,8 +579,11 @@ class Gen:
           {"__metadata__": ok_entry}, d8)
 
         # Not a file ferry can map.
+        # (inspect reads a folder as a model folder: an empty one is a usage
+        # error, which tests/golden/run_inspect_folder.py checks)
         os.makedirs(self.path("bad/dir.safetensors"))
         self.invalid("bad/dir.safetensors", "a directory", "is a directory")
+        self.cases[-1]["commands"] = ["hash"]
         self.invalid("bad/no_such_file.safetensors", "a missing file", "No such file")
         self.invalid("/dev/null", "a character device", "not a regular file")
         try:
@@ -692,9 +695,9 @@ class Gen:
             e["sha256"] = hashlib.sha256(e.pop("data")).hexdigest()
             e["file"] = ""
             out.append(e)
-        md = {key: gw.value_text(vt, v) for key, vt, v in kvs}
+        md = {key: gw.value_json(vt, v) for key, vt, v in kvs}
         if "alignment" in wkw:
-            md["general.alignment"] = str(wkw["alignment"])
+            md["general.alignment"] = wkw["alignment"]
         self.valid(rel, cls, out, md, fmt="gguf", **kw)
 
     def gen_gguf(self):

@@ -22,6 +22,7 @@ NaN, Infinity, -Infinity), arrays of up to 16 items as compact JSON (strings
 quoted and escaped as json.dumps(ensure_ascii=False) does), longer ones as
 "[TYPE x N]".
 """
+import json
 import math
 import struct
 
@@ -209,3 +210,37 @@ def value_text(vtype, value, top=True):
             return f"[{VT_NAMES[etype]} x {len(items)}]"
         return "[" + ",".join(value_text(etype, x, False) for x in items) + "]"
     return str(int(value))
+
+
+def _json_kind(vtype, value):
+    """Whether ferry gives the value as JSON text (FERRY_META_JSON): numbers,
+    finite floats, booleans and shown arrays of those (strings as items)."""
+    if vtype == STRING:
+        return False
+    if vtype in (FLOAT32, FLOAT64):
+        return math.isfinite(value)
+    if vtype == ARRAY:
+        etype, items = value
+        return len(items) <= 16 and all(etype == STRING or _json_kind(etype, x) for x in items)
+    return True
+
+
+def _in_int64(v):
+    if isinstance(v, bool):
+        return True
+    if isinstance(v, int):
+        return -(1 << 63) <= v < (1 << 63)
+    if isinstance(v, list):
+        return all(_in_int64(x) for x in v)
+    return True
+
+
+def value_json(vtype, value):
+    """The value as `ferry inspect --json` gives it: JSON kinds as JSON values
+    (an integer past int64, which the CLI's JSON library cannot hold, stays
+    its text), the rest as value_text's string."""
+    text = value_text(vtype, value)
+    if not _json_kind(vtype, value):
+        return text
+    v = json.loads(text)
+    return v if _in_int64(v) else text

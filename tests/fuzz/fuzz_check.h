@@ -1,5 +1,6 @@
 /* fuzz_check.h - invariant helpers shared by the fuzz targets: unique names,
- * valid UTF-8, FERRY_FUZZ_SKIP, a hash for choosing the failing allocation.
+ * valid UTF-8, metadata kinds, FERRY_FUZZ_SKIP, a hash for choosing the
+ * failing allocation.
  * Needs CHECK() from the including file. static inline: not every target uses
  * every helper. */
 #ifndef FERRY_FUZZ_CHECK_H
@@ -10,11 +11,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "common/common.h"
 
 static inline int cmp_str(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* A metadata value's kind is one ferry.h names, and a FERRY_META_JSON value
+ * is JSON text indeed (RFC 8259 allows any integer: read big ones as reals).
+ * json_loadb: the targets leave its allocations out of the failure injection. */
+static inline void check_meta_kind(uint8_t kind, const char *v)
+{
+    CHECK(kind == FERRY_META_TEXT || kind == FERRY_META_JSON);
+    if (kind != FERRY_META_JSON) return;
+    json_t *j = json_loadb(v, strlen(v), JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, NULL);
+    CHECK(j != NULL);
+    json_decref(j);
 }
 
 /* No two of the n strings are equal. */

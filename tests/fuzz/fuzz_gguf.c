@@ -10,7 +10,8 @@
  *    taken from ferry); at most 4 dimensions, none negative; the table is in
  *    offset order and no two non-empty tensors share a byte; names are unique,
  *    valid UTF-8 and at most 64 bytes; strides NULL, flags 0; metadata keys are
- *    unique, non-empty, valid UTF-8, and the values valid UTF-8;
+ *    unique, non-empty, valid UTF-8, and the values valid UTF-8, those of
+ *    kind FERRY_META_JSON valid JSON;
  *  - on failure: the code is FERRY_E_CORRUPT, FERRY_E_UNSUPPORTED,
  *    FERRY_E_LIMIT or -ENOMEM, the message is non-empty, one line and starts
  *    with the file's name, and the table is left empty.
@@ -89,6 +90,7 @@ static void check_success(const uint8_t *data, size_t size, const fy_table *tb)
         check_utf8(tb->meta_k[i]);
         check_utf8(tb->meta_v[i]);
         CHECK(tb->meta_k[i][0] != '\0');
+        check_meta_kind(tb->meta_kind[i], tb->meta_v[i]);
         if (strcmp(tb->meta_k[i], "general.alignment") == 0) {
             char *end;
             align = strtoull(tb->meta_v[i], &end, 10);
@@ -181,7 +183,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static int no_ferry_oom = -1;
     if (no_ferry_oom < 0) {
         no_ferry_oom = skip("ferry-oom");
-        json_set_alloc_funcs(js_malloc, js_free); /* jansson is not used here; kept uniform */
+        json_set_alloc_funcs(js_malloc, js_free); /* jansson only checks JSON values here */
     }
     /* 1: clean, counting allocations. */
     g_ferry_allocs = 0;

@@ -6,7 +6,7 @@
  *    shard_of in [0, nfiles); 1 <= nfiles <= n; shard files non-empty, valid
  *    UTF-8, unique, relative (no leading '/') with no '..' component, each used
  *    by some tensor, numbered in first-seen order; metadata keys and values
- *    non-NULL and the keys unique;
+ *    non-NULL, the keys unique, and the values of kind FERRY_META_JSON valid JSON;
  *  - on failure: the code is FERRY_E_CORRUPT or -ENOMEM (the documented codes),
  *    the message is non-empty and one line, and the index is left empty.
  * Each input is parsed three times: cleanly, then with one of ferry's own
@@ -95,6 +95,7 @@ static void check_success(const fy_index *ix, const fy_table *meta)
     for (int64_t i = 0; i < meta->nmeta; i++) {
         check_utf8(meta->meta_k[i]);
         check_utf8(meta->meta_v[i]);
+        check_meta_kind(meta->meta_kind[i], meta->meta_v[i]);
     }
     check_unique(meta->meta_k, meta->nmeta);
 }

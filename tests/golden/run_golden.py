@@ -211,6 +211,8 @@ class Runner:
         mpath = os.path.join(self.golden, c["msg_path"]) if "msg_path" in c else path
         first = None
         for cmd in (["inspect", "--json"], ["hash", "--json"]):
+            if cmd[0] not in c.get("commands", ("inspect", "hash")):
+                continue
             w = f"{what}: {cmd[0]}"
             r, good = self.run_checked(w, cmd + [path], c["exit"])
             if r is None:

@@ -54,6 +54,7 @@ def test_file_table_and_metadata(tmp_path):
     with ferry.File(p) as f:
         assert f.format == "safetensors"
         assert f.metadata == {"format": "pt", "k": "v"}
+        assert f.typed_metadata == {"format": "pt", "k": "v"}  # __metadata__: strings only
         assert f.keys() == ["z", "a", "s"]  # file order
         assert len(f) == 3 and "a" in f and "nope" not in f
         assert f.shards == [str(p)]
@@ -76,6 +77,7 @@ def test_file_sharded(tmp_path):
     idx, data = sharded(tmp_path)
     f = ferry.File(idx)
     assert f.format == "safetensors-index"
+    assert f.metadata == {"total_size": "1"} and f.typed_metadata == {"total_size": 1}
     assert len(f.shards) == 2
     assert sorted(f.keys()) == sorted(data)
     assert {t.shard for t in f.tensors} == {0, 1}
@@ -87,10 +89,17 @@ def test_file_gguf(tmp_path):
     p = tmp_path / "m.gguf"
     q = bytes(range(256))[:18] * 4  # 4 Q4_0 blocks of 32 elements
     gguf_writer.write(str(p), [("w", "F32", [2, 3], bytes(24)), ("q", "Q4_0", [2, 64], q)],
-                      kvs=[("general.name", gguf_writer.STRING, "tiny")])
+                      kvs=[("general.name", gguf_writer.STRING, "tiny"), ("n", gguf_writer.UINT32, 2),
+                           ("b", gguf_writer.BOOL, True), ("x", gguf_writer.FLOAT32, float("nan")),
+                           ("a", gguf_writer.ARRAY, (gguf_writer.FLOAT32, [0.5, 2.0])),
+                           ("t", gguf_writer.ARRAY, (gguf_writer.STRING, ["t"] * 17))])
     f = ferry.File(p)
     assert f.format == "gguf"
-    assert f.metadata["general.name"] == "tiny"
+    assert f.metadata == {"general.name": "tiny", "n": "2", "b": "true", "x": "NaN", "a": "[0.5,2]",
+                          "t": "[STRING x 17]"}
+    tm = f.typed_metadata
+    assert tm == {"general.name": "tiny", "n": 2, "b": True, "x": "NaN", "a": [0.5, 2], "t": "[STRING x 17]"}
+    assert type(tm["n"]) is int and type(tm["b"]) is bool
     assert f.info("q").dtype == "Q4_0" and f.info("q").shape == (2, 64) and f.info("q").nbytes == 72
     assert f.read("q") == q
 

@@ -52,7 +52,7 @@ def ferry(*args):
 
 
 def field_value(f):
-    """A reader field as (value type, value) for gguf_writer.value_text."""
+    """A reader field as (value type, value) for gguf_writer.value_json."""
     vt = int(f.types[0])
     if vt == gw.ARRAY:
         et = int(f.types[-1])
@@ -92,7 +92,7 @@ def compare(path, what):
         if fv is None:
             check(name in info["metadata"], f"{what}: metadata {name!r} missing")
             continue
-        want = gw.value_text(*fv)
+        want = gw.value_json(*fv)
         check(info["metadata"].get(name) == want,
               f"{what}: metadata {name!r}: ferry {info['metadata'].get(name)!r}, gguf-py {want!r}")
     check(nmeta == len(info["metadata"]), f"{what}: {len(info['metadata'])} metadata keys, gguf-py {nmeta}")

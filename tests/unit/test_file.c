@@ -144,6 +144,10 @@ static void test_open(ferry_ctx *ctx)
     CHECK_EQ(ferry_file_total_bytes(f), 2000 + 1332 + 7);
     CHECK_EQ(ferry_file_shard_count(f), 1);
     CHECK_EQ(ferry_file_metadata_count(f), 1);
+    CHECK_EQ(ferry_file_metadata_kind(f, 0), FERRY_META_TEXT); /* __metadata__ holds strings only */
+    CHECK_EQ(ferry_file_metadata_kind(f, 1), FERRY_E_INVAL);
+    CHECK_EQ(ferry_file_metadata_kind(f, -1), FERRY_E_INVAL);
+    CHECK_EQ(ferry_file_metadata_kind(NULL, 0), FERRY_E_INVAL);
     int64_t i = ferry_file_find(f, "w.1");
     CHECK_EQ(i, 1);
     CHECK_EQ(ferry_file_find(f, "nope"), FERRY_E_NOTFOUND);
@@ -232,6 +236,7 @@ static void test_open(ferry_ctx *ctx)
         const char *k, *v;
         CHECK_EQ(ferry_file_metadata(f, 0, &k, &v), 0);
         CHECK(strcmp(v, "2339") == 0);
+        CHECK_EQ(ferry_file_metadata_kind(f, 0), FERRY_META_JSON); /* the index's number, as JSON text */
         CHECK_EQ(ferry_file_tensor_info(f, ferry_file_find(f, "bias"), &ti), 0);
         CHECK_EQ(ti.shard, 1);
         CHECK_STR_HAS(ferry_file_shard_path(f, ti.shard), "s-2.safetensors");

@@ -95,6 +95,13 @@ static const char *meta(const fy_table *tb, const char *k)
     return NULL;
 }
 
+static int meta_kind(const fy_table *tb, const char *k)
+{
+    for (int64_t i = 0; i < tb->nmeta; i++)
+        if (strcmp(tb->meta_k[i], k) == 0) return tb->meta_kind[i];
+    return -1;
+}
+
 #define CHECK_META(tb, k, v)                                                                 \
     do {                                                                                     \
         const char *m_ = meta((tb), (k));                                                    \
@@ -301,11 +308,11 @@ static void test_types(void)
     bad(FERRY_E_UNSUPPORTED, "ggml type 4 (Q4_2) was removed");
 }
 
-/* Every value type and how its text reads. */
+/* Every value type, how its text reads, and whether that text is JSON. */
 static void test_metadata(void)
 {
     fy_table tb;
-    header(3, 0, 22);
+    header(3, 0, 23);
     str("u8"); u32(U8); u8(200);
     str("i8"); u32(I8); u8(0x80);
     str("u16"); u32(U16); put_le(65535, 2);
@@ -333,6 +340,7 @@ static void test_metadata(void)
     str("a.empty"); u32(ARR); u32(STR); u64(0);
     str("a.bigstr"); u32(ARR); u32(STR); u64(1000);
     for (int i = 0; i < 1000; i++) str("tok");
+    str("a.nan"); u32(ARR); u32(F32); u64(2); u32(0x3f800000); u32(0x7fc00000);
     int rc = parse(&tb);
     CHECK_EQ(rc, 0);
     if (rc) fprintf(stderr, "  %s\n", err.msg);
@@ -358,6 +366,21 @@ static void test_metadata(void)
     CHECK_META(&tb, "a.nest", "[[true,false],[[2.5]],[UINT64 x 20]]");
     CHECK_META(&tb, "a.empty", "[]");
     CHECK_META(&tb, "a.bigstr", "[STRING x 1000]");
+    CHECK_META(&tb, "a.nan", "[1,NaN]");
+    /* JSON: numbers, booleans, shown arrays; text: strings and what JSON cannot hold */
+    static const struct { const char *k; int kind; } kinds[] = {
+        {"u8", FERRY_META_JSON}, {"i8", FERRY_META_JSON}, {"u16", FERRY_META_JSON}, {"i16", FERRY_META_JSON},
+        {"u32", FERRY_META_JSON}, {"i32", FERRY_META_JSON}, {"u64", FERRY_META_JSON}, {"i64", FERRY_META_JSON},
+        {"f32", FERRY_META_JSON}, {"f64", FERRY_META_JSON}, {"nan", FERRY_META_TEXT}, {"ninf", FERRY_META_TEXT},
+        {"t", FERRY_META_JSON}, {"f", FERRY_META_JSON}, {"s", FERRY_META_TEXT}, {"empty", FERRY_META_TEXT},
+        {"a.i16", FERRY_META_JSON}, {"a.long", FERRY_META_TEXT}, {"a.str", FERRY_META_JSON},
+        {"a.nest", FERRY_META_TEXT}, {"a.empty", FERRY_META_JSON}, {"a.bigstr", FERRY_META_TEXT},
+        {"a.nan", FERRY_META_TEXT},
+    };
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        CHECK_EQ(meta_kind(&tb, kinds[i].k), kinds[i].kind);
+        if (meta_kind(&tb, kinds[i].k) != kinds[i].kind) fprintf(stderr, "  kind of %s\n", kinds[i].k);
+    }
     for (int64_t i = 0; i < tb.nmeta; i++) CHECK(fy_utf8_valid(tb.meta_v[i], strlen(tb.meta_v[i]), NULL));
     fy_table_free(&tb);
 
@@ -741,6 +764,7 @@ static void test_file_api(void)
         const char *k, *v;
         CHECK_EQ(ferry_file_metadata(ff, 0, &k, &v), 0);
         CHECK(strcmp(k, "general.name") == 0 && strcmp(v, "tiny") == 0);
+        CHECK_EQ(ferry_file_metadata_kind(ff, 0), FERRY_META_TEXT);
         ferry_file_close(ff);
     }
     /* a corrupt one: the message names the file */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "folder.h"
 
 static int run(int argc, char **argv);
 
@@ -19,7 +20,22 @@ const cli_cmd cmd_inspect = {
     "even for checkpoints of tens of GB.\n"
     "\n"
     "PATH is a .safetensors file, a sharded checkpoint's *.safetensors.index.json,\n"
-    "a GGUF file, or a PyTorch torch.save zip checkpoint (.pt, .pth, .ckpt, .bin).\n"
+    "a GGUF file, a PyTorch torch.save zip checkpoint (.pt, .pth, .ckpt, .bin), or\n"
+    "a model folder:\n"
+    "  - a diffusers pipeline (model_index.json): each component it names (the\n"
+    "    subfolders transformer/, vae/, text_encoder/, ...) with the checkpoint\n"
+    "    in it; components without one (scheduler/, tokenizer/) say so;\n"
+    "  - any other folder: its one checkpoint (a transformers model folder).\n"
+    "  A folder's checkpoint is the first of diffusion_pytorch_model, model (then\n"
+    "  pytorch_model for .bin) as NAME.safetensors.index.json, NAME.safetensors,\n"
+    "  NAME.bin.index.json, NAME.bin, as ferry.diffusers.weights_file picks it;\n"
+    "  the plain file over its variants (NAME.fp16.safetensors), else the first\n"
+    "  variant by name; else the folder's one index or one checkpoint file. The\n"
+    "  listing says which file it picked and why. A folder with nothing to read,\n"
+    "  or several checkpoints to choose from, is a usage error.\n"
+    "\n"
+    "Text output of a folder: a line per component (name, path, format, tensors,\n"
+    "bytes, parameters, how it was picked), then each checkpoint as for a file.\n"
     "\n"
     "options:\n"
     "  --json      print one JSON object:\n"
@@ -30,7 +46,16 @@ const cli_cmd cmd_inspect = {
     "              its nbytes spanning first to last element; views of one storage\n"
     "              add \"shared_storage\" to \"flags\"\n"
     "              each tensor also has \"numel\" (its element count) and the\n"
-    "              object \"total_numel\" (the parameters of the tensors listed)\n"
+    "              object \"total_numel\" (the parameters of the tensors listed);\n"
+    "              metadata values keep their types where the file has them: GGUF\n"
+    "              integers, floats, booleans and arrays of up to 16 items, and an\n"
+    "              index's non-string values, are JSON values; strings, and what\n"
+    "              JSON cannot hold (NaN, Infinity, an integer past 2^63-1, a long\n"
+    "              array summarised as \"[STRING x 151936]\"), are strings\n"
+    "              a folder: {\"folder\", \"components\": [{\"name\", \"path\", then\n"
+    "              the object above for its checkpoint}, ...]} (by name); \"note\"\n"
+    "              says how the file was picked where there was a choice; a\n"
+    "              component without weights has \"path\": null and a \"note\" only\n"
     "  --filter GLOB  list only tensors whose name matches GLOB (fnmatch: '*'\n"
     "              matches dots too; repeat for any of several); the counts and\n"
     "              totals are then those of the matching tensors\n"
@@ -56,7 +81,69 @@ static uint64_t numel_of(const ferry_tensor_info *ti)
     return n;
 }
 
-static int print_json(ferry_file *f, const char *path)
+/* Count, bytes and elements of the tensors listed. */
+static void totals(ferry_file *f, int64_t *cnt, uint64_t *bytes, uint64_t *numel)
+{
+    *cnt = 0, *bytes = 0, *numel = 0;
+    for (int64_t i = 0; i < ferry_file_tensor_count(f); i++) {
+        ferry_tensor_info ti = {.size = sizeof ti};
+        ferry_file_tensor_info(f, i, &ti);
+        if (!listed(ti.name)) continue;
+        (*cnt)++, *bytes += ti.nbytes, *numel += numel_of(&ti);
+    }
+}
+
+/* Metadata value i as JSON: what the library gives as JSON text parsed (a
+ * number, boolean or array), anything else, or JSON that jansson cannot hold
+ * (an integer past INT64_MAX), as a string. */
+static json_t *meta_json(ferry_file *f, int64_t i, const char *v)
+{
+    if (ferry_file_metadata_kind(f, i) == FERRY_META_JSON) {
+        json_t *j = json_loads(v, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+        if (j) return j;
+    }
+    return json_string(v);
+}
+
+/* The fewest significant digits (1..17) that read back as v. */
+static int digits_of(double v)
+{
+    char b[40];
+    for (int p = 1; p < 17; p++) {
+        snprintf(b, sizeof b, "%.*g", p, v);
+        if (strtod(b, NULL) == v) return p;
+    }
+    return 17;
+}
+
+/* The most digits any real in j needs to read back the same (0: none there).
+ * Dumped with that precision, 1e-05 stays "1e-05", not "1.0000000000000001e-05". */
+static int real_digits(const json_t *j)
+{
+    int m = 0, d;
+    size_t i;
+    const char *k;
+    json_t *v;
+    if (json_is_real(j)) return digits_of(json_real_value(j));
+    if (json_is_array(j))
+        json_array_foreach(j, i, v) if ((d = real_digits(v)) > m) m = d;
+    if (json_is_object(j))
+        json_object_foreach((json_t *)j, k, v) if ((d = real_digits(v)) > m) m = d;
+    return m;
+}
+
+/* Print o (and free it). */
+static int emit_json(json_t *o)
+{
+    int rc = o ? json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(real_digits(o))) : -1;
+    json_decref(o);
+    if (rc < 0) return cli_fail("writing JSON failed (out of memory?)");
+    fputc('\n', stdout);
+    return EXIT_OK;
+}
+
+/* What inspect --json says of one checkpoint. */
+static json_t *file_json(ferry_file *f, const char *path)
 {
     json_t *o = json_object(), *meta = json_object(), *ts = json_array(), *files = json_array();
     int64_t n = ferry_file_tensor_count(f);
@@ -65,17 +152,12 @@ static int print_json(ferry_file *f, const char *path)
     for (int64_t i = 0; i < ferry_file_metadata_count(f); i++) {
         const char *k, *v;
         ferry_file_metadata(f, i, &k, &v);
-        json_object_set_new(meta, k, json_string(v));
+        json_object_set_new(meta, k, meta_json(f, i, v));
     }
     json_object_set_new(o, "metadata", meta);
-    int64_t cnt = 0;
-    uint64_t tb = 0, tn = 0;
-    for (int64_t i = 0; i < n; i++) {
-        ferry_tensor_info ti = {.size = sizeof ti};
-        ferry_file_tensor_info(f, i, &ti);
-        if (!listed(ti.name)) continue;
-        cnt++, tb += ti.nbytes, tn += numel_of(&ti);
-    }
+    int64_t cnt;
+    uint64_t tb, tn;
+    totals(f, &cnt, &tb, &tn);
     json_object_set_new(o, "tensor_count", json_integer(cnt));
     json_object_set_new(o, "total_bytes", json_integer((json_int_t)tb));
     json_object_set_new(o, "total_numel", json_integer((json_int_t)tn));
@@ -109,11 +191,7 @@ static int print_json(ferry_file *f, const char *path)
         json_array_append_new(ts, t);
     }
     json_object_set_new(o, "tensors", ts);
-    int rc = json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    json_decref(o);
-    if (rc < 0) return cli_fail("writing JSON failed (out of memory?)");
-    fputc('\n', stdout);
-    return EXIT_OK;
+    return o;
 }
 
 static void print_text(ferry_file *f, const char *path)
@@ -180,6 +258,70 @@ static void print_text(ferry_file *f, const char *path)
     }
 }
 
+/* A model folder (folder.h): a summary line per component, then each
+ * component's checkpoint as inspect describes one. */
+static int inspect_folder(const char *dir, bool json)
+{
+    cli_folder fo;
+    int ex = cli_folder_open(&cmd_inspect, dir, &fo);
+    if (ex) return ex;
+    ferry_ctx **ctx = calloc((size_t)fo.n, sizeof *ctx);
+    ferry_file **f = calloc((size_t)fo.n, sizeof *f);
+    if (!ctx || !f) ex = cli_fail("out of memory");
+    for (int i = 0; i < fo.n && !ex; i++)
+        if (fo.c[i].path) ex = cli_open(fo.c[i].path, 1, &ctx[i], &f[i]);
+    if (!ex && json) {
+        json_t *o = json_object(), *cs = json_array();
+        json_object_set_new(o, "folder", json_string(dir));
+        for (int i = 0; i < fo.n; i++) {
+            json_t *c = json_object();
+            json_object_set_new(c, "name", json_string(fo.c[i].name));
+            json_object_set_new(c, "path", fo.c[i].path ? json_string(fo.c[i].path) : json_null());
+            if (fo.c[i].note) json_object_set_new(c, "note", json_string(fo.c[i].note));
+            if (f[i]) {
+                json_t *fj = file_json(f[i], fo.c[i].path);
+                json_object_update(c, fj);
+                json_decref(fj);
+            }
+            json_array_append_new(cs, c);
+        }
+        json_object_set_new(o, "components", cs);
+        ex = emit_json(o);
+    } else if (!ex) {
+        char h[32];
+        size_t w = 4;
+        for (int i = 0; i < fo.n; i++)
+            if (strlen(fo.c[i].name) > w) w = strlen(fo.c[i].name);
+        printf("folder:      %s\n", dir);
+        printf("components:  %d\n", fo.n);
+        for (int i = 0; i < fo.n; i++) {
+            printf("  %-*s  ", (int)w, fo.c[i].name);
+            if (!f[i]) {
+                printf("(%s)\n", fo.c[i].note);
+                continue;
+            }
+            int64_t cnt;
+            uint64_t tb, tn;
+            totals(f[i], &cnt, &tb, &tn);
+            printf("%s  %s  %" PRId64 " tensors  %" PRIu64 " bytes (%s)  %.3g parameters%s%s%s\n", fo.c[i].path,
+                   ferry_format_name(ferry_file_format(f[i])), cnt, tb, cli_human(h, sizeof h, tb), (double)tn,
+                   fo.c[i].note ? "  (" : "", fo.c[i].note ? fo.c[i].note : "", fo.c[i].note ? ")" : "");
+        }
+        for (int i = 0; i < fo.n; i++) {
+            if (!f[i]) continue;
+            printf("\n== %s\n", fo.c[i].name);
+            print_text(f[i], fo.c[i].path);
+        }
+    }
+    for (int i = 0; i < fo.n; i++) {
+        if (f) ferry_file_close(f[i]);
+        if (ctx) ferry_ctx_free(ctx[i]);
+    }
+    free(f), free(ctx);
+    cli_folder_free(&fo);
+    return ex;
+}
+
 static int run(int argc, char **argv)
 {
     const char *path = NULL;
@@ -199,14 +341,20 @@ static int run(int argc, char **argv)
         else return cli_usage_error(&cmd_inspect, "one PATH only, got '%s' too", argv[i]);
     }
     if (!path) return cli_usage_error(&cmd_inspect, "missing PATH");
-    ferry_ctx *ctx;
-    ferry_file *f;
-    int ex = cli_open(path, 1, &ctx, &f);
-    if (ex) return ex;
-    if (json) ex = print_json(f, path);
-    else print_text(f, path);
-    ferry_file_close(f);
-    ferry_ctx_free(ctx);
+    int ex;
+    if (cli_is_dir(path)) {
+        ex = inspect_folder(path, json);
+    } else {
+        ferry_ctx *ctx;
+        ferry_file *f;
+        ex = cli_open(path, 1, &ctx, &f);
+        if (ex) goto out;
+        if (json) ex = emit_json(file_json(f, path));
+        else print_text(f, path);
+        ferry_file_close(f);
+        ferry_ctx_free(ctx);
+    }
+out:
     free(filters);
     filters = NULL, nfilters = 0;
     if (fflush(stdout) != 0 || ferror(stdout)) return cli_fail("writing to stdout failed");
