@@ -76,8 +76,18 @@ static int header_json(const fy_table *tb, const int64_t *order, ferry_dtype to,
         }
         pos += nb;
     }
-    *text = json_dumps(hdr, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    if (!*text) rc = fy_seterr(err, -ENOMEM, "convert: out of memory for the header's text");
+    /* Not json_dumps: when its buffer cannot grow while it writes a key,
+     * jansson 2.14 drops the key and goes on (index.c's dump_value): a header
+     * missing a tensor's name. json_dumpb into a buffer sized first cannot. */
+    const size_t flags = JSON_COMPACT | JSON_PRESERVE_ORDER;
+    size_t tl = json_dumpb(hdr, NULL, 0, flags); /* 0: out of memory (its loop check) */
+    *text = tl ? malloc(tl + 1) : NULL;           /* freed by the caller, as jansson's text was */
+    if (*text && json_dumpb(hdr, *text, tl, flags) == tl) (*text)[tl] = '\0';
+    else {
+        free(*text);
+        *text = NULL;
+        rc = fy_seterr(err, -ENOMEM, "convert: out of memory for the header's text");
+    }
 out:
     json_decref(meta);
     json_decref(hdr);
@@ -121,7 +131,7 @@ int fy_st_layout(const fy_table *tb, uint64_t align, ferry_dtype to, const ferry
             out->hdr_len = (size_t)(8 + hl);
         }
     }
-    free(text); /* jansson's */
+    free(text);
     if (rc < 0) fy_st_layout_free(out, mem);
     return rc;
 }
