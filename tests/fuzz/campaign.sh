@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# campaign.sh - a long fuzzing campaign whose corpora accumulate: each target
+# runs until RUNS executions (or SECONDS), growing a corpus kept in WORKDIR,
+# which is then minimized (libFuzzer -merge=1) together with the committed
+# seeds into tests/fuzz/corpus/TARGET, so CI's short runs start where the
+# campaign ended.
+#
+#     tests/fuzz/campaign.sh BUILD_DIR RUNS SECONDS WORKDIR [TARGET...]
+#
+# BUILD_DIR as for run_fuzz.sh (clang, -DFERRY_FUZZ=ON -DFERRY_SANITIZE=ON).
+# Targets run one after another (start two campaigns with different targets to
+# use two cores). Per target WORKDIR/TARGET.log is libFuzzer's log and the last
+# line printed here is "TARGET: N runs in S s, cov C ft F, corpus K files ->
+# M minimized, findings X". A finding (crash-, leak-, timeout-, oom- files in
+# WORKDIR) leaves the committed corpus alone and makes the exit status 1.
+set -u
+if [ $# -lt 4 ]; then
+    echo "usage: $0 BUILD_DIR RUNS SECONDS WORKDIR [TARGET...]" >&2
+    exit 2
+fi
+build=$1 runs=$2 secs=$3 work=$4
+shift 4
+targets=${*:-safetensors index gguf zip pickle memstat}
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$work" || exit 2
+status=0
+for t in $targets; do
+    bin=$build/tests/fuzz/fuzz_$t
+    [ -x "$bin" ] || { echo "campaign: $bin not found" >&2; exit 2; }
+    dict=$here/$t.dict
+    [ -f "$dict" ] || dict=$here/safetensors.dict
+    corpus=$work/$t
+    mkdir -p "$corpus"
+    t0=$(date +%s)
+    "$bin" -dict="$dict" -runs="$runs" -max_total_time="$secs" -print_final_stats=1 \
+        -artifact_prefix="$work/$t-" "$corpus" "$here/corpus/$t" "$here/crashes" >"$work/$t.log" 2>&1
+    rc=$?
+    t1=$(date +%s)
+    done_line=$(grep -E '^#[0-9]+' "$work/$t.log" | tail -1)
+    n=$(grep -E '^stat::number_of_executed_units:' "$work/$t.log" | awk '{print $2}')
+    cov=$(echo "$done_line" | sed -n 's/.*cov: \([0-9]*\).*/\1/p')
+    ft=$(echo "$done_line" | sed -n 's/.*ft: \([0-9]*\).*/\1/p')
+    found=$(find "$work" -maxdepth 1 -type f -name "$t-*" | wc -l)
+    if [ "$rc" -ne 0 ] || [ "$found" -ne 0 ]; then
+        echo "$t: libFuzzer exit $rc, findings $found (see $work/$t.log)"
+        status=1
+        continue
+    fi
+    min=$work/$t-min
+    rm -rf "$min"
+    mkdir -p "$min"
+    "$bin" -merge=1 "$min" "$here/corpus/$t" "$corpus" >"$work/$t-merge.log" 2>&1 || {
+        echo "$t: merge failed (see $work/$t-merge.log)"
+        status=1
+        continue
+    }
+    rm -f "$here/corpus/$t/"*
+    cp "$min/"* "$here/corpus/$t/"
+    echo "$t: ${n:-?} runs in $((t1 - t0)) s, cov ${cov:-?} ft ${ft:-?}, corpus $(find "$corpus" -type f | wc -l) files -> $(find "$min" -type f | wc -l) minimized, findings 0"
+done
+exit $status
