@@ -23,6 +23,10 @@ FERRY_API int ferry_device_copy_rate(ferry_device *d, uint64_t bytes, double *ht
     fy_dptr dp = 0;
     fy_stream *s[2] = {0};
     int rc = g->ops->bind_thread(g);
+    /* and at most a quarter of the device's free memory (a sim:64MiB device) */
+    uint64_t free_b = 0;
+    if (rc == 0 && g->ops->mem_info(g, &free_b, NULL) == 0 && free_b / 4 < chunk)
+        chunk = free_b / 4 < (2u << 20) ? (2u << 20) : (size_t)(free_b / 4 & ~(uint64_t)((2u << 20) - 1));
     if (rc == 0) rc = g->ops->host_alloc(g, chunk, &h);
     if (rc == 0) rc = g->ops->mem_alloc(g, chunk, &dp);
     for (int k = 0; k < 2 && rc == 0; k++) rc = g->ops->stream_new(g, &s[k]);

@@ -38,6 +38,9 @@ has "$out" "times are shown, not rates" "bench of a tiny file"
 
 out=$("$ferry" bench --device sim:1GiB "$one" 2>&1) || fail "bench --device sim failed: $out"
 hasnt "$out" "use --path" "bench's cufile row"
+# the copy-limit probe fits a small device (it asked for 256 MiB whatever the device had)
+out=$("$ferry" bench --device sim:64MiB "$one" 2>&1) || fail "bench --device sim:64MiB failed: $out"
+hasnt "$out" "out of device memory" "bench on a 64 MiB device"
 
 # the other counts that may be 1 (hash's model line, convert's summary)
 out=$("$ferry" hash "$one" 2>&1) || fail "hash failed: $out"
