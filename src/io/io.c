@@ -114,7 +114,8 @@ void fy_fault_arm(long nth, int err)
 {
     atomic_store(&fault_calls, 0);
     atomic_store(&fault_fired, 0);
-    atomic_store(&fault_err, err);
+    /* an errno either way round (a -EIO would make the call "succeed" with 5) */
+    atomic_store(&fault_err, err < 0 ? -err : err ? err : EIO);
     atomic_store(&fault_nth, nth);
 }
 
