@@ -41,12 +41,13 @@ _STEMS = ("diffusion_pytorch_model", "model")
 def weights_file(folder, variant=None):
     """The checkpoint of a diffusers (or transformers) model folder, as
     from_pretrained reads it: a safetensors index, else one safetensors file,
-    else the PyTorch .bin (zip) equivalents; `variant` ("fp16", ...) picks
+    else the PyTorch .bin (zip) equivalents (and transformers' pytorch_model.bin,
+    as `ferry inspect DIR` looks for it too); `variant` ("fp16", ...) picks
     NAME.VARIANT.safetensors and NAME.safetensors.index.VARIANT.json.
     Raises FileNotFoundError listing what it looked for."""
     names = []
     for ext in ("safetensors", "bin"):
-        for stem in _STEMS:
+        for stem in _STEMS + (("pytorch_model",) if ext == "bin" else ()):  # transformers' .bin name
             if variant:
                 names += [f"{stem}.{ext}.index.{variant}.json", f"{stem}.{variant}.{ext}"]
             else:

@@ -111,6 +111,20 @@ def test_sharded_checkpoint(tmp_path):
         assert torch.equal(got(x, 3, h).sample, ref(x, 3, h).sample)
 
 
+def test_weights_file_order(tmp_path):
+    # the names ferry inspect DIR also looks for, in its order: index, file, .bin forms
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "pytorch_model.bin").write_bytes(b"x")
+    assert ferry.diffusers.weights_file(d).endswith("pytorch_model.bin")
+    (d / "model.bin").write_bytes(b"x")
+    assert ferry.diffusers.weights_file(d).endswith("model.bin") and "pytorch_model" not in ferry.diffusers.weights_file(d)
+    (d / "model.safetensors").write_bytes(b"x")
+    assert ferry.diffusers.weights_file(d).endswith("model.safetensors")
+    (d / "diffusion_pytorch_model.safetensors.index.json").write_text("{}")
+    assert ferry.diffusers.weights_file(d).endswith("diffusion_pytorch_model.safetensors.index.json")
+
+
 def test_errors_name_the_folder_and_the_problem(tmp_path):
     cls = diffusers.UNet2DModel
     with pytest.raises(FileNotFoundError, match="not a folder"):
