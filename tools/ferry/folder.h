@@ -29,8 +29,8 @@ bool cli_is_dir(const char *path);
  *  - without one: the folder's own single checkpoint, component ".".
  * A folder's checkpoint, as ferry.diffusers.weights_file picks it: the first of
  * STEM.EXT.index.json or STEM.EXT for diffusion_pytorch_model.safetensors,
- * model.safetensors, diffusion_pytorch_model.bin, model.bin (and, which
- * weights_file lacks, transformers' pytorch_model.bin); failing those, a variant
+ * model.safetensors, diffusion_pytorch_model.bin, model.bin, transformers'
+ * pytorch_model.bin; failing those, a variant
  * (STEM.VARIANT.safetensors, STEM.safetensors.index.VARIANT.json; the first
  * variant by name); failing those, the folder's one *.safetensors.index.json,
  * else its one checkpoint file (.safetensors, .gguf, .bin, .pt, .pth, .ckpt).
