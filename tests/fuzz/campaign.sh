@@ -34,13 +34,15 @@ for t in $targets; do
     t0=$(date +%s)
     "$bin" -dict="$dict" -runs="$runs" -max_total_time="$secs" -print_final_stats=1 \
         -artifact_prefix="$work/$t-" "$corpus" "$here/corpus/$t" "$here/crashes" >"$work/$t.log" 2>&1
+    cat "$work/$t.log" >>"$work/$t.all.log" # every pass's log (the next pass overwrites $t.log)
     rc=$?
     t1=$(date +%s)
     done_line=$(grep -E '^#[0-9]+' "$work/$t.log" | tail -1)
     n=$(grep -E '^stat::number_of_executed_units:' "$work/$t.log" | awk '{print $2}')
     cov=$(echo "$done_line" | sed -n 's/.*cov: \([0-9]*\).*/\1/p')
     ft=$(echo "$done_line" | sed -n 's/.*ft: \([0-9]*\).*/\1/p')
-    found=$(find "$work" -maxdepth 1 -type f -name "$t-*" | wc -l)
+    found=$(find "$work" -maxdepth 1 -type f \( -name "$t-crash-*" -o -name "$t-leak-*" -o -name "$t-timeout-*" \
+        -o -name "$t-oom-*" \) | wc -l)
     if [ "$rc" -ne 0 ] || [ "$found" -ne 0 ]; then
         echo "$t: libFuzzer exit $rc, findings $found (see $work/$t.log)"
         status=1
