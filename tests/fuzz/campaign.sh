@@ -34,8 +34,8 @@ for t in $targets; do
     t0=$(date +%s)
     "$bin" -dict="$dict" -runs="$runs" -max_total_time="$secs" -print_final_stats=1 \
         -artifact_prefix="$work/$t-" "$corpus" "$here/corpus/$t" "$here/crashes" >"$work/$t.log" 2>&1
-    cat "$work/$t.log" >>"$work/$t.all.log" # every pass's log (the next pass overwrites $t.log)
     rc=$?
+    cat "$work/$t.log" >>"$work/$t.all.log" # every pass's log (the next pass overwrites $t.log)
     t1=$(date +%s)
     done_line=$(grep -E '^#[0-9]+' "$work/$t.log" | tail -1)
     n=$(grep -E '^stat::number_of_executed_units:' "$work/$t.log" | awk '{print $2}')
