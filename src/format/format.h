@@ -137,6 +137,15 @@ int fy_index_parse(const char *name, const uint8_t *buf, size_t n, fy_index *ix,
                    fy_err *err);
 void fy_index_free(fy_index *ix);
 
+/* jansson value v as JSON text (json_dumpb flags; *len bytes, NUL-terminated,
+ * from mem), or NULL when out of memory. Not json_dumps: when its buffer
+ * cannot grow while it writes an object's key, jansson 2.14 drops the key and
+ * carries on (dump.c ignores dump_string's result there), so the text would
+ * be wrong, not missing. json_dumpb into a buffer sized by a first pass
+ * allocates nothing that way. (index.c) */
+struct json_t;
+char *fy_json_text(const ferry_allocator *mem, const struct json_t *v, size_t flags, size_t *len);
+
 /* GGUF v2/v3, little-endian. buf holds the whole file (a read-only mapping:
  * only the header is touched). Tensors go into tb in file order with absolute
  * offsets, the shape outermost-first (GGUF's ne reversed), strides NULL, flags

@@ -38,14 +38,8 @@ static bool safe_relpath(const char *p)
     return true;
 }
 
-/* v as compact JSON text (*len bytes, NUL-terminated, from mem), or NULL when
- * out of memory. Not json_dumps: when its buffer cannot grow while it writes
- * an object's key, jansson 2.14 drops the key and carries on (dump.c ignores
- * dump_string's result there), so the text would be wrong, not missing.
- * json_dumpb into a buffer sized by a first pass allocates nothing that way. */
-static char *dump_value(const ferry_allocator *mem, const json_t *v, size_t *len)
+char *fy_json_text(const ferry_allocator *mem, const json_t *v, size_t flags, size_t *len)
 {
-    const size_t flags = JSON_ENCODE_ANY | JSON_COMPACT;
     size_t n = json_dumpb(v, NULL, 0, flags); /* 0: its loop check ran out of memory */
     char *text = n ? fy_malloc(mem, n + 1) : NULL;
     if (!text) return NULL;
@@ -97,7 +91,7 @@ int fy_index_parse(const char *name, const uint8_t *buf, size_t n, fy_index *ix,
                 val = json_string_value(v);
                 vlen = json_string_length(v);
             } else {
-                text = dump_value(mem, v, &vlen);
+                text = fy_json_text(mem, v, JSON_ENCODE_ANY | JSON_COMPACT, &vlen);
                 if (!text) { rc = fy_seterr(err, -ENOMEM, "%s: out of memory", name); goto out; }
                 val = text;
             }

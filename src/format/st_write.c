@@ -44,8 +44,9 @@ static int cmp_out(const void *a, const void *b, void *arg)
     return i < j ? -1 : i > j;        /* otherwise the source's order */
 }
 
-/* The JSON text of the header for tb laid out in order. */
-static int header_json(const fy_table *tb, const int64_t *order, ferry_dtype to, char **text, fy_err *err)
+/* The JSON text of the header for tb laid out in order (*tl bytes, from mem). */
+static int header_json(const fy_table *tb, const int64_t *order, ferry_dtype to, const ferry_allocator *mem,
+                       char **text, size_t *tl, fy_err *err)
 {
     char q[128];
     json_t *hdr = json_object(), *meta = json_object();
@@ -76,18 +77,8 @@ static int header_json(const fy_table *tb, const int64_t *order, ferry_dtype to,
         }
         pos += nb;
     }
-    /* Not json_dumps: when its buffer cannot grow while it writes a key,
-     * jansson 2.14 drops the key and goes on (index.c's dump_value): a header
-     * missing a tensor's name. json_dumpb into a buffer sized first cannot. */
-    const size_t flags = JSON_COMPACT | JSON_PRESERVE_ORDER;
-    size_t tl = json_dumpb(hdr, NULL, 0, flags); /* 0: out of memory (its loop check) */
-    *text = tl ? malloc(tl + 1) : NULL;           /* freed by the caller, as jansson's text was */
-    if (*text && json_dumpb(hdr, *text, tl, flags) == tl) (*text)[tl] = '\0';
-    else {
-        free(*text);
-        *text = NULL;
-        rc = fy_seterr(err, -ENOMEM, "convert: out of memory for the header's text");
-    }
+    *text = fy_json_text(mem, hdr, JSON_COMPACT | JSON_PRESERVE_ORDER, tl);
+    if (!*text) rc = fy_seterr(err, -ENOMEM, "convert: out of memory for the header's text");
 out:
     json_decref(meta);
     json_decref(hdr);
@@ -117,9 +108,9 @@ int fy_st_layout(const fy_table *tb, uint64_t align, ferry_dtype to, const ferry
     qsort_r(out->order, n, sizeof *out->order, cmp_out, &oo);
 
     char *text = NULL;
-    int rc = header_json(tb, out->order, to, &text, err);
+    size_t tl = 0;
+    int rc = header_json(tb, out->order, to, mem, &text, &tl, err);
     if (rc == 0) {
-        size_t tl = strlen(text);
         uint64_t hl = tl + ((align - (8 + tl) % align) % align); /* pad: the data starts aligned */
         out->hdr = fy_malloc(mem, (size_t)(8 + hl));
         if (!out->hdr) {
@@ -131,7 +122,7 @@ int fy_st_layout(const fy_table *tb, uint64_t align, ferry_dtype to, const ferry
             out->hdr_len = (size_t)(8 + hl);
         }
     }
-    free(text);
+    fy_free(mem, text);
     if (rc < 0) fy_st_layout_free(out, mem);
     return rc;
 }
