@@ -72,6 +72,12 @@ int cli_open(const char *path, uint32_t nthreads, ferry_ctx **ctx, ferry_file **
     return 0;
 }
 
+bool cli_ends_with(const char *s, const char *end)
+{
+    size_t a = strlen(s), b = strlen(end);
+    return a >= b && strcmp(s + a - b, end) == 0;
+}
+
 const char *cli_plural(int64_t n, const char *one, const char *many) { return n == 1 ? one : many; }
 
 const char *cli_human(char *buf, size_t n, uint64_t b)

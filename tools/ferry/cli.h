@@ -40,6 +40,9 @@ int cli_ctx_new(uint32_t nthreads, ferry_ctx **ctx);
 /* Open ctx + file, or print the error; returns 0 or an exit status. */
 int cli_open(const char *path, uint32_t nthreads, ferry_ctx **ctx, ferry_file **f);
 
+/* Whether s ends with end. */
+bool cli_ends_with(const char *s, const char *end);
+
 /* "1 tensor", "2 tensors": one when n is 1, else many */
 const char *cli_plural(int64_t n, const char *one, const char *many);
 

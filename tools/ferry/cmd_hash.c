@@ -131,8 +131,7 @@ out:
 /* a sharded checkpoint stands for its shards */
 static bool is_index(const char *path)
 {
-    size_t n = strlen(path), k = strlen(".index.json");
-    return n > k && strcmp(path + n - k, ".index.json") == 0;
+    return strlen(path) > strlen(".index.json") && cli_ends_with(path, ".index.json");
 }
 
 /* Hash one file: print its line, or add its object to the JSON array out. */

@@ -82,12 +82,6 @@ static bool is_file(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-static bool ends_with(const char *s, const char *end)
-{
-    size_t a = strlen(s), b = strlen(end);
-    return a >= b && strcmp(s + a - b, end) == 0;
-}
-
 /* The regular files of dir (symlinks followed, as in a Hugging Face cache),
  * or the directories when dirs; sorted. -errno on failure. */
 static int list(const char *dir, bool dirs, names *out)
@@ -119,7 +113,7 @@ static bool variant_of(const char *name, const char *stem, const char *ext, char
     const char *r = name + sl + 1; /* VARIANT.EXT or EXT.index.VARIANT.json */
     size_t rl = nl - sl - 1, vl;
     const char *vs;
-    if (strncmp(r, ext, el) == 0 && strncmp(r + el, ".index.", 7) == 0 && ends_with(r, ".json")) {
+    if (strncmp(r, ext, el) == 0 && strncmp(r + el, ".index.", 7) == 0 && cli_ends_with(r, ".json")) {
         vs = r + el + 7;
         vl = rl - el - 7 >= 5 ? rl - el - 7 - 5 : 0;
     } else if (rl > el + 1 && r[rl - el - 1] == '.' && strcmp(r + rl - el, ext) == 0) {
@@ -185,8 +179,8 @@ static int pick(const char *dir, const names *fs, char **path, char **note)
     names idxs = {0}, ckpts = {0};
     for (int i = 0; i < fs->n; i++) {
         bool ck = false;
-        for (size_t k = 0; k < COUNT(ckpt_ends); k++) ck |= ends_with(fs->v[i], ckpt_ends[k]);
-        if (ends_with(fs->v[i], ".safetensors.index.json") ? !names_add(&idxs, fs->v[i])
+        for (size_t k = 0; k < COUNT(ckpt_ends); k++) ck |= cli_ends_with(fs->v[i], ckpt_ends[k]);
+        if (cli_ends_with(fs->v[i], ".safetensors.index.json") ? !names_add(&idxs, fs->v[i])
                                                            : ck && !names_add(&ckpts, fs->v[i])) {
             names_free(&idxs), names_free(&ckpts);
             return -ENOMEM;
