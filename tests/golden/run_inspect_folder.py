@@ -138,7 +138,7 @@ def check_pipeline(d):
         check(f"\n{t} " in out, f"text does not list tensor {t}")
     r = ferry("--filter", "emb.*", d)
     check(r.returncode == 0 and "\nemb.w " in r.stdout and "\nblk.0.w " not in r.stdout and
-          "1 tensors" in r.stdout, f"text --filter emb.*: {r.stdout[:600]!r}")
+          "safetensors-index  1 tensor  32 bytes" in r.stdout, f"text --filter emb.*: {r.stdout[:600]!r}")
 
 
 def main():

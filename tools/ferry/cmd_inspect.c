@@ -303,8 +303,9 @@ static int inspect_folder(const char *dir, bool json)
             int64_t cnt;
             uint64_t tb, tn;
             totals(f[i], &cnt, &tb, &tn);
-            printf("%s  %s  %" PRId64 " tensors  %" PRIu64 " bytes (%s)  %.3g parameters%s%s%s\n", fo.c[i].path,
-                   ferry_format_name(ferry_file_format(f[i])), cnt, tb, cli_human(h, sizeof h, tb), (double)tn,
+            printf("%s  %s  %" PRId64 " %s  %" PRIu64 " bytes (%s)  %.3g parameters%s%s%s\n", fo.c[i].path,
+                   ferry_format_name(ferry_file_format(f[i])), cnt, cli_plural(cnt, "tensor", "tensors"), tb,
+                   cli_human(h, sizeof h, tb), (double)tn,
                    fo.c[i].note ? "  (" : "", fo.c[i].note ? fo.c[i].note : "", fo.c[i].note ? ")" : "");
         }
         for (int i = 0; i < fo.n; i++) {
