@@ -10,8 +10,8 @@
  *     once, with budget changes and make_room from all of them.
  * After every job (fault rounds) or round (concurrent ones) every tensor of
  * every model must read back the bytes it should (its file's, XORed with what
- * the jobs wrote), each tensor is in exactly one tier, the device and pinned
- * budgets hold, and the spill file stays within the bytes of the models. At
+ * the jobs wrote), each tensor is in exactly one tier, the pinned pool stays
+ * within its budget, and the spill file stays within the bytes of the models. At
  * the end, with the store freed: no device, pinned or registered byte and no
  * file descriptor left.
  *
@@ -27,7 +27,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,7 +88,7 @@ typedef struct model {
     uint64_t nbytes[MAXT];
     uint8_t key[MAXT];        /* expected bytes: the file's XOR key (0: as in the file) */
     uint32_t rng;
-    long jobs, failed, mismatches;
+    long jobs, failed;
     int last;                 /* the last job's kind */
     uint64_t verified;
 } model;
@@ -101,7 +100,6 @@ typedef struct soak {
     model mo[NMODELS];
     uint64_t total_bytes;
     uint64_t pinned_budget;
-    atomic_uint_fast64_t budget; /* the device budget set last */
     long faults_armed, faults_hit;
 } soak;
 
@@ -249,7 +247,6 @@ static int job(soak *z, model *mo, disarm_fn disarm)
     case 7: { /* the device budget changes (another model, activations) */
         uint64_t b = z->total_bytes / 4 + rnd(&mo->rng) % (z->total_bytes / 2);
         rc = ferry_store_set_device_budget(z->s, b);
-        if (rc == 0 || rc == FERRY_E_BUDGET) atomic_store(&z->budget, b);
         break;
     }
     case 8: { /* make room for the caller */
@@ -301,10 +298,9 @@ static void arm(soak *z, const fault_point *p, long nth)
 }
 
 /* Did the armed fault fire? (the sim's: its counter is gone when it fired) */
-static bool fired(soak *z, const fault_point *p, long nth)
+static bool fired(soak *z, const fault_point *p)
 {
     if (p->sys_err) return fy_fault_fired();
-    (void)nth;
     /* re-arming with 0 returns how many calls were still to go: > 0 means not hit */
     return fy_gpu_sim_fault(z->g, p->op, 0) == 0;
 }
@@ -320,7 +316,7 @@ static long fault_round(soak *z, long jobs, long *cursor)
         mo = &z->mo[rnd(&z->mo[0].rng) % NMODELS];
         arm(z, p, nth);
         int rc = job(z, mo, disarm_all);
-        bool hit = fired(z, p, nth);
+        bool hit = fired(z, p);
         z->faults_hit += hit;
         disarm_all(z);
         /* what a failed job left: the bytes all there, the store consistent */
@@ -395,7 +391,6 @@ static void soak_run(long jobs, uint32_t seed)
                           .pinned_budget = z.pinned_budget, .spill_dir = spill_dir, .spill_below = 1, .spill_above = 2};
     static const ferry_load_opts lo = {.size = sizeof lo, .ring_buffers = 4, .ring_buffer_bytes = 64 << 10};
     o.load = &lo;
-    atomic_store(&z.budget, o.device_budget);
     CHECK_EQ(ferry_store_new(z.d, &o, &z.s), 0);
     for (int k = 0; k < NMODELS && z.s; k++) CHECK_EQ(add_model(&z, &z.mo[k]), 0);
     /* the device's own pinned ring (made by the first load, kept until the
