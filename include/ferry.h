@@ -629,6 +629,16 @@ FERRY_API int64_t ferry_model_find(const ferry_model *m, const char *name);
 /* Join tensors[0..n-1] (and the groups they are in) into one group. */
 FERRY_API int ferry_model_group(ferry_model *m, const int64_t *tensors, int64_t n);
 FERRY_API int ferry_model_set_priority(ferry_model *m, int priority);
+/* on = 1: from now on, every clean tensor of m read from its checkpoint keeps
+ * a copy in the pinned pool beside its device copy, as room allows (within
+ * pinned_budget and host_budget, and above the host's spill_below), so once
+ * m leaves the device, bringing it back costs one DMA from pinned RAM (a
+ * model swap) instead of a read of the checkpoint. The copies are clean:
+ * they give way, first, to dirty tensors' saves when the host is short, and
+ * mark_dirty/write drop a tensor's. on = 0: no new copies, and the copies m
+ * has (not of a tensor being moved) go now. Streamed blocks of a plan follow
+ * the plan's pinned_cache instead. */
+FERRY_API int ferry_model_set_pinned_cache(ferry_model *m, int on);
 
 /* Bring tensors[0..n-1] (tensors NULL: all) and their groups to the device,
  * first making room by evicting others as the policy decides (least recently
@@ -780,7 +790,8 @@ typedef struct ferry_tensor_state {
     int holds;          /* ferry_model_hold count: never evicted while > 0 */
     int64_t group;      /* tensors with the same group move together */
     uint64_t dptr;      /* device address while tier == DEVICE, else 0 */
-    int cached;         /* a clean copy is also kept in the pinned pool (a streamed block) */
+    int cached;         /* a clean copy is also kept in the pinned pool (a streamed block, or
+                           a model with ferry_model_set_pinned_cache on) */
     int streams;        /* its block streams under the model's plan */
 } ferry_tensor_state;
 FERRY_API int ferry_model_tensor_state(ferry_model *m, int64_t t, ferry_tensor_state *out);
@@ -843,7 +854,7 @@ typedef struct ferry_store_stats {
                                  its segments (make_room gives whole free segments back) */
     uint64_t pinned_pool_bytes; /* page-locked host RAM the store holds for dirty tensors
                                    (pinned once, reused; make_room unpins what is unused) */
-    uint64_t pinned_cache_bytes; /* of the pool, clean copies of streamed blocks */
+    uint64_t pinned_cache_bytes; /* of the pool, clean copies (streamed blocks, pinned_cache models) */
     uint64_t device_allocs, device_frees; /* driver calls the store made for device memory
                                              (a steady streamed pass should make none) */
     /* Memory released after a caller's stream (ferry_model_release_after)

@@ -457,6 +457,7 @@ _bind({
     "ferry_model_find": (_i64, [_vp, _cp]),
     "ferry_model_group": (_i32, [_vp, _P(_i64), _i64]),
     "ferry_model_set_priority": (_i32, [_vp, _i32]),
+    "ferry_model_set_pinned_cache": (_i32, [_vp, _i32]),
     "ferry_model_to_device": (_i32, [_vp, _P(_i64), _i64]),
     "ferry_model_to_device_async": (_i32, [_vp, _P(_i64), _i64, _P(_vp)]),
     "ferry_op_wait": (_i32, [_vp]),

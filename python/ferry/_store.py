@@ -272,6 +272,9 @@ class StoreCore:
     def set_priority(self, m, priority):
         self.check_model(m, lib.ferry_model_set_priority(m.m, int(priority)))
 
+    def set_pinned_cache(self, m, on):
+        self.check_model(m, lib.ferry_model_set_pinned_cache(m.m, 1 if on else 0))
+
     def raw_state(self, m, i, st):
         """Fill st (a _lib.TensorState) with tensor i's state."""
         self.check_model(m, lib.ferry_model_tensor_state(m.m, i, ctypes.byref(st)))

@@ -293,7 +293,7 @@ class Store:
     # ---- models ----
 
     def add(self, name, path, *, module=None, priority=0, strict=True, stream=None, prefetch=None, reserve=None,
-            pinned_cache=True):
+            pinned_cache=None):
         """Add a model called name holding every tensor of path (anything
         ferry reads; a list of paths makes one model of several files). Its
         tensors start in the checkpoint (tier "source"): nothing is read yet.
@@ -319,9 +319,15 @@ class Store:
         released on the current stream. Outputs are bit-identical to the
         resident module's. reserve: device bytes to leave free beside the
         store's budget (default: measured from PyTorch's peak in the first
-        step, plus 512 MiB). pinned_cache: keep streamed blocks' clean copies in
+        step, plus 512 MiB).
+
+        pinned_cache: None (the default) keeps streamed blocks' clean copies in
         pinned RAM (within the store's pinned and host budgets) so a step after
-        the first costs only DMA. While streaming, a block's parameters are
+        the first costs only DMA; True keeps a pinned copy of every clean
+        tensor of the model as it is first read, so a model that left the
+        device comes back by one DMA (a model swap) instead of a read of its
+        checkpoint; False keeps none. The copies give way to modified tensors'
+        saves when the host is short (set_pinned_cache changes it later). While streaming, a block's parameters are
         valid inside its forward only (they are new Parameter objects each
         time the block lands; outside, they may show another block's memory
         until the next store call re-points them). stream_stats(name) reports."""
@@ -347,12 +353,15 @@ class Store:
             plan = _attach_plan(module, infos, handles, strict) if module is not None else None
             core.add(name, handles, infos, priority)
             try:
+                if pinned_cache:
+                    core.set_pinned_cache(core.models[name], True)
                 if module is not None:
                     a = _Attached(module, plan)
                     if stream is not None:
                         a.streamer = _torch_stream.Streamer(self, name, a, stream, prefetch,
                                                             None if reserve is None else
-                                                            _size_opt(reserve, "reserve"), pinned_cache)
+                                                            _size_opt(reserve, "reserve"),
+                                                            pinned_cache is not False)
                     self._attached[name] = a
                     module._ferry_store_model = name
                     if a.streamer is not None:
@@ -559,6 +568,14 @@ class Store:
     def set_priority(self, name, priority):
         with self._lock:
             self._core.set_priority(self._model(name), priority)
+
+    def set_pinned_cache(self, name, on):
+        """on=True: every clean tensor of the model read from its checkpoint
+        from now on keeps a copy in pinned RAM as the budgets allow, so coming
+        back to the device costs one DMA; False: the copies it has go now
+        (streamed blocks follow add()'s pinned_cache)."""
+        with self._lock:
+            self._core.set_pinned_cache(self._model(name), bool(on))
 
     def tensor_state(self, name, tensor):
         """TensorState(name, nbytes, tier, dirty, pins, group, dptr) of one

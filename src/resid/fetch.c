@@ -126,7 +126,7 @@ static void op_commit(ferry_store *s, ferry_op *op)
         if (t->caching) { /* its pinned copy stays beside the device copy, unless a re-plan
                              made the block resident meanwhile */
             t->caching = false;
-            if (t->streams) t->cached = true;
+            if (rs_wants_cache(m, t)) t->cached = true;
             else rs_cache_buffer_free(s, t);
         } else if (!t->cached) {
             rs_release_copy(s, t); /* the device copy is now the one */
@@ -424,18 +424,19 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
     for (int64_t i = 0; i < m->n; i++)
         if (sel[i] && m->t[i].tier != FERRY_TIER_DEVICE) m->t[i].moving = op;
         else sel[i] = false; /* what is on the device already is not this op's */
-    /* streamed blocks read from the checkpoint are kept in the pinned pool
-     * as room allows (read there first, then copied like any pinned copy) */
+    /* tensors read from the checkpoint that keep a pinned copy (streamed
+     * blocks, a model with pinned_cache on) are kept in the pinned pool as
+     * room allows (read there first, then copied like any pinned copy) */
     bool want_cache = false;
-    for (int64_t i = 0; i < m->n && m->plan && m->plan->pinned_cache && !want_cache; i++)
-        want_cache = sel[i] && m->t[i].streams && m->t[i].tier == FERRY_TIER_SOURCE && m->t[i].nbytes;
+    for (int64_t i = 0; i < m->n && !want_cache; i++)
+        want_cache = sel[i] && rs_wants_cache(m, &m->t[i]) && m->t[i].tier == FERRY_TIER_SOURCE && m->t[i].nbytes;
     uint64_t avail = 0;
     if (want_cache && fy_host_available(&avail, NULL, 0) < 0) want_cache = false;
     int64_t nh = 0, nf = 0, nc = 0;
     for (int64_t i = 0; i < m->n; i++) {
         rtensor *t = &m->t[i];
         if (!sel[i] || !t->nbytes) continue;
-        if (want_cache && t->streams && t->tier == FERRY_TIER_SOURCE && rs_cache_admits(s, t->nbytes, avail) &&
+        if (want_cache && rs_wants_cache(m, t) && t->tier == FERRY_TIER_SOURCE && rs_cache_admits(s, t->nbytes, avail) &&
             rs_pool_alloc(s, t->nbytes, &t->host) == 0) {
             t->caching = true;
             s->cache_used += t->nbytes;

@@ -280,6 +280,21 @@ FERRY_API int ferry_model_set_priority(ferry_model *m, int priority)
     return 0;
 }
 
+FERRY_API int ferry_model_set_pinned_cache(ferry_model *m, int on)
+{
+    if (!m || (on != 0 && on != 1)) return FERRY_E_INVAL;
+    ferry_store *s = m->s;
+    pthread_mutex_lock(&s->lock);
+    m->pinned_cache = on;
+    for (int64_t i = 0; i < m->n && !on; i++) { /* (a moving one's goes when it lands) */
+        rtensor *t = &m->t[i];
+        if (!t->streams && t->cached && !t->moving) rs_uncache(s, t);
+    }
+    rs_pool_trim(s);
+    pthread_mutex_unlock(&s->lock);
+    return 0;
+}
+
 /* ---- selection: a request's tensors and their groups ---- */
 
 /* sel[i] = true for tensors[0..n-1] (NULL: all) and every member of their groups */

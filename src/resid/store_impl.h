@@ -35,7 +35,8 @@ typedef struct rtensor {
     uint64_t use;   /* the store's clock when its group was last asked for (eviction order
                        within a model) */
     bool streams;   /* its block streams under the model's plan (leaves before the rest) */
-    bool cached;    /* host is a streamed block's clean copy in the pinned pool, kept beside
+    bool cached;    /* host is a clean copy in the pinned pool (a streamed block's, or any
+                       tensor's of a model with pinned_cache on), kept beside
                        the device copy (tier DEVICE) or as the copy once it left (tier
                        PINNED); mark_dirty/write drop it, so it is never dirty (rs_uncache
                        still keeps a dirty tensor's only copy, should one ever be cached) */
@@ -67,6 +68,8 @@ struct ferry_model {
     int64_t *by_name; /* tensor indices sorted by name */
     rs_plan *plan;    /* NULL unless ferry_model_plan made one */
     int64_t refs;     /* taken by ferry_store_find, not yet put back; ferry_store_remove waits for 0 */
+    bool pinned_cache; /* ferry_model_set_pinned_cache: every clean tensor read from the
+                          checkpoint keeps a pinned copy as room allows */
 };
 
 /* pinned pool: chunks of pinned memory, each with its free ranges */
@@ -273,6 +276,9 @@ int rs_fit_budget(ferry_store *s);
 void rs_replan(ferry_store *s);
 /* Free the plan of m (on removal). */
 void rs_plan_free(ferry_store *s, ferry_model *m);
+/* Does t keep a clean pinned copy when it is read from its checkpoint? (a
+ * streamed block: its plan's pinned_cache; else its model's) */
+bool rs_wants_cache(const ferry_model *m, const rtensor *t);
 /* May a clean pinned copy of n more bytes be kept? (the budgets, and the
  * host's available memory avail, read once by the caller) */
 bool rs_cache_admits(ferry_store *s, uint64_t n, uint64_t avail);

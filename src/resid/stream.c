@@ -100,7 +100,7 @@ static int plan_compute(ferry_store *s, ferry_model *m, rs_plan *p, bool mark)
         int64_t k = gblock[t->group];
         t->streams = k >= 0 && p->streams[k];
         /* a block that stays resident now needs no pinned copy beside it */
-        if (!t->streams && t->cached && t->tier == FERRY_TIER_DEVICE && !t->moving) rs_uncache(s, t);
+        if (!rs_wants_cache(m, t) && t->cached && t->tier == FERRY_TIER_DEVICE && !t->moving) rs_uncache(s, t);
     }
     p->got = g;
 out:
@@ -247,6 +247,11 @@ FERRY_API int ferry_store_set_device_budget(ferry_store *s, uint64_t bytes)
 }
 
 /* ---- the pinned copies of streamed blocks ---- */
+
+bool rs_wants_cache(const ferry_model *m, const rtensor *t)
+{
+    return t->streams ? m->plan && m->plan->pinned_cache : m->pinned_cache;
+}
 
 bool rs_cache_admits(ferry_store *s, uint64_t n, uint64_t avail)
 {

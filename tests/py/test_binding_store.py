@@ -358,6 +358,37 @@ def test_two_models_under_one_budget(tmp_path, sim_free):
         same_output(a, ref_a)
 
 
+def test_model_swaps_from_the_pinned_cache(tmp_path, sim_free):
+    """pinned_cache=True: two models under a budget of one swap by DMA from
+    pinned RAM after their first loads (nothing read from the checkpoints),
+    outputs unchanged; set_pinned_cache(False) drops the copies."""
+    ref_a, path_a = ref_and_file(tmp_path, seed=1, name="a.safetensors", dim=32)
+    ref_b, path_b = ref_and_file(tmp_path, seed=2, name="b.safetensors", dim=32)
+    size = sum(t.numel() * t.element_size() for t in managed(ref_a).values())
+    a, b = Net(device="meta"), Net(device="meta")
+    with ft.Store(SIM, device_budget=size, pinned_budget="64MiB") as store:
+        store.add("a", path_a, module=a, pinned_cache=True)
+        store.add("b", path_b, module=b, pinned_cache=True)
+        same_output(a, ref_a)
+        same_output(b, ref_b)  # a leaves: its pinned copy stays
+        assert set(tiers(store, "a").values()) == {"pinned"}
+        read = store.stats()["bytes_read"]
+        for _ in range(3):
+            same_output(a, ref_a)
+            assert set(tiers(store, "b").values()) == {"pinned"}
+            same_output(b, ref_b)
+        st = store.stats()
+        assert st["bytes_read"] == read, "a swap read the checkpoint"
+        assert st["bytes_written"] == 0
+        assert st["pinned_cache_bytes"] >= 2 * size
+        store.set_pinned_cache("a", False)
+        assert set(tiers(store, "a").values()) == {"source"}
+        same_output(a, ref_a)
+        assert store.stats()["bytes_read"] > read
+        with pytest.raises(ferry.NotFoundError):
+            store.set_pinned_cache("nope", True)
+
+
 def test_partial_eviction_by_the_policy(tmp_path, sim_free):
     """A budget of one and a half models: bringing one in evicts only as many
     of the other's groups as needed; those (and only those) are re-pointed."""

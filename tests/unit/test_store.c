@@ -1336,6 +1336,120 @@ out:
     ferry_device_close(d);
 }
 
+/* ferry_model_set_pinned_cache: a clean model that leaves the device keeps a
+ * pinned copy, so coming back reads nothing from its checkpoint (a model
+ * swap is one DMA); the copies give way when the budgets are short, go with
+ * mark_dirty and when the flag goes off. */
+static uint64_t bytes_read(ferry_store *s)
+{
+    ferry_store_stats st = {.size = sizeof st};
+    ferry_store_get_stats(s, &st);
+    return st.bytes_read;
+}
+
+static uint64_t cache_bytes(ferry_store *s)
+{
+    ferry_store_stats st = {.size = sizeof st};
+    ferry_store_get_stats(s, &st);
+    return st.pinned_cache_bytes;
+}
+
+static void test_pinned_cache(ferry_ctx *ctx)
+{
+    ferry_device *d = NULL;
+    CHECK_EQ(ferry_device_open(ctx, "sim:1GiB", &d), 0);
+    ferry_file *fa = open_model(ctx, "a.safetensors"), *fb = open_model(ctx, "b.safetensors");
+    if (!d || !fa || !fb) goto out;
+    const uint64_t A = ferry_file_total_bytes(fa), B = ferry_file_total_bytes(fb);
+    /* the device holds either model, not both; the pinned budget both */
+    ferry_store *s = mk_store(d, (A > B ? A : B) + 4096, 64 << 20, A + B + (1 << 20)); /* (the pool rounds up) */
+    if (!s) goto out;
+    ferry_model *ma = NULL, *mb = NULL;
+    CHECK_EQ(ferry_store_add(s, "a", &fa, 1, 0, &ma), 0);
+    CHECK_EQ(ferry_store_add(s, "b", &fb, 1, 0, &mb), 0);
+    CHECK_EQ(ferry_model_set_pinned_cache(ma, 2), FERRY_E_INVAL);
+    CHECK_EQ(ferry_model_set_pinned_cache(NULL, 1), FERRY_E_INVAL);
+    CHECK_EQ(ferry_model_set_pinned_cache(ma, 1), 0);
+    CHECK_EQ(ferry_model_set_pinned_cache(mb, 1), 0);
+
+    /* first loads read the checkpoints, and keep copies beside the device's */
+    CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+    CHECK_EQ(cache_bytes(s), A);
+    ferry_tensor_state st = {.size = sizeof st};
+    CHECK_EQ(ferry_model_tensor_state(ma, 0, &st), 0);
+    CHECK(st.cached && st.tier == FERRY_TIER_DEVICE);
+    CHECK_EQ(ferry_model_to_device(mb, NULL, 0), 0); /* a leaves: to PINNED, 0 bytes written */
+    CHECK_EQ(cache_bytes(s), A + B);
+    CHECK_EQ(tier_bytes(s, FERRY_TIER_PINNED), A);
+    CHECK_EQ(verify(ma, fa, -1, 0), 0);
+    /* swaps after that read nothing */
+    uint64_t r0 = bytes_read(s);
+    for (int k = 0; k < 3; k++) {
+        CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+        CHECK_EQ(tier_bytes(s, FERRY_TIER_PINNED), B);
+        CHECK_EQ(ferry_model_to_device(mb, NULL, 0), 0);
+        CHECK_EQ(tier_bytes(s, FERRY_TIER_PINNED), A);
+    }
+    CHECK_EQ(bytes_read(s), r0);
+    ferry_store_stats ss = {.size = sizeof ss};
+    ferry_store_get_stats(s, &ss);
+    CHECK_EQ(ss.bytes_written, 0);
+    CHECK_EQ(verify(ma, fa, -1, 0), 0);
+    CHECK_EQ(verify(mb, fb, -1, 0), 0);
+
+    /* a modified tensor's copy is stale: it goes, and the tensor is saved dirty */
+    CHECK_EQ(modify(mb, 2, 0x33), 0);
+    CHECK_EQ(ferry_model_tensor_state(mb, 2, &st), 0);
+    CHECK(!st.cached && st.dirty);
+    CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+    CHECK_EQ(verify(mb, fb, 2, 0x33), 0);
+    CHECK_EQ(verify(ma, fa, -1, 0), 0);
+
+    /* off: the copies go (a's device tensors lose theirs, b's clean pinned
+     * ones go back to SOURCE, its dirty one stays saved) */
+    CHECK_EQ(ferry_model_set_pinned_cache(ma, 0), 0);
+    CHECK_EQ(ferry_model_set_pinned_cache(mb, 0), 0);
+    CHECK_EQ(cache_bytes(s), 0);
+    CHECK_EQ(ferry_model_tensor_state(mb, 2, &st), 0);
+    CHECK(st.dirty && st.tier == FERRY_TIER_PINNED);
+    CHECK_EQ(ferry_model_tensor_state(mb, 4, &st), 0);
+    CHECK_EQ(st.tier, FERRY_TIER_SOURCE);
+    CHECK_EQ(verify(mb, fb, 2, 0x33), 0);
+    /* without the flag a swap reads the checkpoint again */
+    r0 = bytes_read(s);
+    CHECK_EQ(ferry_model_to_device(mb, NULL, 0), 0);
+    CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+    CHECK(bytes_read(s) > r0);
+    CHECK_EQ(cache_bytes(s), 0);
+    ferry_store_free(s);
+
+    /* a pinned budget that holds one model: the other's copies are not made */
+    s = mk_store(d, (A > B ? A : B) + 4096, 64 << 20, A + 4096);
+    if (!s) goto out;
+    CHECK_EQ(ferry_store_add(s, "a", &fa, 1, 0, &ma), 0);
+    CHECK_EQ(ferry_store_add(s, "b", &fb, 1, 0, &mb), 0);
+    CHECK_EQ(ferry_model_set_pinned_cache(ma, 1), 0);
+    CHECK_EQ(ferry_model_set_pinned_cache(mb, 1), 0);
+    CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+    CHECK_EQ(ferry_model_to_device(mb, NULL, 0), 0);
+    CHECK(cache_bytes(s) <= A + 4096);
+    CHECK_EQ(verify(ma, fa, -1, 0), 0);
+    CHECK_EQ(verify(mb, fb, -1, 0), 0);
+    /* a device copy fault while a cached model comes back: nothing lost */
+    fy_gpu *g = fy_device_gpu(d);
+    CHECK(fy_gpu_sim_fault(g, FY_OP_COPY, 1) >= 0);
+    CHECK(ferry_model_to_device(ma, NULL, 0) < 0);
+    CHECK_EQ(fy_gpu_sim_fault(g, FY_OP_COPY, 0), 0);
+    CHECK_EQ(verify(ma, fa, -1, 0), 0);
+    CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+    CHECK_EQ(verify(ma, fa, -1, 0), 0);
+    ferry_store_free(s);
+out:
+    ferry_file_close(fa);
+    ferry_file_close(fb);
+    ferry_device_close(d);
+}
+
 /* `test_store CASE` runs one of these, `--list` names them (check.h); main
  * writes the models and makes the ctx they share. */
 static ferry_ctx *ctx;
@@ -1354,7 +1468,8 @@ static ferry_ctx *ctx;
     CASE(find_remove, test_find_remove(ctx))                                     \
     CASE(review, test_review(ctx))                                               \
     CASE(add_oom, test_add_oom())                                                \
-    CASE(async, test_async(ctx))
+    CASE(async, test_async(ctx))                                                 \
+    CASE(pinned_cache, test_pinned_cache(ctx))
 CHECK_CASES(CASES)
 
 int main(int argc, char **argv)
