@@ -112,6 +112,9 @@ int fy_fchmod(int fd, mode_t mode);
 /* Free bytes for an unprivileged user (f_bavail * f_frsize) and the file
  * system's magic number (statfs f_type) of the file system holding fd. */
 int fy_fs_info(int fd, uint64_t *free_bytes, long *fs_type);
+/* fs_type of a file system whose files live in RAM (tmpfs, ramfs). */
+#define FY_TMPFS_MAGIC 0x01021994L
+#define FY_RAMFS_MAGIC 0x858458f6L
 /* An unnamed file in dir (O_TMPFILE | O_RDWR, mode 0600): gone when its last
  * descriptor closes, however the process ends. 0 and *fd, or -errno
  * (-EOPNOTSUPP/-EISDIR where the file system lacks O_TMPFILE). */

@@ -14,8 +14,6 @@
 #include "io/io.h"
 
 /* linux/magic.h */
-#define FY_TMPFS_MAGIC 0x01021994L
-#define FY_RAMFS_MAGIC 0x858458f6L
 
 struct fy_spill {
     ferry_allocator mem;

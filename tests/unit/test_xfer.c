@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1535,6 +1536,68 @@ out:
     unlink(p);
 }
 
+/* A checkpoint in tmpfs: the ring copies it out of the mapping rather than
+ * pread it (ring.c), with the same bytes; truncated before the load, it is
+ * the same clear error as pread's, not SIGBUS. Needs /dev/shm on tmpfs. */
+static atomic_int tmpfs_preads;
+static ssize_t (*real_pread)(int, void *, size_t, off_t);
+static ssize_t counting_pread(int fd, void *buf, size_t n, off_t off)
+{
+    atomic_fetch_add(&tmpfs_preads, 1);
+    return real_pread(fd, buf, n, off);
+}
+
+static void test_tmpfs_ring(ferry_ctx *ctx)
+{
+    struct statfs sf;
+    if (statfs("/dev/shm", &sf) != 0 || sf.f_type != 0x01021994) {
+        fprintf(stderr, "tmpfs_ring: /dev/shm is not tmpfs here; skipped\n");
+        return;
+    }
+    tdef *t = defs("shm", SMALL, 9);
+    write_st("shm.safetensors", t, 9, 8, 0);
+    free(t);
+    char src[512], p[256];
+    path_of(src, sizeof src, "shm.safetensors");
+    snprintf(p, sizeof p, "/dev/shm/ferry-test-xfer-%d.safetensors", (int)getpid());
+    FILE *in = fopen(src, "rb"), *out = fopen(p, "wb");
+    CHECK(in && out);
+    for (int c; in && out && (c = fgetc(in)) != EOF;) fputc(c, out);
+    if (in) fclose(in);
+    if (out) fclose(out);
+    ferry_file *f = NULL;
+    CHECK_EQ(ferry_file_open(ctx, p, 0, &f), 0);
+    ferry_device *d = open_dev(ctx, "sim:256MiB");
+    if (!f || !d) goto out;
+    for (int k = 0; k < 2; k++) { /* the small ring: many batches; the default one */
+        ferry_load_opts o = small_opts(k ? FERRY_ROUTE_AUTO : FERRY_ROUTE_RING);
+        if (k) o.ring_buffers = 0, o.ring_buffer_bytes = 0;
+        ferry_loaded *l = NULL;
+        ferry_load_stats st = {.size = sizeof st};
+        real_pread = (ssize_t (*)(int, void *, size_t, off_t))fy_sys_get("pread");
+        atomic_store(&tmpfs_preads, 0);
+        CHECK_EQ(fy_sys_set("pread", (fy_sys_fn)counting_pread), 0);
+        CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
+        fy_sys_set("pread", NULL);
+        CHECK_EQ(atomic_load(&tmpfs_preads), 0); /* copied from the mapping */
+        CHECK(l != NULL);
+        if (l) CHECK_EQ(verify_loaded(l, f, "tmpfs ring"), 0);
+        CHECK_EQ(st.route, FERRY_ROUTE_RING);
+        ferry_loaded_free(l);
+    }
+    CHECK_EQ(truncate(p, 3000), 0);
+    ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
+    ferry_loaded *l = NULL;
+    CHECK_EQ(ferry_load(d, f, &o, &l, NULL), FERRY_E_CORRUPT);
+    CHECK(l == NULL);
+    CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "ended early");
+    CHECK_EQ(use_of(d).dev, 0);
+out:
+    ferry_device_close(d);
+    ferry_file_close(f);
+    unlink(p);
+}
+
 /* Buffered readers read through descriptors of their own (so the kernel's
  * readahead sees each one's sequential run): fy_reopen_ro gives a second open
  * file description of the same inode, also after the path was replaced, and a
@@ -1985,6 +2048,7 @@ static ferry_ctx *ctx;
     CASE(ring_reuse, test_ring_reuse(ctx))                                       \
     CASE(huge, test_huge(ctx))                                                   \
     CASE(truncated, test_truncated(ctx))                                         \
+    CASE(tmpfs_ring, test_tmpfs_ring(ctx))                                       \
     CASE(truncated_register, test_truncated_register(ctx))                       \
     CASE(own_fds, test_own_fds(ctx))                                             \
     CASE(copy_rate, test_copy_rate(ctx))                                         \
