@@ -79,9 +79,33 @@ def _views(h, infos, dts):
     return out
 
 
+_RESERVE_MIN = 1 << 20  # PyTorch serves smaller requests from its small pool (2 MiB segments)
+
+
+def _reserve(infos, device):
+    """Make PyTorch's caching allocator hold one free block as large as the
+    tensors to come (of 1 MiB and more, each rounded as it rounds them), so
+    that each torch.empty below carves it instead of asking the driver: one
+    cudaMalloc per load, as ferry's own loads make, rather than one per
+    tensor. Where the block cannot be had (the device short, an allocator
+    that does not split blocks), the tensors are allocated one by one as
+    before."""
+    if device.type != "cuda":
+        return
+    total = sum((t.nbytes + 511) // 512 * 512 for t in infos if t.nbytes >= _RESERVE_MIN)
+    if total < 64 * _RESERVE_MIN:
+        return
+    try:
+        block = torch.empty(total, dtype=torch.uint8, device=device)
+    except RuntimeError:  # torch.cuda.OutOfMemoryError is one
+        return
+    del block  # back to the allocator's cache, not to the driver
+
+
 def _alloc(infos, dts, device):
     """Empty device tensors for infos, and the (index, address) pairs ferry
     fills: name -> tensor, [index], [address]."""
+    _reserve(infos, device)
     bases, where = _core.plan_views(infos)
     base_tensors = [None] * len(bases)  # made on first use
     out, idx, ptrs = {}, [], []
