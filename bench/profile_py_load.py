@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Where ferry.torch.load_file(device="cuda:0") spends a fresh process's first
+load, beside the CLI's figure (issue 17, item 3). One load per process:
+
+    python3 bench/profile_py_load.py FILE [--variant reserve|noreserve|owner_ferry]
+
+Prints one JSON line: the whole call's seconds (what bench/compare_load.py's
+ferry_py method times) and its phases: opening ferry's device (the ring is
+pinned there), allocating the tensors (torch.empty), the wait for the current
+stream, and ferry_load_into itself (what the CLI's `seconds` covers, plus the
+CLI's own device block allocation). Variants: reserve (the default binding:
+one cached block reserved first), noreserve (one torch.empty per tensor, as
+before), owner_ferry (ferry allocates one block per shard, tensors imported
+through DLPack: the CLI's way)."""
+import argparse
+import json
+import os
+import sys
+import time
+
+T0 = time.perf_counter()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("file")
+    ap.add_argument("--variant", default="reserve", choices=["reserve", "noreserve", "owner_ferry"])
+    a = ap.parse_args()
+    import torch
+    import ferry.torch as ft
+    from ferry import _core, _torch_load
+    torch.zeros(1, device="cuda:0")
+    torch.cuda.synchronize()
+    t_init = time.perf_counter() - T0
+    phases = {}
+
+    def timed(name, fn):
+        def wrap(*args, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                phases[name] = phases.get(name, 0.0) + time.perf_counter() - t
+        return wrap
+
+    if a.variant == "noreserve":
+        _torch_load._RESERVE_MIN = 1 << 62  # no tensor is large enough: nothing reserved
+    _torch_load._alloc = timed("alloc", _torch_load._alloc)
+    _torch_load._sync = timed("sync", _torch_load._sync)
+    _core.device = timed("device_open", _core.device)
+    _core.load_into = timed("load_into", _core.load_into)
+    stats = {}
+    t = time.perf_counter()
+    out = ft.load_file(a.file, device="cuda:0", stats=stats,
+                       owner="ferry" if a.variant == "owner_ferry" else "torch")
+    torch.cuda.synchronize()
+    sec = time.perf_counter() - t
+    nbytes = sum(v.numel() * v.element_size() for v in out.values())
+    print(json.dumps({"variant": a.variant, "seconds": sec, "gbps": nbytes / sec / 1e9, "bytes": nbytes,
+                      "tensors": len(out), "init_seconds": t_init, "phases": phases,
+                      "ferry_seconds": stats.get("seconds"), "route": stats.get("path"),
+                      "ferry_lib": os.environ.get("FERRY_LIBRARY")}))
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
