@@ -1873,14 +1873,19 @@ static void test_concurrent(ferry_ctx *ctx)
     ferry_file *s = open_file(ctx, "sh.safetensors.index.json");
     ferry_device *d = open_dev(ctx, "sim:256MiB");
     if (!f || !s || !d) goto out;
-    worker w[3] = {{d, f, small_opts(FERRY_ROUTE_RING), 0},
+    /* two register loads of one file in small pieces: their helper threads
+     * register the same pieces, each load using what the other registered */
+    fy_device_set_reg_piece(d, 12 * KiB);
+    worker w[5] = {{d, f, small_opts(FERRY_ROUTE_RING), 0},
                    {d, s, small_opts(FERRY_ROUTE_RING), 0},
-                   {d, s, small_opts(direct_ok ? FERRY_ROUTE_DIRECT : FERRY_ROUTE_RING), 0}};
+                   {d, s, small_opts(direct_ok ? FERRY_ROUTE_DIRECT : FERRY_ROUTE_RING), 0},
+                   {d, f, small_opts(FERRY_ROUTE_REGISTER), 0},
+                   {d, f, small_opts(FERRY_ROUTE_REGISTER), 0}};
     w[1].o.ring_buffers = 3; /* a different ring: the device's ring is replaced back and forth */
-    pthread_t th[3];
-    for (int i = 0; i < 3; i++) pthread_create(&th[i], NULL, load_worker, &w[i]);
-    for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
-    for (int i = 0; i < 3; i++) CHECK_EQ(w[i].bad, 0);
+    pthread_t th[5];
+    for (int i = 0; i < 5; i++) pthread_create(&th[i], NULL, load_worker, &w[i]);
+    for (int i = 0; i < 5; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 5; i++) CHECK_EQ(w[i].bad, 0);
     usage u = use_of(d);
     CHECK_EQ(u.dev, 0);
     CHECK_EQ(u.reg, 0);
