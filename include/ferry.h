@@ -556,7 +556,8 @@ FERRY_API int ferry_load_into(ferry_device *dev, const ferry_file *f, const int6
  * (FERRY_E_CORRUPT); rewrite checkpoints by rename, never in place, while
  * they are registered (README, "Truncated checkpoints").
  * ferry_device_unregister_file, ferry_file_close(f) or ferry_device_close()
- * (whichever comes first) unregisters it. */
+ * (whichever comes first) unregisters it, as it does a registration kept by a
+ * load with FERRY_LOAD_KEEP_REGISTRATION. */
 FERRY_API int ferry_device_register_file(ferry_device *dev, const ferry_file *f, uint64_t pinned_budget);
 FERRY_API void ferry_device_unregister_file(ferry_device *dev, const ferry_file *f);
 
