@@ -452,7 +452,10 @@ typedef enum ferry_route {
     FERRY_ROUTE_AUTO = 0,  /* choose: register if registered, ring if mostly cached, else direct */
     FERRY_ROUTE_RING,      /* threaded pread into a ring of pinned buffers, async copies */
     FERRY_ROUTE_DIRECT,    /* the same ring filled with O_DIRECT reads (cold files) */
-    FERRY_ROUTE_REGISTER,  /* page-lock the read-only file mapping, copy from it directly */
+    FERRY_ROUTE_REGISTER,  /* page-lock the read-only file mapping, copy from it directly
+                             (registered in pieces while the registered ones are copied,
+                             unregistered after the load unless registered already or kept:
+                             FERRY_LOAD_KEEP_REGISTRATION) */
     FERRY_ROUTE_CUFILE,    /* GPUDirect Storage: only probed so far (FERRY_E_NODEV with the
                              reason; FERRY_E_UNSUPPORTED if the probe succeeds) */
     FERRY_ROUTE_COUNT
@@ -474,7 +477,29 @@ typedef struct ferry_load_opts {
      * at a time, done never decreasing and ending at total */
     void (*progress)(void *opaque, uint64_t done, uint64_t total);
     void *opaque;
+    uint32_t flags;             /* FERRY_LOAD_* below; 0 by default */
 } ferry_load_opts;
+
+/* ferry_load_opts.flags */
+enum ferry_load_flag {
+    /* A REGISTER load that succeeds keeps the registration it made, as
+     * ferry_device_register_file would have (held until
+     * ferry_device_unregister_file, ferry_file_close or ferry_device_close),
+     * so the file's later loads on this device (auto included) reuse it at no
+     * registration cost. The pages stay locked meanwhile: pinned_budget is
+     * checked as for any REGISTER load, and the caller decides how many files
+     * it keeps registered at once. A load that fails keeps nothing. Ignored
+     * by the other routes. */
+    FERRY_LOAD_KEEP_REGISTRATION = 1u << 0
+};
+
+/* How a REGISTER load came by its registration (ferry_load_stats.registration). */
+typedef enum ferry_registration {
+    FERRY_REGISTRATION_NONE = 0, /* not a REGISTER load */
+    FERRY_REGISTRATION_NEW,      /* this load page-locked (some of) the file */
+    FERRY_REGISTRATION_REUSED    /* all of it was registered already (ferry_device_register_file,
+                                    FERRY_LOAD_KEEP_REGISTRATION, or a load running alongside) */
+} ferry_registration;
 
 typedef struct ferry_load_stats {
     uint32_t size;          /* sizeof(ferry_load_stats), set by the caller */
@@ -487,6 +512,10 @@ typedef struct ferry_load_stats {
                                ferry_file_resident for an exact count) */
     const char *why;        /* why that path (auto's reasoning, or "asked for"): static
                                text, valid for the life of the library */
+    ferry_registration registration; /* REGISTER loads: registered now or reused */
+    double register_seconds; /* REGISTER loads: wall time spent page-locking the mapping, from
+                               the first piece to the last (on a helper thread, overlapping the
+                               copies, so not added to seconds); 0 when reused */
 } ferry_load_stats;
 
 typedef struct ferry_loaded ferry_loaded;
@@ -527,7 +556,8 @@ FERRY_API int ferry_load_into(ferry_device *dev, const ferry_file *f, const int6
  * (FERRY_E_CORRUPT); rewrite checkpoints by rename, never in place, while
  * they are registered (README, "Truncated checkpoints").
  * ferry_device_unregister_file, ferry_file_close(f) or ferry_device_close()
- * (whichever comes first) unregisters it. */
+ * (whichever comes first) unregisters it, as it does a registration kept by a
+ * load with FERRY_LOAD_KEEP_REGISTRATION. */
 FERRY_API int ferry_device_register_file(ferry_device *dev, const ferry_file *f, uint64_t pinned_budget);
 FERRY_API void ferry_device_unregister_file(ferry_device *dev, const ferry_file *f);
 

@@ -395,7 +395,10 @@ def stats_dict(st):
     """ferry_load_stats as a dict; "path" is the route taken (ferry_route_name)."""
     return {"path": _lib.ROUTES[st.route] if 0 <= st.route < len(_lib.ROUTES) else str(st.route),
             "bytes": st.bytes, "seconds": st.seconds,
-            "resident": st.resident, "why": st.why.decode("utf-8", "replace") if st.why else ""}
+            "resident": st.resident, "why": st.why.decode("utf-8", "replace") if st.why else "",
+            "registration": ("none", "new", "reused")[st.registration] if 0 <= st.registration < 3
+            else str(st.registration),
+            "register_seconds": st.register_seconds}
 
 
 def load_into(dev, handle, idx, ptrs, opts):

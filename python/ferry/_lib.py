@@ -77,6 +77,7 @@ class LoadOpts(Struct):
         ("pinned_budget", ctypes.c_uint64),
         ("progress", PROGRESS_FN),
         ("opaque", ctypes.c_void_p),
+        ("flags", ctypes.c_uint32),
     ]
 
 
@@ -89,6 +90,8 @@ class LoadStats(Struct):
         ("seconds", ctypes.c_double),
         ("resident", ctypes.c_double),
         ("why", ctypes.c_char_p),  # static text of the library's
+        ("registration", ctypes.c_int),
+        ("register_seconds", ctypes.c_double),
     ]
 
 

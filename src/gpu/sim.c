@@ -15,6 +15,9 @@
  *   the copy completes.
  * - Frees, unregistration, stream_free, event_free, mem_info and event_query
  *   never fail by injection, so cleanup paths stay testable.
+ * - A copy whose host side touches a pinned buffer or a registered range
+ *   must lie inside that one buffer or range (CUDA refuses a copy that
+ *   crosses from one registration into the next).
  * - A host->device copy from memory that cannot be read (a file mapping past
  *   the end of its file, truncated after it was mapped) is not a SIGBUS: the
  *   next stream_sync of its stream fails with -EFAULT (copy_guarded). */
@@ -804,6 +807,15 @@ static int copy_queue(sim_gpu *g, const char *name, bool to_dev, fy_dptr d, void
         return fy_seterr(err, FERRY_E_INVAL,
                          "sim: %s: host range %p + %zu crosses the edge of the pinned buffer at 0x%" PRIxPTR " (%s)",
                          name, host, n, pin->base, fmt_size(b, sizeof b, pin->n));
+    /* The same for a registered range: two adjacent registrations are separate
+     * for the driver, and a copy that crossed from one into the next failed on
+     * the H200, so a copy that touches a registration must stay inside it. */
+    sim_range *reg = tab_overlap(&g->reg, h, n);
+    if (reg && (h < reg->base || h + n > reg->base + reg->n))
+        return fy_seterr(err, FERRY_E_INVAL,
+                         "sim: %s: host range %p + %zu crosses the edge of the range registered at 0x%" PRIxPTR
+                         " (%s): a copy must stay inside one registration",
+                         name, host, n, reg->base, fmt_size(b, sizeof b, reg->n));
     if (!to_dev) {
         ptrdiff_t i = tab_floor(&g->reg, h);
         for (size_t j = i < 0 ? 0 : (size_t)i; j < g->reg.len && g->reg.v[j]->base < h + n; j++) {

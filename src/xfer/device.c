@@ -33,6 +33,7 @@ FERRY_API int ferry_device_open(ferry_ctx *ctx, const char *spec, ferry_device *
     }
     pthread_mutex_init(&d->lock, NULL);
     pthread_mutex_init(&d->ring_lock, NULL);
+    d->reg_piece = REG_PIECE;
     *out = d;
     return 0;
 }
@@ -65,6 +66,7 @@ FERRY_API void ferry_device_close(ferry_device *d)
 }
 
 fy_gpu *fy_device_gpu(ferry_device *d) { return d ? d->g : NULL; }
+void fy_device_set_reg_piece(ferry_device *d, uint64_t bytes) { d->reg_piece = bytes ? page_round(bytes) : REG_PIECE; }
 ferry_ctx *fy_device_ctx(ferry_device *d) { return d ? d->ctx : NULL; }
 
 FERRY_API const char *ferry_device_errmsg(ferry_device *d) { return d ? fy_err_public(&d->err) : ""; }

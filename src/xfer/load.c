@@ -120,7 +120,7 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
         if (d->g->host_visible) {
             rc = xf_run_host(d, f, &p, &o, nthreads);
         } else if (st.route == FERRY_ROUTE_REGISTER) {
-            rc = xf_run_register(d, f, &p, &o, streams, nstreams);
+            rc = xf_run_register(d, f, &p, &o, streams, nstreams, &st);
         } else {
             pthread_mutex_lock(&d->ring_lock);
             rc = xf_ring_get(d, nbuf, bufsz);

@@ -15,20 +15,29 @@
 
 /* ---- registration ---- */
 
-static reg_entry *reg_find(ferry_device *d, const ferry_file *f, int32_t s)
+/* A shard's mapping is registered in pieces of d->reg_piece bytes
+ * (xfer_impl.h, REG_PIECE says why); piece k starts at k * d->reg_piece. */
+static int64_t shard_pieces(const ferry_device *d, const ferry_file *f, int32_t s)
+{
+    return (int64_t)((page_round(f->shards[s].size) + d->reg_piece - 1) / d->reg_piece);
+}
+
+static reg_entry *reg_find(ferry_device *d, const ferry_file *f, int32_t s, uint64_t off)
 {
     for (int i = 0; i < d->nregs; i++)
-        if (d->regs[i].f == f && d->regs[i].shard == s) return &d->regs[i];
+        if (d->regs[i].f == f && d->regs[i].shard == s && d->regs[i].off == off) return &d->regs[i];
     return NULL;
 }
 
-
-/* Page-lock shard s's read-only shared mapping (never a private one: see
- * DESIGN.md §7, registering MAP_PRIVATE with READ_ONLY hung the driver).
- * A new entry starts neither held nor used. Under d->lock. */
-static int reg_add(ferry_device *d, const ferry_file *f, int32_t s)
+/* Page-lock piece k of shard s's read-only shared mapping, unless it is
+ * already (never a private mapping: see DESIGN.md §7, registering
+ * MAP_PRIVATE with READ_ONLY hung the driver). A new entry starts neither
+ * held nor used, and *added says so. *out: the entry, valid until the table
+ * changes. Under d->lock. */
+static int piece_register(ferry_device *d, const ferry_file *f, int32_t s, int64_t k, reg_entry **out, bool *added)
 {
-    if (reg_find(d, f, s) || f->shards[s].size == 0) return 0;
+    uint64_t off = (uint64_t)k * d->reg_piece, size = page_round(f->shards[s].size);
+    if ((*out = reg_find(d, f, s, off))) return 0;
     if (d->nregs == d->cap_regs) {
         int cap = d->cap_regs ? d->cap_regs * 2 : 8;
         reg_entry *n = fy_realloc(&d->ctx->mem, d->regs, (size_t)cap * sizeof *n);
@@ -40,11 +49,22 @@ static int reg_add(ferry_device *d, const ferry_file *f, int32_t s)
     memset(e, 0, sizeof *e);
     e->f = f;
     e->shard = s;
-    e->base = f->shards[s].map;
-    e->len = page_round(f->shards[s].size);
+    e->off = off;
+    e->base = (uint8_t *)f->shards[s].map + off;
+    e->len = size - off < d->reg_piece ? size - off : d->reg_piece;
     int rc = d->g->ops->host_register(d->g, e->base, (size_t)e->len, true);
-    if (rc < 0) return rc;
+    if (rc < 0) {
+        /* the backend's message, with the file and the range it refused */
+        char why[FY_ERRMSG_MAX];
+        fy_err_copy(&d->err, why, sizeof why);
+        return fy_seterr(&d->err, rc,
+                         "%s: page-locking bytes [%" PRIu64 ", %" PRIu64 ") of the file for the register path "
+                         "failed (nothing stays registered): %s",
+                         f->shards[s].path, off, off + e->len, why);
+    }
     d->nregs++;
+    *out = e;
+    *added = true;
     return 0;
 }
 
@@ -100,9 +120,9 @@ static int check_size(ferry_device *d, const ferry_file *f)
     return 0;
 }
 
-/* Register every shard of f (those not registered yet), then mark them held
- * (hold) or in use by one more load. On failure nothing changes. */
-int xf_reg_acquire(ferry_device *d, const ferry_file *f, bool hold)
+/* Register every piece of f not registered yet, then mark them all held. On
+ * failure nothing changes. */
+static int reg_hold(ferry_device *d, const ferry_file *f)
 {
     FY_RETURN_IF(f->private_map, &d->err, FERRY_E_UNSUPPORTED,
                  "%s: opened with FERRY_OPEN_PRIVATE (a copy-on-write mapping), which must never be "
@@ -110,28 +130,18 @@ int xf_reg_acquire(ferry_device *d, const ferry_file *f, bool hold)
     FY_TRY(check_size(d, f));
     pthread_mutex_lock(&d->lock);
     int rc = 0;
-    for (int32_t s = 0; s < f->nshards && rc == 0; s++) rc = reg_add(d, f, s);
+    reg_entry *e;
+    bool added = false;
+    for (int32_t s = 0; s < f->nshards && rc == 0; s++)
+        for (int64_t k = 0; k < shard_pieces(d, f, s) && rc == 0; k++) rc = piece_register(d, f, s, k, &e, &added);
     if (rc == 0) {
-        for (int32_t s = 0; s < f->nshards; s++) {
-            reg_entry *e = reg_find(d, f, s);
-            if (!e) continue; /* empty shard */
-            if (hold) e->held = true;
-            else e->users++;
-        }
+        for (int i = 0; i < d->nregs; i++)
+            if (d->regs[i].f == f) d->regs[i].held = true;
     } else {
         reg_release_unused(d, f); /* only what this call added */
     }
     pthread_mutex_unlock(&d->lock);
     return rc;
-}
-
-void xf_reg_unuse(ferry_device *d, const ferry_file *f)
-{
-    pthread_mutex_lock(&d->lock);
-    for (int i = 0; i < d->nregs; i++)
-        if (d->regs[i].f == f && d->regs[i].users > 0) d->regs[i].users--;
-    reg_release_unused(d, f);
-    pthread_mutex_unlock(&d->lock);
 }
 
 /* f is being closed while d still holds its registration (the caller never
@@ -166,7 +176,7 @@ FERRY_API int ferry_device_register_file(ferry_device *d, const ferry_file *f, u
     /* watched before it is held, so a close never misses a held entry */
     int w = fy_file_watch_add(f, reg_file_closing, d);
     FY_RETURN_IF(w < 0, &d->err, w, "%s: out of memory for the file's close watch", f->shards[0].path);
-    int rc = xf_reg_acquire(d, f, true);
+    int rc = reg_hold(d, f);
     if (rc < 0 && w == 1) fy_file_watch_drop(f, reg_file_closing, d);
     return rc;
 }
@@ -182,36 +192,131 @@ FERRY_API void ferry_device_unregister_file(ferry_device *d, const ferry_file *f
     fy_file_watch_drop(f, reg_file_closing, d);
 }
 
-/* Registered with ferry_device_register_file (all shards that hold bytes)? */
+/* Held registered (every piece of every shard that holds bytes)? */
 bool xf_is_registered(ferry_device *d, const ferry_file *f)
 {
     pthread_mutex_lock(&d->lock);
     bool all = true;
-    for (int32_t s = 0; s < f->nshards; s++) {
-        reg_entry *e = reg_find(d, f, s);
-        if (f->shards[s].size && (!e || !e->held)) all = false;
-    }
+    for (int32_t s = 0; s < f->nshards && all; s++)
+        for (int64_t k = 0; k < shard_pieces(d, f, s) && all; k++) {
+            reg_entry *e = reg_find(d, f, s, (uint64_t)k * d->reg_piece);
+            if (!e || !e->held) all = false;
+        }
     pthread_mutex_unlock(&d->lock);
     return all;
 }
 
-/* register: copies straight out of the page-locked mapping, round-robin over streams. */
+/* ---- the register path ---- */
+
+/* A load's registration: the pieces of f in file order (shard by shard),
+ * registered (or found registered) and put in use by this load one by one,
+ * on a helper thread while the loading thread copies out of those done. */
+typedef struct reg_job {
+    ferry_device *d;
+    const ferry_file *f;
+    pthread_mutex_t mu; /* guards the fields below it */
+    pthread_cond_t cv;  /* a piece is done, or the helper failed */
+    int32_t s;          /* every piece before piece k of shard s is in use by this load */
+    int64_t k;
+    int rc;             /* the helper's failure (its message set), or 0 */
+    bool stop;          /* the loading thread failed: register no more */
+    bool added;         /* this load registered a piece itself */
+    double seconds;     /* the helper's wall time (read after it is joined) */
+} reg_job;
+
+static void *reg_helper(void *arg)
+{
+    reg_job *j = arg;
+    ferry_device *d = j->d;
+    const ferry_file *f = j->f;
+    double t0 = fy_now();
+    int rc = 0;
+    for (int32_t s = 0; s < f->nshards && rc == 0; s++)
+        for (int64_t k = 0; k < shard_pieces(d, f, s) && rc == 0; k++) {
+            pthread_mutex_lock(&j->mu);
+            bool stop = j->stop;
+            pthread_mutex_unlock(&j->mu);
+            if (stop) goto out;
+            reg_entry *e = NULL;
+            bool added = false;
+            pthread_mutex_lock(&d->lock);
+            rc = piece_register(d, f, s, k, &e, &added);
+            if (rc == 0) e->users++;
+            pthread_mutex_unlock(&d->lock);
+            pthread_mutex_lock(&j->mu);
+            if (rc == 0) {
+                j->s = s;
+                j->k = k + 1;
+                j->added |= added;
+            } else {
+                j->rc = rc;
+            }
+            pthread_cond_broadcast(&j->cv);
+            pthread_mutex_unlock(&j->mu);
+        }
+out:
+    j->seconds = fy_now() - t0;
+    return NULL;
+}
+
+/* Wait until piece k of shard s is in use by this load: 0, or the helper's failure. */
+static int reg_wait(reg_job *j, int32_t s, int64_t k)
+{
+    pthread_mutex_lock(&j->mu);
+    while (!(j->s > s || (j->s == s && j->k > k)) && j->rc == 0) pthread_cond_wait(&j->cv, &j->mu);
+    int rc = j->s > s || (j->s == s && j->k > k) ? 0 : j->rc;
+    pthread_mutex_unlock(&j->mu);
+    return rc;
+}
+
+/* The load is done with the pieces it put in use (its copies have landed):
+ * held from now on when keep, else unregistered unless someone else holds or
+ * uses them. */
+static void reg_job_release(reg_job *j, bool keep)
+{
+    ferry_device *d = j->d;
+    pthread_mutex_lock(&d->lock);
+    for (int32_t s = 0; s <= j->s && s < j->f->nshards; s++)
+        for (int64_t k = 0; k < (s < j->s ? shard_pieces(d, j->f, s) : j->k); k++) {
+            reg_entry *e = reg_find(d, j->f, s, (uint64_t)k * d->reg_piece);
+            if (!e) continue;
+            if (e->users > 0) e->users--;
+            if (keep) e->held = true;
+        }
+    reg_release_unused(d, j->f);
+    pthread_mutex_unlock(&d->lock);
+}
+
+/* register: copies straight out of the page-locked mapping, round-robin over
+ * streams, each within one registered piece. What is not registered yet is
+ * registered for this load on a helper thread, piece by piece, while the
+ * pieces already done are copied; it stays registered after the load only
+ * with FERRY_LOAD_KEEP_REGISTRATION. */
 int xf_run_register(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o,
-                        fy_stream **streams, uint32_t nstreams)
+                    fy_stream **streams, uint32_t nstreams, ferry_load_stats *st)
 {
     fy_gpu *g = d->g;
-    /* use the registration if there is one, else register for this load only;
-     * either way the shards stay registered until this load is done with them */
-    int rc = 0;
-    if (o->pinned_budget && !xf_is_registered(d, f)) {
+    FY_RETURN_IF(f->private_map, &d->err, FERRY_E_UNSUPPORTED,
+                 "%s: opened with FERRY_OPEN_PRIVATE (a copy-on-write mapping), which must never be "
+                 "page-locked: use the ring path", f->shards[0].path);
+    bool registered = xf_is_registered(d, f);
+    if (o->pinned_budget && !registered) {
         uint64_t need = 0;
         for (int32_t k = 0; k < f->nshards; k++) need += page_round(f->shards[k].size);
         FY_RETURN_IF(need > o->pinned_budget, &d->err, FERRY_E_BUDGET,
                      "%s: registering %" PRIu64 " bytes exceeds the pinned budget of %" PRIu64 " bytes",
                      f->shards[0].path, need, o->pinned_budget);
     }
-    if ((rc = xf_reg_acquire(d, f, false)) < 0) return rc;
-    if ((rc = g->ops->bind_thread(g)) < 0) goto out;
+    FY_TRY(check_size(d, f));
+    reg_job j = {.d = d, .f = f};
+    pthread_mutex_init(&j.mu, NULL);
+    pthread_cond_init(&j.cv, NULL);
+    /* registered already: the pieces are only put in use, here; else on a
+     * helper thread (or here, first, where no thread can be started) */
+    pthread_t helper;
+    bool threaded = !registered && pthread_create(&helper, NULL, reg_helper, &j) == 0;
+    if (!threaded) reg_helper(&j);
+    int rc = g->ops->bind_thread(g);
     uint64_t done = 0;
     uint32_t s = 0;
     /* pieces carry file offsets; find each piece's shard through its batch */
@@ -230,15 +335,33 @@ int xf_run_register(ferry_device *d, const ferry_file *f, const plan *p, const f
             fy_dptr dst = pc->dst;
             for (q++; q < bt->first + bt->count && p->pc[q].dst == dst + len && p->pc[q].off == src + len; q++)
                 len += p->pc[q].len;
-            rc = xf_copy_spread(g, true, dst, (void *)(uintptr_t)(base + src), len, streams, nstreams, &s);
-            if (rc == 0) done += len;
+            /* ... cut where registration pieces meet: a copy must not span two */
+            while (len > 0 && rc == 0) {
+                int64_t k = (int64_t)(src / d->reg_piece);
+                uint64_t n = ((uint64_t)k + 1) * d->reg_piece - src;
+                if (n > len) n = len;
+                rc = reg_wait(&j, bt->shard, k);
+                if (rc == 0) rc = xf_copy_spread(g, true, dst, (void *)(uintptr_t)(base + src), n, streams, nstreams, &s);
+                if (rc == 0) done += n;
+                src += n;
+                dst += n;
+                len -= n;
+            }
         }
         if (o->progress && rc == 0) o->progress(o->opaque, done, p->bytes);
+    }
+    if (rc < 0) {
+        pthread_mutex_lock(&j.mu);
+        j.stop = true;
+        pthread_mutex_unlock(&j.mu);
     }
     for (uint32_t k = 0; k < nstreams; k++) {
         int r = g->ops->stream_sync(g, streams[k]);
         if (rc == 0 && r < 0) rc = r;
     }
+    if (threaded) pthread_join(helper, NULL);
+    /* a load with no copies (no tensors) still waits for the helper's verdict */
+    if (rc == 0) rc = j.rc;
     /* A copy that failed because the file was cut after its batch was checked
      * (the sim reads the mapping without faulting, see sim.c): say which
      * tensor, as the check would have. */
@@ -248,8 +371,13 @@ int xf_run_register(ferry_device *d, const ferry_file *f, const plan *p, const f
                 rc = FERRY_E_CORRUPT;
                 break;
             }
-out:
-    xf_reg_unuse(d, f);
+    /* kept: watched before it is held, so a close never misses a held entry
+     * (no memory for the watch: the load still worked, the pages go back) */
+    bool keep = rc == 0 && (o->flags & FERRY_LOAD_KEEP_REGISTRATION) && fy_file_watch_add(f, reg_file_closing, d) >= 0;
+    reg_job_release(&j, keep);
+    st->registration = j.added ? FERRY_REGISTRATION_NEW : FERRY_REGISTRATION_REUSED;
+    st->register_seconds = j.added ? j.seconds : 0;
+    pthread_cond_destroy(&j.cv);
+    pthread_mutex_destroy(&j.mu);
     return rc;
 }
-

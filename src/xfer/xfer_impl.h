@@ -17,16 +17,30 @@
 #define MAX_STREAMS 16
 #define MAX_THREADS 64
 #define REG_CHUNK (256ull << 20) /* largest copy from a registered mapping */
+/* A shard's mapping is registered in pieces of this many bytes (the last one
+ * shorter), so that a load which must register first copies the pieces
+ * already registered while a helper thread registers the rest: registering
+ * 10 GB of hot page cache at once took 0.21 s on the H200, before any copy
+ * could start (17.3 GB/s for the whole load against 55 GB/s once
+ * registered). 256 MiB: the first copy waits for 1/40 of a 10 GB file's
+ * registration, and 40 calls to cuMemHostRegister instead of one add little
+ * to pinning 2.6 M pages (not measured separately). A copy must never span
+ * two pieces (the driver keeps them apart: a copy crossing two adjacent
+ * registrations failed on the H200), so register.c splits copies there.
+ * Tests set another size per device (fy_device_set_reg_piece). */
+#define REG_PIECE (256ull << 20)
 
 static inline uint64_t page_round(uint64_t n) { return (n + ALIGN - 1) & ~(uint64_t)(ALIGN - 1); }
 
-/* A registered shard mapping. held: registered by ferry_device_register_file;
+/* A registered piece of a shard mapping (bytes [off, off + len) of it, off a
+ * multiple of the device's reg_piece). held: registered by
+ * ferry_device_register_file or kept by a load (FERRY_LOAD_KEEP_REGISTRATION);
  * users: loads copying from it right now. It is unregistered once neither. */
 typedef struct reg_entry {
     const ferry_file *f;
     int32_t shard;
     void *base;
-    uint64_t len;
+    uint64_t off, len;
     int users;
     bool held;
 } reg_entry;
@@ -44,6 +58,7 @@ struct ferry_device {
     pthread_mutex_t lock; /* guards regs */
     reg_entry *regs;
     int nregs, cap_regs;
+    uint64_t reg_piece; /* REG_PIECE, or a test's size (a multiple of ALIGN) */
     pthread_mutex_t ring_lock; /* one load at a time uses the cached ring */
     ring_buf *ring;
     uint8_t *ring_base; /* one pinned block holding every buffer */
@@ -130,16 +145,13 @@ int xf_copy_spread(fy_gpu *g, bool to_device, fy_dptr dev, void *host, uint64_t 
 /* Forget the close watches on the files d registered (ferry_device_close, before freeing d). */
 void xf_reg_unwatch_all(ferry_device *d);
 
-/* Register every shard of f not registered yet, then mark them held (hold)
- * or in use by one more load. On failure nothing changes. */
-int xf_reg_acquire(ferry_device *d, const ferry_file *f, bool hold);
-/* One load is done with f's registrations (unregistered if nobody holds them). */
-void xf_reg_unuse(ferry_device *d, const ferry_file *f);
-/* Registered with ferry_device_register_file (all shards that hold bytes)? */
+/* Held registered (every piece of every shard that holds bytes)? */
 bool xf_is_registered(ferry_device *d, const ferry_file *f);
-/* Run plan p as copies straight out of the page-locked mapping. */
+/* Run plan p as copies straight out of the page-locked mapping, registering
+ * what is not registered yet on a helper thread meanwhile; says in st how it
+ * came by the registration. */
 int xf_run_register(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o,
-                    fy_stream **streams, uint32_t nstreams);
+                    fy_stream **streams, uint32_t nstreams, ferry_load_stats *st);
 
 /* ---- residency.c ---- */
 

@@ -241,15 +241,19 @@ def test_a_wrong_mirror_is_refused():
     assert str(e.value) == (f"ferry: {__file__}'s ferry_load_stats does not match libferry "
                             f"{ferry.library_version} ({ferry.library_path}): field 'why' at {off_resident}, "
                             f"the library has it at {off_why}")
-    with pytest.raises(ImportError, match=f"ferry_load_stats does not match .*: the library has field 'why' at "
-                                          f"{off_why}, which this mirror lacks"):
+    last = f[-1][0]
+    off_last = _lib.lib.ferry_abi_offsetof(b"ferry_load_stats", last.encode())
+    with pytest.raises(ImportError, match=f"ferry_load_stats does not match .*: the library has field '{last}' at "
+                                          f"{off_last}, which this mirror lacks"):
         _lib.check_mirror(_variant(_lib.LoadStats, f[:-1]))
     with pytest.raises(ImportError, match=f"field 'extra' at {ctypes.sizeof(_lib.LoadStats)}: the library has no "
                                           f"such field"):
         _lib.check_mirror(_variant(_lib.LoadStats, f + [("extra", ctypes.c_uint64)]))
-    # same names and offsets, a different size: the old char why[256]
-    with pytest.raises(ImportError, match=f"sizeof {off_why + 256}, the library's is {off_why + 8}"):
-        _lib.check_mirror(_variant(_lib.LoadStats, f[:-1] + [("why", ctypes.c_char * 256)]))
+    # same names and offsets, a different size (as the old char why[256] was):
+    # the last field 256 bytes long instead of 8
+    assert ctypes.sizeof(f[-1][1]) == 8
+    with pytest.raises(ImportError, match=f"sizeof {off_last + 256}, the library's is {off_last + 8}"):
+        _lib.check_mirror(_variant(_lib.LoadStats, f[:-1] + [(last, ctypes.c_double * 32)]))
     # the store's old layout (no size field first): the first field is off
     old = [(n, t) for n, t in _lib.TensorState._fields_ if n != "size"]
     off_name = _lib.lib.ferry_abi_offsetof(b"ferry_tensor_state", b"name")

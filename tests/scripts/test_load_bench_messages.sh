@@ -3,7 +3,8 @@
 # without a GPU, load names the devices that do work here (sim:SIZE, cpu); a
 # one-tensor file is "1 tensor"; a file too small to time gets a time, not a
 # GB/s figure; bench --device cpu shows no host->device link and no path cpu
-# cannot take; hash and convert count "1 tensor" too.
+# cannot take; hash and convert count "1 tensor" too. ferry load --path
+# register --repeat registers once and says so.
 #   test_load_bench_messages.sh FERRY SOURCE
 set -u
 ferry=$1 src=$2
@@ -28,6 +29,20 @@ out=$("$ferry" load --device cpu "$one" 2>&1) || fail "load --device cpu failed:
 has "$out" ": 1 tensor," "load of a one-tensor file"
 has "$out" "too small for a GB/s figure" "load of a tiny file"
 hasnt "$out" "GB/s via" "load of a tiny file"
+
+# --repeat on the register path registers once: the first load says it
+# registered, the repeats that they reused the registration
+out=$("$ferry" load --device sim:1GiB --path register --repeat 3 "$one" 2>&1) || fail "load --path register failed: $out"
+[ "$(grep -c 'registered in .* ms' <<<"$out")" -eq 1 ] || fail "load --path register --repeat 3: not one 'registered in': $out"
+[ "$(grep -c 'registration reused' <<<"$out")" -eq 2 ] || fail "load --path register --repeat 3: not two reuses: $out"
+out=$("$ferry" load --device sim:1GiB --path register --repeat 2 --json "$one" 2>&1) || fail "load --json failed: $out"
+[ "$(grep -c '"registration": "registered"' <<<"$out")" -eq 1 ] || fail "load --json: no first registration: $out"
+[ "$(grep -c '"registration": "reused"' <<<"$out")" -eq 1 ] || fail "load --json: no reuse: $out"
+has "$out" '"register_seconds": 0.0' "load --json of a reused registration"
+out=$("$ferry" load --device sim:1GiB --path register --pinned-budget 4KiB "$one" "$one" 2>&1)
+[ $? -eq 0 ] || fail "load --pinned-budget 4KiB of a one-page file failed: $out"
+out=$("$ferry" load --device sim:1GiB --path register --pinned-budget 1 "$one" 2>&1) && fail "a budget of 1 byte was not refused: $out"
+has "$out" "exceeds the pinned budget" "load --pinned-budget 1"
 
 out=$("$ferry" bench --device cpu "$one" 2>&1) || fail "bench --device cpu failed: $out"
 hasnt "$out" "host->device" "bench --device cpu"

@@ -340,10 +340,30 @@ static void test_register(void)
     CHECK_STR_HAS(err.msg, "read-only");
     CHECK_EQ(o->copy_dtoh(g, other, d, 100, s), FERRY_E_INVAL);
     CHECK_EQ(o->stream_sync(g, s), 0);
+    CHECK_EQ(o->host_unregister(g, buf), 0);
+
+    /* two adjacent registrations are two for the driver: a copy may come from
+     * either, not cross from one into the next (it failed on the H200), nor
+     * run from pageable memory into one */
+    CHECK_EQ(o->host_register(g, buf, 8192, true), 0);
+    CHECK_EQ(o->host_register(g, buf + 8192, 8192, true), 0);
+    CHECK_EQ(o->copy_htod(g, d, buf + 4096, 4096, s), 0);
+    CHECK_EQ(o->copy_htod(g, d, buf + 8192, 4096, s), 0);
+    CHECK_EQ(o->copy_htod(g, d, buf + 8191, 2, s), FERRY_E_INVAL);
+    CHECK_STR_HAS(err.msg, "crosses the edge of the range registered");
+    CHECK_STR_HAS(err.msg, "inside one registration");
+    CHECK_EQ(o->copy_htod(g, d, buf + 4096, 4096 + 1, s), FERRY_E_INVAL);
+    CHECK_EQ(o->copy_htod(g, d, buf + 16384 - 1, 2, s), FERRY_E_INVAL); /* runs out into pageable memory */
+    CHECK_EQ(o->copy_htod(g, d, buf + 16384, 4096, s), 0);             /* pageable alone is fine */
+    CHECK_EQ(o->stream_sync(g, s), 0);
+    CHECK_EQ(o->host_unregister(g, buf + 8192), 0);
+    CHECK_EQ(o->copy_htod(g, d, buf + 8191, 2, s), FERRY_E_INVAL); /* from a registration into pageable memory */
+    CHECK_EQ(o->host_unregister(g, buf), 0);
+    CHECK_EQ(o->copy_htod(g, d, buf + 8191, 2, s), 0);
+    CHECK_EQ(o->stream_sync(g, s), 0);
     o->stream_free(g, s);
     CHECK_EQ(o->mem_free(g, d), 0);
 
-    CHECK_EQ(o->host_unregister(g, buf), 0);
     CHECK_EQ(o->host_unregister(g, other), 0);
 
     /* bad ranges */

@@ -1042,6 +1042,151 @@ static void test_register(ferry_ctx *ctx)
     }
 }
 
+/* ---- 3b. registration in pieces ---- */
+
+/* Pieces of piece bytes f's registration takes (xfer_impl.h, REG_PIECE). */
+static int64_t pieces_of(const ferry_file *f, uint64_t piece)
+{
+    int64_t n = 0;
+    for (int s = 0; s < ferry_file_shard_count(f); s++) {
+        struct stat st;
+        if (stat(ferry_file_shard_path(f, s), &st) == 0) n += (int64_t)((page_round((uint64_t)st.st_size) + piece - 1) / piece);
+    }
+    return n;
+}
+
+/* Tensors whose bytes straddle a piece boundary: the copies the register
+ * path must split (the sim refuses a copy that crosses a registration). */
+static int straddlers(const ferry_file *f, uint64_t piece)
+{
+    int n = 0;
+    for (int64_t i = 0; i < ferry_file_tensor_count(f); i++) {
+        ferry_tensor_info ti = {.size = sizeof ti};
+        ferry_file_tensor_info(f, i, &ti);
+        if (ti.nbytes && ti.offset / piece != (ti.offset + ti.nbytes - 1) / piece) n++;
+    }
+    return n;
+}
+
+/* A register load registers the file piece by piece (a small piece here, so
+ * the test files have tensors across piece boundaries) while it copies:
+ * bit-identical results; a fault in the Nth registration fails the load
+ * cleanly, naming the file, with nothing left registered; a load with
+ * FERRY_LOAD_KEEP_REGISTRATION leaves the registration for the next load,
+ * which says it reused it. */
+static void test_register_pieces(ferry_ctx *ctx)
+{
+    static const struct { const char *file, *named; uint64_t piece; } cases[] = {
+        {"odd.safetensors", "/odd.safetensors: ", 12 * KiB},          /* not a power of two */
+        {"sh.safetensors.index.json", "-of-00002.safetensors: ", 4 * KiB} /* every page its own */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        uint64_t piece = cases[c].piece;
+        ferry_file *f = open_file(ctx, cases[c].file);
+        ferry_device *d = open_dev(ctx, "sim:256MiB");
+        if (!f || !d) goto next;
+        fy_device_set_reg_piece(d, piece);
+        int64_t np = pieces_of(f, piece);
+        uint64_t need = file_pages(f);
+        CHECK(np > 2);
+        CHECK(straddlers(f, piece) > 0);
+        char what[160];
+        snprintf(what, sizeof what, "%s in %llu-byte pieces", cases[c].file, (unsigned long long)piece);
+
+        /* registered for the load only, then gone */
+        ferry_load_opts o = small_opts(FERRY_ROUTE_REGISTER);
+        ferry_load_stats st = {.size = sizeof st};
+        ferry_loaded *l = NULL;
+        int rc = ferry_load(d, f, &o, &l, &st);
+        if (rc < 0) fprintf(stderr, "%s: %s\n", what, ferry_ctx_errmsg(ctx));
+        CHECK_EQ(rc, 0);
+        CHECK_EQ(st.registration, FERRY_REGISTRATION_NEW);
+        CHECK(st.register_seconds > 0);
+        if (l) CHECK_EQ(verify_loaded(l, f, what), 0);
+        ferry_loaded_free(l);
+        CHECK_EQ(use_of(d).reg, 0);
+        /* one registration per piece: the (np+1)th never comes */
+        CHECK(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_HOST_REGISTER, np + 1) >= 0);
+        l = NULL;
+        CHECK_EQ(ferry_load(d, f, &o, &l, NULL), 0);
+        CHECK_EQ(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_HOST_REGISTER, 0), 1); /* one call still to go */
+        ferry_loaded_free(l);
+
+        /* the Nth registration fails: a clean error, nothing registered or
+         * allocated, and the device still loads */
+        for (int64_t n = 1; n <= np; n++) {
+            if (n > 3 && n < np - 1 && n % 7) continue; /* the first, the last and a spread between */
+            CHECK(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_HOST_REGISTER, n) >= 0);
+            l = NULL;
+            o.flags = n % 2 ? FERRY_LOAD_KEEP_REGISTRATION : 0; /* a failed load keeps nothing */
+            rc = ferry_load(d, f, &o, &l, NULL);
+            CHECK_EQ(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_HOST_REGISTER, 0), 0);
+            CHECK_EQ(rc, FERRY_E_DEVICE);
+            CHECK(l == NULL);
+            const char *msg = ferry_ctx_errmsg(ctx);
+            CHECK_STR_HAS(msg, cases[c].named); /* the file whose registration failed */
+            CHECK_STR_HAS(msg, "page-locking bytes");
+            CHECK_STR_HAS(msg, "injected failure");
+            usage u = use_of(d);
+            CHECK_EQ(u.reg, 0);
+            CHECK_EQ(u.dev, 0);
+            l = NULL;
+            CHECK_EQ(ferry_load(d, f, &o, &l, NULL), 0);
+            if (l) CHECK_EQ(verify_loaded(l, f, what), 0);
+            ferry_loaded_free(l);
+            CHECK_EQ(use_of(d).reg, o.flags ? need : 0);
+            ferry_device_unregister_file(d, f); /* what the load just kept */
+            CHECK_EQ(use_of(d).reg, 0);
+        }
+
+        /* kept: the next loads (register and auto) reuse it at no cost */
+        o = small_opts(FERRY_ROUTE_REGISTER);
+        o.flags = FERRY_LOAD_KEEP_REGISTRATION;
+        o.pinned_budget = need - 1; /* kept or not, a registration within the budget */
+        CHECK_EQ(ferry_load(d, f, &o, &l, NULL), FERRY_E_BUDGET);
+        CHECK_EQ(use_of(d).reg, 0);
+        o.pinned_budget = need;
+        l = NULL;
+        CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
+        CHECK_EQ(st.registration, FERRY_REGISTRATION_NEW);
+        ferry_loaded_free(l);
+        CHECK_EQ(use_of(d).reg, need);
+        for (int v = 0; v < 2; v++) {
+            o = small_opts(v ? FERRY_ROUTE_AUTO : FERRY_ROUTE_REGISTER);
+            st = (ferry_load_stats){.size = sizeof st};
+            CHECK(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_HOST_REGISTER, 1) >= 0); /* no registration happens */
+            l = NULL;
+            CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
+            CHECK_EQ(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_HOST_REGISTER, 0), 1);
+            CHECK_EQ(st.route, FERRY_ROUTE_REGISTER);
+            CHECK_EQ(st.registration, FERRY_REGISTRATION_REUSED);
+            CHECK(st.register_seconds == 0);
+            if (l) CHECK_EQ(verify_loaded(l, f, what), 0);
+            ferry_loaded_free(l);
+            CHECK_EQ(use_of(d).reg, need);
+        }
+        /* a load that fails on a kept registration keeps it */
+        o = small_opts(FERRY_ROUTE_REGISTER);
+        CHECK(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, 2) >= 0);
+        l = NULL;
+        CHECK_EQ(ferry_load(d, f, &o, &l, NULL), FERRY_E_DEVICE);
+        fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, 0);
+        CHECK_EQ(use_of(d).reg, need);
+        /* the ring path is unaffected, and the kept registration goes with the file */
+        o = small_opts(FERRY_ROUTE_RING);
+        st = (ferry_load_stats){.size = sizeof st};
+        CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
+        CHECK_EQ(st.registration, FERRY_REGISTRATION_NONE);
+        ferry_loaded_free(l);
+        ferry_file_close(f);
+        f = NULL;
+        CHECK_EQ(use_of(d).reg, 0);
+    next:
+        ferry_device_close(d);
+        ferry_file_close(f);
+    }
+}
+
 /* A file closed while still registered (issue 15): the close drops the
  * registration on every device that holds one, so nothing stays page-locked
  * and a later file, even one allocated at the freed file's address, is not
@@ -1791,14 +1936,19 @@ static void test_concurrent(ferry_ctx *ctx)
     ferry_file *s = open_file(ctx, "sh.safetensors.index.json");
     ferry_device *d = open_dev(ctx, "sim:256MiB");
     if (!f || !s || !d) goto out;
-    worker w[3] = {{d, f, small_opts(FERRY_ROUTE_RING), 0},
+    /* two register loads of one file in small pieces: their helper threads
+     * register the same pieces, each load using what the other registered */
+    fy_device_set_reg_piece(d, 12 * KiB);
+    worker w[5] = {{d, f, small_opts(FERRY_ROUTE_RING), 0},
                    {d, s, small_opts(FERRY_ROUTE_RING), 0},
-                   {d, s, small_opts(direct_ok ? FERRY_ROUTE_DIRECT : FERRY_ROUTE_RING), 0}};
+                   {d, s, small_opts(direct_ok ? FERRY_ROUTE_DIRECT : FERRY_ROUTE_RING), 0},
+                   {d, f, small_opts(FERRY_ROUTE_REGISTER), 0},
+                   {d, f, small_opts(FERRY_ROUTE_REGISTER), 0}};
     w[1].o.ring_buffers = 3; /* a different ring: the device's ring is replaced back and forth */
-    pthread_t th[3];
-    for (int i = 0; i < 3; i++) pthread_create(&th[i], NULL, load_worker, &w[i]);
-    for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
-    for (int i = 0; i < 3; i++) CHECK_EQ(w[i].bad, 0);
+    pthread_t th[5];
+    for (int i = 0; i < 5; i++) pthread_create(&th[i], NULL, load_worker, &w[i]);
+    for (int i = 0; i < 5; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 5; i++) CHECK_EQ(w[i].bad, 0);
     usage u = use_of(d);
     CHECK_EQ(u.dev, 0);
     CHECK_EQ(u.reg, 0);
@@ -2043,6 +2193,7 @@ static ferry_ctx *ctx;
     CASE(auto_cold, test_auto_cold(ctx))                                         \
     CASE(load_into, test_load_into(ctx))                                         \
     CASE(register, test_register(ctx))                                           \
+    CASE(register_pieces, test_register_pieces(ctx))                             \
     CASE(closed_registered, test_closed_registered(ctx))                         \
     CASE(capacity, test_capacity(ctx))                                           \
     CASE(ring_reuse, test_ring_reuse(ctx))                                       \

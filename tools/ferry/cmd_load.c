@@ -15,7 +15,8 @@ const cli_cmd cmd_load = {
     "Check that every PATH opens, then load every tensor of each checkpoint into\n"
     "device memory, one after the other, and report bytes,\n"
     "seconds, GB/s (from 64 MiB up: a smaller load is mostly its setup), the\n"
-    "transfer path used (and why) and the process's peak RSS\n"
+    "transfer path used (and why), for the register path whether the load\n"
+    "registered the file or reused a registration, and the process's peak RSS\n"
     "(VmHWM). A progress bar is drawn when stderr is a terminal.\n"
     "\n"
     "options:\n"
@@ -34,7 +35,10 @@ const cli_cmd cmd_load = {
     "  --buffers N         pinned staging buffers (default 2 x threads)\n"
     "  --buffer-size SIZE  bytes per staging buffer (default 4MiB)\n"
     "  --repeat N          load each checkpoint N times in this process (the ring and\n"
-    "                      the CUDA context are set up once; shows the steady rate)\n"
+    "                      the CUDA context are set up once; shows the steady rate).\n"
+    "                      With --path register the first load's registration is kept\n"
+    "                      for the repeats (registered once per checkpoint)\n"
+    "  --pinned-budget SIZE  most bytes a register load may page-lock (default: no limit)\n"
     "  --verify            copy every tensor back and compare its XXH3-64 with the file's\n"
     "  --json              print one JSON object\n"
     "  -h, --help          show this help\n",
@@ -117,7 +121,7 @@ static int run(int argc, char **argv)
         else if (opts && strcmp(a, "--") == 0) opts = false;
         else if (opts && (strcmp(a, "--device") == 0 || strcmp(a, "--path") == 0 || strcmp(a, "--threads") == 0 ||
                           strcmp(a, "--streams") == 0 || strcmp(a, "--buffers") == 0 || strcmp(a, "--buffer-size") == 0 ||
-                          strcmp(a, "--repeat") == 0)) {
+                          strcmp(a, "--repeat") == 0 || strcmp(a, "--pinned-budget") == 0)) {
             int ex = EXIT_OK;
             if (!v) ex = cli_usage_error(&cmd_load, "%s needs a value", a);
             else if (strcmp(a, "--device") == 0) dev_spec = v;
@@ -131,6 +135,9 @@ static int run(int argc, char **argv)
                 if (!parse_u32(v, 1, 1000, &repeat)) ex = cli_usage_error(&cmd_load, "--repeat takes 1..1000");
             } else if (strcmp(a, "--streams") == 0) {
                 if (!parse_u32(v, 2, 16, &lo.streams)) ex = cli_usage_error(&cmd_load, "--streams takes 2..16");
+            } else if (strcmp(a, "--pinned-budget") == 0) {
+                if (!cli_parse_size(v, &lo.pinned_budget) || lo.pinned_budget == 0)
+                    ex = cli_usage_error(&cmd_load, "--pinned-budget takes a size, e.g. 16GiB, not '%s'", v);
             } else if (strcmp(a, "--buffers") == 0) {
                 if (!parse_u32(v, 2, 4096, &lo.ring_buffers)) ex = cli_usage_error(&cmd_load, "--buffers takes 2..4096");
             } else {
@@ -173,7 +180,7 @@ static int run(int argc, char **argv)
     }
     /* every checkpoint must open before the first is loaded: a typo in the last
      * PATH should not cost the loads before it. Each is closed again and
-     * reopened for its load, so only one file's registrations are held at a time. */
+     * reopened for its loads, so only one file's registrations are held at a time. */
     for (int k = 0; k < npaths; k++) {
         ferry_file *f;
         if ((rc = ferry_file_open(ctx, paths[k], 0, &f)) < 0) {
@@ -186,10 +193,18 @@ static int run(int argc, char **argv)
     uint64_t all_bytes = 0;
     double all_secs = 0;
     bool verified_all = true;
+    /* A register load keeps its registration (held until the file closes) so
+     * that the repeats of one checkpoint, which keep the file open, reuse it
+     * as a caller of ferry_device_register_file would; each file is closed
+     * after its repeats, so the pages of one checkpoint at most stay locked. */
+    lo.flags = lo.route == FERRY_ROUTE_REGISTER ? FERRY_LOAD_KEEP_REGISTRATION : 0;
+    ferry_file *f = NULL;
     for (int kk = 0; kk < npaths * (int)repeat && ex == EXIT_OK; kk++) {
         int k = kk / (int)repeat;
-        ferry_file *f;
-        if ((rc = ferry_file_open(ctx, paths[k], 0, &f)) < 0) { ex = cli_fail_ctx(ctx, rc); break; }
+        if (kk % (int)repeat == 0 && (rc = ferry_file_open(ctx, paths[k], 0, &f)) < 0) {
+            ex = cli_fail_ctx(ctx, rc);
+            break;
+        }
         cli_progress p;
         cli_progress_start(&p, "load");
         lo.progress = cli_progress_update;
@@ -200,7 +215,6 @@ static int run(int argc, char **argv)
         cli_progress_end(&p);
         if (rc < 0) {
             ex = cli_fail_ctx(ctx, rc);
-            ferry_file_close(f);
             break;
         }
         int64_t bad = 0;
@@ -226,12 +240,22 @@ static int run(int argc, char **argv)
         json_object_set_new(o, "path_used", json_string(ferry_route_name(st.route)));
         json_object_set_new(o, "why", json_string(st.why));
         json_object_set_new(o, "resident_before", json_real(st.resident));
+        if (st.route == FERRY_ROUTE_REGISTER) {
+            /* "registered": this load page-locked the file (register_seconds
+             * of it, overlapping the copies); "reused": it was registered already */
+            json_object_set_new(o, "registration",
+                                json_string(st.registration == FERRY_REGISTRATION_NEW ? "registered" : "reused"));
+            json_object_set_new(o, "register_seconds", json_real(st.register_seconds));
+        }
         if (do_verify) json_object_set_new(o, "verified", json_boolean(bad == 0));
         json_array_append_new(files, o);
         if (!json) {
             char h[32], cached[48] = "", rate[96];
             int64_t nt = ferry_file_tensor_count(f);
             if (st.resident >= 0) snprintf(cached, sizeof cached, "; %.0f%% cached", st.resident * 100);
+            else if (st.route == FERRY_ROUTE_REGISTER && st.registration == FERRY_REGISTRATION_NEW)
+                snprintf(cached, sizeof cached, "; registered in %.1f ms", st.register_seconds * 1e3);
+            else if (st.route == FERRY_ROUTE_REGISTER) snprintf(cached, sizeof cached, "; registration reused");
             if (st.bytes >= RATE_MIN_BYTES) snprintf(rate, sizeof rate, "%.3f s = %.2f GB/s", st.seconds, gbps);
             else snprintf(rate, sizeof rate, "%.2f ms (too small for a GB/s figure)", st.seconds * 1e3);
             printf("%s: %" PRId64 " %s, %s in %s via %s (%s%s)%s\n", paths[k], nt, cli_plural(nt, "tensor", "tensors"),
@@ -239,8 +263,12 @@ static int run(int argc, char **argv)
                    do_verify && bad == 0 ? "; verified bit-identical" : "");
         }
         ferry_loaded_free(l);
-        ferry_file_close(f);
+        if (kk % (int)repeat == (int)repeat - 1) {
+            ferry_file_close(f);
+            f = NULL;
+        }
     }
+    ferry_file_close(f); /* after a failed load */
     long hwm = cli_vmhwm_kib();
     if (json) {
         json_t *o = json_object();
