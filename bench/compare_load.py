@@ -1720,11 +1720,11 @@ class Bench:
             head = ("| method | cache | GB/s median (best) | × limit | load ms | "
                     + ("× target | " if small else "") + "process s | peak RSS | verified | ok runs | notes |")
             lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+            na = {}  # method -> reason, one row per workload, not one per cache state
             for c, sc in sw.items():
                 for m, s in sc.items():
                     if "n/a" in s:
-                        cells = [m, c, s["n/a"], "", ""] + ([""] if small else []) + ["", "", "", "", ""]
-                        lines.append("| " + " | ".join(cells) + " |")
+                        na[m] = s["n/a"]
                         continue
                     notes = []
                     if s.get("path_used"):
@@ -1744,6 +1744,9 @@ class Bench:
                               f"{s['peak_rss_max_bytes'] / GIB:.2f} GiB" if s.get("peak_rss_max_bytes") else "—",
                               ver, f"{s['ok']}/{s['runs']}", "; ".join(notes)]
                     lines.append("| " + " | ".join(cells) + " |")
+            for m, why in na.items():
+                cells = [m, "all", why] + [""] * (head.count("|") - 4)
+                lines.append("| " + " | ".join(cells) + " |")
             parts.append("\n".join(lines))
         legend = ("× limit: median GB/s over the limit (cold: O_DIRECT read; hot, tmpfs: pinned copy). "
                   "× target (small): median load time over 2 × bytes / copy rate + 5 ms. "
