@@ -459,11 +459,12 @@ def digests_of(named, torch):
         n, s0, s1 = tensor_digest(t, torch)
         names.append(name)
         sizes.append(n)
-        s0s.append(s0.cpu() if s0.device.type != "cpu" else s0)  # small: one int64 each
-        s1s.append(s1.cpu() if s1.device.type != "cpu" else s1)
+        s0s.append(s0)  # left on the device: one copy to the host for all, below
+        s1s.append(s1)
     if not names:
         return {}
-    a0, a1 = torch.stack(s0s).tolist(), torch.stack(s1s).tolist()
+    both = torch.stack([torch.stack(s0s), torch.stack(s1s)]).cpu().tolist()
+    a0, a1 = both[0], both[1]
     return {k: f"{n}:{x & MASK64:016x}:{y & MASK64:016x}" for k, n, x, y in zip(names, sizes, a0, a1)}
 
 
@@ -837,7 +838,7 @@ def plan_sharded(total_bytes, shard_bytes=5 * 10**9, cols=4096):
     shards, k = [], 0
     for _ in range(nshards):
         ts = []
-        for _ in range(max(1, per_shard // per_tensor)):
+        for _ in range(max(1, -(-per_shard // per_tensor))):  # rounded up: at least the total
             ts.append(bf16(f"model.layers.{k // 4}.w{k % 4}.weight", [rows, cols]))
             k += 1
         shards.append(ts)
@@ -846,8 +847,9 @@ def plan_sharded(total_bytes, shard_bytes=5 * 10**9, cols=4096):
 
 def plan_lora(ntensors):
     """LoRA A/B pairs: A [r, h], B [h, r], ranks 16-64, hidden sizes 2560-3072
-    (3000 tensors: about 340 MB)."""
-    ranks, hiddens, targets = [16, 16, 32, 16, 64, 16], [2560, 3072, 2816], ["q_proj", "k_proj", "v_proj", "o_proj"]
+    (3000 tensors: about 330 MB)."""
+    ranks = [16] * 7 + [32] + [16] * 7 + [64]  # mostly 16, some 32 and 64: about 330 MB in 3000 tensors
+    hiddens, targets = [2560, 3072, 2560], ["q_proj", "k_proj", "v_proj", "o_proj"]
     out = []
     for p in range(max(1, ntensors // 2)):
         r, h = ranks[p % len(ranks)], hiddens[p % len(hiddens)]
@@ -1401,8 +1403,7 @@ class Bench:
                 drop_cache(f, self.a.drop_caches and not self.a.dry_run)
             g, n, e = read_rate(wl.files, cap, direct=True)
             lim.update(direct_gbps=g, direct_bytes=n, **({"direct_error": e} if e else {}))
-            for f in wl.files:
-                warm_cache(f)
+            read_rate(wl.files, cap, direct=False)  # fills the cache with what is read next
             g, n, e = read_rate(wl.files, cap, direct=False)
             lim.update(page_cache_gbps=g, page_cache_bytes=n, **({"page_cache_error": e} if e else {}))
             self.out["limits"].setdefault(w, {})[when] = lim
@@ -1780,7 +1781,8 @@ def main():
     ap.add_argument("--ferry-python", default=os.path.join(here, "..", "python"),
                     help="the folder holding ferry's Python package (default: the repo's python/)")
     ap.add_argument("--st09-path", default=None, help="folder where safetensors 0.9 is installed (pip --target)")
-    ap.add_argument("--dir", default="cmp-data", help="where the workloads are (made with --make)")
+    ap.add_argument("--dir", default=os.path.join(here, "..", "build-cmp"),
+                    help="where the workloads are (made with --make); default build-cmp/ in the repo (git ignores it)")
     ap.add_argument("--workloads", default="w10g,sharded,lora,small,gguf")
     ap.add_argument("--file", default=None, help="w10g's file (default DIR/w10g.safetensors)")
     ap.add_argument("--make", action="store_true", help="make missing workloads (refuses if the disk lacks room)")
@@ -1788,7 +1790,7 @@ def main():
     ap.add_argument("--blocks", type=int, default=44, help="w10g: transformer blocks (default 44)")
     ap.add_argument("--hidden", type=int, default=2560, help="w10g: hidden size (default 2560: 10.4 GB, 540 tensors)")
     ap.add_argument("--sharded-gb", type=float, default=30, help="sharded: total GB (default 30, shards of ~5 GB)")
-    ap.add_argument("--lora-tensors", type=int, default=3000, help="lora: tensors (default 3000, ~340 MB)")
+    ap.add_argument("--lora-tensors", type=int, default=3000, help="lora: tensors (default 3000, ~330 MB)")
     ap.add_argument("--gguf-gb", type=float, default=3, help="gguf: GB (default 3)")
     ap.add_argument("--scale", type=float, default=1.0,
                     help="multiply the sizes of sharded and gguf (and lora's count below 0.01): 0.003 for a dry run")
