@@ -74,7 +74,7 @@ Tables: GB/s median (best), ratio to the limit (cold: O_DIRECT; hot and tmpfs:
 the copy rate), peak RSS, verified, per workload x cache x method.
 
 Robust by design: a method that fails, crashes or hangs records its error and the
-run goes on; one that times out on a workload is not started again on it; after
+run goes on; one that times out is not started again (on any workload); after
 --budget-seconds (counted from this script's start, including --make) the
 remaining runs are skipped and reported as skipped. The JSON and markdown outputs
 are rewritten after every run.
@@ -1050,7 +1050,7 @@ class Bench:
                     "args": vars(a), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     "meta": {}, "preflight": {}, "workloads": {}, "limits": {}, "not_applicable": {},
                     "ferry_bench": None, "runs": self.runs}
-        self.timed_out = set()     # (workload, method) that timed out once
+        self.timed_out = set()     # methods that timed out once: a hang (GDS) costs one timeout, not one per run
         self.unavailable = {}      # method -> reason it cannot run at all
         self.workloads = {}
         self.tmp = tempfile.mkdtemp(prefix="compare_load.")
@@ -1466,7 +1466,7 @@ class Bench:
         if method in self.unavailable:
             run["error"] = self.unavailable[method]
             return run
-        if (wl.name, method) in self.timed_out:
+        if method in self.timed_out:
             run.update(status="skipped", error="skipped: timed out in an earlier run")
             return run
         if self.remaining() <= 0:
@@ -1492,7 +1492,7 @@ class Bench:
             if where:
                 shutil.rmtree(where, ignore_errors=True)
         if run.get("timed_out"):
-            self.timed_out.add((wl.name, method))
+            self.timed_out.add(method)
         if run.get("seconds") and run.get("bytes") and not run.get("gbps"):
             run["gbps"] = run["bytes"] / run["seconds"] / GB
         if run.get("seconds"):
@@ -1786,6 +1786,9 @@ def main():
     ap.add_argument("--workloads", default="w10g,sharded,lora,small,gguf")
     ap.add_argument("--file", default=None, help="w10g's file (default DIR/w10g.safetensors)")
     ap.add_argument("--make", action="store_true", help="make missing workloads (refuses if the disk lacks room)")
+    ap.add_argument("--make-only", action="store_true",
+                    help="make the workloads and their reference digests (cached in --dir), then stop: "
+                         "a first command on a machine whose commands are limited in time")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--blocks", type=int, default=44, help="w10g: transformer blocks (default 44)")
     ap.add_argument("--hidden", type=int, default=2560, help="w10g: hidden size (default 2560: 10.4 GB, 540 tensors)")
@@ -1840,6 +1843,9 @@ def main():
           f"budget {a.budget_seconds:.0f} s" + (", DRY RUN" if a.dry_run else ""))
     try:
         b.setup()
+        if a.make_only:
+            b.log("--make-only: workloads made and reference digests cached; no runs")
+            return
         b.ferry_bench()
         if a.limits:
             b.measure_limits("start")

@@ -8,7 +8,11 @@ lines, each method's peak RSS written under its bars; a run that failed or was
 not verified is marked on its bar, a method that does not apply is named "n/a".
 The older JSON (one file, methods x cold/hot) is drawn as before.
 
-    python3 bench/plot.py bench/results/compare-session5-h200.json docs/compare.png
+    python3 bench/plot.py RESULT.json [MORE.json ...] docs/compare.png
+
+Several results of format 2 (say, one per command on a machine whose commands
+are limited in time) are drawn together, a workload from a later file replacing
+the same workload from an earlier one.
 
 Needs matplotlib (not a dependency of ferry: `pip install matplotlib` in a venv).
 """
@@ -159,8 +163,8 @@ def plot_v1(d, a, plt):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("result", help="the JSON that compare_load.py --out wrote")
-    ap.add_argument("out", help="the picture to write (.png or .svg)")
+    ap.add_argument("paths", nargs="+", metavar="RESULT.json ... OUT.png",
+                    help="the JSON(s) that compare_load.py --out wrote, then the picture to write (.png or .svg)")
     ap.add_argument("--methods", default=None,
                     help="comma-separated methods, in the order to draw (default: all in the result; "
                          "the old format: the peers and ferry auto)")
@@ -172,9 +176,32 @@ def main():
         import matplotlib.pyplot as plt
     except ImportError:
         sys.exit("plot.py: needs matplotlib (pip install matplotlib)")
-    with open(a.result) as fh:
-        d = json.load(fh)
-    (plot_v2 if d.get("format") == 2 else plot_v1)(d, a, plt)
+    if len(a.paths) < 2:
+        ap.error("give at least one RESULT.json and the OUT picture")
+    a.out, results = a.paths[-1], a.paths[:-1]
+    a.result = ", ".join(results)
+    docs = []
+    for path in results:
+        with open(path) as fh:
+            docs.append(json.load(fh))
+    if all(d.get("format") == 2 for d in docs):
+        plot_v2(merge(docs), a, plt)
+    elif len(docs) == 1:
+        plot_v1(docs[0], a, plt)
+    else:
+        sys.exit("plot.py: only results of format 2 (compare_load.py with workloads) can be drawn together")
+
+
+def merge(docs):
+    """One format-2 result from several: per workload, the last file that has it."""
+    out = {"format": 2, "summary": {}, "workloads": {}, "limits": {}, "args": docs[-1].get("args") or {}}
+    for d in docs:
+        for w, sw in (d.get("summary") or {}).items():
+            if sw:
+                out["summary"][w] = sw
+                out["workloads"][w] = (d.get("workloads") or {}).get(w, {})
+                out["limits"][w] = (d.get("limits") or {}).get(w, {})
+    return out
 
 
 if __name__ == "__main__":
