@@ -79,6 +79,11 @@ run goes on; one that times out is not started again (on any workload); after
 remaining runs are skipped and reported as skipped. The JSON and markdown outputs
 are rewritten after every run.
 
+On a machine whose commands may take 10 minutes each: make everything once
+(--make-only: the files and their reference digests, cached in --dir), then run
+a few workloads per command, each with its own --out and a --budget-seconds that
+ends it in time; bench/plot.py draws the JSONs together.
+
 --dry-run (no GPU): torch methods run on the CPU where they can (a check of this
 script's logic, not a measurement); ferry_py and the ferry CLI use --ferry-device
 (sim:SIZE); /proc/sys/vm/drop_caches is left alone. --self-test checks the digest.
@@ -779,32 +784,33 @@ def make_pt_main(argv):
 
 # ----------------------------------------------------------------------------- making workloads
 
-class Noise:
-    """Deterministic random bytes from a seed, in large chunks (numpy's PCG64 when
-    numpy is here, else the standard library's Random)."""
+def noise_chunks(seed, total, chunk=64 << 20):
+    """total deterministic random bytes from seed, as buffers of up to chunk bytes:
+    numpy's raw PCG64 output (twice as fast as Generator.bytes), chunk i from its
+    own stream [seed, i]; the standard library's Random without numpy."""
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
+        import random
+        rnd = random.Random(str(seed))
+    for i, off in enumerate(range(0, total, chunk)):
+        n = min(chunk, total - off)
+        if np is None:
+            yield rnd.randbytes(n)
+        else:
+            words = np.random.PCG64(list(seed if isinstance(seed, list) else [seed]) + [i]).random_raw((n + 7) // 8)
+            yield memoryview(words).cast("B")[:n]
 
-    def __init__(self, seed):
-        try:
-            import numpy as np
-            self.rng = np.random.default_rng(seed)
-            self.bytes = self.rng.bytes
-        except ImportError:
-            import random
-            self.bytes = random.Random(seed).randbytes
 
-
-def write_with_noise(path, head, data_bytes, seed, chunk=64 << 20):
+def write_with_noise(path, head, data_bytes, seed):
     """Write head, then data_bytes of noise, to path (through a .tmp and one fsync,
     so the first cold run does not pay for write-back)."""
-    noise = Noise(seed)
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
         f.write(head)
-        left = data_bytes
-        while left > 0:
-            n = min(chunk, left)
-            f.write(noise.bytes(n))
-            left -= n
+        for buf in noise_chunks(seed, data_bytes):
+            f.write(buf)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -1858,6 +1864,7 @@ def main():
     except SystemExit as e:  # a fatal setup error: still leave the JSON behind
         b.out["fatal"] = str(e.code)
         b.save()
+        shutil.rmtree(b.tmp, ignore_errors=True)
         raise
     b.report()
 
