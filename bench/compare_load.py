@@ -1711,6 +1711,22 @@ class Bench:
                     sc[m] = s
         return out
 
+    def versions(self):
+        """method -> the version of the package its children imported (first run that says)."""
+        keys = ["safetensors", "instanttensor", "fastsafetensors", "runai_model_streamer", "gguf"]
+        out = {}
+        for r in self.runs:
+            if r["method"] in out:
+                continue
+            for k in keys:
+                if r.get(k):
+                    out[r["method"]] = f"{k} {r[k]}" + (f" ({r['st09_api']})" if r.get("st09_api") else "")
+                    break
+        torch = next((r["torch"] for r in self.runs if r.get("torch")), None)
+        if torch:
+            out["torch"] = torch
+        return out
+
     def tables(self):
         summ = self.summary()
         parts = []
@@ -1755,6 +1771,7 @@ class Bench:
                 cells = [m, "all", why] + [""] * (head.count("|") - 4)
                 lines.append("| " + " | ".join(cells) + " |")
             parts.append("\n".join(lines))
+        parts.insert(0, "versions: " + (", ".join(f"{m} {v}" for m, v in self.versions().items()) or "—"))
         legend = ("× limit: median GB/s over the limit (cold: O_DIRECT read; hot, tmpfs: pinned copy). "
                   "× target (small): median load time over 2 × bytes / copy rate + 5 ms. "
                   "verified: every tensor's digest equals the file's (ferry CLI: its --verify).")
