@@ -1547,6 +1547,8 @@ class Bench:
             run["stderr_tail"] = tail(err)
             return
         digests = rep.pop("digests", None)
+        if (err or "").strip():  # a peer's warnings (a GDS fallback, say) belong with its numbers
+            run["stderr_tail"] = tail(err, 800)
         for k, v in rep.items():
             if k not in ("ok", "error", "traceback", "method", "device"):
                 run[k] = v
