@@ -53,5 +53,19 @@ swap)
   mkdir -p /tmp/spill10
   build-gpu/bench_store "$F" /tmp/spill10 cuda:0 2>&1 | head -9 | tee "$OUT/store.jsonl"
   ;;
+peers)  # install the peers' wheels (carried in .whl, .whl-st09) into /tmp/site and /tmp/st09
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/st09 .whl-st09/*.whl
+  ;;
+cmp1)  # the 10 GB checkpoint cold, hot and tmpfs, and the GGUF file hot, every method
+  C="python3 bench/compare_load.py --ferry build-gpu/ferry --ferry-library $PWD/build-gpu/libferry.so --ferry-python $PWD/python --st09-path /tmp/st09 --dir /tmp/cmp"
+  PYTHONPATH=/tmp/site $C --workloads w10g,gguf,small,lora --make --make-only --out "$OUT/make.json" 2>&1 | tail -5
+  PYTHONPATH=/tmp/site $C --workloads w10g,gguf --plan 'w10g:hot,tmpfs,cold;gguf:hot' --rounds 1 --budget-seconds ${BUDGET:-420} --out "$OUT/cmp-w10g.json" 2>&1 | tail -40
+  ;;
+cmp2)  # the sharded checkpoint, the LoRA-like and the 25 MB file
+  C="python3 bench/compare_load.py --ferry build-gpu/ferry --ferry-library $PWD/build-gpu/libferry.so --ferry-python $PWD/python --st09-path /tmp/st09 --dir /tmp/cmp"
+  PYTHONPATH=/tmp/site $C --workloads sharded --make --make-only --out "$OUT/make2.json" 2>&1 | tail -3
+  PYTHONPATH=/tmp/site $C --workloads small,lora,sharded --plan 'small:hot,tmpfs;lora:hot;sharded:hot' --methods ${METHODS:-ferry_auto,ferry_py,st_cuda,st09,it,it_buffered,it_mmap,fsafe,runai} --rounds 1 --budget-seconds ${BUDGET:-400} --out "$OUT/cmp-2.json" 2>&1 | tail -40
+  ;;
 *) echo "unknown part $PART"; exit 2 ;;
 esac

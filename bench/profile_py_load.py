@@ -9,8 +9,7 @@ ferry_py method times) and its phases: opening ferry's device (the ring is
 pinned there), allocating the tensors (torch.empty), the wait for the current
 stream, and ferry_load_into itself (what the CLI's `seconds` covers, plus the
 CLI's own device block allocation). Variants: reserve (the default binding:
-one cached block reserved first and written once), reserve_notouch (reserved,
-not written), noreserve (one torch.empty per tensor, as
+one cached block reserved first), noreserve (one torch.empty per tensor, as
 before), owner_ferry (ferry allocates one block per shard, tensors imported
 through DLPack: the CLI's way)."""
 import argparse
@@ -25,7 +24,7 @@ T0 = time.perf_counter()
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("file")
-    ap.add_argument("--variant", default="reserve", choices=["reserve", "reserve_notouch", "noreserve", "owner_ferry"])
+    ap.add_argument("--variant", default="reserve", choices=["reserve", "noreserve", "owner_ferry"])
     a = ap.parse_args()
     import torch
     import ferry.torch as ft
@@ -44,8 +43,6 @@ def main():
                 phases[name] = phases.get(name, 0.0) + time.perf_counter() - t
         return wrap
 
-    if a.variant == "reserve_notouch":
-        _torch_load._TOUCH = False
     if a.variant == "noreserve":
         _torch_load._RESERVE_MIN = 1 << 62  # no tensor is large enough: nothing reserved
     _torch_load._alloc = timed("alloc", _torch_load._alloc)

@@ -199,6 +199,20 @@ if ! "$VENV/bin/python3" -c '' 2>/dev/null; then
     "$base" -m venv --system-site-packages "$VENV"
 fi
 PY=$VENV/bin/python3
+# Real torch, for the PyTorch cross-check (ctest pytorch_crosscheck re-runs itself
+# under /usr/bin/python3 and skips itself without it). Debian's python3-torch
+# (1.13, CPU only): about 35 s on this machine, from Debian's mirror like the
+# rest. PyPI's torch wheel is not used: on Linux it pulls ~2.5 GB of CUDA
+# libraries. Optional: a failure here only skips that test. Before the pip
+# installs below: Debian's torch is built against Debian's numpy (1.x), which
+# pip then sees and keeps; installed after them, it met PyPI's numpy 2 in the
+# venv and every test that hands torch a numpy array failed ("Numpy is not
+# available").
+if [ "$(dpkg-query -W -f='${Status}' python3-torch 2>/dev/null)" != "install ok installed" ]; then
+    echo "deps: installing python3-torch (for the PyTorch cross-check)"
+    { apt_get update -qq && apt_get install -y -qq --no-install-recommends python3-torch >/dev/null; } ||
+        echo "deps: could not install python3-torch; the PyTorch cross-check will be skipped"
+fi
 # The reference safetensors package (and numpy), for the convert cross-check;
 # small wheels from PyPI. Tests that need it say so and check less without it.
 if ! "$PY" -c "import safetensors, numpy" 2>/dev/null; then
@@ -217,15 +231,5 @@ fi
 if ! "$PY" -c "import diffusers" 2>/dev/null; then
     "$PY" -m pip install --quiet --disable-pip-version-check "diffusers==0.31.0" ||
         echo "deps: could not install diffusers from PyPI; the diffusers test will be skipped"
-fi
-# Real torch, for the PyTorch cross-check (ctest pytorch_crosscheck re-runs itself
-# under /usr/bin/python3 and skips itself without it). Debian's python3-torch
-# (1.13, CPU only): about 35 s on this machine, from Debian's mirror like the
-# rest. PyPI's torch wheel is not used: on Linux it pulls ~2.5 GB of CUDA
-# libraries. Optional: a failure here only skips that test.
-if [ "$(dpkg-query -W -f='${Status}' python3-torch 2>/dev/null)" != "install ok installed" ]; then
-    echo "deps: installing python3-torch (for the PyTorch cross-check)"
-    { apt_get update -qq && apt_get install -y -qq --no-install-recommends python3-torch >/dev/null; } ||
-        echo "deps: could not install python3-torch; the PyTorch cross-check will be skipped"
 fi
 echo "deps: ready"

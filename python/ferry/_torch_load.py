@@ -99,12 +99,7 @@ def _reserve(infos, device):
         block = torch.empty(total, dtype=torch.uint8, device=device)
     except RuntimeError:  # torch.cuda.OutOfMemoryError is one
         return
-    if _TOUCH:
-        block.zero_()  # fresh device memory is written once (as ferry's own blocks are)
     del block  # back to the allocator's cache, not to the driver
-
-
-_TOUCH = True
 
 
 def _alloc(infos, dts, device):

@@ -19,7 +19,7 @@
 
 enum {
     S_OPEN, S_CLOSE, S_READ, S_WRITE, S_PREAD, S_PWRITE, S_STAT, S_FSTAT, S_FSTATFS, S_FALLOCATE,
-    S_FTRUNCATE, S_FCHMOD, S_FSYNC, S_MMAP, S_MUNMAP, S_MADVISE, S_MINCORE, S_MKOSTEMP, S_RENAME, S_UNLINK, S_COUNT
+    S_FTRUNCATE, S_FCHMOD, S_FSYNC, S_MMAP, S_MUNMAP, S_MINCORE, S_MKOSTEMP, S_RENAME, S_UNLINK, S_COUNT
 };
 
 /* open(2) is variadic; the table's entry takes its mode always. */
@@ -45,7 +45,6 @@ static struct sys_entry {
     [S_FSYNC] = {.name = "fsync", .real = (fy_sys_fn)fsync},
     [S_MMAP] = {.name = "mmap", .real = (fy_sys_fn)mmap},
     [S_MUNMAP] = {.name = "munmap", .real = (fy_sys_fn)munmap},
-    [S_MADVISE] = {.name = "madvise", .real = (fy_sys_fn)madvise},
     [S_MINCORE] = {.name = "mincore", .real = (fy_sys_fn)mincore},
     [S_MKOSTEMP] = {.name = "mkostemp", .real = (fy_sys_fn)mkostemp},
     [S_RENAME] = {.name = "rename", .real = (fy_sys_fn)rename},
@@ -73,7 +72,6 @@ typedef int fallocate_fn(int, int, off_t, off_t);
 typedef int ftruncate_fn(int, off_t);
 typedef int fchmod_fn(int, mode_t);
 typedef void *mmap_fn(void *, size_t, int, int, int, off_t);
-typedef int madvise_fn(void *, size_t, int);
 typedef int munmap_fn(void *, size_t);
 typedef int mincore_fn(void *, size_t, unsigned char *);
 typedef int mkostemp_fn(char *, int);
@@ -280,14 +278,6 @@ int fy_map_ro(int fd, uint64_t size, void **out) { return map(fd, size, PROT_REA
 int fy_map_private(int fd, uint64_t size, void **out)
 {
     return map(fd, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, out);
-}
-
-void fy_map_drop(const void *p, uint64_t size)
-{
-    if (!p || !size) return;
-    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p & ~(pg - 1);
-    uintptr_t e = ((uintptr_t)p + size + pg - 1) & ~(pg - 1);
-    (void)SYS(S_MADVISE, madvise_fn)((void *)a, e - a, MADV_DONTNEED);
 }
 
 void fy_unmap(void *p, uint64_t size)

@@ -25,7 +25,6 @@
  *   "fsync"     int     (int fd)
  *   "mmap"      void *  (void *addr, size_t len, int prot, int flags, int fd, off_t off)
  *   "munmap"    int     (void *addr, size_t len)
- *   "madvise"   int     (void *addr, size_t len, int advice)
  *   "mincore"   int     (void *addr, size_t len, unsigned char *vec)
  *   "mkostemp"  int     (char *tmpl, int flags)
  *   "rename"    int     (const char *from, const char *to)
@@ -92,13 +91,6 @@ int fy_map_ro(int fd, uint64_t size, void **out);
 int fy_map_private(int fd, uint64_t size, void **out);
 /* munmap; p NULL or size 0: nothing. Not a fault point. */
 void fy_unmap(void *p, uint64_t size);
-/* Drop this process's page-table entries for [p, p + size) of a MAP_SHARED
- * file mapping (MADV_DONTNEED, widened to whole pages): the pages stay in the
- * page cache and are faulted back in on the next touch, so nothing is lost,
- * while the process's RSS and a later munmap no longer pay for them. Never
- * on a private mapping (its written pages would be lost). Not a fault point:
- * advice that fails changes nothing. */
-void fy_map_drop(const void *p, uint64_t size);
 /* mincore(2): which pages of [addr, addr + len) are resident (addr page
  * aligned; vec holds one byte per page). 0 or -errno. Not a fault point:
  * residency is an estimate, and its callers answer "unknown" on failure. */

@@ -23,7 +23,8 @@ typedef struct job {
     const plan *p;
     bool direct;
     int *dfd; /* per shard O_DIRECT descriptors */
-    bool *mapped; /* per shard: in RAM (tmpfs, ramfs), copied from its mapping */
+    void **win;   /* per shard in RAM (tmpfs, ramfs): this load's own mapping of it, copied
+                     from (else NULL: pread) */
     fy_stream **streams;
     uint32_t nstreams;
     sched q;
@@ -115,7 +116,7 @@ static void ring_return(job *j, uint32_t b)
 /* Read batch bt into buf; *skew = where the batch's first byte landed. */
 static int read_batch(job *j, const batch *bt, uint8_t *buf, uint64_t *skew, own *o)
 {
-    if (j->mapped[bt->shard]) {
+    if (j->win[bt->shard]) {
         /* A file in RAM: pread's first pass over freshly written tmpfs pages
          * ran at half the copy limit on the H200 (24 of 45 GB/s; a second
          * pass at 45), while faulting the shared mapping in and copying runs
@@ -129,12 +130,7 @@ static int read_batch(job *j, const batch *bt, uint8_t *buf, uint64_t *skew, own
         if (rc < 0) return rc;
         if (now_size < bt->off + bt->len) return FERRY_E_CORRUPT;
         *skew = 0;
-        const uint8_t *src = (const uint8_t *)j->f->shards[bt->shard].map + bt->off;
-        memcpy(buf, src, (size_t)bt->len);
-        /* the copied pages leave this process's page tables again: else a
-         * 15 GB load left 14.5 GiB of RSS mapped and the file's munmap took
-         * most of a second on the H200 */
-        fy_map_drop(src, bt->len);
+        memcpy(buf, (const uint8_t *)j->win[bt->shard] + bt->off, (size_t)bt->len);
         return 0;
     }
     if (!j->direct) {
@@ -156,6 +152,48 @@ static int read_batch(job *j, const batch *bt, uint8_t *buf, uint64_t *skew, own
         if (got % ALIGN) break; /* end of file */
     }
     return got >= *skew + bt->len ? 0 : FERRY_E_CORRUPT;
+}
+
+/* The load's own mappings of shards in RAM go on a thread of their own: the
+ * copies faulted every page in, and unmapping 10 GB of page-table entries
+ * took about 0.6 s on the H200, which the load need not wait for (its bytes
+ * are on the device). The list is plain malloc's: the thread may outlive the
+ * context. Where no thread can be made, here. */
+typedef struct unmap_list {
+    int n;
+    struct { void *p; uint64_t size; } v[];
+} unmap_list;
+
+static void *unmapper(void *arg)
+{
+    unmap_list *u = arg;
+    for (int i = 0; i < u->n; i++) fy_unmap(u->v[i].p, u->v[i].size);
+    free(u);
+    return NULL;
+}
+
+static void unmap_later(void **win, const ferry_file *f)
+{
+    int n = 0;
+    for (int32_t s = 0; s < f->nshards; s++) n += win[s] != NULL;
+    if (!n) return;
+    unmap_list *u = malloc(sizeof *u + (size_t)n * sizeof u->v[0]);
+    if (u) {
+        u->n = 0;
+        for (int32_t s = 0; s < f->nshards; s++)
+            if (win[s]) u->v[u->n].p = win[s], u->v[u->n++].size = f->shards[s].size;
+        pthread_attr_t at;
+        pthread_t t;
+        bool started = pthread_attr_init(&at) == 0;
+        if (started) {
+            started = pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED) == 0 &&
+                      pthread_create(&t, &at, unmapper, u) == 0;
+            pthread_attr_destroy(&at);
+        }
+        if (started) return;
+        free(u);
+    }
+    for (int32_t s = 0; s < f->nshards; s++) fy_unmap(win[s], f->shards[s].size);
 }
 
 static void *ring_worker(void *arg)
@@ -226,11 +264,11 @@ int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct
     j.free_list = fy_calloc(m, d->nring, sizeof(uint32_t));
     j.inflight = fy_calloc(m, d->nring, sizeof(uint32_t));
     j.dfd = fy_calloc(m, (size_t)f->nshards, sizeof(int));
-    j.mapped = fy_calloc(m, (size_t)f->nshards, sizeof(bool));
+    j.win = fy_calloc(m, (size_t)f->nshards, sizeof(void *));
     if (j.dfd) /* before any failure path: the cleanup closes what is >= 0 */
         for (int32_t s = 0; s < f->nshards; s++) j.dfd[s] = -1;
     pthread_t *th = fy_calloc(m, nthreads, sizeof(pthread_t));
-    if (!j.free_list || !j.inflight || !j.dfd || !j.mapped || !th) {
+    if (!j.free_list || !j.inflight || !j.dfd || !j.win || !th) {
         rc = fy_seterr(&d->err, -ENOMEM, "ferry_load: out of memory for the ring's lists (%u buffers, %u threads, %d shards)",
                        d->nring, nthreads, (int)f->nshards);
         goto out;
@@ -238,12 +276,17 @@ int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct
     for (uint32_t i = 0; i < d->nring; i++) j.free_list[j.nfree++] = i;
     for (int32_t s = 0; s < f->nshards && !direct; s++) {
         long type = 0;
-        if (!f->shards[s].map || f->private_map) continue; /* (a private map may hold the caller's writes) */
+        if (!f->shards[s].size) continue;
         if ((rc = fy_fs_info(f->shards[s].fd, NULL, &type)) < 0) {
             fy_seterr(&d->err, rc, "%s: statfs: %s", f->shards[s].path, ferry_strerror(rc));
             goto out;
         }
-        j.mapped[s] = type == FY_TMPFS_MAGIC || type == FY_RAMFS_MAGIC;
+        if (type != FY_TMPFS_MAGIC && type != FY_RAMFS_MAGIC) continue;
+        if ((rc = fy_map_ro(f->shards[s].fd, f->shards[s].size, &j.win[s])) < 0) {
+            j.win[s] = NULL;
+            fy_seterr(&d->err, rc, "%s: mmap: %s", f->shards[s].path, ferry_strerror(rc));
+            goto out;
+        }
     }
     if (direct) {
         for (int32_t s = 0; s < f->nshards; s++) {
@@ -273,7 +316,8 @@ out:
     fy_free(m, j.free_list);
     fy_free(m, j.inflight);
     fy_free(m, j.dfd);
-    fy_free(m, j.mapped);
+    if (j.win) unmap_later(j.win, f);
+    fy_free(m, j.win);
     fy_free(m, th);
     pthread_mutex_destroy(&j.lock);
     fy_progress_destroy(&j.prog);

@@ -18,17 +18,17 @@
 #define MAX_THREADS 64
 #define REG_CHUNK (256ull << 20) /* largest copy from a registered mapping */
 /* A shard's mapping is registered in pieces of this many bytes (the last one
- * shorter), so that a load which must register first copies the pieces
- * already registered while a helper thread registers the rest: registering
- * 10 GB of hot page cache at once took 0.21 s on the H200, before any copy
- * could start (17.3 GB/s for the whole load against 55 GB/s once
- * registered). 256 MiB: the first copy waits for 1/40 of a 10 GB file's
- * registration, and 40 calls to cuMemHostRegister instead of one add little
- * to pinning 2.6 M pages (not measured separately). A copy must never span
- * two pieces (the driver keeps them apart: a copy crossing two adjacent
- * registrations failed on the H200), so register.c splits copies there.
- * Tests set another size per device (fy_device_set_reg_piece). */
-#define REG_PIECE (256ull << 20)
+ * shorter) on a helper thread, while the loading thread copies the pieces
+ * already registered. Measured on the H200 (bench/RESULTS.md, tenth
+ * session): 10 GB of hot page cache in 256 MiB pieces took 0.40 s to
+ * register, against 0.21 s in one call, and the copies did not overlap it
+ * (0.59 s for the load: the driver serialises registration and copy
+ * submission), so a piece is a whole shard (up to 64 GiB): one call per
+ * shard, and a sharded checkpoint's later shards register while the first
+ * ones copy. A copy must never span two registrations (a copy crossing two
+ * adjacent ones failed on the H200), so register.c splits copies there.
+ * Tests set a small size per device (fy_device_set_reg_piece). */
+#define REG_PIECE (64ull << 30)
 
 static inline uint64_t page_round(uint64_t n) { return (n + ALIGN - 1) & ~(uint64_t)(ALIGN - 1); }
 

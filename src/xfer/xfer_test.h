@@ -9,7 +9,7 @@
 
 fy_gpu *fy_device_gpu(ferry_device *d);
 /* Register file mappings on d in pieces of bytes (a multiple of 4096; 0 puts
- * back REG_PIECE) instead of 256 MiB, so small test files straddle pieces.
+ * back REG_PIECE, a whole shard) so small test files straddle pieces.
  * Only while d has nothing registered. */
 void fy_device_set_reg_piece(ferry_device *d, uint64_t bytes);
 
