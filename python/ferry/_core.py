@@ -349,8 +349,9 @@ class LoadOptions:
     raised again when the load returns."""
 
     def __init__(self, path_kind="auto", threads=None, ring_buffers=None, ring_buffer_bytes=None,
-                 progress=None, offset=0, total=None):
+                 progress=None, offset=0, total=None, flags=0):
         o = _lib.LoadOpts()  # size set
+        o.flags = flags
         if path_kind is None:
             path_kind = "auto"
         p = lib.ferry_route_parse(str(path_kind).encode())

@@ -25,6 +25,7 @@ MIN_VERSION = 100  # 0.1.0
 OPEN_PRIVATE = 0x1
 TENSOR_NONCONTIGUOUS = 0x1
 TENSOR_SHARED_STORAGE = 0x2
+LOAD_PREAD = 1 << 1  # FERRY_LOAD_PREAD
 META_JSON = 1  # ferry_meta_kind FERRY_META_JSON: the value is JSON text
 
 # ferry's own codes start here and go down (FERRY_E_BASE); how many there are

@@ -274,7 +274,7 @@ int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct
         goto out;
     }
     for (uint32_t i = 0; i < d->nring; i++) j.free_list[j.nfree++] = i;
-    for (int32_t s = 0; s < f->nshards && !direct; s++) {
+    for (int32_t s = 0; s < f->nshards && !direct && !(o->flags & FERRY_LOAD_PREAD); s++) {
         long type = 0;
         if (!f->shards[s].size) continue;
         if ((rc = fy_fs_info(f->shards[s].fd, NULL, &type)) < 0) {

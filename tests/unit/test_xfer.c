@@ -1730,6 +1730,18 @@ static void test_tmpfs_ring(ferry_ctx *ctx)
         CHECK_EQ(st.route, FERRY_ROUTE_RING);
         ferry_loaded_free(l);
     }
+    { /* FERRY_LOAD_PREAD: read as any other file */
+        ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
+        o.flags = FERRY_LOAD_PREAD;
+        ferry_loaded *l = NULL;
+        atomic_store(&tmpfs_preads, 0);
+        CHECK_EQ(fy_sys_set("pread", (fy_sys_fn)counting_pread), 0);
+        CHECK_EQ(ferry_load(d, f, &o, &l, NULL), 0);
+        fy_sys_set("pread", NULL);
+        CHECK(atomic_load(&tmpfs_preads) > 0);
+        if (l) CHECK_EQ(verify_loaded(l, f, "tmpfs pread"), 0);
+        ferry_loaded_free(l);
+    }
     CHECK_EQ(truncate(p, 3000), 0);
     ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
     ferry_loaded *l = NULL;
