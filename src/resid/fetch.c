@@ -130,6 +130,8 @@ static void op_commit(ferry_store *s, ferry_op *op)
             else rs_cache_buffer_free(s, t);
         } else if (!t->cached) {
             rs_release_copy(s, t); /* the device copy is now the one */
+        } else if (!rs_wants_cache(m, t)) {
+            rs_uncache(s, t); /* its cache was switched off (or its block made resident) while it moved */
         }
         t->tier = FERRY_TIER_DEVICE;
     }

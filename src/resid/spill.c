@@ -13,8 +13,6 @@
 #include "common/ranges.h"
 #include "io/io.h"
 
-/* linux/magic.h */
-
 struct fy_spill {
     ferry_allocator mem;
     fy_err *err;

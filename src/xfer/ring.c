@@ -2,7 +2,7 @@
  * contiguous file ranges into the cached pinned ring and queue asynchronous
  * copies on several streams; an event recorded after a buffer's copies gives
  * it back. One CPU copy and one DMA per byte; extra host memory is the ring.
- * A shard in tmpfs or ramfs is copied out of its mapping instead of read. */
+ * A shard in tmpfs or ramfs is copied out of a mapping instead of read. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -119,7 +119,7 @@ static int read_batch(job *j, const batch *bt, uint8_t *buf, uint64_t *skew, own
     if (j->win[bt->shard]) {
         /* A file in RAM: pread's first pass over freshly written tmpfs pages
          * ran at half the copy limit on the H200 (24 of 45 GB/s; a second
-         * pass at 45), while faulting the shared mapping in and copying runs
+         * pass at 45), while faulting a mapping of it in and copying runs
          * near a second pass's rate from the start (bench/RESULTS.md, tenth
          * session). The mapping faults (SIGBUS) where the file no longer
          * reaches: its size is checked first, so a file truncated before
