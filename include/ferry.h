@@ -449,11 +449,15 @@ FERRY_API int ferry_device_mem_info(ferry_device *dev, uint64_t *free_bytes, uin
 
 /* How a load's bytes travel from the file to the device. */
 typedef enum ferry_route {
-    FERRY_ROUTE_AUTO = 0,  /* choose: register if registered, ring if mostly cached, else direct */
-    FERRY_ROUTE_RING,      /* threaded pread into a ring of pinned buffers, async copies */
+    FERRY_ROUTE_AUTO = 0,  /* choose: register if registered, ring if mostly cached, else direct.
+                             It never registers a file itself: a registered mapping is read by
+                             the device, where a truncation is not an error ferry can give
+                             (README, "Truncated checkpoints"), so that is the caller's choice */
+    FERRY_ROUTE_RING,      /* threaded pread into a ring of pinned buffers, async copies (a file
+                             in tmpfs/ramfs: copied out of a mapping, FERRY_LOAD_PREAD) */
     FERRY_ROUTE_DIRECT,    /* the same ring filled with O_DIRECT reads (cold files) */
     FERRY_ROUTE_REGISTER,  /* page-lock the read-only file mapping, copy from it directly
-                             (registered in pieces while the registered ones are copied,
+                             (registered shard by shard while the registered ones are copied,
                              unregistered after the load unless registered already or kept:
                              FERRY_LOAD_KEEP_REGISTRATION) */
     FERRY_ROUTE_CUFILE,    /* GPUDirect Storage: only probed so far (FERRY_E_NODEV with the
