@@ -1699,8 +1699,8 @@ static void test_tmpfs_ring(ferry_ctx *ctx)
         fprintf(stderr, "tmpfs_ring: /dev/shm is not tmpfs here; skipped\n");
         return;
     }
-    tdef *t = defs("shm", SMALL, 9);
-    write_st("shm.safetensors", t, 9, 8, 0);
+    tdef *t = defs("shm", SMALL, 6);
+    write_st("shm.safetensors", t, 6, 8, 0);
     free(t);
     char src[512], p[256];
     path_of(src, sizeof src, "shm.safetensors");
