@@ -105,13 +105,15 @@ class Plan:
 def partition(lengths, world):
     """Owner rank of each of lengths' storages, in order: contiguous runs of
     about total/world bytes. A storage goes to the rank whose 1/world of the
-    bytes its first byte falls in, so a rank reads at most
-    ceil(total/world) + the largest storage; a rank may get nothing (a
-    storage larger than a share covers the next rank's share too)."""
+    bytes its middle falls in, so a rank reads at most its share plus half
+    a storage at each end (<= ceil(total/world) + the largest storage); a
+    rank may get nothing (a storage larger than a share covers the next
+    rank's share too)."""
     total = sum(lengths)
     owners, pos = [], 0
     for n in lengths:
-        owners.append(min(world - 1, pos * world // total) if total else 0)
+        middle2 = 2 * pos + n  # twice the storage's middle byte: integers only
+        owners.append(min(world - 1, middle2 * world // (2 * total)) if total else 0)
         pos += n
     return owners
 
