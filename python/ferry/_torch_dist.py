@@ -118,12 +118,22 @@ def partition(lengths, world):
     return owners
 
 
-def _check_same_plan(digest, pg, device):
-    """All ranks raise when any rank's plan differs: MAX of (d, -d) over the
-    group is (d, -d) only where every rank has d."""
-    t = torch.tensor([digest, -digest], dtype=torch.int64, device=device)
+def _agree(failure, digest, pg, device, what):
+    """One small all_reduce before bytes move, so that a failure on some
+    ranks fails all of them instead of leaving the others waiting in a
+    broadcast until the group's timeout. failure: this rank's exception or
+    None; digest: this rank's plan digest (0 where there is none). MAX of
+    (failed, d, -d) over the group is (0, d, -d) only where no rank failed
+    and every rank has d. A rank that failed raises its own error."""
+    t = torch.tensor([int(failure is not None), digest, -digest], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=pg)
-    if t.tolist() != [digest, -digest]:
+    failed, hi, neg_lo = t.tolist()
+    if failure is not None:
+        raise failure
+    if failed:
+        raise RuntimeError(f"{_WHO}: another rank of process_group failed {what} "
+                           "(its own error says why)")
+    if (hi, -neg_lo) != (digest, digest):
         raise RuntimeError(f"{_WHO}: the ranks of process_group opened different checkpoints "
                            "(their tensor tables differ): every rank must load the same file")
 
@@ -170,6 +180,17 @@ def _read_cuda(h, plan, mine, buf, fdev, opts):
     return _core.load_into(fdev, h, idx, ptrs, opts)
 
 
+def _read_share(h, plan, mine, buf, device, fdev, opts, progress):
+    """This rank's storages into buf; returns ferry's load statistics (cuda) or {}."""
+    if device.type == "cuda":
+        _sync(device)  # the caching allocator's memory may still be in use on the stream
+        return _read_cuda(h, plan, mine, buf, fdev, opts)
+    got = _read_cpu(h, plan, mine, buf)
+    if progress is not None:
+        progress(got, got)
+    return {}
+
+
 # ---- the tensors -----------------------------------------------------------
 
 def _tensors(infos, dts, plan, bufs, device):
@@ -204,29 +225,31 @@ def load_file(path, device, pg, opts, progress, stats):
     if device.type == "cpu" and str(dist.get_backend(pg)) == "nccl":
         raise ValueError(f"{_WHO}: device cpu with an NCCL process_group: NCCL moves cuda tensors "
                          "only (use a gloo group for cpu, or a cuda device)")
-    if device.type == "cuda":
-        device = torch.device("cuda", _cuda_index(device))
-        fdev = _core.device(f"cuda:{device.index}", path)  # no GPU: say so first
-    h = _core._Handle(path, 0)
-    infos = h.infos()
-    dts = {t.index: dtype_for(t, h.path) for t in infos}
-    plan = Plan(infos, world)
-    _check_same_plan(plan.digest(infos), pg, device)
+    failure = h = infos = dts = plan = None
+    fdev, digest = None, 0
+    try:
+        if device.type == "cuda":
+            device = torch.device("cuda", _cuda_index(device))
+            fdev = _core.device(f"cuda:{device.index}", path)  # no GPU: say so first
+        h = _core._Handle(path, 0)
+        infos = h.infos()
+        dts = {t.index: dtype_for(t, h.path) for t in infos}
+        plan = Plan(infos, world)
+        digest = plan.digest(infos)
+    except Exception as e:  # noqa: BLE001 - told to the group first, raised by _agree
+        failure = e
+    _agree(failure, digest, pg, device, "to open the checkpoint")
 
     # one buffer per rank's share, on the target device: the owner's is read
     # into, the others are broadcast into
     bufs = [torch.empty(n, dtype=torch.uint8, device=device) for n in plan.sizes]
-    mine = _members(infos, plan, rank)
     t0 = time.perf_counter()
     st = {}
-    if device.type == "cuda":
-        _sync(device)  # the caching allocator's memory may still be in use on the stream
-        st = _read_cuda(h, plan, mine, bufs[rank], fdev, opts)
-    else:
-        got = _read_cpu(h, plan, mine, bufs[rank])
-        assert got == plan.nbytes[rank], (got, plan.nbytes[rank])
-        if progress is not None:
-            progress(got, plan.nbytes[rank])
+    try:
+        st = _read_share(h, plan, _members(infos, plan, rank), bufs[rank], device, fdev, opts, progress)
+    except Exception as e:  # noqa: BLE001 - as above
+        failure = e
+    _agree(failure, digest, pg, device, "to read its share of the checkpoint")
     t1 = time.perf_counter()
     for r in range(world):
         if plan.sizes[r]:  # a rank with no share sends nothing

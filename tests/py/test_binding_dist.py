@@ -146,6 +146,16 @@ def worker(init, rank, world, paths_json, out):
     # ranks that open different files all fail, before any bytes move
     mine = paths["other"] if rank == 1 else paths["st"]
     report["mismatch"] = _error(lambda: ft.load_file(mine, process_group=dist.group.WORLD))
+    # a file that rank 1 cannot open: the same, before the plans are compared
+    mine = os.path.join(os.path.dirname(paths["st"]), "absent.safetensors") if rank == 1 else paths["st"]
+    report["open_error"] = _error(lambda: ft.load_file(mine, process_group=dist.group.WORLD))
+    # a read that fails on rank 1 only: it raises its own error, the others
+    # are told, and nobody waits in a broadcast
+    real = lib.ferry_file_tensor_read
+    if rank == 1:
+        lib.ferry_file_tensor_read = lambda f, i, off, buf, n: -5  # -EIO
+    report["read_error"] = _error(lambda: ft.load_file(paths["st"], process_group=dist.group.WORLD))
+    lib.ferry_file_tensor_read = real
     if world == 3:
         # a subgroup of ranks 0 and 2: its members load (rank 2 is the group's
         # rank 1: broadcast's src must be mapped to the global rank); rank 1
@@ -281,6 +291,26 @@ def test_ranks_with_different_files_all_fail(world):
     for rep in reports:
         kind, msg = rep["mismatch"]
         assert kind == "RuntimeError" and "different checkpoints" in msg
+
+
+def test_a_failed_read_fails_every_rank(world):
+    _, reports, _ = world
+    for r, rep in enumerate(reports):
+        kind, msg = rep["read_error"]
+        if r == 1:
+            assert kind == "OSError" and "m.safetensors" in msg, msg
+        else:
+            assert kind == "RuntimeError" and "another rank" in msg, msg
+
+
+def test_a_failed_open_fails_every_rank(world):
+    _, reports, _ = world
+    for r, rep in enumerate(reports):
+        kind, msg = rep["open_error"]
+        if r == 1:
+            assert kind == "FileNotFoundError" and "absent.safetensors" in msg, msg
+        else:
+            assert kind == "RuntimeError" and "failed to open" in msg, msg
 
 
 def test_subgroup_of_ranks_0_and_2(world):
