@@ -69,7 +69,8 @@ def write_checkpoints(d):
     g = torch.Generator().manual_seed(5)
     x = torch.randn(24, 16, generator=g)
     obj = {"x": x, "xt": x.t(), "cols": x[:, 3:9], "row": x[5], "lone": torch.randn(70, generator=g),
-           "ids": torch.arange(50), "other": torch.randn(8, 8, generator=g).half()}
+           "ids": torch.arange(50), "other": torch.randn(8, 8, generator=g).half(),
+           "alone_t": torch.randn(5, 7, generator=g).t()}  # strided, its storage its own
     paths["pt"] = os.path.join(d, "views.pt")
     torch.save(obj, paths["pt"])
 
@@ -346,6 +347,27 @@ def test_owner_ferry_refused(files):
     _, paths = files
     with pytest.raises(ValueError, match="owner='torch'"):
         ft.load_file(paths["st"], process_group=object(), owner="ferry")
+
+
+def test_cuda_reads_fill_the_same_bytes(files):
+    """The cuda path's addresses (one ferry_load_into of a share's tensors),
+    run on ferry's cpu device into host memory: the same buffer as the cpu
+    path's preads, for every rank's share (shared views, strides, shards)."""
+    from ferry import _core
+    from ferry import _torch_dist as td
+    _, paths = files
+    for case in CASES:
+        h = _core._Handle(paths[case], 0)
+        infos = h.infos()
+        for n in (2, 3):
+            plan = td.Plan(infos, n)
+            for r in range(n):
+                mine = td._members(infos, plan, r)
+                a = torch.zeros(plan.sizes[r], dtype=torch.uint8)
+                b = torch.zeros(plan.sizes[r], dtype=torch.uint8)
+                assert td._read_cpu(h, plan, mine, a) == plan.nbytes[r]
+                td._read_cuda(h, plan, mine, b, _core.device("cpu"), _core.LoadOptions())
+                assert torch.equal(a, b), (case, n, r)
 
 
 def test_partition_is_contiguous_and_even():
