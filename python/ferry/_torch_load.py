@@ -181,7 +181,7 @@ def _parse_device(device, owner):
 
 
 def load_file(path, device="cpu", *, path_kind="auto", ring_buffers=None, ring_buffer_bytes=None,
-              threads=None, progress=None, owner="torch", stats=None):
+              threads=None, progress=None, owner="torch", stats=None, process_group=None):
     """Load every tensor of a checkpoint (safetensors, *.safetensors.index.json,
     GGUF, PyTorch zip) as a dict name -> torch.Tensor, sorted by name, with the
     same dtypes, shapes and bytes as safetensors.torch.load_file.
@@ -216,13 +216,30 @@ def load_file(path, device="cpu", *, path_kind="auto", ring_buffers=None, ring_b
 
     stats: a dict to fill with the load's ferry_load_stats (path used, bytes,
     seconds of the transfer itself, resident fraction, why that path); on cpu
-    path is "view" and nothing is read."""
+    path is "view" and nothing is read.
+
+    process_group: a torch.distributed ProcessGroup (or
+    torch.distributed.group.WORLD) whose every rank makes this same call: each
+    rank reads about 1/N of the bytes from storage and the ranks broadcast
+    their shares over the group, so every rank gets every tensor (bit-identical)
+    while the file is read about once in all. The tensors are then views of
+    one buffer per rank's share, on device (cpu: read with pread, not mapped),
+    and stats also gets bytes_read (this rank's), bytes_total, rank and world.
+    owner="ferry" is not supported with it (_torch_dist)."""
     path = os.fspath(path)
     if owner not in ("torch", "ferry"):
         raise ValueError(f"owner must be 'torch' or 'ferry', not {owner!r}")
     device = _parse_device(device, owner)
+    if process_group is not None and owner != "torch":
+        raise ValueError("ferry.torch.load_file: process_group= needs owner='torch' "
+                         "(the ranks' shares are broadcast into buffers PyTorch allocates)")
     progress, bar = _core.progress_fn(progress, os.path.basename(path))
     try:
+        if process_group is not None:
+            from . import _torch_dist  # torch.distributed is imported only for this
+            opts = _core.LoadOptions(path_kind, threads, ring_buffers, ring_buffer_bytes, progress,
+                                     flags=_lib.LOAD_PREAD)
+            return _torch_dist.load_file(path, device, process_group, opts, progress, stats)
         return _load_file(path, device, path_kind, ring_buffers, ring_buffer_bytes, threads,
                           progress, owner, stats)
     finally:

@@ -8,7 +8,8 @@ Written against torch APIs present from 1.13 to 2.x (torch.frombuffer,
 Tensor.as_strided, torch.utils.dlpack.from_dlpack, nn.Module.named_modules).
 
 The code lives in private modules, one per part: _torch_load (load_file,
-dtypes, views of ferry memory, device arguments), _torch_load_into
+dtypes, views of ferry memory, device arguments), _torch_dist
+(load_file with a torch.distributed process_group), _torch_load_into
 (load_into), _torch_match (pairing a module's tensors with a checkpoint's),
 _torch_store (Store, Job).
 """
