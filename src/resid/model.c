@@ -286,11 +286,11 @@ FERRY_API int ferry_model_set_pinned_cache(ferry_model *m, int on)
     ferry_store *s = m->s;
     pthread_mutex_lock(&s->lock);
     m->pinned_cache = on;
-    for (int64_t i = 0; i < m->n && !on; i++) { /* (a moving one's goes when it lands) */
-        rtensor *t = &m->t[i];
-        if (!t->streams && t->cached && !t->moving) rs_uncache(s, t);
+    if (!on) { /* the copies no longer wanted go (a moving one's when it lands) */
+        for (int64_t i = 0; i < m->n; i++)
+            if (m->t[i].cached && !m->t[i].moving && !rs_wants_cache(m, &m->t[i])) rs_uncache(s, &m->t[i]);
+        rs_pool_trim(s);
     }
-    rs_pool_trim(s);
     pthread_mutex_unlock(&s->lock);
     return 0;
 }

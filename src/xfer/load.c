@@ -123,17 +123,17 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
             rc = xf_run_register(d, f, &p, &o, streams, nstreams, &st);
         } else {
             pthread_mutex_lock(&d->ring_lock);
-            /* A load smaller than the default ring, on a device with no ring
-             * yet, pins only the buffers its bytes fill (a 25 MB file has 7
-             * of 4 MiB): the ring's first pinning was most of a small file's
-             * load on the H200 (17 ms for 26 MB). A ring already pinned is
-             * used as it is; a later, larger load pins the whole one. */
-            if (d->nring == 0 && !o.ring_buffers) {
+            /* Without a ring size asked for, a load smaller than the default
+             * ring needs only the buffers its bytes fill (a 25 MB file: 7 of
+             * 4 MiB; the ring's first pinning was most of a small file's load
+             * on the H200, 17 ms for 26 MB), and a ring already pinned with
+             * at least that many is used as it is. */
+            if (!o.ring_buffers) {
                 uint64_t need = (p.bytes + bufsz - 1) / bufsz;
                 if (need < 2) need = 2;
                 if (need < nbuf) nbuf = (uint32_t)need;
+                if (d->nring >= nbuf && d->ring_bytes == bufsz) nbuf = d->nring;
             }
-            if (d->nring >= nbuf && d->ring_bytes == bufsz && !o.ring_buffers) nbuf = d->nring;
             rc = xf_ring_get(d, nbuf, bufsz);
             if (rc == 0) rc = xf_run_ring(d, f, &p, st.route == FERRY_ROUTE_DIRECT, &o, streams, nstreams, nthreads);
             if (rc == -EINVAL && st.route == FERRY_ROUTE_DIRECT && o.route == FERRY_ROUTE_AUTO) {

@@ -120,13 +120,31 @@ static int check_size(ferry_device *d, const ferry_file *f)
     return 0;
 }
 
-/* Register every piece of f not registered yet, then mark them all held. On
- * failure nothing changes. */
-static int reg_hold(ferry_device *d, const ferry_file *f)
+/* A copy-on-write mapping is never page-locked (DESIGN.md §7). */
+static int refuse_private(ferry_device *d, const ferry_file *f)
 {
     FY_RETURN_IF(f->private_map, &d->err, FERRY_E_UNSUPPORTED,
                  "%s: opened with FERRY_OPEN_PRIVATE (a copy-on-write mapping), which must never be "
                  "page-locked: use the ring path", f->shards[0].path);
+    return 0;
+}
+
+/* Registering all of f within budget bytes (0: no limit)? */
+static int check_budget(ferry_device *d, const ferry_file *f, uint64_t budget)
+{
+    uint64_t need = 0;
+    for (int32_t s = 0; s < f->nshards; s++) need += page_round(f->shards[s].size);
+    FY_RETURN_IF(budget && need > budget, &d->err, FERRY_E_BUDGET,
+                 "%s: registering %" PRIu64 " bytes exceeds the pinned budget of %" PRIu64 " bytes",
+                 f->shards[0].path, need, budget);
+    return 0;
+}
+
+/* Register every piece of f not registered yet, then mark them all held. On
+ * failure nothing changes. */
+static int reg_hold(ferry_device *d, const ferry_file *f)
+{
+    FY_TRY(refuse_private(d, f));
     FY_TRY(check_size(d, f));
     pthread_mutex_lock(&d->lock);
     int rc = 0;
@@ -168,11 +186,7 @@ void xf_reg_unwatch_all(ferry_device *d)
 FERRY_API int ferry_device_register_file(ferry_device *d, const ferry_file *f, uint64_t pinned_budget)
 {
     if (!d || !f) return FERRY_E_INVAL;
-    uint64_t need = 0;
-    for (int32_t s = 0; s < f->nshards; s++) need += page_round(f->shards[s].size);
-    FY_RETURN_IF(pinned_budget && need > pinned_budget, &d->err, FERRY_E_BUDGET,
-                 "%s: registering %" PRIu64 " bytes exceeds the pinned budget of %" PRIu64 " bytes",
-                 f->shards[0].path, need, pinned_budget);
+    FY_TRY(check_budget(d, f, pinned_budget));
     /* watched before it is held, so a close never misses a held entry */
     int w = fy_file_watch_add(f, reg_file_closing, d);
     FY_RETURN_IF(w < 0, &d->err, w, "%s: out of memory for the file's close watch", f->shards[0].path);
@@ -296,17 +310,9 @@ int xf_run_register(ferry_device *d, const ferry_file *f, const plan *p, const f
                     fy_stream **streams, uint32_t nstreams, ferry_load_stats *st)
 {
     fy_gpu *g = d->g;
-    FY_RETURN_IF(f->private_map, &d->err, FERRY_E_UNSUPPORTED,
-                 "%s: opened with FERRY_OPEN_PRIVATE (a copy-on-write mapping), which must never be "
-                 "page-locked: use the ring path", f->shards[0].path);
+    FY_TRY(refuse_private(d, f));
     bool registered = xf_is_registered(d, f);
-    if (o->pinned_budget && !registered) {
-        uint64_t need = 0;
-        for (int32_t k = 0; k < f->nshards; k++) need += page_round(f->shards[k].size);
-        FY_RETURN_IF(need > o->pinned_budget, &d->err, FERRY_E_BUDGET,
-                     "%s: registering %" PRIu64 " bytes exceeds the pinned budget of %" PRIu64 " bytes",
-                     f->shards[0].path, need, o->pinned_budget);
-    }
+    if (!registered) FY_TRY(check_budget(d, f, o->pinned_budget));
     FY_TRY(check_size(d, f));
     reg_job j = {.d = d, .f = f};
     pthread_mutex_init(&j.mu, NULL);
