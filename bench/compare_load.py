@@ -524,6 +524,14 @@ def self_test_main():
 
 # ----------------------------------------------------------------------------- children
 
+def child_exit(rep):
+    """A child's end: its report on one RESULT_TAG line, then exit at once
+    (0 ok, 1 failed), skipping the teardown of many GB of tensors."""
+    sys.stdout.write(RESULT_TAG + json.dumps(rep) + "\n")
+    sys.stdout.flush()
+    os._exit(0 if rep["ok"] else 1)
+
+
 def child_main(argv):
     """--child METHOD SPEC [--device DEV] ...: load the workload SPEC (a JSON file:
     path, files, format) with METHOD, digest every tensor, print one RESULT_TAG
@@ -548,9 +556,7 @@ def child_main(argv):
         rep["traceback"] = tail(traceback.format_exc(), 3000)
     rep["peak_rss_bytes"] = vm_status("VmHWM")
     rep["rss_end_bytes"] = vm_status("VmRSS")
-    sys.stdout.write(RESULT_TAG + json.dumps(rep) + "\n")
-    sys.stdout.flush()
-    os._exit(0 if rep["ok"] else 1)  # skip the teardown of many GB of tensors
+    child_exit(rep)
 
 
 def _version(dist):
@@ -726,9 +732,7 @@ def ref_child_main(argv):
         rep.update(ok=True, tensors=len(dig), seconds=time.perf_counter() - t0, device=str(dev))
     except BaseException as e:  # noqa: BLE001
         rep["error"] = f"{type(e).__name__}: {e}"[:2000]
-    sys.stdout.write(RESULT_TAG + json.dumps(rep) + "\n")
-    sys.stdout.flush()
-    os._exit(0 if rep["ok"] else 1)
+    child_exit(rep)
 
 
 def copy_child_main(argv):
@@ -752,9 +756,7 @@ def copy_child_main(argv):
         rep.update(ok=True, gbps=src.numel() / best / GB, seconds_best=best)
     except BaseException as e:  # noqa: BLE001
         rep["error"] = f"{type(e).__name__}: {e}"[:1000]
-    sys.stdout.write(RESULT_TAG + json.dumps(rep) + "\n")
-    sys.stdout.flush()
-    os._exit(0 if rep["ok"] else 1)
+    child_exit(rep)
 
 
 def make_pt_main(argv):
@@ -777,9 +779,7 @@ def make_pt_main(argv):
         rep.update(ok=True, seconds=time.perf_counter() - t0, bytes=os.path.getsize(path + ".pt"))
     except BaseException as e:  # noqa: BLE001
         rep["error"] = f"{type(e).__name__}: {e}"[:2000]
-    sys.stdout.write(RESULT_TAG + json.dumps(rep) + "\n")
-    sys.stdout.flush()
-    os._exit(0 if rep["ok"] else 1)
+    child_exit(rep)
 
 
 # ----------------------------------------------------------------------------- making workloads
