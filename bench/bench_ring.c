@@ -1,0 +1,257 @@
+/* bench_ring.c - where is the ceiling of a pinned-ring load? The pieces of
+ * ferry's ring measured apart, on one file, in one process:
+ *
+ *   bench_ring FILE MODE THREADS BUFS_PER_THREAD SIZE_KIB [REPS]
+ *
+ * MODE:
+ *   dma     no reads: THREADS threads each cycle their own buffers on their own
+ *           stream (wait for a buffer's event, queue its copy, record the event)
+ *           over the file's length: the copy engine's rate for SIZE pieces
+ *   read    no copies: THREADS threads pread the file in SIZE pieces into their
+ *           own pinned buffers: the page cache's rate into pinned memory
+ *   ring    both, per thread: pread into the thread's next buffer once its event
+ *           says the buffer's last copy is done, queue the copy, record
+ *   mapcopy as ring, but memcpy from a MAP_SHARED mapping of the file instead
+ *           of pread (what ferry does for tmpfs)
+ *   mapnt   as mapcopy with non-temporal (streaming) stores into the pinned
+ *           buffer: no read-for-ownership of the destination
+ *   bounce  as ring, but pread in BOUNCE_KIB pieces (env, default 256) into a
+ *           small per-thread buffer that stays in cache, then copy it into the
+ *           pinned buffer with streaming stores
+ * Threads take the file in contiguous runs of 64 pieces (as ferry's scheduler).
+ * The device block is written once before the first rep (no first-touch cost in
+ * the figures); REPS reps (default 3), one JSON line with each rep's GB/s. The
+ * pinned buffers are cuMemHostAlloc'ed. Driver API through dlopen, as ferry. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUcontext, *CUstream, *CUevent;
+
+static CUresult (*Init)(unsigned);
+static CUresult (*DeviceGet)(int *, int);
+static CUresult (*PrimaryCtxRetain)(CUcontext *, int);
+static CUresult (*CtxSetCurrent)(CUcontext);
+static CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+static CUresult (*MemsetD8)(CUdeviceptr, unsigned char, size_t);
+static CUresult (*MemHostAlloc)(void **, size_t, unsigned);
+static CUresult (*StreamCreate)(CUstream *, unsigned);
+static CUresult (*StreamSynchronize)(CUstream);
+static CUresult (*EventCreate)(CUevent *, unsigned);
+static CUresult (*EventRecord)(CUevent, CUstream);
+static CUresult (*EventSynchronize)(CUevent);
+static CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+enum { DMA, READ, RING, MAPCOPY, MAPNT, BOUNCE };
+
+#include <emmintrin.h>
+/* n bytes from src to 16-byte aligned dst with streaming stores (SSE2, in
+ * every x86-64); the tail by memcpy */
+static void copy_nt(void *dst, const void *src, size_t n)
+{
+    char *d = dst;
+    const char *s = src;
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(s + i)), b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32)), e = _mm_loadu_si128((const __m128i *)(s + i + 48));
+        _mm_stream_si128((__m128i *)(d + i), a);
+        _mm_stream_si128((__m128i *)(d + i + 16), b);
+        _mm_stream_si128((__m128i *)(d + i + 32), c);
+        _mm_stream_si128((__m128i *)(d + i + 48), e);
+    }
+    _mm_sfence();
+    if (i < n) memcpy(d + i, s + i, n - i);
+}
+
+typedef struct shared {
+    int mode, fd;
+    const char *map;
+    uint64_t size, piece;
+    CUdeviceptr d;
+    CUcontext ctx;
+    atomic_ullong next; /* next run's first byte */
+    int bufs;
+    size_t bounce;
+} shared;
+
+typedef struct worker {
+    shared *s;
+    char **buf;
+    CUevent *ev;
+    CUstream st;
+    int used;
+    pthread_t th;
+} worker;
+
+static void *work(void *arg)
+{
+    worker *w = arg;
+    shared *s = w->s;
+    CtxSetCurrent(s->ctx);
+    const uint64_t run = 64 * s->piece;
+    int k = 0;
+    char *bb = s->mode == BOUNCE ? aligned_alloc(4096, s->bounce) : NULL;
+    for (;;) {
+        uint64_t lo = atomic_fetch_add(&s->next, run);
+        if (lo >= s->size) break;
+        uint64_t hi = lo + run < s->size ? lo + run : s->size;
+        for (uint64_t off = lo; off < hi; off += s->piece) {
+            size_t n = (size_t)(hi - off < s->piece ? hi - off : s->piece);
+            char *b = w->buf[k];
+            if (s->mode != READ && w->used > k) EventSynchronize(w->ev[k]);
+            if (s->mode == READ || s->mode == RING) {
+                size_t got = 0;
+                while (got < n) {
+                    ssize_t r = pread(s->fd, b + got, n - got, (off_t)(off + got));
+                    if (r <= 0) break;
+                    got += (size_t)r;
+                }
+            } else if (s->mode == MAPCOPY) {
+                memcpy(b, s->map + off, n);
+            } else if (s->mode == MAPNT) {
+                copy_nt(b, s->map + off, n);
+            } else if (s->mode == BOUNCE) {
+                for (size_t at = 0; at < n;) {
+                    size_t want = n - at < s->bounce ? n - at : s->bounce;
+                    ssize_t r = pread(s->fd, bb, want, (off_t)(off + at));
+                    if (r <= 0) break;
+                    copy_nt(b + at, bb, (size_t)r);
+                    at += (size_t)r;
+                }
+            }
+            if (s->mode != READ) {
+                MemcpyHtoDAsync(s->d + off, b, n, w->st);
+                EventRecord(w->ev[k], w->st);
+                if (w->used <= k) w->used = k + 1;
+            }
+            k = (k + 1) % s->bufs;
+        }
+    }
+    StreamSynchronize(w->st);
+    free(bb);
+    return NULL;
+}
+
+#define SYM(v, n)                                                                                                     \
+    do {                                                                                                              \
+        v = (__typeof__(v))dlsym(h, n);                                                                               \
+        if (!v) {                                                                                                     \
+            fprintf(stderr, "bench_ring: libcuda.so.1 has no %s\n", n);                                               \
+            return 1;                                                                                                 \
+        }                                                                                                             \
+    } while (0)
+
+int main(int argc, char **argv)
+{
+    if (argc < 6) {
+        fprintf(stderr, "usage: bench_ring FILE dma|read|ring|mapcopy|mapnt|bounce THREADS BUFS_PER_THREAD SIZE_KIB [REPS]\n");
+        return 2;
+    }
+    static const char *modes[] = {"dma", "read", "ring", "mapcopy", "mapnt", "bounce"};
+    int mode = -1;
+    for (int m = 0; m < 6; m++)
+        if (strcmp(argv[2], modes[m]) == 0) mode = m;
+    int nth = atoi(argv[3]), bufs = atoi(argv[4]), reps = argc > 6 ? atoi(argv[6]) : 3;
+    uint64_t piece = (uint64_t)atoll(argv[5]) << 10;
+    if (mode < 0 || nth < 1 || nth > 64 || bufs < 1 || bufs > 64 || piece == 0 || reps < 1) {
+        fprintf(stderr, "bench_ring: bad arguments\n");
+        return 2;
+    }
+    const char *bk = getenv("BOUNCE_KIB");
+    shared s = {.mode = mode, .piece = piece, .bufs = bufs, .bounce = (size_t)(bk ? atoi(bk) : 256) << 10};
+    if (s.bounce == 0) s.bounce = 256 << 10;
+    s.fd = open(argv[1], O_RDONLY);
+    struct stat sb;
+    if (s.fd < 0 || fstat(s.fd, &sb) != 0 || sb.st_size <= 0) {
+        fprintf(stderr, "bench_ring: %s: cannot open\n", argv[1]);
+        return 1;
+    }
+    s.size = (uint64_t)sb.st_size;
+    if (mode == MAPCOPY || mode == MAPNT) {
+        void *m = mmap(NULL, s.size, PROT_READ, MAP_SHARED, s.fd, 0);
+        if (m == MAP_FAILED) {
+            fprintf(stderr, "bench_ring: mmap failed\n");
+            return 1;
+        }
+        s.map = m;
+    }
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!h) {
+        fprintf(stderr, "bench_ring: %s\n", dlerror());
+        return 1;
+    }
+    SYM(Init, "cuInit");
+    SYM(DeviceGet, "cuDeviceGet");
+    SYM(PrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+    SYM(CtxSetCurrent, "cuCtxSetCurrent");
+    SYM(MemAlloc, "cuMemAlloc_v2");
+    SYM(MemsetD8, "cuMemsetD8_v2");
+    SYM(MemHostAlloc, "cuMemHostAlloc");
+    SYM(StreamCreate, "cuStreamCreate");
+    SYM(StreamSynchronize, "cuStreamSynchronize");
+    SYM(EventCreate, "cuEventCreate");
+    SYM(EventRecord, "cuEventRecord");
+    SYM(EventSynchronize, "cuEventSynchronize");
+    SYM(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
+    int dev;
+    if (Init(0) || DeviceGet(&dev, 0) || PrimaryCtxRetain(&s.ctx, dev) || CtxSetCurrent(s.ctx)) {
+        fprintf(stderr, "bench_ring: no CUDA device\n");
+        return 1;
+    }
+    if (MemAlloc(&s.d, s.size) || MemsetD8(s.d, 0, s.size)) {
+        fprintf(stderr, "bench_ring: cuMemAlloc(%llu) failed\n", (unsigned long long)s.size);
+        return 1;
+    }
+    worker *w = calloc((size_t)nth, sizeof *w);
+    char *pool = NULL;
+    if (!w || MemHostAlloc((void **)&pool, (size_t)(piece * (uint64_t)nth * (uint64_t)bufs), 0)) {
+        fprintf(stderr, "bench_ring: no pinned memory\n");
+        return 1;
+    }
+    memset(pool, 1, (size_t)(piece * (uint64_t)nth * (uint64_t)bufs));
+    for (int t = 0; t < nth; t++) {
+        w[t].s = &s;
+        w[t].buf = calloc((size_t)bufs, sizeof(char *));
+        w[t].ev = calloc((size_t)bufs, sizeof(CUevent));
+        StreamCreate(&w[t].st, 1 /* non-blocking */);
+        for (int b = 0; b < bufs; b++) {
+            w[t].buf[b] = pool + piece * (uint64_t)(t * bufs + b);
+            EventCreate(&w[t].ev[b], 2 /* disable timing */);
+        }
+    }
+    printf("{\"mode\": \"%s\", \"threads\": %d, \"bufs_per_thread\": %d, \"piece\": %llu, \"bounce\": %zu, "
+           "\"bytes\": %llu, \"gbps\": [",
+           modes[mode], nth, bufs, (unsigned long long)piece, mode == BOUNCE ? s.bounce : 0,
+           (unsigned long long)s.size);
+    for (int r = 0; r < reps; r++) {
+        atomic_store(&s.next, 0);
+        for (int t = 0; t < nth; t++) w[t].used = 0;
+        double t0 = now();
+        for (int t = 0; t < nth; t++) pthread_create(&w[t].th, NULL, work, &w[t]);
+        for (int t = 0; t < nth; t++) pthread_join(w[t].th, NULL);
+        printf("%s%.2f", r ? ", " : "", (double)s.size / (now() - t0) / 1e9);
+        fflush(stdout);
+    }
+    printf("]}\n");
+    return 0;
+}
