@@ -24,6 +24,7 @@
  * pinned buffers are cuMemHostAlloc'ed. Driver API through dlopen, as ferry. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <emmintrin.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -63,7 +64,6 @@ static double now(void)
 
 enum { DMA, READ, RING, MAPCOPY, MAPNT, BOUNCE };
 
-#include <emmintrin.h>
 /* n bytes from src to 16-byte aligned dst with streaming stores (SSE2, in
  * every x86-64); the tail by memcpy */
 static void copy_nt(void *dst, const void *src, size_t n)
@@ -90,6 +90,7 @@ typedef struct shared {
     CUdeviceptr d;
     CUcontext ctx;
     atomic_ullong next; /* next run's first byte */
+    atomic_int failed;  /* a read came up short or a driver call failed: no rate */
     int bufs;
     size_t bounce;
 } shared;
@@ -126,6 +127,7 @@ static void *work(void *arg)
                     if (r <= 0) break;
                     got += (size_t)r;
                 }
+                if (got < n) atomic_store(&s->failed, 1);
             } else if (s->mode == MAPCOPY) {
                 memcpy(b, s->map + off, n);
             } else if (s->mode == MAPNT) {
@@ -133,21 +135,24 @@ static void *work(void *arg)
             } else if (s->mode == BOUNCE) {
                 for (size_t at = 0; at < n;) {
                     size_t want = n - at < s->bounce ? n - at : s->bounce;
-                    ssize_t r = pread(s->fd, bb, want, (off_t)(off + at));
-                    if (r <= 0) break;
+                    ssize_t r = bb ? pread(s->fd, bb, want, (off_t)(off + at)) : -1;
+                    if (r <= 0) {
+                        atomic_store(&s->failed, 1);
+                        break;
+                    }
                     copy_nt(b + at, bb, (size_t)r);
                     at += (size_t)r;
                 }
             }
             if (s->mode != READ) {
-                MemcpyHtoDAsync(s->d + off, b, n, w->st);
-                EventRecord(w->ev[k], w->st);
+                if (MemcpyHtoDAsync(s->d + off, b, n, w->st) || EventRecord(w->ev[k], w->st))
+                    atomic_store(&s->failed, 1);
                 if (w->used <= k) w->used = k + 1;
             }
             k = (k + 1) % s->bufs;
         }
     }
-    StreamSynchronize(w->st);
+    if (StreamSynchronize(w->st)) atomic_store(&s->failed, 1);
     free(bb);
     return NULL;
 }
@@ -180,6 +185,7 @@ int main(int argc, char **argv)
     const char *bk = getenv("BOUNCE_KIB");
     shared s = {.mode = mode, .piece = piece, .bufs = bufs, .bounce = (size_t)(bk ? atoi(bk) : 256) << 10};
     if (s.bounce == 0) s.bounce = 256 << 10;
+    atomic_init(&s.failed, 0);
     s.fd = open(argv[1], O_RDONLY);
     struct stat sb;
     if (s.fd < 0 || fstat(s.fd, &sb) != 0 || sb.st_size <= 0) {
@@ -249,7 +255,12 @@ int main(int argc, char **argv)
         double t0 = now();
         for (int t = 0; t < nth; t++) pthread_create(&w[t].th, NULL, work, &w[t]);
         for (int t = 0; t < nth; t++) pthread_join(w[t].th, NULL);
-        printf("%s%.2f", r ? ", " : "", (double)s.size / (now() - t0) / 1e9);
+        double secs = now() - t0;
+        if (atomic_load(&s.failed)) {
+            printf("], \"error\": \"a read came up short or a CUDA call failed in rep %d\"}\n", r + 1);
+            return 1;
+        }
+        printf("%s%.2f", r ? ", " : "", (double)s.size / secs / 1e9);
         fflush(stdout);
     }
     printf("]}\n");

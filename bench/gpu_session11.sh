@@ -34,6 +34,17 @@ d=json.load(sys.stdin)
 print(json.dumps({"gbps": [round(l["gbps"], 2) for l in d["files"]], "ms": [round(l["seconds"]*1e3, 2) for l in d["files"]], "path": d["files"][0]["path_used"], "rss_mib": d["peak_rss_bytes"] >> 20}))'
 }
 limit() { build-gpu/bench_pinrate 4 64 2 2>&1 | grep hostalloc | head -1; }
+tmpfs_ring() { # OUTFILE REPS MODE...: bench_ring on a fresh /dev/shm copy per mode, two rounds
+  local out=$1 reps=$2; shift 2
+  mkdir -p $SHM
+  for r in 1 2; do
+    for m in "$@"; do
+      rm -f $SHM/x.safetensors; cp "$F" $SHM/x.safetensors
+      echo "tmpfs fresh: $(build-gpu/bench_ring $SHM/x.safetensors $m 12 2 4096 $reps)"
+    done
+  done 2>&1 | tee "$out"
+  rm -rf $SHM
+}
 case "$PART" in
 sweep)
   mk w10g,small
@@ -75,14 +86,7 @@ ceiling)  # bench_ring: the copy engine alone, the reads alone, both per thread
     R "$F" ring 12 2 2048; R "$F" ring 8 3 4096; R "$F" mapcopy 12 2 4096
     echo "ferry default: $(cli "$F" --path ring --repeat 2)"
   done 2>&1 | tee "$OUT/ceiling.txt"
-  mkdir -p $SHM
-  for r in 1 2; do
-    for m in ring mapcopy read; do
-      rm -f $SHM/x.safetensors; cp "$F" $SHM/x.safetensors
-      echo "tmpfs fresh: $(build-gpu/bench_ring $SHM/x.safetensors $m 12 2 4096 3)"
-    done
-  done 2>&1 | tee "$OUT/ceiling-tmpfs.txt"
-  rm -rf $SHM
+  tmpfs_ring "$OUT/ceiling-tmpfs.txt" 3 ring mapcopy read
   echo "limit end: $(limit)"
   ;;
 ceiling2)  # streaming stores: from a mapping, or pread into a small cached buffer first
@@ -100,14 +104,7 @@ ceiling2)  # streaming stores: from a mapping, or pread into a small cached buff
     echo "ferry 12x24x4MiB: $(cli "$F" --path ring)"
     echo "ferry 16x32x4MiB: $(cli "$F" --path ring --threads 16 --buffers 32)"
   done 2>&1 | tee "$OUT/ceiling2.txt"
-  mkdir -p $SHM
-  for r in 1 2; do
-    for m in mapnt bounce mapcopy; do
-      rm -f $SHM/x.safetensors; cp "$F" $SHM/x.safetensors
-      echo "tmpfs fresh: $(build-gpu/bench_ring $SHM/x.safetensors $m 12 2 4096 2)"
-    done
-  done 2>&1 | tee "$OUT/ceiling2-tmpfs.txt"
-  rm -rf $SHM
+  tmpfs_ring "$OUT/ceiling2-tmpfs.txt" 2 mapnt bounce mapcopy
   echo "limit end: $(limit)"
   ;;
 *) echo "unknown part $PART"; exit 2 ;;
