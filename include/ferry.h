@@ -518,7 +518,7 @@ typedef struct ferry_load_stats {
     uint32_t size;          /* sizeof(ferry_load_stats), set by the caller */
     ferry_route route;       /* the route actually taken */
     uint64_t bytes;         /* tensor bytes moved */
-    double seconds;         /* wall time of the load */
+    double seconds;         /* wall time of the call (ferry_load: its device allocation included) */
     double resident;        /* fraction of the data in the page cache before the load,
                                estimated from 4096 pages spread over the files (measured
                                for FERRY_ROUTE_AUTO only; -1 otherwise; see
@@ -529,6 +529,15 @@ typedef struct ferry_load_stats {
     double register_seconds; /* REGISTER loads: wall time spent page-locking the mapping, from
                                the first piece to the last (on a helper thread, overlapping the
                                copies, so not added to seconds); 0 when reused */
+    /* Where a load's time goes before its first read (all part of seconds):
+     * setup_seconds from the call to the first batch handed to the readers
+     * (ferry_load's device allocation, the path choice, the plan, streams,
+     * the ring); alloc_seconds of it the device memory ferry_load allocates
+     * (0 for ferry_load_into: the caller's); pin_seconds the ring's pinning
+     * (0 when the ring of an earlier load was reused, and for REGISTER). */
+    double setup_seconds;
+    double alloc_seconds;
+    double pin_seconds;
 } ferry_load_stats;
 
 typedef struct ferry_loaded ferry_loaded;

@@ -399,7 +399,8 @@ def stats_dict(st):
             "resident": st.resident, "why": st.why.decode("utf-8", "replace") if st.why else "",
             "registration": ("none", "new", "reused")[st.registration] if 0 <= st.registration < 3
             else str(st.registration),
-            "register_seconds": st.register_seconds}
+            "register_seconds": st.register_seconds, "setup_seconds": st.setup_seconds,
+            "alloc_seconds": st.alloc_seconds, "pin_seconds": st.pin_seconds}
 
 
 def load_into(dev, handle, idx, ptrs, opts):

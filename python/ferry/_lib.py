@@ -93,6 +93,9 @@ class LoadStats(Struct):
         ("why", ctypes.c_char_p),  # static text of the library's
         ("registration", ctypes.c_int),
         ("register_seconds", ctypes.c_double),
+        ("setup_seconds", ctypes.c_double),
+        ("alloc_seconds", ctypes.c_double),
+        ("pin_seconds", ctypes.c_double),
     ]
 
 

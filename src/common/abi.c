@@ -34,7 +34,8 @@ static const field f_load_stats[] = {F(ferry_load_stats, size),    F(ferry_load_
                                      F(ferry_load_stats, bytes),   F(ferry_load_stats, seconds),
                                      F(ferry_load_stats, resident), F(ferry_load_stats, why),
                                      F(ferry_load_stats, registration), F(ferry_load_stats, register_seconds),
-                                     {NULL, 0}};
+                                     F(ferry_load_stats, setup_seconds), F(ferry_load_stats, alloc_seconds),
+                                     F(ferry_load_stats, pin_seconds),  {NULL, 0}};
 static const field f_store_opts[] = {F(ferry_store_opts, size),          F(ferry_store_opts, device_budget),
                                      F(ferry_store_opts, device_reserve), F(ferry_store_opts, host_budget),
                                      F(ferry_store_opts, pinned_budget),  F(ferry_store_opts, host_reserve),

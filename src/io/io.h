@@ -91,6 +91,9 @@ int fy_map_ro(int fd, uint64_t size, void **out);
 int fy_map_private(int fd, uint64_t size, void **out);
 /* munmap; p NULL or size 0: nothing. Not a fault point. */
 void fy_unmap(void *p, uint64_t size);
+/* fy_unmap for a large, faulted-in mapping that other threads may be waiting
+ * to map beside: the pages go in pieces first (io.c says why). */
+void fy_unmap_gently(void *p, uint64_t size);
 /* mincore(2): which pages of [addr, addr + len) are resident (addr page
  * aligned; vec holds one byte per page). 0 or -errno. Not a fault point:
  * residency is an estimate, and its callers answer "unknown" on failure. */

@@ -89,7 +89,7 @@ int xf_ring_geometry(ferry_device *d, const ferry_load_opts *o, uint32_t *nthrea
 }
 
 int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, const ferry_load_opts *opts,
-                      ferry_load_stats *stats)
+                  ferry_load_stats *stats, double t0)
 {
     ferry_load_opts o;
     ferry_load_stats st = {.size = sizeof st};
@@ -106,7 +106,9 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
     if (nstreams < 2) nstreams = 2;
     if (nstreams > MAX_STREAMS) nstreams = MAX_STREAMS;
 
-    double t0 = fy_now();
+    double now = fy_now();
+    if (t0 <= 0 || t0 > now) t0 = now;
+    st.alloc_seconds = now - t0;
     int rc = choose_path(d, f, &o, &st);
     if (rc < 0) return rc;
     st.route = (ferry_route)rc;
@@ -117,6 +119,7 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
     rc = d->g->ops->bind_thread(d->g);
     for (uint32_t s = 0; s < nstreams && rc == 0; s++) rc = d->g->ops->stream_new(d->g, &streams[s]);
     if (rc == 0) {
+        st.setup_seconds = fy_now() - t0; /* the ring's case sets it again, with the ring */
         if (d->g->host_visible) {
             rc = xf_run_host(d, f, &p, &o, nthreads);
         } else if (st.route == FERRY_ROUTE_REGISTER) {
@@ -134,7 +137,14 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
                 if (need < nbuf) nbuf = (uint32_t)need;
                 if (d->nring >= nbuf && d->ring_bytes == bufsz) nbuf = d->nring;
             }
+            double tp = fy_now();
+            bool pinned = d->nring == nbuf && d->ring_bytes == bufsz;
             rc = xf_ring_get(d, nbuf, bufsz);
+            st.pin_seconds = pinned ? 0 : fy_now() - tp;
+            /* no more readers than batches: a thread with nothing to read
+             * costs its start (a 25 MB file has 7 batches of 4 MiB) */
+            if (p.nbt < (long long)nthreads) nthreads = p.nbt > 0 ? (uint32_t)p.nbt : 1;
+            st.setup_seconds = fy_now() - t0;
             if (rc == 0) rc = xf_run_ring(d, f, &p, st.route == FERRY_ROUTE_DIRECT, &o, streams, nstreams, nthreads);
             if (rc == -EINVAL && st.route == FERRY_ROUTE_DIRECT && o.route == FERRY_ROUTE_AUTO) {
                 /* auto chose O_DIRECT on a file system without it (tmpfs, some FUSE): buffered reads */
@@ -169,7 +179,7 @@ FERRY_API int ferry_load_into(ferry_device *d, const ferry_file *f, const int64_
         it[k].t = idx[k];
         it[k].dst = dptrs[k];
     }
-    int rc = xf_load_items(d, f, it, n, opts, stats);
+    int rc = xf_load_items(d, f, it, n, opts, stats, 0);
     fy_free(&d->ctx->mem, it);
     return rc;
 }
@@ -178,6 +188,7 @@ FERRY_API int ferry_load(ferry_device *d, const ferry_file *f, const ferry_load_
                          ferry_load_stats *stats)
 {
     if (!d || !f || !out) return FERRY_E_INVAL;
+    double t0 = fy_now(); /* the device allocation below is part of the load's time */
     *out = NULL;
     const ferry_allocator *m = &d->ctx->mem;
     ferry_loaded *l = fy_calloc(m, 1, sizeof *l);
@@ -210,7 +221,7 @@ FERRY_API int ferry_load(ferry_device *d, const ferry_file *f, const ferry_load_
         it[i].t = i;
         it[i].dst = l->dptr[i];
     }
-    rc = xf_load_items(d, f, it, f->tb.n, opts, stats);
+    rc = xf_load_items(d, f, it, f->tb.n, opts, stats, t0);
     if (rc < 0) goto fail;
     fy_free(m, it);
     *out = l;

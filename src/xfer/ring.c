@@ -157,8 +157,11 @@ static int read_batch(job *j, const batch *bt, uint8_t *buf, uint64_t *skew, own
 /* The load's own mappings of shards in RAM go on a thread of their own: the
  * copies faulted every page in, and unmapping 10 GB of page-table entries
  * took about 0.6 s on the H200, which the load need not wait for (its bytes
- * are on the device). The list is plain malloc's: the thread may outlive the
- * context. Where no thread can be made, here. */
+ * are on the device). A plain munmap held the mmap lock all that time, and
+ * the process's next load (its own mmap, its faults behind that waiting
+ * writer) ran at 13-16 GB/s instead of 45: the thread empties the range in
+ * pieces first (fy_unmap_gently). The list is plain malloc's: the thread
+ * may outlive the context. Where no thread can be made, here. */
 typedef struct unmap_list {
     int n;
     struct { void *p; uint64_t size; } v[];
@@ -167,7 +170,7 @@ typedef struct unmap_list {
 static void *unmapper(void *arg)
 {
     unmap_list *u = arg;
-    for (int i = 0; i < u->n; i++) fy_unmap(u->v[i].p, u->v[i].size);
+    for (int i = 0; i < u->n; i++) fy_unmap_gently(u->v[i].p, u->v[i].size);
     free(u);
     return NULL;
 }

@@ -188,8 +188,10 @@ int xf_run_host(ferry_device *d, const ferry_file *f, const plan *p, const ferry
 /* Threads and ring size from load options (defaults measured on the H200
  * host), within ferry's limits. */
 int xf_ring_geometry(ferry_device *d, const ferry_load_opts *o, uint32_t *nthreads, uint32_t *nbuf, uint64_t *bufsz);
-/* Load tensors it[0..n-1] of f to their destinations: choose a path, plan, run. */
+/* Load tensors it[0..n-1] of f to their destinations: choose a path, plan, run.
+ * t0: when the caller's part of the load began (fy_now(); its time up to here
+ * is the device allocation, counted in seconds and alloc_seconds), or 0. */
 int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, const ferry_load_opts *opts,
-                  ferry_load_stats *stats);
+                  ferry_load_stats *stats, double t0);
 
 #endif

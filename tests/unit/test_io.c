@@ -381,6 +381,52 @@ static void test_mincore(void)
     fy_close(fd);
 }
 
+/* fy_unmap_gently over more than one 64 MiB piece (a sparse file with a mark
+ * in every MiB): the mapping is gone afterwards (mincore refuses it), the
+ * file's bytes are unchanged (mapped again, every mark is there), and a NULL
+ * or empty mapping is nothing. */
+static void test_unmap_gently(void)
+{
+    char p[PATH_MAX];
+    path_of(p, sizeof p, "gentle.bin");
+    const uint64_t size = 130ull << 20, mib = 1ull << 20;
+    int w = open(p, O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    CHECK(w >= 0);
+    if (w < 0) return;
+    CHECK_EQ(ftruncate(w, (off_t)size), 0);
+    for (uint64_t off = 0; off < size; off += mib) {
+        uint32_t v = (uint32_t)(off / mib) * 2654435761u;
+        CHECK_EQ(pwrite(w, &v, sizeof v, (off_t)(off + 100)), (ssize_t)sizeof v);
+    }
+    close(w);
+    fy_err err;
+    fy_err_init(&err);
+    int fd = -1;
+    uint64_t got = 0;
+    CHECK_EQ(fy_open_ro(p, &fd, &got, &err), 0);
+    CHECK_EQ(got, size);
+    for (int round = 0; round < 2 && fd >= 0; round++) {
+        void *map = NULL;
+        CHECK_EQ(fy_map_ro(fd, size, &map), 0);
+        if (!map) break;
+        uint64_t bad = 0;
+        for (uint64_t off = 0; off < size; off += mib) {
+            uint32_t v;
+            memcpy(&v, (const uint8_t *)map + off + 100, sizeof v);
+            bad += v != (uint32_t)(off / mib) * 2654435761u;
+        }
+        CHECK_EQ(bad, 0);
+        fy_unmap_gently(map, size);
+        unsigned char vec[1];
+        CHECK_EQ(fy_mincore(map, 4096, vec), -ENOMEM); /* not mapped any more */
+    }
+    fy_unmap_gently(NULL, size);
+    fy_unmap_gently((void *)&err, 0);
+    fy_close(fd);
+    unlink(p);
+    fy_err_destroy(&err);
+}
+
 /* ---- converting: write, fsync, rename, through the table ---- */
 
 /* Convert f to out; rc, with the checks every outcome must pass: an error has
@@ -708,6 +754,7 @@ static ferry_ctx *ctx;
     CASE(table, test_table())                                                    \
     CASE(reads, if (ctx) test_reads(ctx))                                        \
     CASE(mincore, test_mincore())                                                \
+    CASE(unmap_gently, test_unmap_gently())                                      \
     CASE(convert, test_convert())                                                \
     CASE(spill, test_spill())                                                    \
     CASE(memstat, test_memstat())                                                \

@@ -543,6 +543,8 @@ static void load_into_case(ferry_ctx *ctx, ferry_device *d, const ferry_file *f,
         CHECK_EQ(st.route, p == FERRY_ROUTE_AUTO ? (st.resident >= 0.5 ? FERRY_ROUTE_RING : FERRY_ROUTE_DIRECT) : p);
         CHECK_EQ(dests_verify(d, f, &x, what), 0);
         CHECK_EQ(st.bytes, x.bytes);
+        CHECK(st.alloc_seconds == 0); /* the caller's memory */
+        CHECK(st.setup_seconds > 0 && st.setup_seconds <= st.seconds);
     }
     usage after = use_of(d);
     CHECK_EQ(after.dev, before.dev); /* load_into allocates no device memory */
@@ -1413,7 +1415,13 @@ static void test_ring_reuse(ferry_ctx *ctx)
     for (int i = 0; i < 4; i++) {
         if (i == 2 && direct_ok) o.route = FERRY_ROUTE_DIRECT; /* direct shares the ring */
         ferry_loaded *l = NULL;
-        CHECK_EQ(ferry_load(d, f, &o, &l, NULL), 0);
+        ferry_load_stats st = {.size = sizeof st};
+        CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
+        /* the set-up's parts: the first load pins the ring, the later ones reuse it */
+        CHECK(i == 0 ? st.pin_seconds > 0 : st.pin_seconds == 0);
+        CHECK(st.alloc_seconds > 0);
+        CHECK(st.setup_seconds >= st.pin_seconds + st.alloc_seconds);
+        CHECK(st.seconds >= st.setup_seconds);
         CHECK_EQ(use_of(d).pinned, SMALL_RING); /* the same ring, not another one */
         ferry_loaded_free(l);
         CHECK_EQ(use_of(d).pinned, SMALL_RING);

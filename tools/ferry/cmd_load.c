@@ -240,6 +240,9 @@ static int run(int argc, char **argv)
         json_object_set_new(o, "path_used", json_string(ferry_route_name(st.route)));
         json_object_set_new(o, "why", json_string(st.why));
         json_object_set_new(o, "resident_before", json_real(st.resident));
+        json_object_set_new(o, "setup_seconds", json_real(st.setup_seconds));
+        json_object_set_new(o, "alloc_seconds", json_real(st.alloc_seconds));
+        json_object_set_new(o, "pin_seconds", json_real(st.pin_seconds));
         if (st.route == FERRY_ROUTE_REGISTER) {
             /* "registered": this load page-locked the file (register_seconds
              * of it, overlapping the copies); "reused": it was registered already */
