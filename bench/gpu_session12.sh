@@ -10,6 +10,13 @@
 #          fresh processes; a fresh /dev/shm copy loaded three times in one
 #          process (CLI) and twice (ferry.torch, pread and mapping); the CLI
 #          and ferry.torch alternated, hot; register --repeat 3
+#   ab     after the changes diag led to (pageable small loads, mincore in
+#          runs, ferry.torch's mapped tmpfs reads): the 26 MB file with auto
+#          (pageable) and --path ring alternated in fresh processes, and through
+#          ferry.torch; the 10 GB file hot (CLI and ferry.torch alternated),
+#          from fresh tmpfs copies, with --path pageable, and registered; then
+#          every peer on the 26 MB file (bench/compare_load.py, hot and tmpfs;
+#          run `peers` of bench/gpu_session10.sh first)
 set -uo pipefail
 PART=$1
 OUT=${2:-/tmp/out12}
@@ -65,6 +72,32 @@ diag)
   rm -rf $SHM
   echo "register: $(cli "$F" --path register --repeat 3)" 2>&1 | tee "$OUT/diag-reg.txt"
   echo "limit end: $(limit)"
+  ;;
+ab)
+  mk w10g,small
+  cat "$F" "$S" >/dev/null
+  echo "limit start: $(limit)"
+  for r in 1 2 3 4 5; do
+    echo "small auto r$r: $(cli "$S" --repeat 3)"
+    echo "small ring r$r: $(cli "$S" --repeat 3 --path ring)"
+  done 2>&1 | tee "$OUT/ab-small.txt"
+  for r in 1 2 3; do echo "small py r$r: $(py "$S" --repeat 3)"; done 2>&1 | tee -a "$OUT/ab-small.txt"
+  for r in 1 2 3; do
+    echo "hot cli r$r: $(cli "$F" --repeat 2)"
+    echo "hot py r$r: $(py "$F" --repeat 2)"
+  done 2>&1 | tee "$OUT/ab-hot.txt"
+  echo "hot pageable: $(cli "$F" --path pageable)" 2>&1 | tee -a "$OUT/ab-hot.txt"
+  echo "limit mid: $(limit)"
+  for r in 1 2; do
+    fresh; echo "tmpfs cli r$r: $(cli $SHM/x.safetensors --repeat 2)"
+    fresh; echo "tmpfs py r$r: $(py $SHM/x.safetensors --repeat 2)"
+  done 2>&1 | tee "$OUT/ab-tmpfs.txt"
+  rm -rf $SHM
+  echo "register: $(cli "$F" --path register --repeat 3)" 2>&1 | tee "$OUT/ab-reg.txt"
+  echo "limit end: $(limit)"
+  PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} $CMP --st09-path /tmp/st09 --workloads small --plan 'small:hot,tmpfs' \
+    --methods ferry_auto,ferry_py,st_cuda,st09,it,it_mmap,fsafe,runai --rounds ${ROUNDS:-2} \
+    --budget-seconds ${BUDGET:-150} --out "$OUT/ab-cmp-small.json" 2>&1 | tail -30
   ;;
 *) echo "unknown part $PART"; exit 2 ;;
 esac

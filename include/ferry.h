@@ -449,7 +449,8 @@ FERRY_API int ferry_device_mem_info(ferry_device *dev, uint64_t *free_bytes, uin
 
 /* How a load's bytes travel from the file to the device. */
 typedef enum ferry_route {
-    FERRY_ROUTE_AUTO = 0,  /* choose: register if registered, ring if mostly cached, else direct.
+    FERRY_ROUTE_AUTO = 0,  /* choose: register if registered, ring if mostly cached (pageable for
+                             a small one while no ring is pinned), else direct.
                              It never registers a file itself: a registered mapping is read by
                              the device, where a truncation is not an error ferry can give
                              (README, "Truncated checkpoints"), so that is the caller's choice */
@@ -462,10 +463,19 @@ typedef enum ferry_route {
                              FERRY_LOAD_KEEP_REGISTRATION) */
     FERRY_ROUTE_CUFILE,    /* GPUDirect Storage: only probed so far (FERRY_E_NODEV with the
                              reason; FERRY_E_UNSUPPORTED if the probe succeeds) */
+    FERRY_ROUTE_PAGEABLE,  /* copy straight from the file mapping, unpinned: the driver stages
+                             the bytes through its own pinned buffers (~7 GB/s on the H200, a
+                             fifth of the ring) but nothing is pinned first. auto takes it for a
+                             cached load of at most FERRY_PAGEABLE_MAX bytes while the device
+                             has no ring pinned: pinning one cost ~6.5 ms, more than such a
+                             file's copy (bench/RESULTS.md, twelfth session) */
     FERRY_ROUTE_COUNT
 } ferry_route;
 
-/* "auto", "ring", "direct", "register", "cufile"; and back (-1 if unknown). */
+/* auto's limit for FERRY_ROUTE_PAGEABLE, in bytes (32 MiB) */
+#define FERRY_PAGEABLE_MAX (32ull << 20)
+
+/* "auto", "ring", "direct", "register", "cufile", "pageable"; and back (-1 if unknown). */
 FERRY_API const char *ferry_route_name(ferry_route p);
 FERRY_API int ferry_route_parse(const char *name);
 
@@ -497,12 +507,11 @@ enum ferry_load_flag {
     FERRY_LOAD_KEEP_REGISTRATION = 1u << 0,
     /* RING: read a checkpoint in tmpfs or ramfs with pread like any other.
      * Without it the ring copies such a file out of a mapping of the load's
-     * own (on the H200: 41 GB/s from a fresh /dev/shm copy, against 24 for a
-     * first pread pass), which is unmapped after the load on a thread of its
-     * own: about 0.6 s per 10 GB during which the process's own mmap calls
-     * (any allocation that maps memory) wait. A caller that allocates right
-     * after the load, or that cannot afford a truncation during a copy
-     * faulting (README, "Truncated checkpoints"), asks for pread. */
+     * own (on the H200: 45 GB/s from a fresh /dev/shm copy, against 22-24
+     * for a first pread pass), unmapped after the load on a thread of its
+     * own, in 64 MiB pieces so the process's own mmap calls do not wait for
+     * all of it. A caller that cannot afford a truncation during a copy
+     * faulting (README, "Truncated checkpoints") asks for pread. */
     FERRY_LOAD_PREAD = 1u << 1
 };
 

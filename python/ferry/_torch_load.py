@@ -193,7 +193,7 @@ def load_file(path, device="cpu", *, path_kind="auto", ring_buffers=None, ring_b
     tensor is allocated with torch.empty (PyTorch's allocator owns it) and one
     ferry_load_into fills them all through ferry's pinned ring; returns when the
     data is on the device. path_kind ("auto", "ring", "direct", "register",
-    "cufile"), ring_buffers, ring_buffer_bytes (int or "16MiB") and threads set
+    "pageable", "cufile"), ring_buffers, ring_buffer_bytes (int or "16MiB") and threads set
     ferry_load_opts; progress(done, total) is called from ferry's worker
     threads (an exception it raises is raised here after the load). On cpu
     nothing is read, so progress is called once with (total, total).
@@ -248,12 +248,11 @@ def load_file(path, device="cpu", *, path_kind="auto", ring_buffers=None, ring_b
 
 
 def _load_file(path, device, path_kind, ring_buffers, ring_buffer_bytes, threads, progress, owner, stats):
-    # pread even in tmpfs: the ring's mapping of such a file is unmapped after
-    # the load, and this process allocates right away, waiting for it (on the
-    # H200 a fresh /dev/shm copy then loaded at 11 GB/s, against 23 with
-    # pread; ferry.h, FERRY_LOAD_PREAD)
-    opts = _core.LoadOptions(path_kind, threads, ring_buffers, ring_buffer_bytes, progress,
-                             flags=_lib.LOAD_PREAD)
+    # A file in tmpfs is copied out of a mapping (the library's default): on
+    # the H200 a fresh /dev/shm copy loaded at 45.4-45.5 GB/s that way against
+    # 21.8-23.9 with pread, now that the mapping is unmapped in pieces and no
+    # longer stalls the allocations after it (bench/RESULTS.md, twelfth session)
+    opts = _core.LoadOptions(path_kind, threads, ring_buffers, ring_buffer_bytes, progress)
     if owner == "ferry":
         return _load_owned(path, device, opts, stats)
     if device.type == "cpu":

@@ -14,7 +14,7 @@
 
 FERRY_API const char *ferry_route_name(ferry_route p)
 {
-    static const char *const names[] = {"auto", "ring", "direct", "register", "cufile"};
+    static const char *const names[] = {"auto", "ring", "direct", "register", "cufile", "pageable"};
     return (unsigned)p < FERRY_ROUTE_COUNT ? names[p] : "unknown";
 }
 
@@ -24,6 +24,69 @@ FERRY_API int ferry_route_parse(const char *name)
         if (name && strcmp(name, ferry_route_name((ferry_route)p)) == 0) return p;
     return -1;
 }
+/* ---- the pageable path ---- */
+
+/* Copy plan p from the shards' mappings (pageable memory: the driver stages
+ * it, the call returns once the bytes are read) on the streams in turn. As
+ * on the ring's mapping reads, each batch's shard is checked to still reach
+ * the batch first: a file cut before it is an error, not a SIGBUS; one cut
+ * while it is copied is not guarded (README, "Truncated checkpoints"). */
+static int run_pageable(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o,
+                        fy_stream **streams, uint32_t nstreams)
+{
+    fy_gpu *g = d->g;
+    int rc = 0;
+    uint64_t done = 0;
+    uint32_t s = 0;
+    for (int64_t b = 0; b < p->nbt && rc == 0; b++) {
+        const batch *bt = &p->bt[b];
+        const shard *sh = &f->shards[bt->shard];
+        uint64_t now = 0;
+        if ((rc = fy_fstat_size(sh->fd, &now)) < 0) {
+            rc = fy_seterr(&d->err, rc, "%s: fstat: %s", sh->path, ferry_strerror(rc));
+            break;
+        }
+        if (!sh->map || now < bt->off + bt->len) {
+            rc = fy_seterr(&d->err, FERRY_E_CORRUPT,
+                           "%s: the file is now %" PRIu64 " bytes, it was %" PRIu64
+                           " when opened: truncated after it was opened?", sh->path, now, sh->size);
+            break;
+        }
+        for (int64_t q = bt->first; q < bt->first + bt->count && rc == 0;) {
+            /* tensors adjacent in the file and on the device go in one copy */
+            uint64_t src = p->pc[q].off, len = p->pc[q].len;
+            fy_dptr dst = p->pc[q].dst;
+            for (q++; q < bt->first + bt->count && p->pc[q].dst == dst + len && p->pc[q].off == src + len; q++)
+                len += p->pc[q].len;
+            rc = xf_copy_spread(g, true, dst, (uint8_t *)sh->map + src, len, streams, nstreams, &s);
+            done += len;
+        }
+        if (o->progress && rc == 0) o->progress(o->opaque, done, p->bytes);
+    }
+    for (uint32_t k = 0; k < nstreams; k++) {
+        int r = g->ops->stream_sync(g, streams[k]);
+        if (rc == 0 && r < 0) rc = r;
+    }
+    return rc;
+}
+
+/* auto's choice of the pageable path for a cached load of `bytes`: small,
+ * no ring asked for and none pinned yet, so that pinning one would cost more
+ * than the copy (FERRY_ROUTE_PAGEABLE). */
+static bool pageable_fits(ferry_device *d, const ferry_load_opts *o, ferry_load_stats *st, uint64_t bytes)
+{
+    if (o->route != FERRY_ROUTE_AUTO || st->route != FERRY_ROUTE_RING || st->resident < 0.5 ||
+        bytes > FERRY_PAGEABLE_MAX || o->ring_buffers || o->ring_buffer_bytes)
+        return false;
+    pthread_mutex_lock(&d->ring_lock);
+    bool none = d->nring == 0;
+    pthread_mutex_unlock(&d->ring_lock);
+    if (none)
+        st->why = "a small load, mostly in the page cache, and no ring pinned yet (pinning one costs more than the "
+                  "copy): pageable copies from the mapping";
+    return none;
+}
+
 /* ---- choosing a path ---- */
 
 static int choose_path(ferry_device *d, const ferry_file *f, const ferry_load_opts *o, ferry_load_stats *st)
@@ -124,6 +187,9 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
             rc = xf_run_host(d, f, &p, &o, nthreads);
         } else if (st.route == FERRY_ROUTE_REGISTER) {
             rc = xf_run_register(d, f, &p, &o, streams, nstreams, &st);
+        } else if (st.route == FERRY_ROUTE_PAGEABLE || pageable_fits(d, &o, &st, p.bytes)) {
+            st.route = FERRY_ROUTE_PAGEABLE;
+            rc = run_pageable(d, f, &p, &o, streams, nstreams);
         } else {
             pthread_mutex_lock(&d->ring_lock);
             /* Without a ring size asked for, a load smaller than the default

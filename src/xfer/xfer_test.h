@@ -12,5 +12,7 @@ fy_gpu *fy_device_gpu(ferry_device *d);
  * back REG_PIECE, a whole shard) so small test files straddle pieces.
  * Only while d has nothing registered. */
 void fy_device_set_reg_piece(ferry_device *d, uint64_t bytes);
+/* auto's sampled page-cache residency of f (xfer_impl.h), 0..1, -1 unknown */
+double xf_resident_sampled(const ferry_file *f);
 
 #endif

@@ -5,7 +5,7 @@ transfer path onto a device, copy each tensor back and compare checksums
 (`ferry load --verify`). The same cases run in CI on a sim device and on the
 GPU machine on cuda:0.
 
-    run_loads.py FERRY GOLDEN_DIR DEVICE [--paths ring,direct,register,auto]
+    run_loads.py FERRY GOLDEN_DIR DEVICE [--paths ring,direct,register,pageable,auto]
 """
 import argparse
 import json
@@ -19,7 +19,7 @@ def main():
     ap.add_argument("ferry")
     ap.add_argument("golden")
     ap.add_argument("device")
-    ap.add_argument("--paths", default="ring,direct,register,auto")
+    ap.add_argument("--paths", default="ring,direct,register,pageable,auto")
     a = ap.parse_args()
     with open(os.path.join(a.golden, "manifest.json")) as f:
         manifest = json.load(f)
@@ -35,7 +35,7 @@ def main():
             if ok:
                 try:
                     out = json.loads(r.stdout)
-                    ok = out.get("verified") is True and out["files"][0]["path_used"] in (p, "ring", "direct", "register")
+                    ok = out.get("verified") is True and out["files"][0]["path_used"] in (p, "ring", "direct", "register", "pageable")
                     if p != "auto":
                         ok = ok and out["files"][0]["path_used"] == p
                 except (ValueError, KeyError, IndexError):

@@ -445,6 +445,46 @@ static void test_auto_cold(ferry_ctx *ctx)
     ferry_file_close(f);
 }
 
+/* auto's sampled residency (64 runs of 64 pages) against the exact count
+ * over shards: all cached, none, the first half. */
+static void test_resident_sampled(ferry_ctx *ctx)
+{
+    uint64_t sizes[6];
+    for (int i = 0; i < 6; i++) sizes[i] = 3 * MiB + (uint64_t)i * 4099;
+    tdef *t = defs("rs", sizes, 6);
+    write_st("rs.safetensors", t, 6, 11, 0);
+    free(t);
+    ferry_file *f = open_file(ctx, "rs.safetensors");
+    if (!f) return;
+    double exact = ferry_file_resident(f), sampled = xf_resident_sampled(f);
+    CHECK(exact > 0.99);
+    CHECK(sampled > 0.99);
+    char p[512];
+    path_of(p, sizeof p, "rs.safetensors");
+    int fd = open(p, O_RDONLY);
+    CHECK(fd >= 0);
+    fsync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    exact = ferry_file_resident(f);
+    if (exact > 0.5) {
+        fprintf(stderr, "note: page cache not droppable here (%.0f%% resident): cold sample not tested\n", exact * 100);
+    } else {
+        CHECK(xf_resident_sampled(f) < exact + 0.1);
+        struct stat sb;
+        CHECK_EQ(fstat(fd, &sb), 0);
+        static char buf[1 << 20];
+        posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM); /* no readahead past the half */
+        for (off_t off = 0; off < sb.st_size / 2; off += (off_t)sizeof buf) CHECK(pread(fd, buf, sizeof buf, off) > 0);
+        exact = ferry_file_resident(f), sampled = xf_resident_sampled(f);
+        if (!(exact > 0.4 && exact < 0.7 && sampled > exact - 0.1 && sampled < exact + 0.1))
+            fprintf(stderr, "half read: exact %.3f, sampled %.3f\n", exact, sampled);
+        CHECK(exact > 0.4 && exact < 0.7);
+        CHECK(sampled > exact - 0.1 && sampled < exact + 0.1);
+    }
+    close(fd);
+    ferry_file_close(f);
+}
+
 /* ---- caller-owned destinations ---- */
 
 static uint32_t lcg(uint32_t *s)
@@ -1374,7 +1414,7 @@ static void test_api(ferry_ctx *ctx)
     o.size = (uint32_t)sizeof(uint32_t); /* size alone: auto */
     ferry_loaded *l2 = NULL;
     CHECK_EQ(ferry_load(d, f, &o, &l2, &st), 0);
-    CHECK(st.route == FERRY_ROUTE_RING || st.route == FERRY_ROUTE_DIRECT);
+    CHECK(st.route == FERRY_ROUTE_RING || st.route == FERRY_ROUTE_DIRECT || st.route == FERRY_ROUTE_PAGEABLE);
     /* the results */
     if (l) {
         uint8_t buf[16];
@@ -1401,6 +1441,101 @@ static void test_api(ferry_ctx *ctx)
 out:
     ferry_file_close(f);
     ferry_device_close(d);
+}
+
+/* ---- the pageable path ---- */
+
+/* auto copies a small cached load straight from the mapping while the device
+ * has no ring pinned (FERRY_ROUTE_PAGEABLE), and takes the ring once one is
+ * pinned or the load is larger than FERRY_PAGEABLE_MAX; the path asked for;
+ * a file cut after it was opened; the cpu device refuses it. */
+static void test_pageable(ferry_ctx *ctx)
+{
+    uint64_t sizes[5] = {1, 4095, MiB + 3, 2 * MiB, 0};
+    tdef *t = defs("pg", sizes, 5);
+    write_st("pg.safetensors", t, 5, 21, 3);
+    free(t);
+    uint64_t big[3] = {FERRY_PAGEABLE_MAX / 2, FERRY_PAGEABLE_MAX / 2, 4096};
+    t = defs("pgbig", big, 3);
+    write_st("pgbig.safetensors", t, 3, 22, 0);
+    free(t);
+    ferry_file *f = open_file(ctx, "pg.safetensors"), *fb = open_file(ctx, "pgbig.safetensors");
+    ferry_device *d = open_dev(ctx, "sim:256MiB");
+    ferry_load_opts o = {.size = sizeof o};
+    ferry_load_stats st = {.size = sizeof st};
+    ferry_loaded *l = NULL;
+    if (!f || !fb || !d) goto out;
+    /* larger than the limit: the ring, even with none pinned */
+    CHECK_EQ(ferry_load(d, fb, &o, &l, &st), 0);
+    CHECK_EQ(st.route, FERRY_ROUTE_RING);
+    ferry_loaded_free(l);
+    ferry_device_close(d);
+    d = open_dev(ctx, "sim:256MiB");
+    if (!d) goto out;
+    for (int i = 0; i < 2; i++) { /* no ring yet, and none made by it */
+        l = NULL;
+        CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
+        CHECK_EQ(st.route, FERRY_ROUTE_PAGEABLE);
+        CHECK_STR_HAS(st.why, "no ring pinned");
+        CHECK(st.pin_seconds == 0);
+        CHECK(st.seconds >= st.setup_seconds);
+        CHECK_EQ(st.bytes, ferry_file_total_bytes(f));
+        CHECK_EQ(use_of(d).pinned, 0);
+        if (l) CHECK_EQ(verify_loaded(l, f, "auto, pageable"), 0);
+        ferry_loaded_free(l);
+    }
+    /* a ring load pins a ring; auto then uses it */
+    ferry_load_opts r = {.size = sizeof r, .route = FERRY_ROUTE_RING};
+    l = NULL;
+    CHECK_EQ(ferry_load(d, f, &r, &l, &st), 0);
+    CHECK_EQ(st.route, FERRY_ROUTE_RING);
+    ferry_loaded_free(l);
+    CHECK(use_of(d).pinned > 0);
+    l = NULL;
+    CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
+    CHECK_EQ(st.route, FERRY_ROUTE_RING);
+    ferry_loaded_free(l);
+    /* asked for, with a ring pinned; and into caller-owned memory */
+    ferry_load_opts pg = {.size = sizeof pg, .route = FERRY_ROUTE_PAGEABLE};
+    l = NULL;
+    CHECK_EQ(ferry_load(d, f, &pg, &l, &st), 0);
+    CHECK_EQ(st.route, FERRY_ROUTE_PAGEABLE);
+    CHECK_STR_HAS(st.why, "asked for");
+    if (l) CHECK_EQ(verify_loaded(l, f, "pageable asked for"), 0);
+    if (l) {
+        ferry_loaded *l2 = NULL;
+        CHECK_EQ(ferry_load(d, f, &r, &l2, NULL), 0); /* a second copy, to load into */
+        int64_t idx[2] = {3, 1};
+        uint64_t dst[2] = {ferry_loaded_ptr(l2, 3), ferry_loaded_ptr(l2, 1)};
+        CHECK_EQ(ferry_load_into(d, f, idx, dst, 2, &pg, &st), 0);
+        CHECK_EQ(st.route, FERRY_ROUTE_PAGEABLE);
+        if (l2) CHECK_EQ(verify_loaded(l2, f, "pageable load_into"), 0);
+        ferry_loaded_free(l2);
+    }
+    ferry_loaded_free(l);
+    /* the file cut after it was opened: an error naming it, not a fault */
+    char p[512];
+    path_of(p, sizeof p, "pg.safetensors");
+    CHECK_EQ(truncate(p, 3000), 0);
+    l = NULL;
+    CHECK_EQ(ferry_load(d, f, &pg, &l, &st), FERRY_E_CORRUPT);
+    CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "pg.safetensors");
+    CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "truncated");
+    CHECK(l == NULL);
+    CHECK_EQ(use_of(d).dev, 0);
+    ferry_device_close(d);
+    /* host memory: the ring's threaded pread only */
+    d = open_dev(ctx, "cpu");
+    if (d) {
+        l = NULL;
+        CHECK_EQ(ferry_load(d, fb, &pg, &l, NULL), FERRY_E_UNSUPPORTED);
+        CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "pageable");
+        CHECK(l == NULL);
+    }
+out:
+    ferry_device_close(d);
+    ferry_file_close(f);
+    ferry_file_close(fb);
 }
 
 /* ---- ring reuse ---- */
@@ -2211,6 +2346,8 @@ static ferry_ctx *ctx;
     CASE(api, test_api(ctx))                                                     \
     CASE(paths, test_paths(ctx))                                                 \
     CASE(auto_cold, test_auto_cold(ctx))                                         \
+    CASE(resident_sampled, test_resident_sampled(ctx))                           \
+    CASE(pageable, test_pageable(ctx))                                           \
     CASE(load_into, test_load_into(ctx))                                         \
     CASE(register, test_register(ctx))                                           \
     CASE(register_pieces, test_register_pieces(ctx))                             \

@@ -23,13 +23,17 @@ const cli_cmd cmd_load = {
     "  --device DEV        cuda:N (default cuda:0); sim:SIZE, e.g. sim:24GiB: a GPU\n"
     "                      emulated in host memory (tests, capacity planning); or cpu:\n"
     "                      pageable host memory, read into straight (ring/auto only)\n"
-    "  --path P            auto (default), ring, direct, register or cufile:\n"
+    "  --path P            auto (default), ring, direct, register, pageable or cufile:\n"
     "                        ring      threaded pread from the page cache into pinned buffers\n"
     "                        direct    the same with O_DIRECT reads (cold files)\n"
     "                        register  page-lock the file mapping and copy from it directly\n"
+    "                        pageable  copy straight from the mapping, unpinned (the\n"
+    "                                  driver stages it; nothing pinned first)\n"
     "                        cufile    GPUDirect Storage (not available yet)\n"
     "                      auto picks from page-cache residency: ring when mostly\n"
-    "                      cached, direct when cold, register when already registered\n"
+    "                      cached, direct when cold, register when already registered,\n"
+    "                      pageable for a cached load of at most 32 MiB while no ring\n"
+    "                      is pinned (pinning one costs more than such a copy)\n"
     "  --threads N         reader threads (default min(12, CPUs))\n"
     "  --streams N         copy streams (default 4, at least 2)\n"
     "  --buffers N         pinned staging buffers (default 2 x threads)\n"
@@ -127,7 +131,7 @@ static int run(int argc, char **argv)
             else if (strcmp(a, "--device") == 0) dev_spec = v;
             else if (strcmp(a, "--path") == 0) {
                 int p = ferry_route_parse(v);
-                if (p < 0) ex = cli_usage_error(&cmd_load, "--path takes auto, ring, direct, register or cufile, not '%s'", v);
+                if (p < 0) ex = cli_usage_error(&cmd_load, "--path takes auto, ring, direct, register, pageable or cufile, not '%s'", v);
                 else lo.route = (ferry_route)p;
             } else if (strcmp(a, "--threads") == 0) {
                 if (!parse_u32(v, 1, 64, &lo.threads)) ex = cli_usage_error(&cmd_load, "--threads takes 1..64");
