@@ -551,6 +551,18 @@ typedef struct ferry_load_stats {
 
 typedef struct ferry_loaded ferry_loaded;
 
+/* Pin now the staging ring that a load of `bytes` with opts (NULL: defaults)
+ * would pin, unless one that serves it is pinned already. For a caller that
+ * knows a load is coming and has work of its own before it (allocating the
+ * destinations): called on another thread, the first pinning (~6.5 ms on the
+ * H200) overlaps that work, and a load that starts meanwhile waits for it.
+ * The ring is the device's, kept for its later loads (ferry_load). Nothing to
+ * do for the register, pageable and cufile paths and the cpu device. Note
+ * that auto takes FERRY_ROUTE_PAGEABLE only while no ring is pinned: a small
+ * load (<= FERRY_PAGEABLE_MAX) gains nothing from this. 0 or an error
+ * (-ENOMEM and the CUDA error when pinning fails). */
+FERRY_API int ferry_device_prepare(ferry_device *dev, const ferry_load_opts *opts, uint64_t bytes);
+
 /* Load every tensor of f into device memory that ferry allocates (one block per
  * shard, tensors laid out as in the file). The call returns when all copies are
  * complete. *out owns the memory until ferry_loaded_free(); dev and f must stay

@@ -403,6 +403,14 @@ def stats_dict(st):
             "alloc_seconds": st.alloc_seconds, "pin_seconds": st.pin_seconds}
 
 
+def prepare(dev, opts, nbytes):
+    """ferry_device_prepare: pin the ring a load of nbytes with opts would
+    use, now (ctypes lets go of the GIL meanwhile: call it on a thread to
+    overlap the pinning with other work). Returns the library's code, 0 or
+    negative: a failure here is the load's to report, when it pins again."""
+    return lib.ferry_device_prepare(dev.dev, ctypes.byref(opts.opts), nbytes)
+
+
 def load_into(dev, handle, idx, ptrs, opts):
     """ferry_load_into: tensor idx[k] of handle's file into address ptrs[k].
     Returns the load's statistics as a dict."""

@@ -26,6 +26,7 @@ OPEN_PRIVATE = 0x1
 TENSOR_NONCONTIGUOUS = 0x1
 TENSOR_SHARED_STORAGE = 0x2
 LOAD_PREAD = 1 << 1  # FERRY_LOAD_PREAD
+PAGEABLE_MAX = 32 << 20  # FERRY_PAGEABLE_MAX: auto's largest pageable load
 META_JSON = 1  # ferry_meta_kind FERRY_META_JSON: the value is JSON text
 
 # ferry's own codes start here and go down (FERRY_E_BASE); how many there are
@@ -446,6 +447,7 @@ _bind({
     "ferry_device_close": (None, [_vp]),
     "ferry_device_desc": (_cp, [_vp]),
     "ferry_device_mem_info": (_i32, [_vp, _P(_u64), _P(_u64)]),
+    "ferry_device_prepare": (_i32, [_vp, _P(LoadOpts), _u64]),
     "ferry_device_copy_rate": (_i32, [_vp, _u64, _P(ctypes.c_double), _P(ctypes.c_double)]),
     "ferry_route_parse": (_i32, [_cp]),
     "ferry_load": (_i32, [_vp, _vp, _P(LoadOpts), _P(_vp), _P(LoadStats)]),

@@ -151,6 +151,42 @@ int xf_ring_geometry(ferry_device *d, const ferry_load_opts *o, uint32_t *nthrea
     return 0;
 }
 
+/* Without a ring size asked for, a load smaller than the default ring needs
+ * only the buffers its bytes fill (a 25 MB file: 7 of 4 MiB; the ring's first
+ * pinning was most of a small file's load on the H200, 17 ms for 26 MB), and a
+ * ring already pinned with at least that many is used as it is. Called with
+ * d->ring_lock held. */
+static void ring_for_load(const ferry_device *d, const ferry_load_opts *o, uint64_t bytes, uint64_t bufsz,
+                          uint32_t *nbuf)
+{
+    if (o->ring_buffers) return;
+    uint64_t need = (bytes + bufsz - 1) / bufsz;
+    if (need < 2) need = 2;
+    if (need < *nbuf) *nbuf = (uint32_t)need;
+    if (d->nring >= *nbuf && d->ring_bytes == bufsz) *nbuf = d->nring;
+}
+
+FERRY_API int ferry_device_prepare(ferry_device *d, const ferry_load_opts *opts, uint64_t bytes)
+{
+    if (!d) return FERRY_E_INVAL;
+    ferry_load_opts o;
+    FY_TRY(fy_struct_in(&o, sizeof o, opts, &d->err, "ferry_device_prepare"));
+    FY_RETURN_IF((unsigned)o.route >= FERRY_ROUTE_COUNT, &d->err, FERRY_E_INVAL, "ferry_device_prepare: unknown path %d",
+                 (int)o.route);
+    /* only the ring's paths use the ring; host memory has none */
+    if (d->g->host_visible || !(o.route == FERRY_ROUTE_AUTO || o.route == FERRY_ROUTE_RING || o.route == FERRY_ROUTE_DIRECT))
+        return 0;
+    uint32_t nthreads, nbuf;
+    uint64_t bufsz;
+    FY_TRY(xf_ring_geometry(d, &o, &nthreads, &nbuf, &bufsz));
+    FY_TRY(d->g->ops->bind_thread(d->g));
+    pthread_mutex_lock(&d->ring_lock);
+    ring_for_load(d, &o, bytes, bufsz, &nbuf);
+    int rc = xf_ring_get(d, nbuf, bufsz);
+    pthread_mutex_unlock(&d->ring_lock);
+    return rc;
+}
+
 int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, const ferry_load_opts *opts,
                   ferry_load_stats *stats, double t0)
 {
@@ -192,17 +228,7 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
             rc = run_pageable(d, f, &p, &o, streams, nstreams);
         } else {
             pthread_mutex_lock(&d->ring_lock);
-            /* Without a ring size asked for, a load smaller than the default
-             * ring needs only the buffers its bytes fill (a 25 MB file: 7 of
-             * 4 MiB; the ring's first pinning was most of a small file's load
-             * on the H200, 17 ms for 26 MB), and a ring already pinned with
-             * at least that many is used as it is. */
-            if (!o.ring_buffers) {
-                uint64_t need = (p.bytes + bufsz - 1) / bufsz;
-                if (need < 2) need = 2;
-                if (need < nbuf) nbuf = (uint32_t)need;
-                if (d->nring >= nbuf && d->ring_bytes == bufsz) nbuf = d->nring;
-            }
+            ring_for_load(d, &o, p.bytes, bufsz, &nbuf);
             double tp = fy_now();
             bool pinned = d->nring == nbuf && d->ring_bytes == bufsz;
             rc = xf_ring_get(d, nbuf, bufsz);

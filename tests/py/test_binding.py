@@ -306,6 +306,24 @@ def test_sim_device():
     assert "sim" in d.description
 
 
+def test_prepare_pins_the_ring_on_a_thread():
+    """_core.prepare (ferry_device_prepare) returns the library's code and
+    can run on a thread (ferry.torch pins the ring that way while it
+    allocates); a bad path code is refused, not ignored."""
+    import threading
+    from ferry import _core
+    d = _core.device("sim:96MiB")
+    opts = _core.LoadOptions("auto", None, None, None, None)
+    rc = []
+    th = threading.Thread(target=lambda: rc.append(_core.prepare(d, opts, 40 << 20)))
+    th.start()
+    th.join()
+    assert rc == [0]
+    assert _core.prepare(d, _core.LoadOptions("register", None, None, None, None), 1 << 30) == 0
+    opts.opts.route = 999
+    assert _core.prepare(d, opts, 1) < 0
+
+
 def test_parse_size():
     assert ferry.parse_size("16MiB") == 16 << 20
     assert ferry.parse_size(4096) == 4096

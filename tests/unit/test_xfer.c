@@ -1538,6 +1538,56 @@ out:
     ferry_file_close(fb);
 }
 
+/* ferry_device_prepare pins the ring a load would, and the load uses it */
+static void test_prepare(ferry_ctx *ctx)
+{
+    uint64_t sizes[3] = {5, MiB + 1, 3 * 4096};
+    tdef *t = defs("prep", sizes, 3);
+    write_st("prep.safetensors", t, 3, 23, 1);
+    free(t);
+    ferry_file *f = open_file(ctx, "prep.safetensors");
+    ferry_device *d = open_dev(ctx, "sim:256MiB");
+    ferry_load_opts o = {.size = sizeof o};
+    ferry_load_stats st = {.size = sizeof st};
+    if (!f || !d) goto out;
+    CHECK_EQ(ferry_device_prepare(NULL, NULL, 0), FERRY_E_INVAL);
+    ferry_load_opts bad = {.size = 2};
+    CHECK_EQ(ferry_device_prepare(d, &bad, 0), FERRY_E_INVAL);
+    CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "ferry_device_prepare");
+    bad = (ferry_load_opts){.size = sizeof bad, .route = FERRY_ROUTE_COUNT};
+    CHECK_EQ(ferry_device_prepare(d, &bad, 0), FERRY_E_INVAL);
+    /* paths without a ring pin nothing */
+    ferry_load_opts reg = {.size = sizeof reg, .route = FERRY_ROUTE_REGISTER};
+    CHECK_EQ(ferry_device_prepare(d, &reg, 1 << 30), 0);
+    reg.route = FERRY_ROUTE_PAGEABLE;
+    CHECK_EQ(ferry_device_prepare(d, &reg, 1 << 30), 0);
+    CHECK_EQ(use_of(d).pinned, 0);
+    /* a failed pinning leaves none */
+    fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_HOST_ALLOC, 1);
+    CHECK_EQ(ferry_device_prepare(d, NULL, 10 * MiB), -ENOMEM);
+    CHECK_EQ(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_HOST_ALLOC, 0), 0);
+    CHECK_EQ(use_of(d).pinned, 0);
+    /* 10 MiB: 3 buffers of 4 MiB; again: the same ring */
+    CHECK_EQ(ferry_device_prepare(d, NULL, 10 * MiB), 0);
+    CHECK_EQ(use_of(d).pinned, ring_pinned(3, 4 * MiB));
+    CHECK_EQ(ferry_device_prepare(d, &o, 1), 0);
+    CHECK_EQ(use_of(d).pinned, ring_pinned(3, 4 * MiB));
+    /* the load finds it pinned: the ring, and no pinning of its own */
+    ferry_loaded *l = NULL;
+    CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
+    CHECK_EQ(st.route, FERRY_ROUTE_RING);
+    CHECK(st.pin_seconds == 0);
+    CHECK_EQ(use_of(d).pinned, ring_pinned(3, 4 * MiB));
+    if (l) CHECK_EQ(verify_loaded(l, f, "after prepare"), 0);
+    ferry_loaded_free(l);
+    ferry_device_close(d);
+    d = open_dev(ctx, "cpu");
+    if (d) CHECK_EQ(ferry_device_prepare(d, NULL, 1 << 30), 0); /* host memory: no ring */
+out:
+    ferry_device_close(d);
+    ferry_file_close(f);
+}
+
 /* ---- ring reuse ---- */
 
 static void test_ring_reuse(ferry_ctx *ctx)
@@ -2348,6 +2398,7 @@ static ferry_ctx *ctx;
     CASE(auto_cold, test_auto_cold(ctx))                                         \
     CASE(resident_sampled, test_resident_sampled(ctx))                           \
     CASE(pageable, test_pageable(ctx))                                           \
+    CASE(prepare, test_prepare(ctx))                                             \
     CASE(load_into, test_load_into(ctx))                                         \
     CASE(register, test_register(ctx))                                           \
     CASE(register_pieces, test_register_pieces(ctx))                             \
