@@ -74,6 +74,11 @@ diag)
   echo "limit end: $(limit)"
   ;;
 ab)
+  { echo "== pageable, auto and ring on every valid golden file, verified, cuda:0"
+    python3 tests/data/gen_golden.py /tmp/golden >/dev/null
+    python3 tests/gpu/run_loads.py build-gpu/ferry /tmp/golden cuda:0 --paths pageable,auto,ring | tail -3
+    echo "== tests/gpu/test_torch_gpu.py"
+    python3 tests/gpu/test_torch_gpu.py --ferry build-gpu/ferry 2>&1 | tail -4; } 2>&1 | tee "$OUT/ab-tests.txt"
   mk w10g,small
   cat "$F" "$S" >/dev/null
   echo "limit start: $(limit)"
