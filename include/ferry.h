@@ -543,7 +543,9 @@ typedef struct ferry_load_stats {
      * (ferry_load's device allocation, the path choice, the plan, streams,
      * the ring); alloc_seconds of it the device memory ferry_load allocates
      * (0 for ferry_load_into: the caller's); pin_seconds the ring's pinning
-     * (0 when the ring of an earlier load was reused, and for REGISTER). */
+     * (0 when the ring of an earlier load was reused, and for REGISTER and
+     * PAGEABLE). ferry_load pins a ring it needs while it allocates, on a
+     * helper thread: its pin_seconds then overlap alloc_seconds. */
     double setup_seconds;
     double alloc_seconds;
     double pin_seconds;

@@ -67,7 +67,7 @@ fi
 # readers and sim streams of xfer, the store under concurrent callers,
 # ferry_file_hash's workers, the memstat sampler), not the whole suite: TSan
 # is slow, and the single-threaded cases have nothing to show it.
-tsan_cases='^(test_xfer\.(paths|load_into|register_pieces|tmpfs_ring|ring_reuse|own_fds|progress|concurrent|faults|regressions|moves)'
+tsan_cases='^(test_xfer\.(paths|load_into|register_pieces|tmpfs_ring|ring_reuse|pageable|prepare|own_fds|progress|concurrent|faults|regressions|moves)'
 tsan_cases+='|test_store\.(tiers|spill|device_faults|jobs|kill9|threads|find_remove|review|async|pinned_cache)'
 tsan_cases+='|test_stream\.(cyclic|threads|faults|budget|lane_fault|stream_wait_while_landing|async_file_reads|async_file_read_fails)'
 tsan_cases+='|test_file\.(hash|allocator)|test_gpu\.threads|test_memstat\.(sampler_(fake|real)|v1_sampler)|test_soak\.short)$'
