@@ -87,6 +87,9 @@ ab)
     echo "small ring r$r: $(cli "$S" --repeat 3 --path ring)"
   done 2>&1 | tee "$OUT/ab-small.txt"
   for r in 1 2 3; do echo "small py r$r: $(py "$S" --repeat 3)"; done 2>&1 | tee -a "$OUT/ab-small.txt"
+  # is the first pinning's cost fixed or per byte? 8 MiB, 28 MiB (above), 192 MiB rings
+  echo "pin 2 buffers: $(cli "$S" --path ring --buffers 2)" 2>&1 | tee -a "$OUT/ab-small.txt"
+  echo "pin 48 buffers: $(cli "$S" --path ring --buffers 48)" 2>&1 | tee -a "$OUT/ab-small.txt"
   for r in 1 2 3; do
     echo "hot cli r$r: $(cli "$F" --repeat 2)"
     echo "hot py r$r: $(py "$F" --repeat 2)"
