@@ -17,6 +17,8 @@
 #          from fresh tmpfs copies, with --path pageable, and registered; then
 #          every peer on the 26 MB file (bench/compare_load.py, hot and tmpfs;
 #          run `peers` of bench/gpu_session10.sh first)
+#   cmp    the 10 GB file hot and from fresh tmpfs copies, ferry beside
+#          InstantTensor (MMAP and buffered) and safetensors (after `peers`)
 set -uo pipefail
 PART=$1
 OUT=${2:-/tmp/out12}
@@ -106,6 +108,12 @@ ab)
   PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} $CMP --st09-path /tmp/st09 --workloads small --plan 'small:hot,tmpfs' \
     --methods ferry_auto,ferry_py,st_cuda,st09,it,it_mmap,fsafe,runai --rounds ${ROUNDS:-2} \
     --budget-seconds ${BUDGET:-150} --out "$OUT/ab-cmp-small.json" 2>&1 | tail -30
+  ;;
+cmp)  # the 10 GB file hot and from fresh tmpfs copies: ferry beside InstantTensor (both backends) and safetensors
+  mk w10g
+  PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} $CMP --st09-path /tmp/st09 --workloads w10g --plan 'w10g:hot,tmpfs' \
+    --methods ${METHODS:-ferry_auto,ferry_py,it_mmap,it_buffered,st_cuda} --rounds ${ROUNDS:-2} \
+    --budget-seconds ${BUDGET:-360} --out "$OUT/cmp-w10g.json" 2>&1 | tail -25
   ;;
 *) echo "unknown part $PART"; exit 2 ;;
 esac
