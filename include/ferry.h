@@ -467,8 +467,9 @@ typedef enum ferry_route {
                              the bytes through its own pinned buffers (~7 GB/s on the H200, a
                              fifth of the ring) but nothing is pinned first. auto takes it for a
                              cached load of at most FERRY_PAGEABLE_MAX bytes while the device
-                             has no ring pinned: pinning one cost ~6.5 ms, more than such a
-                             file's copy (bench/RESULTS.md, twelfth session) */
+                             has no ring pinned: pinning one for a 26 MB file cost 5-6 ms, more
+                             than its whole pageable copy (3.5-5 ms; bench/RESULTS.md, twelfth
+                             session) */
     FERRY_ROUTE_COUNT
 } ferry_route;
 
@@ -556,8 +557,8 @@ typedef struct ferry_loaded ferry_loaded;
 /* Pin now the staging ring that a load of `bytes` with opts (NULL: defaults)
  * would pin, unless one that serves it is pinned already. For a caller that
  * knows a load is coming and has work of its own before it (allocating the
- * destinations): called on another thread, the first pinning (~6.5 ms on the
- * H200) overlaps that work, and a load that starts meanwhile waits for it.
+ * destinations): called on another thread, the pinning (~5 ms for the
+ * default ring on the H200) overlaps that work, and a load that starts meanwhile waits for it.
  * The ring is the device's, kept for its later loads (ferry_load). Nothing to
  * do for the register, pageable and cufile paths and the cpu device. Note
  * that auto takes FERRY_ROUTE_PAGEABLE only while no ring is pinned: a small

@@ -272,9 +272,9 @@ def _load_file(path, device, path_kind, ring_buffers, ring_buffer_bytes, threads
     fdev = _core.device(f"cuda:{index}", path)
     h = _core._Handle(path, 0)
     # The ring is pinned on a thread while the tensors are listed and
-    # allocated here (the first pinning in a process cost ~6.5 ms on the H200,
-    # about what this side's work takes for a few hundred tensors); a load
-    # auto copies pageable (small, no ring yet) gains nothing from it.
+    # allocated here (pinning the default ring cost ~5 ms on the H200, about
+    # what this side's work takes for a few hundred tensors); a load auto
+    # copies pageable (small, no ring yet) gains nothing from it.
     pin, kind = None, path_kind or "auto"
     total = _core.lib.ferry_file_total_bytes(h.f)
     if kind in ("ring", "direct") or (kind == "auto" and total > _lib.PAGEABLE_MAX):

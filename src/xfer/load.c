@@ -278,7 +278,7 @@ FERRY_API int ferry_load_into(ferry_device *d, const ferry_file *f, const int64_
 
 /* ferry_load pins the ring on a helper thread while it allocates the device
  * memory, where it will need a ring and none is pinned (a fresh process's
- * first load: the pinning, ~6.5 ms on the H200, and cuMemAlloc, ~3 ms for
+ * first load: the pinning, 5-7 ms on the H200, and cuMemAlloc, ~3 ms for
  * 10 GB, one after the other before). The load then pins nothing; if the
  * helper could not pin, the load fails with its error, as it would have. */
 typedef struct pin_ahead {
