@@ -464,8 +464,8 @@ typedef enum ferry_route {
     FERRY_ROUTE_CUFILE,    /* GPUDirect Storage: only probed so far (FERRY_E_NODEV with the
                              reason; FERRY_E_UNSUPPORTED if the probe succeeds) */
     FERRY_ROUTE_PAGEABLE,  /* copy straight from the file mapping, unpinned: the driver stages
-                             the bytes through its own pinned buffers (~7 GB/s on the H200, a
-                             fifth of the ring) but nothing is pinned first. auto takes it for a
+                             the bytes through its own pinned buffers (8.1 GB/s on the H200, a
+                             sixth of the ring) but nothing is pinned first. auto takes it for a
                              cached load of at most FERRY_PAGEABLE_MAX bytes while the device
                              has no ring pinned: pinning one for a 26 MB file cost 5-6 ms, more
                              than its whole pageable copy (3.5-5 ms; bench/RESULTS.md, twelfth
@@ -530,7 +530,7 @@ typedef struct ferry_load_stats {
     uint64_t bytes;         /* tensor bytes moved */
     double seconds;         /* wall time of the call (ferry_load: its device allocation included) */
     double resident;        /* fraction of the data in the page cache before the load,
-                               estimated from 4096 pages spread over the files (measured
+                               estimated from 64 runs of 64 pages spread over the files (measured
                                for FERRY_ROUTE_AUTO only; -1 otherwise; see
                                ferry_file_resident for an exact count) */
     const char *why;        /* why that path (auto's reasoning, or "asked for"): static

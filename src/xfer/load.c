@@ -300,9 +300,10 @@ static void *pin_ahead_main(void *arg)
 
 static bool wants_pin_ahead(ferry_device *d, const ferry_file *f, const ferry_load_opts *opts)
 {
+    /* a bad opts struct is xf_load_items' to refuse, under ferry_load's name */
+    if (d->g->host_visible || (opts && (opts->size < FERRY_STRUCT_MIN || opts->size > sizeof *opts))) return false;
     ferry_route r = opts && opts->size >= offsetof(ferry_load_opts, route) + sizeof opts->route ? opts->route
                                                                                                  : FERRY_ROUTE_AUTO;
-    if (d->g->host_visible) return false;
     if (r == FERRY_ROUTE_AUTO) {
         /* small and cached: pageable (pageable_fits); registered: no ring */
         if (f->total <= FERRY_PAGEABLE_MAX || (!f->private_map && xf_is_registered(d, f))) return false;
