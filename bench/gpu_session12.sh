@@ -9,7 +9,10 @@
 #          allocation, ring pinning) for the 26 MB file and the 10 GB file in
 #          fresh processes; a fresh /dev/shm copy loaded three times in one
 #          process (CLI) and twice (ferry.torch, pread and mapping); the CLI
-#          and ferry.torch alternated, hot; register --repeat 3
+#          and ferry.torch alternated, hot; register --repeat 3. (Run on the tree
+#          of 4ddecf2, where ferry.torch read tmpfs with pread and
+#          profile_py_load.py's --map asked for the mapping; since then the
+#          mapping is the default and --pread asks for pread.)
 #   ab     after the changes diag led to (pageable small loads, mincore in
 #          runs, ferry.torch's mapped tmpfs reads): the 26 MB file with auto
 #          (pageable) and --path ring alternated in fresh processes, and through
@@ -51,7 +54,7 @@ s=d["ferry_stats"]
 print(json.dumps({"gbps": round(d["gbps"], 2), "repeats": d["repeats"], "ms": round(d["seconds"]*1e3, 2),
                   "ferry_ms": round(d["ferry_seconds"]*1e3, 2), "setup_ms": round(s["setup_seconds"]*1e3, 2),
                   "pin_ms": round(s["pin_seconds"]*1e3, 2), "phases_ms": {k: round(v*1e3, 2) for k, v in d["phases"].items()},
-                  "route": d["route"], "map": d["map"]}))'
+                  "route": d["route"], "pread": d["pread"]}))'
 }
 limit() { build-gpu/bench_pinrate 4 64 2 2>&1 | grep hostalloc | head -1; }
 fresh() { rm -rf $SHM; mkdir -p $SHM; cp "$F" $SHM/x.safetensors; }
@@ -68,8 +71,8 @@ diag)
   echo "limit mid: $(limit)"
   for r in 1 2; do
     fresh; echo "tmpfs cli r$r: $(cli $SHM/x.safetensors --repeat 3)"
-    fresh; echo "tmpfs py pread r$r: $(py $SHM/x.safetensors --repeat 2)"
-    fresh; echo "tmpfs py map r$r: $(py $SHM/x.safetensors --repeat 2 --map)"
+    fresh; echo "tmpfs py pread r$r: $(py $SHM/x.safetensors --repeat 2 --pread)"
+    fresh; echo "tmpfs py map r$r: $(py $SHM/x.safetensors --repeat 2)"
   done 2>&1 | tee "$OUT/diag-tmpfs.txt"
   rm -rf $SHM
   echo "register: $(cli "$F" --path register --repeat 3)" 2>&1 | tee "$OUT/diag-reg.txt"

@@ -12,8 +12,9 @@ CLI's own device block allocation). Variants: reserve (the default binding:
 one cached block reserved first), noreserve (one torch.empty per tensor, as
 before), owner_ferry (ferry allocates one block per shard, tensors imported
 through DLPack: the CLI's way). --repeat N loads N times in the process (each
-load's GB/s in "repeats"); --map lets the ring copy a tmpfs file out of its
-mapping, as the CLI does, instead of the pread the binding asks for there."""
+load's GB/s in "repeats"); --pread asks the ring to read a tmpfs file with
+pread (FERRY_LOAD_PREAD), as the binding did before the twelfth session,
+instead of copying it out of a mapping as the CLI and the binding do now."""
 import argparse
 import json
 import os
@@ -28,7 +29,7 @@ def main():
     ap.add_argument("file")
     ap.add_argument("--variant", default="reserve", choices=["reserve", "noreserve", "owner_ferry"])
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--map", action="store_true")
+    ap.add_argument("--pread", action="store_true")
     a = ap.parse_args()
     import torch
     import ferry.torch as ft
@@ -53,9 +54,10 @@ def main():
     _torch_load._sync = timed("sync", _torch_load._sync)
     _core.device = timed("device_open", _core.device)
     _core.load_into = timed("load_into", _core.load_into)
-    if a.map:
+    if a.pread:
         from ferry import _lib
-        _lib.LOAD_PREAD = 0
+        options = _core.LoadOptions
+        _core.LoadOptions = lambda *args, flags=0, **kw: options(*args, flags=flags | _lib.LOAD_PREAD, **kw)
     repeats = []
     for r in range(a.repeat):
         if r:
@@ -75,7 +77,7 @@ def main():
     print(json.dumps({"variant": a.variant, "seconds": sec, "gbps": nbytes / sec / 1e9, "bytes": nbytes,
                       "tensors": len(out), "init_seconds": t_init, "phases": phases,
                       "ferry_seconds": first[2], "route": stats_last.get("path"), "repeats": repeats,
-                      "map": a.map, "ferry_stats": first[3],
+                      "pread": a.pread, "ferry_stats": first[3],
                       "ferry_lib": os.environ.get("FERRY_LIBRARY")}))
     sys.stdout.flush()
     os._exit(0)

@@ -24,7 +24,17 @@ FERRY_API int ferry_route_parse(const char *name)
         if (name && strcmp(name, ferry_route_name((ferry_route)p)) == 0) return p;
     return -1;
 }
+
 /* ---- the pageable path ---- */
+
+/* whether d has a ring pinned (auto's pageable choice and ferry_load's pin-ahead ask) */
+static bool ring_pinned(ferry_device *d)
+{
+    pthread_mutex_lock(&d->ring_lock);
+    bool pinned = d->nring > 0;
+    pthread_mutex_unlock(&d->ring_lock);
+    return pinned;
+}
 
 /* Copy plan p from the shards' mappings (pageable memory: the driver stages
  * it, the call returns once the bytes are read) on the streams in turn. As
@@ -54,10 +64,9 @@ static int run_pageable(ferry_device *d, const ferry_file *f, const plan *p, con
         }
         for (int64_t q = bt->first; q < bt->first + bt->count && rc == 0;) {
             /* tensors adjacent in the file and on the device go in one copy */
-            uint64_t src = p->pc[q].off, len = p->pc[q].len;
-            fy_dptr dst = p->pc[q].dst;
-            for (q++; q < bt->first + bt->count && p->pc[q].dst == dst + len && p->pc[q].off == src + len; q++)
-                len += p->pc[q].len;
+            uint64_t src, len;
+            fy_dptr dst;
+            xf_piece_run(p, bt, &q, &src, &len, &dst);
             rc = xf_copy_spread(g, true, dst, (uint8_t *)sh->map + src, len, streams, nstreams, &s);
             done += len;
         }
@@ -78,9 +87,7 @@ static bool pageable_fits(ferry_device *d, const ferry_load_opts *o, ferry_load_
     if (o->route != FERRY_ROUTE_AUTO || st->route != FERRY_ROUTE_RING || st->resident < 0.5 ||
         bytes > FERRY_PAGEABLE_MAX || o->ring_buffers || o->ring_buffer_bytes)
         return false;
-    pthread_mutex_lock(&d->ring_lock);
-    bool none = d->nring == 0;
-    pthread_mutex_unlock(&d->ring_lock);
+    bool none = !ring_pinned(d);
     if (none)
         st->why = "a small load, mostly in the page cache, and no ring pinned yet (pinning one costs more than the "
                   "copy): pageable copies from the mapping";
@@ -310,10 +317,7 @@ static bool wants_pin_ahead(ferry_device *d, const ferry_file *f, const ferry_lo
     } else if (r != FERRY_ROUTE_RING && r != FERRY_ROUTE_DIRECT) {
         return false;
     }
-    pthread_mutex_lock(&d->ring_lock);
-    bool none = d->nring == 0;
-    pthread_mutex_unlock(&d->ring_lock);
-    return none;
+    return !ring_pinned(d);
 }
 
 FERRY_API int ferry_load(ferry_device *d, const ferry_file *f, const ferry_load_opts *opts, ferry_loaded **out,

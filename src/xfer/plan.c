@@ -27,6 +27,14 @@ void xf_plan_free(const ferry_allocator *m, plan *p)
     memset(p, 0, sizeof *p);
 }
 
+void xf_piece_run(const plan *p, const batch *bt, int64_t *q, uint64_t *src, uint64_t *len, fy_dptr *dst)
+{
+    int64_t k = *q, end = bt->first + bt->count;
+    *src = p->pc[k].off, *len = p->pc[k].len, *dst = p->pc[k].dst;
+    for (k++; k < end && p->pc[k].dst == *dst + *len && p->pc[k].off == *src + *len; k++) *len += p->pc[k].len;
+    *q = k;
+}
+
 /* Tensors in file order, cut into pieces of at most cap bytes, grouped into
  * batches: contiguous file ranges of at most cap bytes in one shard. */
 int xf_plan_build(const ferry_allocator *m, const ferry_file *f, item *it, int64_t n, uint64_t cap, plan *p)

@@ -334,13 +334,10 @@ int xf_run_register(ferry_device *d, const ferry_file *f, const plan *p, const f
          * refused before any of the batch's copies is queued */
         if ((rc = shrunk(d, f, bt->shard, bt->off)) < 0) break;
         for (int64_t q = bt->first; q < bt->first + bt->count && rc == 0;) {
-            /* consecutive tensors that are also adjacent on the device (ferry_load's
-             * blocks mirror the file) go in one copy */
-            const piece *pc = &p->pc[q];
-            uint64_t src = pc->off, len = pc->len;
-            fy_dptr dst = pc->dst;
-            for (q++; q < bt->first + bt->count && p->pc[q].dst == dst + len && p->pc[q].off == src + len; q++)
-                len += p->pc[q].len;
+            /* consecutive tensors that are also adjacent on the device go in one copy */
+            uint64_t src, len;
+            fy_dptr dst;
+            xf_piece_run(p, bt, &q, &src, &len, &dst);
             /* ... cut where registration pieces meet: a copy must not span two */
             while (len > 0 && rc == 0) {
                 int64_t k = (int64_t)(src / d->reg_piece);

@@ -155,7 +155,7 @@ int xf_run_register(ferry_device *d, const ferry_file *f, const plan *p, const f
 
 /* ---- residency.c ---- */
 
-/* Fraction of f's pages in the page cache from 4096 sampled pages; -1 unknown. */
+/* Fraction of f's pages in the page cache from 64 sampled runs of 64 pages; -1 unknown. */
 double xf_resident_sampled(const ferry_file *f);
 
 /* ---- plan.c: plans, the readers' schedule, their descriptors ---- */
@@ -164,6 +164,10 @@ double xf_resident_sampled(const ferry_file *f);
  * batches: contiguous file ranges of at most cap bytes in one shard. */
 int xf_plan_build(const ferry_allocator *m, const ferry_file *f, item *it, int64_t n, uint64_t cap, plan *p);
 void xf_plan_free(const ferry_allocator *m, plan *p);
+/* From piece *q of batch bt on, the run of pieces adjacent both in the file
+ * and on the device (ferry_load's blocks mirror the file): one copy of *len
+ * bytes from file offset *src to *dst. *q moves past the run. */
+void xf_piece_run(const plan *p, const batch *bt, int64_t *q, uint64_t *src, uint64_t *len, fy_dptr *dst);
 void xf_sched_init(sched *q, const plan *p, long long run, uint32_t nthreads);
 /* The next batch for a reader (p->nbt when none is left); *k and *end: the
  * reader's current run, -1 and 0 to begin. */
