@@ -4,7 +4,8 @@
  *
  * 1. load the model into a store (hot), 2. evict it clean (0 bytes written),
  * 3. mark every tensor dirty and evict to pinned RAM and back (twice: the
- * first eviction also pins the pool), 4. the disk's sequential write rate
+ * first eviction also pins the pool), 3b. the same with the pool pinned
+ * ahead (opts.pinned_reserve, beside the first load), 4. the disk's sequential write rate
  * (buffered writes + fsync of a file as large as the model in SPILL_DIR),
  * 5. spill the dirty model (host budget 1 byte) and 6. bring it back from the
  * spill file (hot), with each step's peak RSS from the store's job statistics.
@@ -14,6 +15,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +112,61 @@ static int dirty_all(ferry_model *m)
     return 0;
 }
 
+/* The RAM store: host and pinned budgets hold the whole model. reserve: the
+ * pool (pinned_budget) is pinned ahead from ferry_store_new on, and the steps
+ * say so ("[reserve]"). */
+static void ram_store(ferry_device *d, ferry_file *f, uint64_t B, const char *dir, bool reserve)
+{
+    ferry_store_opts o = {.size = sizeof o, .host_budget = B + (4ull << 30), .pinned_budget = B + (1ull << 30),
+                          .spill_dir = dir, .spill_below = 1, .spill_above = 2};
+    if (reserve) o.pinned_reserve = o.pinned_budget;
+    const char *tag = reserve ? " [reserve]" : "";
+    char step[160];
+    ferry_store *s;
+    ferry_model *m;
+    double t0 = now();
+    if (ferry_store_new(d, &o, &s) < 0 || ferry_store_add(s, "model", &f, 1, 0, &m) < 0) die("store");
+    snprintf(step, sizeof step, "load (hot, from the checkpoint)%s", tag);
+    report(s, step, B, to_dev, m);
+    if (reserve) { /* how long the pool took to pin, from ferry_store_new, the load running beside it */
+        double t1 = now();
+        if (ferry_store_wait_pinned(s) < 0) die("wait_pinned");
+        double t2 = now();
+        ferry_store_stats st = {.size = sizeof st};
+        ferry_store_get_stats(s, &st);
+        printf("{\"step\": \"pool pinned ahead [reserve]\", \"bytes\": %" PRIu64 ", \"seconds\": %.4f, \"gbps\": %.2f, "
+               "\"waited_after_the_load_s\": %.4f, \"pinned_pool_bytes\": %" PRIu64 "}\n",
+               st.pinned_reserved, t2 - t0, (double)st.pinned_reserved / (t2 - t0) / 1e9, t2 - t1, st.pinned_pool_bytes);
+        fflush(stdout);
+    }
+    if (!reserve) {
+        report(s, "evict clean (dropped)", B, evict, m);
+        report(s, "load again", B, to_dev, m);
+        ferry_store_job_begin(s, "make_room(all)");
+        double t1 = now();
+        int64_t got = ferry_store_make_room(s, UINT64_MAX, NULL);
+        double sec = now() - t1;
+        ferry_job_stats js = {.size = sizeof js};
+        ferry_store_job_end(s, &js);
+        printf("{\"step\": \"make_room(all): evict clean and give the device memory back\", \"bytes\": %" PRId64
+               ", \"seconds\": %.4f, \"ms_per_gb\": %.3f, \"bytes_written\": %" PRIu64 "}\n",
+               got, sec, sec * 1e3 / ((double)B / 1e9), js.bytes_written);
+        report(s, "load again", B, to_dev, m);
+    }
+    for (int r = 0; r < 2; r++) {
+        dirty_all(m);
+        snprintf(step, sizeof step, "%s%s",
+                 reserve ? (r ? "evict dirty to pinned RAM (second)" : "evict dirty to pinned RAM (first: pinned ahead)")
+                         : (r ? "evict dirty to pinned RAM (pool already pinned)"
+                              : "evict dirty to pinned RAM (pins the pool)"),
+                 tag);
+        report(s, step, B, evict, m);
+        snprintf(step, sizeof step, "back from pinned RAM%s", tag);
+        report(s, step, B, to_dev, m);
+    }
+    ferry_store_free(s);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
@@ -124,34 +181,12 @@ int main(int argc, char **argv)
     if (ferry_device_open(ctx, spec, &d) < 0) die("device");
     const uint64_t B = ferry_file_total_bytes(f);
 
-    /* RAM store: host and pinned budgets hold the whole model */
-    ferry_store_opts o = {.size = sizeof o, .host_budget = B + (4ull << 30), .pinned_budget = B + (1ull << 30),
-                          .spill_dir = argv[2], .spill_below = 1, .spill_above = 2};
+    ram_store(d, f, B, argv[2], false);
+    /* the same with the pool pinned ahead (opts.pinned_reserve): its pinning
+     * runs on the store's thread beside the first load */
+    ram_store(d, f, B, argv[2], true);
     ferry_store *s;
     ferry_model *m;
-    if (ferry_store_new(d, &o, &s) < 0 || ferry_store_add(s, "model", &f, 1, 0, &m) < 0) die("store");
-    report(s, "load (hot, from the checkpoint)", B, to_dev, m);
-    report(s, "evict clean (dropped)", B, evict, m);
-    report(s, "load again", B, to_dev, m);
-    {
-        ferry_store_job_begin(s, "make_room(all)");
-        double t0 = now();
-        int64_t got = ferry_store_make_room(s, UINT64_MAX, NULL);
-        double sec = now() - t0;
-        ferry_job_stats js = {.size = sizeof js};
-        ferry_store_job_end(s, &js);
-        printf("{\"step\": \"make_room(all): evict clean and give the device memory back\", \"bytes\": %" PRId64
-               ", \"seconds\": %.4f, \"ms_per_gb\": %.3f, \"bytes_written\": %" PRIu64 "}\n",
-               got, sec, sec * 1e3 / ((double)B / 1e9), js.bytes_written);
-    }
-    report(s, "load again", B, to_dev, m);
-    for (int r = 0; r < 2; r++) {
-        dirty_all(m);
-        report(s, r ? "evict dirty to pinned RAM (pool already pinned)" : "evict dirty to pinned RAM (pins the pool)", B,
-               evict, m);
-        report(s, "back from pinned RAM", B, to_dev, m);
-    }
-    ferry_store_free(s);
 
     /* the disk's sequential write rate: buffered writes of B bytes + fsync */
     {
@@ -181,9 +216,8 @@ int main(int argc, char **argv)
     }
 
     /* spill store: 1 byte of host budget, so every dirty byte goes to disk */
-    ferry_store_opts so = o;
-    so.host_budget = 1;
-    so.pinned_budget = 1;
+    ferry_store_opts so = {.size = sizeof so, .host_budget = 1, .pinned_budget = 1, .spill_dir = argv[2],
+                           .spill_below = 1, .spill_above = 2};
     if (ferry_store_new(d, &so, &s) < 0 || ferry_store_add(s, "model", &f, 1, 0, &m) < 0) die("spill store");
     report(s, "load", B, to_dev, m);
     dirty_all(m);

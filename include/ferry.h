@@ -664,6 +664,13 @@ typedef struct ferry_store_opts {
                                    and the binding pass $FERRY_SPILL_DIR); tmpfs and ramfs are
                                    refused. Copied: need not outlive the call */
     const ferry_load_opts *load; /* ring geometry for every move (NULL = defaults); copied */
+    uint64_t pinned_reserve;    /* pin this much of the pool ahead, on a thread of the store's own
+                                   that starts in ferry_store_new (capped at pinned_budget; 0 =
+                                   none: the pool is pinned as evictions need it). Pinning runs at
+                                   about 7 GB/s, so a first dirty eviction into a pool pinned on
+                                   demand runs at that rate, not the copy's; pinned ahead, it runs
+                                   at the copy's. The reserved part stays pinned while the store
+                                   lives (make_room does not unpin it) */
 } ferry_store_opts;
 
 /* Make a store on dev (which must outlive it). The spill file is created only
@@ -939,8 +946,15 @@ typedef struct ferry_store_stats {
      * (the host went on), fence_waits the times the host waited for it
      * (a dirty tensor, a file read, memory going back to the driver). */
     uint64_t fence_waits, fence_orders;
+    uint64_t pinned_reserved; /* of pinned_pool_bytes, pinned ahead (opts.pinned_reserve) so far */
+    uint64_t pinned_reserve;  /* what the store was asked to pin ahead (capped at pinned_budget) */
 } ferry_store_stats;
 FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out);
+/* Wait until the pool reserved by opts.pinned_reserve is pinned. 0 (at once
+ * without a reserve), or the error that stopped the pinning (message on s;
+ * the pool is then pinned on demand from where the pinning stopped, and the
+ * store works on). Thread-safe. */
+FERRY_API int ferry_store_wait_pinned(ferry_store *s);
 /* The spill file's directory once the first spill made the file, else NULL.
  * Valid while s exists. */
 FERRY_API const char *ferry_store_spill_dir(const ferry_store *s);

@@ -115,6 +115,7 @@ class StoreOpts(Struct):
         ("spill_above", ctypes.c_uint64),
         ("spill_dir", ctypes.c_char_p),
         ("load", ctypes.POINTER(LoadOpts)),  # copied by ferry_store_new
+        ("pinned_reserve", ctypes.c_uint64),
     ]
 
 
@@ -363,6 +364,8 @@ class StoreStats(Struct):
         ("device_frees", ctypes.c_uint64),
         ("fence_waits", ctypes.c_uint64),
         ("fence_orders", ctypes.c_uint64),
+        ("pinned_reserved", ctypes.c_uint64),
+        ("pinned_reserve", ctypes.c_uint64),
     ]
 
 
@@ -487,6 +490,7 @@ _bind({
     "ferry_model_write": (_i32, [_vp, _i64, _vp]),
     "ferry_store_make_room": (_i64, [_vp, _u64, _P(_u64)]),
     "ferry_store_get_stats": (_i32, [_vp, _P(StoreStats)]),
+    "ferry_store_wait_pinned": (_i32, [_vp]),
     "ferry_store_spill_dir": (_cp, [_vp]),
     "ferry_host_available": (_i32, [_P(_u64), _cp, ctypes.c_size_t]),
     "ferry_store_job_begin": (_i32, [_vp, _cp]),

@@ -154,7 +154,7 @@ class StoreCore:
     _store_free = lib.ferry_store_free
 
     def __init__(self, dev, *, device_budget=0, device_reserve=0, host_budget=0, pinned_budget=0,
-                 host_reserve=0, spill_below=0, spill_above=0, spill_dir=None, load_opts=None):
+                 host_reserve=0, spill_below=0, spill_above=0, spill_dir=None, load_opts=None, pinned_reserve=0):
         self.s = None
         self.dev = dev
         self.models = {}  # name -> Model, in the order added
@@ -166,6 +166,7 @@ class StoreCore:
         o.host_reserve = host_reserve
         o.spill_below = spill_below
         o.spill_above = spill_above
+        o.pinned_reserve = pinned_reserve
         if spill_dir is None:
             spill_dir = os.environ.get("FERRY_SPILL_DIR") or None  # the library reads no environment
         o.spill_dir = os.fsencode(os.fspath(spill_dir)) if spill_dir is not None else None
@@ -342,6 +343,11 @@ class StoreCore:
             e.could = could.value
             raise e
         return rc
+
+    def wait_pinned(self):
+        """Wait until the pool asked for by pinned_reserve is pinned; raises
+        the error that stopped the pinning (the store works on without it)."""
+        self.check(lib.ferry_store_wait_pinned(self.s))
 
     def stats(self):
         st = _lib.StoreStats()

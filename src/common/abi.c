@@ -41,6 +41,7 @@ static const field f_store_opts[] = {F(ferry_store_opts, size),          F(ferry
                                      F(ferry_store_opts, pinned_budget),  F(ferry_store_opts, host_reserve),
                                      F(ferry_store_opts, spill_below),    F(ferry_store_opts, spill_above),
                                      F(ferry_store_opts, spill_dir),      F(ferry_store_opts, load),
+                                     F(ferry_store_opts, pinned_reserve),
                                      {NULL, 0}};
 static const field f_tensor_state[] = {F(ferry_tensor_state, size),  F(ferry_tensor_state, name),
                                        F(ferry_tensor_state, nbytes), F(ferry_tensor_state, tier),
@@ -68,7 +69,8 @@ static const field f_store_stats[] = {
     F(ferry_store_stats, device_cached), F(ferry_store_stats, pinned_pool_bytes),
     F(ferry_store_stats, pinned_cache_bytes), F(ferry_store_stats, device_allocs),
     F(ferry_store_stats, device_frees),       F(ferry_store_stats, fence_waits),
-    F(ferry_store_stats, fence_orders),       {NULL, 0}};
+    F(ferry_store_stats, fence_orders),       F(ferry_store_stats, pinned_reserved),
+    F(ferry_store_stats, pinned_reserve),     {NULL, 0}};
 static const field f_mem_range[] = {F(ferry_mem_range, start), F(ferry_mem_range, end), F(ferry_mem_range, peak),
                                     {NULL, 0}};
 static const field f_job_stats[] = {

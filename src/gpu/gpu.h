@@ -96,6 +96,9 @@ int fy_gpu_sim_open(uint64_t capacity, uint64_t bytes_per_s, const ferry_allocat
 /* Sim only: the nth call (1 = next) of kind op fails (FERRY_E_DEVICE, or -ENOMEM
  * for allocations); 0 disarms. Returns FERRY_E_INVAL for a non-sim device. */
 int fy_gpu_sim_fault(fy_gpu *g, fy_gpu_op op, long nth);
+/* Sim only: host_alloc (pinning) takes n / bytes_per_s seconds, as pinning
+ * does on a real device (about 7 GB/s on the H200 host); 0 = instant. */
+int fy_gpu_sim_pin_rate(fy_gpu *g, uint64_t bytes_per_s);
 /* Sim only: bytes currently allocated / registered / pinned, for leak checks. */
 int fy_gpu_sim_usage(fy_gpu *g, uint64_t *device, uint64_t *pinned, uint64_t *registered);
 

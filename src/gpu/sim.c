@@ -31,6 +31,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 enum {
@@ -103,6 +104,7 @@ struct sim_gpu {
     pthread_cond_t released; /* some range's inflight count dropped to 0 */
     uint64_t capacity;
     double rate;          /* modelled copy bytes/s per direction, 0 = unmodelled */
+    double pin_rate;      /* modelled pinning bytes/s (host_alloc), 0 = unmodelled */
     double link_free[2];  /* per direction (0 dtoh, 1 htod): when the link is free next (fy_now) */
     sim_table dev, pinned, reg;
     struct { long nth, left; } fault[FY_OP_COUNT];
@@ -246,6 +248,17 @@ static int fault_hit(sim_gpu *g, fy_gpu_op op, const char *name)
     return fy_seterr(g->base.err, code, "sim: injected failure in %s (call %ld)", name, nth);
 }
 
+int fy_gpu_sim_pin_rate(fy_gpu *gg, uint64_t bytes_per_s)
+{
+    if (!gg || gg->ops != &sim_ops)
+        return fy_seterr(gg ? gg->err : NULL, FERRY_E_INVAL, "a modelled pinning rate needs a sim device");
+    sim_gpu *g = (sim_gpu *)gg;
+    pthread_mutex_lock(&g->lock);
+    g->pin_rate = (double)bytes_per_s;
+    pthread_mutex_unlock(&g->lock);
+    return 0;
+}
+
 int fy_gpu_sim_fault(fy_gpu *gg, fy_gpu_op op, long nth)
 {
     if (!gg || gg->ops != &sim_ops)
@@ -370,6 +383,14 @@ static int sim_host_alloc(fy_gpu *gg, size_t n, void **out)
     uintptr_t p = 0;
     if (!out) return fy_seterr(gg->err, FERRY_E_INVAL, "sim: host_alloc: out is NULL");
     *out = NULL;
+    pthread_mutex_lock(&g->lock);
+    double pin_rate = g->pin_rate;
+    pthread_mutex_unlock(&g->lock);
+    if (pin_rate > 0) { /* pinning takes time, as cuMemHostAlloc's does (outside the lock) */
+        double sec = (double)n / pin_rate;
+        struct timespec ts = {(time_t)sec, (long)((sec - (double)(time_t)sec) * 1e9)};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+    }
     int rc = range_alloc(g, &g->pinned, n, SIM_HOST_ALIGN, FY_OP_HOST_ALLOC, "host_alloc", &p);
     if (rc == 0) *out = (void *)p;
     return rc;

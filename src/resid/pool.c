@@ -11,20 +11,70 @@
 
 /* ---- pinned pool ---- */
 
-int rs_pool_alloc(ferry_store *s, uint64_t n, void **out)
+/* The best-fitting free range for n bytes over every chunk: its chunk (-1:
+ * none) and index in *bi. */
+static int pool_best(const ferry_store *s, uint64_t n, size_t *bi)
 {
-    n = (n + 4095) & ~4095ull;
-    int bc = -1; /* best fit over every chunk */
-    size_t bi = 0;
+    int bc = -1;
     for (int c = 0; c < s->nchunks; c++) {
         const fy_ranges *fr = &s->chunks[c].fr;
         size_t i = fy_ranges_best(fr, n);
-        if (i < fr->n && (bc < 0 || fr->v[i].len < s->chunks[bc].fr.v[bi].len)) bc = c, bi = i;
+        if (i < fr->n && (bc < 0 || fr->v[i].len < s->chunks[bc].fr.v[*bi].len)) bc = c, *bi = i;
+    }
+    return bc;
+}
+
+bool rs_pool_adopt(ferry_store *s)
+{
+    if (!s->pinner_on) return true;
+    pthread_mutex_lock(&s->pin_lock);
+    while (s->pin_nready > 0) {
+        pchunk *nc = fy_realloc(s->m, s->chunks, (size_t)(s->nchunks + 1) * sizeof *nc);
+        if (!nc) break; /* the piece waits in pin_ready for the next call (or the store's end) */
+        s->chunks = nc;
+        nc[s->nchunks++] = s->pin_ready[--s->pin_nready];
+        s->pool_bytes += nc[s->nchunks - 1].size;
+    }
+    bool all = s->pin_nready == 0;
+    pthread_mutex_unlock(&s->pin_lock);
+    return all;
+}
+
+/* Bytes the pinner has yet to hand over (pinning or pinned), which the
+ * budget already promised to the reserve. */
+static uint64_t pin_owed(ferry_store *s)
+{
+    if (!s->pinner_on) return 0;
+    pthread_mutex_lock(&s->pin_lock);
+    uint64_t owed = s->pin_left;
+    for (int k = 0; k < s->pin_nready; k++) owed += s->pin_ready[k].size;
+    pthread_mutex_unlock(&s->pin_lock);
+    return owed;
+}
+
+int rs_pool_alloc(ferry_store *s, uint64_t n, void **out)
+{
+    n = (n + 4095) & ~4095ull;
+    size_t bi = 0;
+    int bc;
+    for (;;) {
+        bool stuck = !rs_pool_adopt(s);
+        if ((bc = pool_best(s, n, &bi)) >= 0) break;
+        /* the reserve is still being pinned and n fits one of its pieces:
+         * wait for the next piece (pinning one of our own beside it would
+         * only halve the rate of both) */
+        if (stuck || !s->pinner_on || n > RCHUNK) break;
+        pthread_mutex_lock(&s->pin_lock);
+        while (s->pin_left > 0 && s->pin_nready == 0) pthread_cond_wait(&s->pin_cv, &s->pin_lock);
+        bool more = s->pin_nready > 0;
+        pthread_mutex_unlock(&s->pin_lock);
+        if (!more) break; /* the pinner is done and every piece was looked at */
     }
     if (bc < 0) { /* grow */
         uint64_t size = n > PCHUNK ? (n + (2u << 20) - 1) & ~((2ull << 20) - 1) : PCHUNK;
-        if (s->pool_bytes + size > s->o.pinned_budget) {
-            if (s->pool_bytes + n > s->o.pinned_budget) return FERRY_E_BUDGET;
+        uint64_t held = s->pool_bytes + pin_owed(s);
+        if (held + size > s->o.pinned_budget) {
+            if (held + n > s->o.pinned_budget) return FERRY_E_BUDGET;
             size = n; /* the last bit of the budget */
         }
         pchunk *nc = fy_realloc(s->m, s->chunks, (size_t)(s->nchunks + 1) * sizeof *nc);
@@ -69,7 +119,7 @@ void rs_pool_trim(ferry_store *s)
 {
     for (int c = 0; c < s->nchunks;) {
         pchunk *ch = &s->chunks[c];
-        if (ch->fr.n == 1 && ch->fr.v[0].off == 0 && ch->fr.v[0].len == ch->size) {
+        if (!ch->reserved && ch->fr.n == 1 && ch->fr.v[0].off == 0 && ch->fr.v[0].len == ch->size) {
             fy_xfer_pinned_free(s->dev, ch->base);
             fy_ranges_free(&ch->fr, s->m);
             s->pool_bytes -= ch->size;
@@ -78,6 +128,96 @@ void rs_pool_trim(ferry_store *s)
             c++;
         }
     }
+}
+
+/* ---- the pinner: the reserve, pinned ahead ---- */
+
+static void *pinner_run(void *arg)
+{
+    ferry_store *s = arg;
+    fy_xfer_bind(s->dev);
+    pthread_mutex_lock(&s->pin_lock);
+    while (!s->pin_stop && s->pin_left > 0) {
+        uint64_t n = s->pin_left < RCHUNK ? s->pin_left : RCHUNK;
+        pthread_mutex_unlock(&s->pin_lock);
+        pchunk c = {.size = n, .reserved = true};
+        int rc = fy_ranges_give(&c.fr, s->m, 0, n) < 0 ? -ENOMEM : 0;
+        if (rc == 0 && (rc = fy_xfer_pinned_alloc(s->dev, n, (void **)&c.base)) < 0) fy_ranges_free(&c.fr, s->m);
+        pthread_mutex_lock(&s->pin_lock);
+        if (rc < 0) {
+            s->pin_rc = rc;
+            snprintf(s->pin_msg, sizeof s->pin_msg,
+                     "pinning the pool ahead stopped after %" PRIu64 " of %" PRIu64 " bytes: %s", s->pin_done,
+                     s->pin_target, rc == -ENOMEM ? "out of memory" : ferry_device_errmsg(s->dev));
+            s->pin_left = 0;
+            break;
+        }
+        s->pin_ready[s->pin_nready++] = c;
+        s->pin_left -= n;
+        s->pin_done += n;
+        pthread_cond_broadcast(&s->pin_cv);
+    }
+    s->pin_left = 0; /* done, failed or stopped */
+    pthread_cond_broadcast(&s->pin_cv);
+    pthread_mutex_unlock(&s->pin_lock);
+    return NULL;
+}
+
+int rs_pinner_start(ferry_store *s)
+{
+    if (!s->pin_target) return 0;
+    uint64_t pieces = (s->pin_target + RCHUNK - 1) / RCHUNK;
+    s->pin_ready = fy_calloc(s->m, (size_t)pieces, sizeof *s->pin_ready);
+    if (!s->pin_ready)
+        return fy_seterr(&s->err, -ENOMEM, "ferry_store_new: out of memory for the pinned reserve's %" PRIu64 " pieces",
+                         pieces);
+    pthread_mutex_init(&s->pin_lock, NULL);
+    pthread_cond_init(&s->pin_cv, NULL);
+    s->pin_left = s->pin_target;
+    int e = pthread_create(&s->pinner, NULL, pinner_run, s);
+    if (e) {
+        pthread_cond_destroy(&s->pin_cv);
+        pthread_mutex_destroy(&s->pin_lock);
+        fy_free(s->m, s->pin_ready);
+        s->pin_ready = NULL;
+        return fy_seterr(&s->err, -e, "ferry_store_new: cannot start the thread that pins the reserve: %s",
+                         ferry_strerror(-e));
+    }
+    s->pinner_on = true;
+    return 0;
+}
+
+void rs_pinner_stop(ferry_store *s)
+{
+    if (!s->pinner_on) return;
+    pthread_mutex_lock(&s->pin_lock);
+    s->pin_stop = true;
+    pthread_mutex_unlock(&s->pin_lock);
+    pthread_join(s->pinner, NULL);
+    for (int k = 0; k < s->pin_nready; k++) {
+        fy_xfer_pinned_free(s->dev, s->pin_ready[k].base);
+        fy_ranges_free(&s->pin_ready[k].fr, s->m);
+    }
+    fy_free(s->m, s->pin_ready);
+    s->pin_ready = NULL;
+    s->pin_nready = 0;
+    pthread_cond_destroy(&s->pin_cv);
+    pthread_mutex_destroy(&s->pin_lock);
+    s->pinner_on = false;
+}
+
+FERRY_API int ferry_store_wait_pinned(ferry_store *s)
+{
+    if (!s) return FERRY_E_INVAL;
+    if (!s->pinner_on) return 0; /* set before the store is shared, cleared as it goes */
+    pthread_mutex_lock(&s->pin_lock);
+    while (s->pin_left > 0) pthread_cond_wait(&s->pin_cv, &s->pin_lock);
+    int rc = s->pin_rc;
+    char msg[FY_ERRMSG_MAX];
+    if (rc < 0) memcpy(msg, s->pin_msg, sizeof msg);
+    pthread_mutex_unlock(&s->pin_lock);
+    if (rc < 0) fy_seterr(&s->err, rc, "%s", msg);
+    return rc;
 }
 
 /* ---- tensors' host copies ---- */

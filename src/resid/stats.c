@@ -41,7 +41,14 @@ FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out)
     st.evicted = s->c.evicted;
     st.dropped = s->c.dropped;
     st.device_cached = s->cached;
+    rs_pool_adopt(s);
     st.pinned_pool_bytes = s->pool_bytes;
+    st.pinned_reserve = s->pin_target;
+    if (s->pinner_on) {
+        pthread_mutex_lock(&s->pin_lock);
+        st.pinned_reserved = s->pin_done;
+        pthread_mutex_unlock(&s->pin_lock);
+    }
     st.pinned_cache_bytes = s->cache_used;
     st.device_allocs = s->c.dev_allocs;
     st.device_frees = s->c.dev_frees;

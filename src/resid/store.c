@@ -76,6 +76,12 @@ FERRY_API int ferry_store_new(ferry_device *dev, const ferry_store_opts *opts, f
     pthread_cond_init(&s->landed, NULL);
     pthread_cond_init(&s->mq_cv, NULL);
     s->mq_tail = &s->mq;
+    s->pin_target = (o.pinned_reserve < o.pinned_budget ? o.pinned_reserve : o.pinned_budget) & ~4095ull;
+    int rc = rs_pinner_start(s);
+    if (rc < 0) { /* (the message reached the context through s->err) */
+        ferry_store_free(s);
+        return rc;
+    }
     *out = s;
     return 0;
 }
@@ -95,6 +101,7 @@ FERRY_API void ferry_store_free(ferry_store *s)
     rs_reap_releases(s, true);
     pthread_mutex_unlock(&s->lock);
     rs_mover_stop(s); /* every queued move landed above, so its queue is empty */
+    rs_pinner_stop(s);
     for (int i = 0; i < s->nmodels; i++) rs_model_free(s->models[i]);
     fy_free(s->m, s->models);
     rs_dev_release_all(s);

@@ -14,6 +14,7 @@
 #include "spill.h"
 
 #define PCHUNK (256ull << 20) /* pinned pool grows by this much (at least) */
+#define RCHUNK (1ull << 30)   /* the pinner pins the reserve in chunks of this much */
 
 typedef struct rtensor {
     const struct ferry_model *owner; /* with group: a group's identity across models */
@@ -77,6 +78,7 @@ typedef struct pchunk {
     uint8_t *base;
     uint64_t size;
     fy_ranges fr;
+    bool reserved; /* pinned ahead (opts.pinned_reserve): kept while the store lives */
 } pchunk;
 
 /* a device segment: one driver allocation, carved into tensors (blocks.c) */
@@ -138,6 +140,21 @@ struct ferry_store {
     bool mover_on, mover_stop;
     struct ferry_op *mq, **mq_tail;
     pthread_cond_t mq_cv;
+    /* the pinner: a thread, started by ferry_store_new when opts.pinned_reserve
+     * asks for a pool pinned ahead, that pins it in RCHUNK pieces without the
+     * store's lock and hands each over through pin_lock (rs_pool_adopt moves
+     * them into chunks, under the store's lock); the pin_ fields are pin_lock's */
+    pthread_t pinner;
+    bool pinner_on, pin_stop;
+    pthread_mutex_t pin_lock;
+    pthread_cond_t pin_cv;   /* a piece was pinned, or the pinner stopped */
+    pchunk *pin_ready;       /* pinned, not yet adopted (room for every piece, made up front) */
+    int pin_nready;
+    uint64_t pin_left;       /* bytes still to pin (0 once done, failed or stopped) */
+    uint64_t pin_done;       /* bytes pinned ahead so far */
+    uint64_t pin_target;     /* opts.pinned_reserve, capped at pinned_budget */
+    int pin_rc;              /* the error that stopped it, with its message */
+    char pin_msg[FY_ERRMSG_MAX];
     /* holds to drop once work queued on a caller's stream is done */
     struct rs_release *releases;
     /* fences of releases whose holds dropped early (rs_defer_releases): the
@@ -218,8 +235,17 @@ int rs_device_failed(ferry_store *s, ferry_model *m, int rc);
 int rs_pool_alloc(ferry_store *s, uint64_t n, void **out);
 /* Never fails: a range the free list cannot take is lost to fragmentation. */
 void rs_pool_free(ferry_store *s, void *p, uint64_t n);
-/* Unpin and free the pool's chunks that hold nothing. */
+/* Unpin and free the pool's chunks that hold nothing (not the reserve's). */
 void rs_pool_trim(ferry_store *s);
+/* Move the pieces the pinner has pinned into the pool; false when one could
+ * not be moved (out of memory for the list of chunks). */
+bool rs_pool_adopt(ferry_store *s);
+/* Start the pinner for s->pin_target bytes (ferry_store_new, before the
+ * store is shared): 0 or a negative code (message on s). */
+int rs_pinner_start(ferry_store *s);
+/* Stop the pinner and free every piece it pinned that was never adopted
+ * (ferry_store_free; no lock held). */
+void rs_pinner_stop(ferry_store *s);
 /* Drop whatever copy t has off the device (after it came back, or on removal). */
 void rs_release_copy(ferry_store *s, rtensor *t);
 /* Give t's pinned cache buffer (cached, or being filled) back to the pool;

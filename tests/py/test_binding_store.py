@@ -389,6 +389,37 @@ def test_model_swaps_from_the_pinned_cache(tmp_path, sim_free):
             store.set_pinned_cache("nope", True)
 
 
+def test_pinned_reserve_takes_the_dirty_evictions(tmp_path, sim_free):
+    """pinned_reserve: the pool is pinned ahead (stats say how much), a dirty
+    eviction lands in it (pinned, not pageable) without the pool growing, and
+    the reserve stays pinned through make_room; capped at pinned_budget."""
+    ref, path = ref_and_file(tmp_path)
+    m = Net(device="meta")
+    with ft.Store(SIM, pinned_budget="64MiB", pinned_reserve="4MiB") as store:
+        store.wait_pinned()
+        st = store.stats()
+        assert st["pinned_reserve"] == st["pinned_reserved"] == st["pinned_pool_bytes"] == 4 << 20
+        store.add("net", path, module=m)
+        same_output(m, ref)
+        with torch.no_grad():
+            m.out.bias.mul_(-2)
+            ref.out.bias.mul_(-2)
+        store.mark_dirty("net", "out.bias")
+        store.offload("net")
+        assert store.tensor_state("net", "out.bias").tier == "pinned"
+        assert store.stats()["pinned_pool_bytes"] == 4 << 20
+        same_output(m, ref)
+        store.make_room()
+        assert store.stats()["pinned_pool_bytes"] == 4 << 20
+        same_output(m, ref)
+    with ft.Store(SIM, pinned_budget="1MiB", pinned_reserve="4MiB") as store:
+        store.wait_pinned()
+        assert store.stats()["pinned_reserve"] == 1 << 20
+    with ft.Store(SIM) as store:
+        store.wait_pinned()  # none asked for: at once
+        assert store.stats()["pinned_reserve"] == 0
+
+
 def test_partial_eviction_by_the_policy(tmp_path, sim_free):
     """A budget of one and a half models: bringing one in evicts only as many
     of the other's groups as needed; those (and only those) are re-pointed."""
@@ -596,8 +627,8 @@ def test_store_struct_layouts():
     from ferry import _lib
     if ctypes.sizeof(ctypes.c_void_p) != 8:
         pytest.skip("LP64 only")
-    assert ctypes.sizeof(_lib.StoreOpts) == 80
-    assert ctypes.sizeof(_lib.StoreStats) == 232
+    assert ctypes.sizeof(_lib.StoreOpts) == 88
+    assert ctypes.sizeof(_lib.StoreStats) == 248
     assert ctypes.sizeof(_lib.JobStats) == 208
     assert ctypes.sizeof(_lib.TensorState) == 64
     assert ctypes.sizeof(_lib.PlanOpts) == 64

@@ -1450,6 +1450,163 @@ out:
     ferry_device_close(d);
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* opts.pinned_reserve: the pool pinned ahead by the store's pinner, used by
+ * dirty evictions without pinning more, kept through make_room, capped at
+ * pinned_budget; a pinning failure stops the reserve, the store works on. */
+static void test_pinned_reserve(ferry_ctx *ctx)
+{
+    ferry_device *d = NULL;
+    CHECK_EQ(ferry_device_open(ctx, "sim:1GiB", &d), 0);
+    ferry_file *fa = open_model(ctx, "a.safetensors");
+    if (!d || !fa) goto out;
+    fy_gpu *g = fy_device_gpu(d);
+    const uint64_t A = ferry_file_total_bytes(fa), R = 3ull << 20; /* 3 MiB: room for a (0.6 MB) several times */
+    ferry_store_opts o = {.size = sizeof o, .host_budget = 64 << 20, .pinned_budget = 32 << 20, .pinned_reserve = R,
+                          .spill_dir = spill_dir, .spill_below = 1, .spill_above = 2};
+    ferry_store *s = NULL;
+    CHECK_EQ(ferry_store_new(d, &o, &s), 0);
+    if (!s) goto out;
+    CHECK_EQ(ferry_store_wait_pinned(s), 0);
+    CHECK_EQ(ferry_store_wait_pinned(s), 0); /* again: at once */
+    ferry_store_stats st = {.size = sizeof st};
+    CHECK_EQ(ferry_store_get_stats(s, &st), 0);
+    CHECK_EQ(st.pinned_reserve, R);
+    CHECK_EQ(st.pinned_reserved, R);
+    CHECK_EQ(st.pinned_pool_bytes, R);
+    uint64_t pinned = 0;
+    fy_gpu_sim_usage(g, NULL, &pinned, NULL);
+    CHECK(pinned >= R);
+    ferry_model *ma = NULL;
+    CHECK_EQ(ferry_store_add(s, "a", &fa, 1, 0, &ma), 0);
+    for (int cycle = 0; cycle < 2; cycle++) {
+        CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+        for (int64_t t = 0; t < ferry_model_tensor_count(ma); t++) CHECK_EQ(modify(ma, t, (uint8_t)(0x30 + t)), 0);
+        CHECK_EQ(ferry_model_evict(ma, NULL, 0), 0);
+        /* every dirty byte landed in the reserve: nothing pageable, no more pinned */
+        CHECK_EQ(tier_bytes(s, FERRY_TIER_PINNED), A);
+        CHECK_EQ(tier_bytes(s, FERRY_TIER_HOST), 0);
+        uint64_t now = 0;
+        fy_gpu_sim_usage(g, NULL, &now, NULL);
+        CHECK_EQ(now, pinned);
+        CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+        for (int64_t t = 0; t < ferry_model_tensor_count(ma); t++) { /* each modified once per cycle */
+            ferry_tensor_state w = {.size = sizeof w};
+            ferry_model_tensor_state(ma, t, &w);
+            CHECK(w.dirty);
+            uint8_t *a = malloc(w.nbytes + 1), *b = malloc(w.nbytes + 1);
+            if (!a || !b) { free(a); free(b); CHECK(0); continue; }
+            CHECK_EQ(ferry_model_read(ma, t, a), 0);
+            CHECK_EQ(ferry_file_tensor_read(fa, t, 0, b, w.nbytes), 0);
+            uint8_t x = cycle ? 0 : (uint8_t)(0x30 + t); /* modify XORs: twice is the file again */
+            uint64_t bad = 0;
+            for (uint64_t j = 0; j < w.nbytes; j++) bad += a[j] != (uint8_t)(b[j] ^ x);
+            CHECK_EQ(bad, 0);
+            free(a);
+            free(b);
+        }
+        /* make_room unpins what the pool does not use, never the reserve */
+        CHECK_EQ(ferry_store_make_room(s, 0, NULL), 0);
+        CHECK_EQ(ferry_store_get_stats(s, &st), 0);
+        CHECK_EQ(st.pinned_pool_bytes, R);
+    }
+    ferry_store_free(s);
+    s = NULL;
+    uint64_t left = 1;
+    fy_gpu_sim_usage(g, NULL, &left, NULL);
+    CHECK_EQ(left, 0);
+
+    /* capped at pinned_budget */
+    o.pinned_budget = 1 << 20;
+    CHECK_EQ(ferry_store_new(d, &o, &s), 0);
+    if (s) {
+        CHECK_EQ(ferry_store_wait_pinned(s), 0);
+        CHECK_EQ(ferry_store_get_stats(s, &st), 0);
+        CHECK_EQ(st.pinned_reserve, 1u << 20);
+        CHECK_EQ(st.pinned_pool_bytes, 1u << 20);
+        ferry_store_free(s);
+        s = NULL;
+    }
+
+    /* the pinning fails: the reserve stops, wait_pinned says why, evictions
+     * pin on demand, and nothing is left pinned at the end */
+    o.pinned_budget = 32 << 20;
+    CHECK(fy_gpu_sim_fault(g, FY_OP_HOST_ALLOC, 1) >= 0);
+    CHECK_EQ(ferry_store_new(d, &o, &s), 0);
+    if (s) {
+        CHECK(ferry_store_wait_pinned(s) < 0);
+        CHECK_STR_HAS(ferry_store_errmsg(s), "pinning the pool ahead stopped after 0 of");
+        CHECK_EQ(fy_gpu_sim_fault(g, FY_OP_HOST_ALLOC, 0), 0);
+        CHECK_EQ(ferry_store_add(s, "a", &fa, 1, 0, &ma), 0);
+        CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+        CHECK_EQ(modify(ma, 2, 0x44), 0);
+        CHECK_EQ(ferry_model_evict(ma, NULL, 0), 0);
+        CHECK(tier_bytes(s, FERRY_TIER_PINNED) > 0);
+        CHECK_EQ(ferry_store_get_stats(s, &st), 0);
+        CHECK_EQ(st.pinned_reserved, 0);
+        CHECK_EQ(verify(ma, fa, 2, 0x44), 0);
+        ferry_store_free(s);
+        s = NULL;
+    }
+    fy_gpu_sim_fault(g, FY_OP_HOST_ALLOC, 0);
+
+    /* an eviction while the reserve (three pieces) is still being pinned
+     * waits for a piece rather than pinning its own: what is pinned in the
+     * end is the reserve, no more, and nothing went to pageable RAM */
+    o.pinned_budget = 4ull << 30;
+    o.host_budget = 8ull << 30;
+    o.pinned_reserve = 3ull << 30;
+    CHECK_EQ(fy_gpu_sim_pin_rate(g, 10ull << 30), 0); /* a piece takes 0.1 s */
+    CHECK_EQ(ferry_store_new(d, &o, &s), 0);
+    if (s) {
+        CHECK_EQ(ferry_store_add(s, "a", &fa, 1, 0, &ma), 0);
+        CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+        CHECK_EQ(modify(ma, 1, 0x21), 0);
+        CHECK_EQ(ferry_store_get_stats(s, &st), 0);
+        CHECK(st.pinned_reserved < st.pinned_reserve); /* still pinning: the eviction has to wait */
+        CHECK_EQ(ferry_model_evict(ma, NULL, 0), 0);
+        CHECK(tier_bytes(s, FERRY_TIER_PINNED) > 0);
+        CHECK_EQ(tier_bytes(s, FERRY_TIER_HOST), 0);
+        CHECK_EQ(ferry_store_wait_pinned(s), 0);
+        fy_gpu_sim_usage(g, NULL, &left, NULL);
+        CHECK_EQ(left, 3ull << 30);
+        CHECK_EQ(ferry_store_get_stats(s, &st), 0);
+        CHECK_EQ(st.pinned_pool_bytes, 3ull << 30);
+        CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+        CHECK_EQ(verify(ma, fa, 1, 0x21), 0);
+        ferry_store_free(s);
+        s = NULL;
+    }
+    CHECK_EQ(fy_gpu_sim_pin_rate(g, 0), 0);
+
+    /* freed while the pinner still works (a reserve of many pieces): it stops, nothing leaks */
+    o.pinned_budget = 8ull << 30;
+    o.host_budget = 8ull << 30;
+    o.pinned_reserve = 6ull << 30;
+    ferry_device *big = NULL;
+    CHECK_EQ(ferry_device_open(ctx, "sim:1GiB", &big), 0);
+    if (big) {
+        CHECK_EQ(fy_gpu_sim_pin_rate(fy_device_gpu(big), 2ull << 30), 0); /* 0.5 s a piece, 3 s in all */
+        double t0 = now_s();
+        CHECK_EQ(ferry_store_new(big, &o, &s), 0);
+        ferry_store_free(s);
+        CHECK(now_s() - t0 < 2.0); /* it stopped after the piece it was pinning, not after six */
+        s = NULL;
+        fy_gpu_sim_usage(fy_device_gpu(big), NULL, &left, NULL);
+        CHECK_EQ(left, 0);
+        ferry_device_close(big);
+    }
+out:
+    ferry_file_close(fa);
+    ferry_device_close(d);
+}
+
 /* `test_store CASE` runs one of these, `--list` names them (check.h); main
  * writes the models and makes the ctx they share. */
 static ferry_ctx *ctx;
@@ -1469,7 +1626,8 @@ static ferry_ctx *ctx;
     CASE(review, test_review(ctx))                                               \
     CASE(add_oom, test_add_oom())                                                \
     CASE(async, test_async(ctx))                                                 \
-    CASE(pinned_cache, test_pinned_cache(ctx))
+    CASE(pinned_cache, test_pinned_cache(ctx))                                   \
+    CASE(pinned_reserve, test_pinned_reserve(ctx))
 CHECK_CASES(CASES)
 
 int main(int argc, char **argv)
