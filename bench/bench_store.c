@@ -112,6 +112,15 @@ static int dirty_all(ferry_model *m)
     return 0;
 }
 
+/* The device's pinned copy rates both ways, for the ratios. */
+static void limits(ferry_device *d, const char *when)
+{
+    double h = 0, b = 0;
+    if (ferry_device_copy_rate(d, 2ull << 30, &h, &b) < 0) die("copy rate");
+    printf("{\"step\": \"copy limits (%s)\", \"htod_gbps\": %.2f, \"dtoh_gbps\": %.2f}\n", when, h, b);
+    fflush(stdout);
+}
+
 /* The RAM store: host and pinned budgets hold the whole model. reserve: the
  * pool (pinned_budget) is pinned ahead from ferry_store_new on, and the steps
  * say so ("[reserve]"). */
@@ -181,10 +190,12 @@ int main(int argc, char **argv)
     if (ferry_device_open(ctx, spec, &d) < 0) die("device");
     const uint64_t B = ferry_file_total_bytes(f);
 
+    limits(d, "start");
     ram_store(d, f, B, argv[2], false);
     /* the same with the pool pinned ahead (opts.pinned_reserve): its pinning
      * runs on the store's thread beside the first load */
     ram_store(d, f, B, argv[2], true);
+    limits(d, "after the RAM stores");
     ferry_store *s;
     ferry_model *m;
 

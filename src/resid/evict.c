@@ -124,6 +124,7 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     s->spilling = h.spilling;
     /* RAM copies */
     double t0 = fy_now();
+    rs_pin_yield(s, +1);
     if (nh) {
         rc = fy_xfer_device_to_host(s->dev, hr, nh, NULL);
         if (rc < 0) {
@@ -161,6 +162,7 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
             }
         }
     }
+    rs_pin_yield(s, -1);
     /* A group moves together: when a dirty member could not be saved, the
      * whole group stays on the device (its saved members' copies dropped). */
     int64_t nkeep = 0;

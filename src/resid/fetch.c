@@ -282,6 +282,7 @@ static void run_transfers(ferry_store *s, ferry_op *op)
     int64_t *idx = op->idx;
     uint64_t *dp = op->dp;
     op_fail(op, s, fy_xfer_bind(s->dev)); /* (the mover's thread) */
+    rs_pin_yield(s, +1);
     if (op->rc == 0) read_cached(op, s, m, idx, op->nc);
     uint64_t cached_read = op->read;
     for (int k = 0; k < m->nfiles && op->rc == 0; k++) { /* SOURCE: file by file, through the loader */
@@ -300,6 +301,7 @@ static void run_transfers(ferry_store *s, ferry_op *op)
     if (op->rc == 0 && op->nf)
         op_fail(op, s, fy_xfer_fd_to_device(s->dev, op->spill_fd, s->spill_dir, op->fr, op->nf, &s->load, NULL, NULL));
     if (op->rc == 0 && op->nh) op_fail(op, s, fy_xfer_host_to_device(s->dev, op->hr, op->nh, &op->xop)); /* queued */
+    rs_pin_yield(s, -1);
     for (int64_t i = 0; i < op->nh; i++) op->moved += op->hr[i].len;
     for (int64_t i = 0; i < op->nf; i++) op->moved += op->fr[i].len, op->read += op->fr[i].len;
     fy_free(s->m, op->idx);

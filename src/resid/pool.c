@@ -65,7 +65,10 @@ int rs_pool_alloc(ferry_store *s, uint64_t n, void **out)
          * only halve the rate of both) */
         if (stuck || !s->pinner_on || n > RCHUNK) break;
         pthread_mutex_lock(&s->pin_lock);
+        s->pin_wanted++; /* the pinner stops yielding to transfers */
+        pthread_cond_broadcast(&s->pin_cv);
         while (s->pin_left > 0 && s->pin_nready == 0) pthread_cond_wait(&s->pin_cv, &s->pin_lock);
+        s->pin_wanted--;
         bool more = s->pin_nready > 0;
         pthread_mutex_unlock(&s->pin_lock);
         if (!more) break; /* the pinner is done and every piece was looked at */
@@ -137,7 +140,10 @@ static void *pinner_run(void *arg)
     ferry_store *s = arg;
     fy_xfer_bind(s->dev);
     pthread_mutex_lock(&s->pin_lock);
-    while (!s->pin_stop && s->pin_left > 0) {
+    for (;;) {
+        while (!s->pin_stop && s->pin_left > 0 && s->pin_busy > 0 && s->pin_wanted == 0)
+            pthread_cond_wait(&s->pin_cv, &s->pin_lock); /* between transfers */
+        if (s->pin_stop || s->pin_left == 0) break;
         uint64_t n = s->pin_left < RCHUNK ? s->pin_left : RCHUNK;
         pthread_mutex_unlock(&s->pin_lock);
         pchunk c = {.size = n, .reserved = true};
@@ -187,11 +193,21 @@ int rs_pinner_start(ferry_store *s)
     return 0;
 }
 
+void rs_pin_yield(ferry_store *s, int d)
+{
+    if (!s->pinner_on) return;
+    pthread_mutex_lock(&s->pin_lock);
+    s->pin_busy += d;
+    if (s->pin_busy == 0) pthread_cond_broadcast(&s->pin_cv);
+    pthread_mutex_unlock(&s->pin_lock);
+}
+
 void rs_pinner_stop(ferry_store *s)
 {
     if (!s->pinner_on) return;
     pthread_mutex_lock(&s->pin_lock);
     s->pin_stop = true;
+    pthread_cond_broadcast(&s->pin_cv); /* (waiting for the transfers to end) */
     pthread_mutex_unlock(&s->pin_lock);
     pthread_join(s->pinner, NULL);
     for (int k = 0; k < s->pin_nready; k++) {

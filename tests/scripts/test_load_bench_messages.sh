@@ -39,6 +39,14 @@ out=$("$ferry" load --device sim:1GiB --path register --repeat 2 --json "$one" 2
 [ "$(grep -c '"registration": "registered"' <<<"$out")" -eq 1 ] || fail "load --json: no first registration: $out"
 [ "$(grep -c '"registration": "reused"' <<<"$out")" -eq 1 ] || fail "load --json: no reuse: $out"
 has "$out" '"register_seconds": 0.0' "load --json of a reused registration"
+# the repeats load into the first load's device memory (each file's own);
+# with --verify each gets fresh memory, so that a copy that did not happen shows
+out=$("$ferry" load --device sim:1GiB --repeat 3 --json "$one" "$src/tests/fuzz/corpus/safetensors/all_dtypes.safetensors" 2>&1) || fail "load --repeat 3 failed: $out"
+[ "$(grep -c '"device_memory": "new"' <<<"$out")" -eq 2 ] || fail "load --repeat 3 of two files: not two new: $out"
+[ "$(grep -c '"device_memory": "reused"' <<<"$out")" -eq 4 ] || fail "load --repeat 3 of two files: not four reused: $out"
+out=$("$ferry" load --device sim:1GiB --repeat 2 --verify --json "$one" 2>&1) || fail "load --repeat 2 --verify failed: $out"
+[ "$(grep -c '"device_memory": "new"' <<<"$out")" -eq 2 ] || fail "load --repeat 2 --verify: not new memory each time: $out"
+[ "$(grep -c '"verified": true' <<<"$out")" -eq 3 ] || fail "load --repeat 2 --verify: not verified: $out"
 out=$("$ferry" load --device sim:1GiB --path register --pinned-budget 4KiB "$one" "$one" 2>&1)
 [ $? -eq 0 ] || fail "load --pinned-budget 4KiB of a one-page file failed: $out"
 out=$("$ferry" load --device sim:1GiB --path register --pinned-budget 1 "$one" 2>&1) && fail "a budget of 1 byte was not refused: $out"

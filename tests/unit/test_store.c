@@ -1585,6 +1585,28 @@ static void test_pinned_reserve(ferry_ctx *ctx)
     }
     CHECK_EQ(fy_gpu_sim_pin_rate(g, 0), 0);
 
+    /* the pinner pins between transfers, not beside them: a load that takes
+     * 0.6 s (a modelled 1 MB/s) sees at most the piece under way when it
+     * started finish (0.1 s each), the rest after it */
+    ferry_device *slow = NULL;
+    CHECK_EQ(ferry_device_open(ctx, "sim:1GiB,1MB/s", &slow), 0);
+    if (slow) {
+        CHECK_EQ(fy_gpu_sim_pin_rate(fy_device_gpu(slow), 10ull << 30), 0);
+        CHECK_EQ(ferry_store_new(slow, &o, &s), 0);
+        if (s) {
+            CHECK_EQ(ferry_store_add(s, "a", &fa, 1, 0, &ma), 0);
+            CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
+            CHECK_EQ(ferry_store_get_stats(s, &st), 0);
+            CHECK(st.pinned_reserved <= 1ull << 30);
+            CHECK_EQ(ferry_store_wait_pinned(s), 0);
+            CHECK_EQ(ferry_store_get_stats(s, &st), 0);
+            CHECK_EQ(st.pinned_reserved, 3ull << 30);
+            ferry_store_free(s);
+            s = NULL;
+        }
+        ferry_device_close(slow);
+    }
+
     /* freed while the pinner still works (a reserve of many pieces): it stops, nothing leaks */
     o.pinned_budget = 8ull << 30;
     o.host_budget = 8ull << 30;
