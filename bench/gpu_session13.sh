@@ -8,6 +8,10 @@
 #   store  bench_store twice in fresh processes (its RAM cycles on demand and
 #          with the pool pinned ahead, opts.pinned_reserve), then bench_swap
 #          (6 swaps), with the pinned copy limit before and after
+#   s2     the host's topology (NUMA nodes, the GPU's node); bench_store once
+#          (the pinner yielding to transfers); the CLI's --repeat 3 (into the
+#          first load's memory) and ferry.torch's, hot, alternated, 3 rounds;
+#          the ring's page-cache reads alone (--device cpu, 12 and 16 threads)
 set -uo pipefail
 PART=$1
 OUT=${2:-/tmp/out13}
@@ -20,7 +24,44 @@ mk() { # WORKLOADS
   $CMP --workloads "$1" --make --make-only --out "$OUT/make-$1.json" 2>&1 | tail -2
 }
 limit() { build-gpu/bench_pinrate 4 64 2 2>&1 | grep hostalloc | head -1; }
+cli() { # FILE [args]: one fresh ferry load --json; each load's GB/s, ms, set-up ms, device memory
+  local f=$1; shift
+  build-gpu/ferry load --json "$@" "$f" | python3 -c '
+import json,sys
+d=json.load(sys.stdin)
+L=d["files"]
+r=lambda k: [round(l[k]*1e3, 2) for l in L]
+print(json.dumps({"gbps": [round(l["gbps"], 2) for l in L], "ms": r("seconds"), "setup_ms": r("setup_seconds"),
+                  "path": L[0]["path_used"], "mem": [l["device_memory"][0] for l in L], "rss_mib": d["peak_rss_bytes"] >> 20}))'
+}
+py() { # FILE [args]: bench/profile_py_load.py in a fresh process
+  python3 bench/profile_py_load.py "$@" | python3 -c '
+import json,sys
+d=json.load(sys.stdin)
+print(json.dumps({"gbps": round(d["gbps"], 2), "repeats": d["repeats"], "ms": round(d["seconds"]*1e3, 2),
+                  "ferry_ms": round(d["ferry_seconds"]*1e3, 2), "route": d["route"]}))'
+}
 case "$PART" in
+s2)  # the host's topology; bench_store with the yielding pinner; the CLI's --repeat into kept memory
+     # beside ferry.torch, hot, alternated; the ring's reads alone (--device cpu)
+  mk w10g
+  cat "$F" >/dev/null
+  { lscpu | grep -E "Model name|Socket|NUMA|^CPU\(s\)|Thread|L3|On-line"
+    ls -d /sys/devices/system/node/node* 2>/dev/null
+    for n in /sys/devices/system/node/node*; do echo "$n: cpus $(cat $n/cpulist) $(grep MemTotal $n/meminfo)"; done
+    for d in /sys/bus/pci/devices/*; do [ "$(cat $d/vendor 2>/dev/null)" = 0x10de ] && echo "nvidia $d numa_node $(cat $d/numa_node) class $(cat $d/class)"; done
+    grep -E "Cpus_allowed_list|Mems_allowed_list" /proc/self/status
+    nvidia-smi topo -m 2>&1 | head -6; } 2>&1 | tee "$OUT/topo.txt"
+  echo "limit start: $(limit)" | tee "$OUT/limits2.txt"
+  mkdir -p /var/tmp/spill13
+  build-gpu/bench_store "$F" /var/tmp/spill13 cuda:0 2>&1 | head -18 | tee "$OUT/store2.jsonl" | cut -c1-150
+  for r in 1 2 3; do
+    echo "hot cli r$r: $(cli "$F" --device cuda:0 --repeat 3)"
+    echo "hot py r$r: $(py "$F" --repeat 3)"
+  done 2>&1 | tee "$OUT/hot2.txt"
+  for t in 12 16; do echo "cpu ring reads alone t$t: $(cli "$F" --device cpu --path ring --threads $t --repeat 2)"; done 2>&1 | tee "$OUT/cpu2.txt"
+  echo "limit end: $(limit)" | tee -a "$OUT/limits2.txt"
+  ;;
 store)
   mk w10g
   cat "$F" >/dev/null

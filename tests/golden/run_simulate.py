@@ -213,6 +213,25 @@ def main():
             checks.case(f"2 modify, then another model under a roomy host budget: dirty tensors go to {tier} "
                         "RAM, no spill, verify passes", p)
 
+        # 2b: pinned_reserve: the pool is pinned ahead and kept; the dirty tensors land in it
+        p = []
+        sc = {"device": "sim:64MiB", "device_budget": A, "host_budget": "64MiB", "pinned_budget": "16MiB",
+              "pinned_reserve": "8MiB", "host_reserve": "16MiB", "models": models,
+              "jobs": [{"name": "edit", "use": ["a"], "modify": {"a": MOD}},
+                       {"name": "switch", "use": ["b"]},
+                       {"name": "back", "use": ["a"], "verify": True}]}
+        rc, jobs, summ, err, path = sim.run(sc)
+        if expect(p, rc == 0 and len(jobs) == 3, f"exit {rc}, {len(jobs)} jobs: {why(err, jobs)}"):
+            expect(p, jobs[1]["pinned_bytes"] == M and jobs[1]["host_bytes"] == 0,
+                   f"switch: pinned {jobs[1]['pinned_bytes']}, host {jobs[1]['host_bytes']} (want {M}, 0)")
+            expect(p, jobs[2]["verified"] == NT and jobs[2]["mismatches"] == 0, f"back: {jobs[2]}")
+            expect(p, summ["pinned_reserve"] == 8 << 20 and summ["pinned_pool_bytes"] == 8 << 20,
+                   f"summary: reserve {summ['pinned_reserve']}, pool {summ['pinned_pool_bytes']} (want 8 MiB both)")
+        sc["pinned_reserve"] = "lots"
+        rc, jobs, summ, err, path = sim.run(sc)
+        expect(p, rc == 2 and "pinned_reserve" in err, f"a bad pinned_reserve: exit {rc}: {err}")
+        checks.case("2b pinned_reserve: the pool pinned ahead takes the dirty tensors and stays", p)
+
         # 3: tiny host budget: dirty evictions spill, and come back intact
         p = []
         if not spill_ok:

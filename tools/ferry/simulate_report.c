@@ -281,6 +281,8 @@ void sim_print_summary(ferry_device *dev, ferry_store *store, int njobs, int ran
         json_object_set_new(s, "device_budget", json_integer((json_int_t)st.device_budget));
         json_object_set_new(s, "host_budget", json_integer((json_int_t)st.host_budget));
         json_object_set_new(s, "pinned_budget", json_integer((json_int_t)st.pinned_budget));
+        json_object_set_new(s, "pinned_reserve", json_integer((json_int_t)st.pinned_reserve));
+        json_object_set_new(s, "pinned_pool_bytes", json_integer((json_int_t)st.pinned_pool_bytes));
         json_object_set_new(s, "host_available", json_integer((json_int_t)st.host_available));
         json_object_set_new(s, "host_source", json_string(source));
         json_object_set_new(s, "spilling", json_boolean(st.spilling));

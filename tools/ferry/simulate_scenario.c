@@ -395,7 +395,7 @@ int sim_scenario_parse(scenario *sc)
     static const char *const keys[] = {"device",      "device_budget", "device_reserve", "host_budget",
                                         "pinned_budget", "host_reserve", "spill_below",   "spill_above",
                                         "spill_dir",   "copy_rate",     "models",         "jobs",
-                                        NULL};
+                                        "pinned_reserve", NULL};
     json_error_t je;
     sc->root = json_load_file(sc->path, JSON_REJECT_DUPLICATES, &je);
     if (!sc->root) {
@@ -417,7 +417,7 @@ int sim_scenario_parse(scenario *sc)
         {"device_budget", &sc->o.device_budget}, {"device_reserve", &sc->o.device_reserve},
         {"host_budget", &sc->o.host_budget},     {"pinned_budget", &sc->o.pinned_budget},
         {"host_reserve", &sc->o.host_reserve},   {"spill_below", &sc->o.spill_below},
-        {"spill_above", &sc->o.spill_above}};
+        {"spill_above", &sc->o.spill_above},     {"pinned_reserve", &sc->o.pinned_reserve}};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
         if ((x = json_object_get(sc->root, sizes[i].k)) && (ex = get_size(sc, x, sizes[i].k, sizes[i].p))) return ex;
     if ((x = json_object_get(sc->root, "spill_dir"))) {
