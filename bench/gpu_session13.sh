@@ -12,6 +12,10 @@
 #          (the pinner yielding to transfers); the CLI's --repeat 3 (into the
 #          first load's memory) and ferry.torch's, hot, alternated, 3 rounds;
 #          the ring's page-cache reads alone (--device cpu, 12 and 16 threads)
+#   s3     the GPU tests (tests/gpu/run_loads.py, test_torch_gpu.py,
+#          gpu_async_cuda) on this tree; hot loads alternated: the CLI with
+#          the default ring and with 16 threads x 32 buffers, and ferry.torch,
+#          --repeat 3, 3 rounds; --verify --repeat 2; bench_store's RAM stores
 set -uo pipefail
 PART=$1
 OUT=${2:-/tmp/out13}
@@ -32,7 +36,8 @@ d=json.load(sys.stdin)
 L=d["files"]
 r=lambda k: [round(l[k]*1e3, 2) for l in L]
 print(json.dumps({"gbps": [round(l["gbps"], 2) for l in L], "ms": r("seconds"), "setup_ms": r("setup_seconds"),
-                  "path": L[0]["path_used"], "mem": [l["device_memory"][0] for l in L], "rss_mib": d["peak_rss_bytes"] >> 20}))'
+                  "path": L[0]["path_used"], "mem": [l["device_memory"][0] for l in L], "rss_mib": d["peak_rss_bytes"] >> 20,
+                  "verified": [l.get("verified") for l in L]}))'
 }
 py() { # FILE [args]: bench/profile_py_load.py in a fresh process
   python3 bench/profile_py_load.py "$@" | python3 -c '
@@ -72,6 +77,28 @@ store)
   done
   build-gpu/bench_swap "$F" "$F" cuda:0 6 2>&1 | tee "$OUT/swap.jsonl" | cut -c1-160
   echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
+  ;;
+s3)  # the GPU tests on this tree; the CLI (default ring, and 16 threads x 32 buffers) and
+     # ferry.torch alternated, hot, --repeat 3, 3 rounds; bench_store's RAM stores once more
+  { echo "== every valid golden file through auto, ring and register, verified, cuda:0"
+    python3 tests/data/gen_golden.py /tmp/golden >/dev/null
+    python3 tests/gpu/run_loads.py build-gpu/ferry /tmp/golden cuda:0 --paths auto,ring,register | tail -3
+    echo "== tests/gpu/test_torch_gpu.py"
+    python3 tests/gpu/test_torch_gpu.py --ferry build-gpu/ferry 2>&1 | tail -4
+    echo "== gpu_async_cuda"
+    build-gpu/tests/gpu_async_cuda tests/fuzz/corpus/safetensors/all_dtypes.safetensors 2>&1 | tail -2; } 2>&1 | tee "$OUT/tests3.txt"
+  mk w10g
+  cat "$F" >/dev/null
+  echo "limit start: $(limit)" | tee "$OUT/limits3.txt"
+  for r in 1 2 3; do
+    echo "hot cli r$r: $(cli "$F" --device cuda:0 --repeat 3)"
+    echo "hot cli t16 r$r: $(cli "$F" --device cuda:0 --repeat 3 --threads 16 --buffers 32)"
+    echo "hot py r$r: $(py "$F" --repeat 3)"
+  done 2>&1 | tee "$OUT/hot3.txt"
+  echo "verify --repeat 2: $(cli "$F" --device cuda:0 --repeat 2 --verify)" | tee -a "$OUT/hot3.txt"
+  mkdir -p /var/tmp/spill13
+  build-gpu/bench_store "$F" /var/tmp/spill13 cuda:0 2>&1 | head -18 | tee "$OUT/store3.jsonl" | cut -c1-150
+  echo "limit end: $(limit)" | tee -a "$OUT/limits3.txt"
   ;;
 *)
   echo "gpu_session13.sh: unknown part $PART" >&2

@@ -669,8 +669,11 @@ typedef struct ferry_store_opts {
                                    none: the pool is pinned as evictions need it). Pinning runs at
                                    about 7 GB/s, so a first dirty eviction into a pool pinned on
                                    demand runs at that rate, not the copy's; pinned ahead, it runs
-                                   at the copy's. The reserved part stays pinned while the store
-                                   lives (make_room does not unpin it) */
+                                   at the copy's. It pins 256 MiB pieces between the store's
+                                   transfers (an eviction that needs a piece meanwhile waits for
+                                   the next; a tensor larger than a piece is pinned on demand).
+                                   The reserved part stays pinned while the store lives
+                                   (make_room does not unpin it) */
 } ferry_store_opts;
 
 /* Make a store on dev (which must outlive it). The spill file is created only

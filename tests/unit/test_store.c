@@ -1556,13 +1556,13 @@ static void test_pinned_reserve(ferry_ctx *ctx)
     }
     fy_gpu_sim_fault(g, FY_OP_HOST_ALLOC, 0);
 
-    /* an eviction while the reserve (three pieces) is still being pinned
+    /* an eviction while the reserve (twelve pieces) is still being pinned
      * waits for a piece rather than pinning its own: what is pinned in the
      * end is the reserve, no more, and nothing went to pageable RAM */
     o.pinned_budget = 4ull << 30;
     o.host_budget = 8ull << 30;
     o.pinned_reserve = 3ull << 30;
-    CHECK_EQ(fy_gpu_sim_pin_rate(g, 10ull << 30), 0); /* a piece takes 0.1 s */
+    CHECK_EQ(fy_gpu_sim_pin_rate(g, 4ull << 30), 0); /* a piece (256 MiB) takes 62 ms */
     CHECK_EQ(ferry_store_new(d, &o, &s), 0);
     if (s) {
         CHECK_EQ(ferry_store_add(s, "a", &fa, 1, 0, &ma), 0);
@@ -1587,7 +1587,7 @@ static void test_pinned_reserve(ferry_ctx *ctx)
 
     /* the pinner pins between transfers, not beside them: a load that takes
      * 0.6 s (a modelled 1 MB/s) sees at most the piece under way when it
-     * started finish (0.1 s each), the rest after it */
+     * started finish (25 ms each, 0.3 s for all twelve), the rest after it */
     ferry_device *slow = NULL;
     CHECK_EQ(ferry_device_open(ctx, "sim:1GiB,1MB/s", &slow), 0);
     if (slow) {
@@ -1597,7 +1597,7 @@ static void test_pinned_reserve(ferry_ctx *ctx)
             CHECK_EQ(ferry_store_add(s, "a", &fa, 1, 0, &ma), 0);
             CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
             CHECK_EQ(ferry_store_get_stats(s, &st), 0);
-            CHECK(st.pinned_reserved <= 1ull << 30);
+            CHECK(st.pinned_reserved <= 512ull << 20);
             CHECK_EQ(ferry_store_wait_pinned(s), 0);
             CHECK_EQ(ferry_store_get_stats(s, &st), 0);
             CHECK_EQ(st.pinned_reserved, 3ull << 30);
@@ -1614,11 +1614,11 @@ static void test_pinned_reserve(ferry_ctx *ctx)
     ferry_device *big = NULL;
     CHECK_EQ(ferry_device_open(ctx, "sim:1GiB", &big), 0);
     if (big) {
-        CHECK_EQ(fy_gpu_sim_pin_rate(fy_device_gpu(big), 2ull << 30), 0); /* 0.5 s a piece, 3 s in all */
+        CHECK_EQ(fy_gpu_sim_pin_rate(fy_device_gpu(big), 2ull << 30), 0); /* 0.125 s a piece, 3 s in all */
         double t0 = now_s();
         CHECK_EQ(ferry_store_new(big, &o, &s), 0);
         ferry_store_free(s);
-        CHECK(now_s() - t0 < 2.0); /* it stopped after the piece it was pinning, not after six */
+        CHECK(now_s() - t0 < 2.0); /* it stopped after the piece it was pinning (0.125 s), not after 24 (3 s) */
         s = NULL;
         fy_gpu_sim_usage(fy_device_gpu(big), NULL, &left, NULL);
         CHECK_EQ(left, 0);
