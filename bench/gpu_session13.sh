@@ -16,6 +16,7 @@
 #          gpu_async_cuda) on this tree; hot loads alternated: the CLI with
 #          the default ring and with 16 threads x 32 buffers, and ferry.torch,
 #          --repeat 3, 3 rounds; --verify --repeat 2; bench_store's RAM stores
+#   s4     see the part below: merged ring copies and ferry.torch's table, A/B
 set -uo pipefail
 PART=$1
 OUT=${2:-/tmp/out13}
@@ -99,6 +100,46 @@ s3)  # the GPU tests on this tree; the CLI (default ring, and 16 threads x 32 bu
   mkdir -p /var/tmp/spill13
   build-gpu/bench_store "$F" /var/tmp/spill13 cuda:0 2>&1 | head -18 | tee "$OUT/store3.jsonl" | cut -c1-150
   echo "limit end: $(limit)" | tee -a "$OUT/limits3.txt"
+  ;;
+s4)  # A = build-gpu (this tree: the ring's copies merged where pieces continue one another on
+     # the device; ferry.torch's tensor table read in one pass), B = build-gpu-b (commit
+     # 245bac9, before both; its python/ in build-gpu-b/python). One copy across two adjacent
+     # allocations (bench/span_copy.py); the GPU tests on A; hot loads A/B alternated (CLI
+     # --repeat 3, ferry.torch --repeat 3 with its phases), 3 rounds; fresh tmpfs copies, CLI
+     # A/B and ferry.torch A, 2 rounds; bench_swap and bench_store's RAM stores on A
+  python3 bench/span_copy.py 2>&1 | tee "$OUT/span4.txt"
+  { python3 tests/data/gen_golden.py /tmp/golden >/dev/null
+    python3 tests/gpu/run_loads.py build-gpu/ferry /tmp/golden cuda:0 --paths auto,ring,pageable,register | tail -2
+    python3 tests/gpu/test_torch_gpu.py --ferry build-gpu/ferry 2>&1 | tail -2; } 2>&1 | tee "$OUT/tests4.txt"
+  mk w10g
+  cat "$F" >/dev/null
+  echo "limit start: $(limit)" | tee "$OUT/limits4.txt"
+  pyab() { # PYDIR LIB FILE: profile_py_load with phases
+    PYTHONPATH=$1 FERRY_LIBRARY=$2 python3 bench/profile_py_load.py "$3" --repeat 3 | python3 -c '
+import json,sys
+d=json.load(sys.stdin)
+print(json.dumps({"gbps": round(d["gbps"], 2), "repeats": d["repeats"], "ms": round(d["seconds"]*1e3, 2),
+                  "ferry_ms": round(d["ferry_seconds"]*1e3, 2), "phases_ms": {k: round(v*1e3, 2) for k, v in d["phases"].items()}}))'
+  }
+  for r in 1 2 3; do
+    echo "hot cli A r$r: $(cli "$F" --device cuda:0 --repeat 3)"
+    echo "hot cli B r$r: $(build-gpu-b/ferry load --json --device cuda:0 --repeat 3 "$F" | python3 -c 'import json,sys; d=json.load(sys.stdin); print([round(l["gbps"],2) for l in d["files"]])')"
+    echo "hot py A r$r: $(pyab $PWD/python $PWD/build-gpu/libferry.so "$F")"
+    echo "hot py B r$r: $(pyab $PWD/build-gpu-b/python $PWD/build-gpu-b/libferry.so "$F")"
+  done 2>&1 | tee "$OUT/hot4.txt"
+  SHM=/dev/shm/ferry-s13
+  fresh() { rm -rf $SHM; mkdir -p $SHM; cp "$F" $SHM/x.safetensors; }
+  for r in 1 2; do
+    fresh; echo "tmpfs cli A r$r: $(cli $SHM/x.safetensors --device cuda:0)"
+    fresh; echo "tmpfs cli B r$r: $(build-gpu-b/ferry load --json --device cuda:0 $SHM/x.safetensors | python3 -c 'import json,sys; d=json.load(sys.stdin); print([round(l["gbps"],2) for l in d["files"]])')"
+    fresh; echo "tmpfs py A r$r: $(pyab $PWD/python $PWD/build-gpu/libferry.so $SHM/x.safetensors)"
+  done 2>&1 | tee "$OUT/tmpfs4.txt"
+  rm -rf $SHM
+  echo "limit mid: $(limit)" | tee -a "$OUT/limits4.txt"
+  build-gpu/bench_swap "$F" "$F" cuda:0 6 2>&1 | tee "$OUT/swap4.jsonl" | cut -c1-120
+  mkdir -p /var/tmp/spill13
+  build-gpu/bench_store "$F" /var/tmp/spill13 cuda:0 2>&1 | head -18 | tee "$OUT/store4.jsonl" | cut -c1-150
+  echo "limit end: $(limit)" | tee -a "$OUT/limits4.txt"
   ;;
 *)
   echo "gpu_session13.sh: unknown part $PART" >&2

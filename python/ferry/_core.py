@@ -94,7 +94,22 @@ class _Handle:
                           strides, ti.flags)
 
     def infos(self):
-        return [self.info(i) for i in range(self.count())]
+        # info() for every tensor, with one struct and the lookups hoisted:
+        # ctypes' per-call costs were 2 ms of a 10 GB load's 220 for 540 tensors
+        ti = _lib.TensorInfo()
+        ref, get, f, names = ctypes.byref(ti), lib.ferry_file_tensor_info, self.f, _lib.DTYPE_NAMES
+        out = []
+        for i in range(self.count()):
+            rc = get(f, i, ref)
+            if rc < 0:
+                self.check(rc)
+            nd, dti = ti.ndim, ti.dtype
+            shape = tuple(ti.shape[:nd]) if nd else ()
+            strides = tuple(ti.strides[:nd]) if ti.strides else None
+            dt = names[dti] if 0 <= dti < len(names) else lib.ferry_dtype_name(dti).decode()
+            out.append(TensorInfo(i, ti.name.decode("utf-8"), dt, shape, ti.nbytes, ti.offset, ti.shard, strides,
+                                  ti.flags))
+        return out
 
     def data(self, i):
         """Address of tensor i's bytes in the mapping."""

@@ -228,9 +228,14 @@ static void *ring_worker(void *arg)
             job_fail(j, rc);
             break;
         }
-        for (int64_t q = bt->first; q < bt->first + bt->count && rc == 0; q++) {
-            const piece *pc = &j->p->pc[q];
-            rc = g->ops->copy_htod(g, pc->dst, buf + skew + (pc->off - bt->off), (size_t)pc->len, st);
+        /* one copy per run of pieces that continue one another on the device
+         * too (tensors laid out as in the file: ferry_load's block, PyTorch's
+         * allocations carved in order), not one per tensor piece */
+        for (int64_t q = bt->first; q < bt->first + bt->count && rc == 0;) {
+            uint64_t src, len;
+            fy_dptr dst;
+            xf_piece_run(j->p, bt, &q, &src, &len, &dst);
+            rc = g->ops->copy_htod(g, dst, buf + skew + (src - bt->off), (size_t)len, st);
         }
         if (rc == 0) rc = g->ops->event_record(g, j->d->ring[b].ev, st);
         if (rc < 0) {
