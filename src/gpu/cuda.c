@@ -57,6 +57,7 @@ typedef struct cu_api {
     CUresult (*MemAlloc)(CUdeviceptr *p, size_t n);
     CUresult (*MemFree)(CUdeviceptr p);
     CUresult (*MemGetInfo)(size_t *free_bytes, size_t *total_bytes);
+    CUresult (*MemGetAddressRange)(CUdeviceptr *base, size_t *size, CUdeviceptr p);
     CUresult (*MemHostRegister)(void *p, size_t n, unsigned flags);
     CUresult (*MemHostUnregister)(void *p);
     CUresult (*StreamCreate)(CUstream *s, unsigned flags);
@@ -122,6 +123,7 @@ static void cu_load(void)
     CU_LOAD(MemAlloc, "cuMemAlloc_v2");
     CU_LOAD(MemFree, "cuMemFree_v2");
     CU_LOAD(MemGetInfo, "cuMemGetInfo_v2");
+    CU_LOAD(MemGetAddressRange, "cuMemGetAddressRange_v2");
     CU_LOAD(MemHostRegister, "cuMemHostRegister_v2");
     CU_LOAD(MemHostUnregister, "cuMemHostUnregister");
     CU_LOAD(StreamCreate, "cuStreamCreate");
@@ -263,6 +265,18 @@ static int cu_mem_info(fy_gpu *g, uint64_t *free_bytes, uint64_t *total_bytes)
     if (rc != CUDA_SUCCESS) return cu_fail(g, rc, "cuMemGetInfo");
     if (free_bytes) *free_bytes = f;
     if (total_bytes) *total_bytes = t;
+    return 0;
+}
+
+static int cu_mem_range(fy_gpu *g, fy_dptr p, fy_dptr *base, size_t *size)
+{
+    FY_TRY(cu_enter(g));
+    CUdeviceptr b = 0;
+    size_t n = 0;
+    CUresult rc = cu.MemGetAddressRange(&b, &n, (CUdeviceptr)p);
+    if (rc != CUDA_SUCCESS) return cu_fail(g, rc, "cuMemGetAddressRange(0x%llx)", (unsigned long long)p);
+    *base = (fy_dptr)b;
+    *size = n;
     return 0;
 }
 
@@ -521,6 +535,7 @@ static const fy_gpu_ops cu_ops = {
     .name = "cuda",
     .close = cu_close,
     .mem_alloc = cu_mem_alloc,
+    .mem_range = cu_mem_range,
     .mem_free = cu_mem_free,
     .mem_info = cu_mem_info,
     .host_alloc = cu_host_alloc,

@@ -33,6 +33,9 @@ typedef struct fy_gpu_ops {
     int (*mem_alloc)(fy_gpu *g, size_t n, fy_dptr *out);
     int (*mem_free)(fy_gpu *g, fy_dptr p);
     int (*mem_info)(fy_gpu *g, uint64_t *free_bytes, uint64_t *total_bytes);
+    /* the allocation holding device address p: its start and size (one copy
+     * may not run from one allocation into the next, however adjacent) */
+    int (*mem_range)(fy_gpu *g, fy_dptr p, fy_dptr *base, size_t *size);
     /* page-locked host memory */
     int (*host_alloc)(fy_gpu *g, size_t n, void **out);
     int (*host_free)(fy_gpu *g, void *p);

@@ -23,11 +23,13 @@
  *   next stream_sync of its stream fails with -EFAULT (copy_guarded). */
 #define _GNU_SOURCE
 #include "gpu.h"
+#include "common/ranges.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
@@ -47,6 +49,7 @@ typedef struct sim_range {
     void *raw;              /* what to release: an fy_malloc block or a mapping; NULL if registered */
     size_t map_len;         /* mapping length, 0 for an fy_malloc block */
     bool read_only;         /* registered with read_only */
+    bool in_arena;          /* a device block carved from the arena (mem_put gives it back) */
     unsigned long inflight; /* queued copies that touch this range */
 } sim_range;
 
@@ -105,6 +108,17 @@ struct sim_gpu {
     uint64_t capacity;
     double rate;          /* modelled copy bytes/s per direction, 0 = unmodelled */
     double pin_rate;      /* modelled pinning bytes/s (host_alloc), 0 = unmodelled */
+    /* device blocks of SIM_MMAP_MIN or more: carved lowest address first from
+     * one reserved range of address space, so that blocks allocated in a
+     * row are adjacent, as cuMemAlloc's often are (two 64 MiB blocks in a
+     * row were, on the H200); a copy that runs from one block into the next
+     * is then refused here as the driver refuses it (CUDA_ERROR_INVALID_VALUE,
+     * bench/span_copy.py), where separate mappings would rarely meet */
+    pthread_mutex_t arena_lock;
+    uint8_t *arena;        /* PROT_NONE until carved; NULL: not reserved (yet, or it failed) */
+    size_t arena_len;
+    bool arena_tried;
+    fy_ranges arena_free;  /* offsets in the arena */
     double link_free[2];  /* per direction (0 dtoh, 1 htod): when the link is free next (fy_now) */
     sim_table dev, pinned, reg;
     struct { long nth, left; } fault[FY_OP_COUNT];
@@ -193,7 +207,47 @@ static sim_range *tab_take(sim_table *t, uintptr_t addr)
 
 /* ---- host memory behind device and pinned allocations ---- */
 
-static int mem_get(sim_gpu *g, sim_range *r, size_t n, size_t align, const char *what)
+/* len bytes of the arena (made on first use: the capacity, rounded up, plus
+ * 64 MiB for the blocks' page rounding), fresh zero pages, at the lowest
+ * offset that has room; MAP_FAILED when it has none (the caller maps
+ * elsewhere). */
+static void *arena_get(sim_gpu *g, size_t len)
+{
+    void *p = MAP_FAILED;
+    pthread_mutex_lock(&g->arena_lock);
+    if (!g->arena_tried) {
+        g->arena_tried = true;
+        size_t al = (size_t)((g->capacity + (2u << 20) - 1) & ~(uint64_t)((2u << 20) - 1)) + (64u << 20);
+        void *a = mmap(NULL, al, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (a != MAP_FAILED && fy_ranges_give(&g->arena_free, g->base.mem, 0, al) >= 0) {
+            g->arena = a, g->arena_len = al;
+        } else if (a != MAP_FAILED) {
+            munmap(a, al);
+        }
+    }
+    size_t i = 0;
+    while (g->arena && i < g->arena_free.n && g->arena_free.v[i].len < len) i++;
+    if (g->arena && i < g->arena_free.n) {
+        uint8_t *at = g->arena + g->arena_free.v[i].off;
+        p = mmap(at, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        if (p != MAP_FAILED) fy_ranges_take(&g->arena_free, i, len);
+    }
+    pthread_mutex_unlock(&g->arena_lock);
+    return p;
+}
+
+/* Back to the arena: the pages dropped, the range reserved again. */
+static void arena_put(sim_gpu *g, void *p, size_t len)
+{
+    pthread_mutex_lock(&g->arena_lock);
+    (void)mmap(p, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    if (fy_ranges_give(&g->arena_free, g->base.mem, (uint64_t)((uint8_t *)p - g->arena), len) < 0) {
+        /* the free list could not grow: the range stays reserved, unused, until close */
+    }
+    pthread_mutex_unlock(&g->arena_lock);
+}
+
+static int mem_get(sim_gpu *g, sim_range *r, size_t n, size_t align, bool dev, const char *what)
 {
     char s[32];
     if (n >= SIM_MMAP_MIN) {
@@ -202,8 +256,12 @@ static int mem_get(sim_gpu *g, sim_range *r, size_t n, size_t align, const char 
             return fy_seterr(g->base.err, -ENOMEM, "sim: %s of %s: too large", what, fmt_size(s, sizeof s, n));
         size_t len = (n + pg - 1) / pg * pg;
         /* NORESERVE: a capacity-planning run may allocate more than the host
-         * has, as long as it does not touch it all. */
-        void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+         * has, as long as it does not touch it all. Device blocks come from
+         * the arena, lowest address first (arena_get). */
+        int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+        void *p = dev ? arena_get(g, len) : MAP_FAILED;
+        r->in_arena = p != MAP_FAILED;
+        if (p == MAP_FAILED) p = mmap(NULL, len, PROT_READ | PROT_WRITE, flags, -1, 0);
         if (p == MAP_FAILED) {
             int e = errno;
             return fy_seterr(g->base.err, -ENOMEM, "sim: %s of %s: host mmap failed: %s", what,
@@ -227,7 +285,8 @@ static int mem_get(sim_gpu *g, sim_range *r, size_t n, size_t align, const char 
 
 static void mem_put(sim_gpu *g, sim_range *r)
 {
-    if (r->map_len) munmap(r->raw, r->map_len);
+    if (r->in_arena) arena_put(g, r->raw, r->map_len);
+    else if (r->map_len) munmap(r->raw, r->map_len);
     else fy_free(g->base.mem, r->raw);
 }
 
@@ -311,7 +370,7 @@ static int range_alloc(sim_gpu *g, sim_table *t, size_t n, size_t align, fy_gpu_
         rc = fy_seterr(g->base.err, -ENOMEM, "sim: %s: out of host memory", name);
         goto out;
     }
-    if ((rc = mem_get(g, r, n, align, name)) < 0) {
+    if ((rc = mem_get(g, r, n, align, t == &g->dev, name)) < 0) {
         fy_free(g->base.mem, r);
         goto out;
     }
@@ -347,6 +406,18 @@ static int range_free(sim_gpu *g, sim_table *t, uintptr_t p, const char *name, c
     pthread_mutex_unlock(&g->lock);
     mem_put(g, r);
     fy_free(g->base.mem, r);
+    return 0;
+}
+
+static int sim_mem_range(fy_gpu *gg, fy_dptr p, fy_dptr *base, size_t *size)
+{
+    sim_gpu *g = (sim_gpu *)gg;
+    pthread_mutex_lock(&g->lock);
+    sim_range *r = tab_containing(&g->dev, (uintptr_t)p);
+    if (r) *base = (fy_dptr)r->base, *size = r->n;
+    pthread_mutex_unlock(&g->lock);
+    if (!r)
+        return fy_seterr(gg->err, FERRY_E_INVAL, "sim: mem_range: 0x%" PRIx64 " is not in any live allocation", p);
     return 0;
 }
 
@@ -964,6 +1035,9 @@ static void sim_close(fy_gpu *gg)
     table_clear(g, &g->dev);
     table_clear(g, &g->pinned);
     table_clear(g, &g->reg);
+    if (g->arena) munmap(g->arena, g->arena_len);
+    fy_ranges_free(&g->arena_free, gg->mem);
+    pthread_mutex_destroy(&g->arena_lock);
     pthread_cond_destroy(&g->released);
     pthread_cond_destroy(&g->ev_done);
     pthread_mutex_destroy(&g->lock);
@@ -994,9 +1068,12 @@ int fy_gpu_sim_open(uint64_t capacity, uint64_t bytes_per_s, const ferry_allocat
     if ((rc = pthread_mutex_init(&g->lock, NULL)) != 0) goto fail_lock;
     if ((rc = pthread_cond_init(&g->ev_done, NULL)) != 0) goto fail_ev;
     if ((rc = pthread_cond_init(&g->released, NULL)) != 0) goto fail_rel;
+    if ((rc = pthread_mutex_init(&g->arena_lock, NULL)) != 0) goto fail_arena;
     *out = &g->base;
     return 0;
 
+fail_arena:
+    pthread_cond_destroy(&g->released);
 fail_rel:
     pthread_cond_destroy(&g->ev_done);
 fail_ev:
@@ -1010,6 +1087,7 @@ static const fy_gpu_ops sim_ops = {
     .name = "sim",
     .close = sim_close,
     .mem_alloc = sim_mem_alloc,
+    .mem_range = sim_mem_range,
     .mem_free = sim_mem_free,
     .mem_info = sim_mem_info,
     .host_alloc = sim_host_alloc,

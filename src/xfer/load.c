@@ -278,6 +278,7 @@ FERRY_API int ferry_load_into(ferry_device *d, const ferry_file *f, const int64_
         it[k].t = idx[k];
         it[k].dst = dptrs[k];
     }
+    xf_items_alloc_ends(d, it, n); /* the caller's memory: where its allocations end */
     int rc = xf_load_items(d, f, it, n, opts, stats, 0);
     fy_free(&d->ctx->mem, it);
     return rc;
@@ -353,7 +354,10 @@ FERRY_API int ferry_load(ferry_device *d, const ferry_file *f, const ferry_load_
         rc = d->g->ops->mem_alloc(d->g, (size_t)(hi - lo), &l->block[s]);
         if (rc < 0) break;
         for (int64_t i = 0; i < f->tb.n; i++)
-            if (f->tb.t[i].shard == s) l->dptr[i] = l->block[s] + (f->tb.t[i].offset - lo);
+            if (f->tb.t[i].shard == s) {
+                l->dptr[i] = l->block[s] + (f->tb.t[i].offset - lo);
+                it[i].aend = l->block[s] + (hi - lo); /* the shard's block: its copies may merge */
+            }
     }
     if (rc < 0) goto fail;
     for (int64_t i = 0; i < f->tb.n; i++) {

@@ -261,6 +261,7 @@ static int fd_to_device(ferry_device *d, int fd, const char *path, const fy_fdra
             it[k].t = k;
             it[k].dst = r[k].dev;
         }
+        xf_items_alloc_ends(d, it, n); /* the store's segments: a run must not cross one's end */
         ferry_load_opts lo = {0};
         if (o) memcpy(&lo, o, o->size && o->size <= sizeof lo ? o->size : 0);
         lo.size = sizeof lo;

@@ -31,8 +31,33 @@ void xf_piece_run(const plan *p, const batch *bt, int64_t *q, uint64_t *src, uin
 {
     int64_t k = *q, end = bt->first + bt->count;
     *src = p->pc[k].off, *len = p->pc[k].len, *dst = p->pc[k].dst;
-    for (k++; k < end && p->pc[k].dst == *dst + *len && p->pc[k].off == *src + *len; k++) *len += p->pc[k].len;
+    fy_dptr aend = p->pc[k].aend;
+    /* a run stays inside the allocation of its first piece: the driver
+     * refuses one copy into two allocations, adjacent or not */
+    for (k++; k < end && p->pc[k].dst == *dst + *len && p->pc[k].off == *src + *len && aend &&
+              *dst + *len + p->pc[k].len <= aend;
+         k++)
+        *len += p->pc[k].len;
     *q = k;
+}
+
+void xf_items_alloc_ends(ferry_device *d, item *it, int64_t n)
+{
+    fy_dptr base = 0, end = 0;
+    for (int64_t k = 0; k < n; k++) {
+        fy_dptr p = it[k].dst;
+        it[k].aend = 0;
+        if (!p || !d->g->ops->mem_range) continue;
+        if (!(p >= base && p < end)) {
+            size_t size = 0;
+            if (d->g->ops->mem_range(d->g, p, &base, &size) < 0) {
+                base = end = 0;
+                continue;
+            }
+            end = base + size;
+        }
+        it[k].aend = end;
+    }
 }
 
 /* Tensors in file order, cut into pieces of at most cap bytes, grouped into
@@ -58,6 +83,7 @@ int xf_plan_build(const ferry_allocator *m, const ferry_file *f, item *it, int64
             pc->off = t->offset + o;
             pc->len = len;
             pc->dst = it[i].dst + o;
+            pc->aend = it[i].aend;
             if (!cur || cur->shard != t->shard || cur->off + cur->len != pc->off || cur->len + len > cap) {
                 cur = &p->bt[p->nbt++];
                 cur->shard = t->shard;

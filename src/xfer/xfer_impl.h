@@ -83,6 +83,7 @@ struct ferry_loaded {
 typedef struct piece {
     uint64_t off, len; /* in the file */
     fy_dptr dst;
+    fy_dptr aend; /* the end of the device allocation holding dst (0: unknown) */
 } piece;
 
 typedef struct batch {
@@ -102,7 +103,12 @@ typedef struct plan {
 typedef struct item {
     int64_t t;
     fy_dptr dst;
+    fy_dptr aend; /* the end of the device allocation holding dst; 0: unknown (its
+                     copies are never merged with the next tensor's) */
 } item;
+/* Fill it[k].aend from the device (one query per allocation met, in order):
+ * for destinations the caller gave. A query that fails leaves 0. */
+void xf_items_alloc_ends(ferry_device *d, item *it, int64_t n);
 
 /* ---- reader threads' shared schedule ---- */
 

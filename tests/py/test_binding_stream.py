@@ -279,7 +279,11 @@ def test_steady_passes_make_no_driver_calls(tmp_path, sim_free, frac):
     serialise a GPU's streams), within 1/16 past its budget, and moves only
     the planned blocks. (Budgets of 64 MiB and more: below that the store
     takes each tensor's memory from the driver alone, as it always did.)
-    Before the store carved its segments, this made 64 driver calls a pass."""
+    Before the store carved its segments, this made 64 driver calls a pass.
+    How many passes it takes to settle depends on where the driver puts the
+    segments: since the sim device hands out adjacent blocks lowest address
+    first, as cuMemAlloc does, the 40 % budget settles after five passes
+    (49 allocations, 1 free, then none), not three: eight are run."""
     torch.manual_seed(0)
     ref = TwoKinds()
     with torch.no_grad():
@@ -296,7 +300,7 @@ def test_steady_passes_make_no_driver_calls(tmp_path, sim_free, frac):
         store.add("two", path, module=m, stream="auto")
         calls = []
         with torch.no_grad():
-            for _ in range(6):
+            for _ in range(8):
                 assert torch.equal(m(x_for()), want)
                 st = store.stats()
                 calls.append(st["device_allocs"] + st["device_frees"])
