@@ -282,7 +282,6 @@ static void run_transfers(ferry_store *s, ferry_op *op)
     int64_t *idx = op->idx;
     uint64_t *dp = op->dp;
     op_fail(op, s, fy_xfer_bind(s->dev)); /* (the mover's thread) */
-    rs_pin_yield(s, +1);
     if (op->rc == 0) read_cached(op, s, m, idx, op->nc);
     uint64_t cached_read = op->read;
     for (int k = 0; k < m->nfiles && op->rc == 0; k++) { /* SOURCE: file by file, through the loader */
@@ -301,7 +300,7 @@ static void run_transfers(ferry_store *s, ferry_op *op)
     if (op->rc == 0 && op->nf)
         op_fail(op, s, fy_xfer_fd_to_device(s->dev, op->spill_fd, s->spill_dir, op->fr, op->nf, &s->load, NULL, NULL));
     if (op->rc == 0 && op->nh) op_fail(op, s, fy_xfer_host_to_device(s->dev, op->hr, op->nh, &op->xop)); /* queued */
-    rs_pin_yield(s, -1);
+    rs_pin_yield(s, -1); /* taken in queue_moves, before the allocations */
     for (int64_t i = 0; i < op->nh; i++) op->moved += op->hr[i].len;
     for (int64_t i = 0; i < op->nf; i++) op->moved += op->fr[i].len, op->read += op->fr[i].len;
     fy_free(s->m, op->idx);
@@ -372,6 +371,7 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
     fy_hostrange *hr = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *hr);
     fy_fdrange *fr = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *fr);
     int rc = 0;
+    bool yielding = false; /* rs_pin_yield(+1) taken: run_transfers gives it back */
     pthread_mutex_lock(&s->lock);
     if (!op || !sel || !idx || !dp || !hr || !fr) {
         rc = rs_merr(m, -ENOMEM, "ferry_model_to_device: out of memory for the lists of %" PRId64 " tensors", m->n);
@@ -397,6 +397,10 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
         rs_device_failed(s, m, rc);
         goto fail;
     }
+    /* the pinner waits from here (the device allocations too: cuMemAlloc
+     * waited behind its registrations) until run_transfers is done */
+    rs_pin_yield(s, +1);
+    yielding = true;
     /* allocate; on failure free what this call allocated */
     for (int64_t i = 0; i < m->n && rc == 0; i++) {
         rtensor *t = &m->t[i];
@@ -479,6 +483,7 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
     return 0;
 fail:
     pthread_mutex_unlock(&s->lock);
+    if (yielding) rs_pin_yield(s, -1);
     fy_free(s->m, op);
     fy_free(s->m, sel);
     fy_free(s->m, idx);
