@@ -17,6 +17,7 @@
 #          the default ring and with 16 threads x 32 buffers, and ferry.torch,
 #          --repeat 3, 3 rounds; --verify --repeat 2; bench_store's RAM stores
 #   s4     see the part below: merged ring copies and ferry.torch's table, A/B
+#   s5     the final tree: GPU tests in full, CLI and ferry.torch hot, bench_store twice
 set -uo pipefail
 PART=$1
 OUT=${2:-/tmp/out13}
@@ -140,6 +141,23 @@ print(json.dumps({"gbps": round(d["gbps"], 2), "repeats": d["repeats"], "ms": ro
   mkdir -p /var/tmp/spill13
   build-gpu/bench_store "$F" /var/tmp/spill13 cuda:0 2>&1 | head -18 | tee "$OUT/store4.jsonl" | cut -c1-150
   echo "limit end: $(limit)" | tee -a "$OUT/limits4.txt"
+  ;;
+s5)  # the final tree: the GPU tests in full; CLI and ferry.torch alternated, hot, 3 rounds;
+     # bench_store's RAM stores (the pinner held off from a move's allocations too)
+  { python3 tests/data/gen_golden.py /tmp/golden >/dev/null
+    python3 tests/gpu/run_loads.py build-gpu/ferry /tmp/golden cuda:0 --paths auto,ring,pageable,register,direct | tail -2
+    python3 tests/gpu/test_torch_gpu.py --ferry build-gpu/ferry 2>&1
+    build-gpu/tests/gpu_async_cuda tests/fuzz/corpus/safetensors/all_dtypes.safetensors 2>&1 | tail -1; } 2>&1 | tee "$OUT/tests5.txt"
+  mk w10g
+  cat "$F" >/dev/null
+  echo "limit start: $(limit)" | tee "$OUT/limits5.txt"
+  for r in 1 2 3; do
+    echo "hot cli r$r: $(cli "$F" --device cuda:0 --repeat 3)"
+    echo "hot py r$r: $(py "$F" --repeat 3)"
+  done 2>&1 | tee "$OUT/hot5.txt"
+  mkdir -p /var/tmp/spill13
+  for r in 1 2; do build-gpu/bench_store "$F" /var/tmp/spill13 cuda:0 2>&1 | head -18 | tee "$OUT/store5-r$r.jsonl" | cut -c1-150; done
+  echo "limit end: $(limit)" | tee -a "$OUT/limits5.txt"
   ;;
 *)
   echo "gpu_session13.sh: unknown part $PART" >&2
