@@ -273,8 +273,7 @@ static int cu_mem_range(fy_gpu *g, fy_dptr p, fy_dptr *base, size_t *size)
     FY_TRY(cu_enter(g));
     CUdeviceptr b = 0;
     size_t n = 0;
-    CUresult rc = cu.MemGetAddressRange(&b, &n, (CUdeviceptr)p);
-    if (rc != CUDA_SUCCESS) return cu_fail(g, rc, "cuMemGetAddressRange(0x%llx)", (unsigned long long)p);
+    if (cu.MemGetAddressRange(&b, &n, (CUdeviceptr)p) != CUDA_SUCCESS) return FERRY_E_NOTFOUND; /* (no message: gpu.h) */
     *base = (fy_dptr)b;
     *size = n;
     return 0;

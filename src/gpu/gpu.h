@@ -34,7 +34,9 @@ typedef struct fy_gpu_ops {
     int (*mem_free)(fy_gpu *g, fy_dptr p);
     int (*mem_info)(fy_gpu *g, uint64_t *free_bytes, uint64_t *total_bytes);
     /* the allocation holding device address p: its start and size (one copy
-     * may not run from one allocation into the next, however adjacent) */
+     * may not run from one allocation into the next, however adjacent). A
+     * failure (p not device memory of this backend's) leaves no message: a
+     * caller's pointer may be anything the copies accept */
     int (*mem_range)(fy_gpu *g, fy_dptr p, fy_dptr *base, size_t *size);
     /* page-locked host memory */
     int (*host_alloc)(fy_gpu *g, size_t n, void **out);

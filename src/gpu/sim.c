@@ -416,9 +416,7 @@ static int sim_mem_range(fy_gpu *gg, fy_dptr p, fy_dptr *base, size_t *size)
     sim_range *r = tab_containing(&g->dev, (uintptr_t)p);
     if (r) *base = (fy_dptr)r->base, *size = r->n;
     pthread_mutex_unlock(&g->lock);
-    if (!r)
-        return fy_seterr(gg->err, FERRY_E_INVAL, "sim: mem_range: 0x%" PRIx64 " is not in any live allocation", p);
-    return 0;
+    return r ? 0 : FERRY_E_NOTFOUND; /* (no message: gpu.h) */
 }
 
 static int sim_mem_alloc(fy_gpu *gg, size_t n, fy_dptr *out)
