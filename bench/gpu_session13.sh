@@ -18,6 +18,7 @@
 #          --repeat 3, 3 rounds; --verify --repeat 2; bench_store's RAM stores
 #   s4     see the part below: merged ring copies and ferry.torch's table, A/B
 #   s5     the final tree: GPU tests in full, CLI and ferry.torch hot, bench_store twice
+#   s6     the final tree beside InstantTensor's MMAP backend, hot and tmpfs, 3 rounds; register
 set -uo pipefail
 PART=$1
 OUT=${2:-/tmp/out13}
@@ -158,6 +159,15 @@ s5)  # the final tree: the GPU tests in full; CLI and ferry.torch alternated, ho
   mkdir -p /var/tmp/spill13
   for r in 1 2; do build-gpu/bench_store "$F" /var/tmp/spill13 cuda:0 2>&1 | head -18 | tee "$OUT/store5-r$r.jsonl" | cut -c1-150; done
   echo "limit end: $(limit)" | tee -a "$OUT/limits5.txt"
+  ;;
+s6)  # the final tree beside InstantTensor's MMAP backend (the peer that led from tmpfs), hot and
+     # from fresh /dev/shm copies, 3 rounds (bench/compare_load.py; InstantTensor 0.2.2's wheel
+     # carried in .whl); then ferry load --path register --repeat 3 (registration kept)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  mk w10g
+  PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} $CMP --workloads w10g --plan 'w10g:hot,tmpfs' \
+    --methods ferry_auto,ferry_py,it_mmap --rounds 3 --budget-seconds 330 --out "$OUT/cmp6-w10g.json" 2>&1 | tail -14
+  echo "register --repeat 3: $(cli "$F" --device cuda:0 --path register --repeat 3)" | tee "$OUT/reg6.txt"
   ;;
 *)
   echo "gpu_session13.sh: unknown part $PART" >&2
