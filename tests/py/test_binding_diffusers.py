@@ -35,6 +35,19 @@ def vae():
     return diffusers.AutoencoderKL(block_out_channels=(8,), norm_num_groups=4, latent_channels=2)
 
 
+def same_output(run_got, run_ref, tries=5):
+    """run_got() equals run_ref(), bit for bit. Debian's torch 1.13 now and
+    then returns NaN on the CPU under load for the same module and input
+    (seen with ferry not even imported: 1 process in 12 running side by side,
+    on its 4th call), so a pair of calls with a non-finite output is run
+    again; a finite pair must be identical."""
+    for _ in range(tries):
+        want, have = run_ref(), run_got()
+        if torch.isfinite(want).all() and torch.isfinite(have).all():
+            return torch.equal(have, want)
+    return False
+
+
 def same_module(a, b):
     assert type(a) is type(b)
     assert dict(a.config) == dict(b.config)
@@ -59,7 +72,7 @@ def test_unet_same_as_diffusers(tmp_path):
     same_module(got, ref)
     x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        assert torch.equal(got(x, 10).sample, ref(x, 10).sample)
+        assert same_output(lambda: got(x, 10).sample, lambda: ref(x, 10).sample)
     # on cpu the parameters are the file's bytes: views of its mapping, not copies
     st = ferry.diffusers.weights_file(tmp_path / "unet")
     assert st.endswith("diffusion_pytorch_model.safetensors")
@@ -90,7 +103,7 @@ def test_pipeline_folder_subfolder_and_fp16_variant(tmp_path):
     same_module(gotb, refb)
     x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
-        assert torch.equal(got32.encode(x).latent_dist.mean, ref32.encode(x).latent_dist.mean)
+        assert same_output(lambda: got32.encode(x).latent_dist.mean, lambda: ref32.encode(x).latent_dist.mean)
 
 
 def test_sharded_checkpoint(tmp_path):
@@ -108,7 +121,7 @@ def test_sharded_checkpoint(tmp_path):
     g = torch.Generator().manual_seed(5)
     x, h = torch.randn(1, 4, 8, 8, generator=g), torch.randn(1, 3, 8, generator=g)
     with torch.no_grad():
-        assert torch.equal(got(x, 3, h).sample, ref(x, 3, h).sample)
+        assert same_output(lambda: got(x, 3, h).sample, lambda: ref(x, 3, h).sample)
 
 
 def test_weights_file_order(tmp_path):
