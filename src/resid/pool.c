@@ -24,17 +24,44 @@ static int pool_best(const ferry_store *s, uint64_t n, size_t *bi)
     return bc;
 }
 
+/* A chunk of size bytes, pinned and all free (any thread: the pinner's too). */
+static int chunk_make(ferry_store *s, uint64_t size, bool reserved, pchunk *c)
+{
+    memset(c, 0, sizeof *c);
+    if (fy_ranges_give(&c->fr, s->m, 0, size) < 0) return -ENOMEM;
+    int rc = fy_xfer_pinned_alloc(s->dev, size, (void **)&c->base);
+    if (rc < 0) {
+        fy_ranges_free(&c->fr, s->m);
+        return rc;
+    }
+    c->size = size;
+    c->reserved = reserved;
+    return 0;
+}
+
+void rs_chunk_drop(ferry_store *s, pchunk *c)
+{
+    fy_xfer_pinned_free(s->dev, c->base);
+    fy_ranges_free(&c->fr, s->m);
+}
+
+/* c into the pool; false when the list of chunks cannot grow. */
+static bool chunk_add(ferry_store *s, const pchunk *c)
+{
+    pchunk *nc = fy_realloc(s->m, s->chunks, (size_t)(s->nchunks + 1) * sizeof *nc);
+    if (!nc) return false;
+    s->chunks = nc;
+    nc[s->nchunks++] = *c;
+    s->pool_bytes += c->size;
+    return true;
+}
+
 bool rs_pool_adopt(ferry_store *s)
 {
     if (!s->pinner_on) return true;
     pthread_mutex_lock(&s->pin_lock);
-    while (s->pin_nready > 0) {
-        pchunk *nc = fy_realloc(s->m, s->chunks, (size_t)(s->nchunks + 1) * sizeof *nc);
-        if (!nc) break; /* the piece waits in pin_ready for the next call (or the store's end) */
-        s->chunks = nc;
-        nc[s->nchunks++] = s->pin_ready[--s->pin_nready];
-        s->pool_bytes += nc[s->nchunks - 1].size;
-    }
+    /* (a piece that cannot be added waits in pin_ready for the next call, or the store's end) */
+    while (s->pin_nready > 0 && chunk_add(s, &s->pin_ready[s->pin_nready - 1])) s->pin_nready--;
     bool all = s->pin_nready == 0;
     pthread_mutex_unlock(&s->pin_lock);
     return all;
@@ -80,20 +107,14 @@ int rs_pool_alloc(ferry_store *s, uint64_t n, void **out)
             if (held + n > s->o.pinned_budget) return FERRY_E_BUDGET;
             size = n; /* the last bit of the budget */
         }
-        pchunk *nc = fy_realloc(s->m, s->chunks, (size_t)(s->nchunks + 1) * sizeof *nc);
-        if (!nc) return -ENOMEM;
-        s->chunks = nc;
-        pchunk *c = &nc[s->nchunks];
-        memset(c, 0, sizeof *c);
-        if (fy_ranges_give(&c->fr, s->m, 0, size) < 0) return -ENOMEM;
-        int rc = fy_xfer_pinned_alloc(s->dev, size, (void **)&c->base);
-        if (rc < 0) {
-            fy_ranges_free(&c->fr, s->m);
-            return rc;
+        pchunk c;
+        int rc = chunk_make(s, size, false, &c);
+        if (rc < 0) return rc;
+        if (!chunk_add(s, &c)) {
+            rs_chunk_drop(s, &c);
+            return -ENOMEM;
         }
-        c->size = size;
-        s->pool_bytes += size;
-        bc = s->nchunks++;
+        bc = s->nchunks - 1;
         bi = 0;
     }
     pchunk *c = &s->chunks[bc];
@@ -123,8 +144,7 @@ void rs_pool_trim(ferry_store *s)
     for (int c = 0; c < s->nchunks;) {
         pchunk *ch = &s->chunks[c];
         if (!ch->reserved && ch->fr.n == 1 && ch->fr.v[0].off == 0 && ch->fr.v[0].len == ch->size) {
-            fy_xfer_pinned_free(s->dev, ch->base);
-            fy_ranges_free(&ch->fr, s->m);
+            rs_chunk_drop(s, ch);
             s->pool_bytes -= ch->size;
             s->chunks[c] = s->chunks[--s->nchunks];
         } else {
@@ -146,9 +166,8 @@ static void *pinner_run(void *arg)
         if (s->pin_stop || s->pin_left == 0) break;
         uint64_t n = s->pin_left < RCHUNK ? s->pin_left : RCHUNK;
         pthread_mutex_unlock(&s->pin_lock);
-        pchunk c = {.size = n, .reserved = true};
-        int rc = fy_ranges_give(&c.fr, s->m, 0, n) < 0 ? -ENOMEM : 0;
-        if (rc == 0 && (rc = fy_xfer_pinned_alloc(s->dev, n, (void **)&c.base)) < 0) fy_ranges_free(&c.fr, s->m);
+        pchunk c;
+        int rc = chunk_make(s, n, true, &c);
         pthread_mutex_lock(&s->pin_lock);
         if (rc < 0) {
             s->pin_rc = rc;
@@ -210,10 +229,7 @@ void rs_pinner_stop(ferry_store *s)
     pthread_cond_broadcast(&s->pin_cv); /* (waiting for the transfers to end) */
     pthread_mutex_unlock(&s->pin_lock);
     pthread_join(s->pinner, NULL);
-    for (int k = 0; k < s->pin_nready; k++) {
-        fy_xfer_pinned_free(s->dev, s->pin_ready[k].base);
-        fy_ranges_free(&s->pin_ready[k].fr, s->m);
-    }
+    for (int k = 0; k < s->pin_nready; k++) rs_chunk_drop(s, &s->pin_ready[k]);
     fy_free(s->m, s->pin_ready);
     s->pin_ready = NULL;
     s->pin_nready = 0;

@@ -105,10 +105,7 @@ FERRY_API void ferry_store_free(ferry_store *s)
     for (int i = 0; i < s->nmodels; i++) rs_model_free(s->models[i]);
     fy_free(s->m, s->models);
     rs_dev_release_all(s);
-    for (int c = 0; c < s->nchunks; c++) {
-        fy_xfer_pinned_free(s->dev, s->chunks[c].base);
-        fy_ranges_free(&s->chunks[c].fr, s->m);
-    }
+    for (int c = 0; c < s->nchunks; c++) rs_chunk_drop(s, &s->chunks[c]);
     fy_free(s->m, s->chunks);
     fy_spill_close(s->spill);
     if (s->sampler) fy_memsampler_stop(s->sampler, NULL);

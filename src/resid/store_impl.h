@@ -241,15 +241,18 @@ int rs_pool_alloc(ferry_store *s, uint64_t n, void **out);
 void rs_pool_free(ferry_store *s, void *p, uint64_t n);
 /* Unpin and free the pool's chunks that hold nothing (not the reserve's). */
 void rs_pool_trim(ferry_store *s);
+/* Unpin c and free its free list (c itself is the caller's). */
+void rs_chunk_drop(ferry_store *s, pchunk *c);
 /* Move the pieces the pinner has pinned into the pool; false when one could
  * not be moved (out of memory for the list of chunks). */
 bool rs_pool_adopt(ferry_store *s);
 /* Start the pinner for s->pin_target bytes (ferry_store_new, before the
  * store is shared): 0 or a negative code (message on s). */
 int rs_pinner_start(ferry_store *s);
-/* A transfer starts (+1) or ends (-1): the pinner pins between transfers,
- * not beside them (its page faults and registration halved a 10 GB load's
- * rate on the H200 host), unless an allocation is waiting for a piece. Any
+/* A move (from its device allocations to its queued copies) or an
+ * eviction's saves start (+1) or end (-1): the pinner pins between them, not
+ * beside them (its page faults and registrations halved a 10 GB load's rate
+ * on the H200 host), unless an allocation is waiting for a piece. Any
  * thread, no lock needed; nothing without a pinner. */
 void rs_pin_yield(ferry_store *s, int d);
 /* Stop the pinner and free every piece it pinned that was never adopted

@@ -623,7 +623,7 @@ static void test_alloc_edges(ferry_ctx *ctx)
         CHECK_EQ(b1, b0 + half); /* adjacent, or this test tests nothing */
         for (size_t pi = 0; f && b1 == b0 + half && pi < sizeof paths / sizeof *paths; pi++) {
             if (paths[pi] == FERRY_ROUTE_DIRECT && !direct_ok) continue;
-            if (sp == 1 && paths[pi] != FERRY_ROUTE_RING && paths[pi] != FERRY_ROUTE_AUTO) continue; /* cpu takes these */
+            if (sp == 1 && paths[pi] != FERRY_ROUTE_RING) continue; /* of these, the one cpu takes */
             int64_t idx[EDGE_N];
             uint64_t dp[EDGE_N];
             for (int i = 0; i < EDGE_N; i++) idx[i] = i, dp[i] = b0 + (uint64_t)i * 256 * KiB; /* 4..7 in b1 */
