@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The fourteenth session's GPU measurements (bench/RESULTS.md, "Fourteenth
+# session"), run on the GPU machine from the repository root:
+#   bench/gpu_session14.sh PART OUT
+# build-gpu is this tree's Release build, made on the development machine and
+# carried, with the peers' wheels in .whl and .whl-st09 (installed into
+# /tmp/site and /tmp/st09 by every part). Files are compare_load.py's, made in
+# /tmp/cmp. Parts:
+#   p1  bench/reg_probe.py on the 10 GB file hot and on a fresh /dev/shm copy
+#       (where a first registered load's time goes); every peer on the 25 MB,
+#       LoRA-like and GGUF files, hot (small also tmpfs), 2 rounds
+#   p2  every peer on the 10 GB file cold and on the sharded 30 GB checkpoint
+#       hot (1 round each); reg_probe's concurrent and pipelined steps; the
+#       25 MB file through the CLI and ferry.torch (with its phases), 3 rounds
+#   p3  the final tree: GPU tests; the register path's first load; CLI and
+#       ferry.torch hot and from tmpfs, beside InstantTensor's MMAP backend
+set -uo pipefail
+PART=$1
+OUT=${2:-/tmp/out14}
+mkdir -p "$OUT"
+D=/tmp/cmp
+F=$D/w10g.safetensors
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/st09 .whl-st09/*.whl 2>&1 | tail -2
+export FERRY_LIBRARY=$PWD/build-gpu/libferry.so
+CMP="python3 bench/compare_load.py --ferry build-gpu/ferry --ferry-library $PWD/build-gpu/libferry.so --ferry-python $PWD/python --st09-path /tmp/st09 --dir $D"
+ALL=ferry_auto,ferry_py,st_cuda,st09,it,it_buffered,it_mmap,fsafe,fsafe_gds,runai
+limit() { build-gpu/bench_pinrate 4 64 2 2>&1 | grep hostalloc | head -1; }
+cli() { # FILE [args]: one fresh ferry load --json: each load's GB/s, ms, set-up ms
+  local f=$1; shift
+  build-gpu/ferry load --json "$@" "$f" | python3 -c '
+import json,sys
+d=json.load(sys.stdin)
+L=d["files"]
+r=lambda k: [round(l[k]*1e3, 2) for l in L]
+print(json.dumps({"gbps": [round(l["gbps"], 2) for l in L], "ms": r("seconds"), "setup_ms": r("setup_seconds"),
+                  "path": L[0]["path_used"], "rss_mib": d["peak_rss_bytes"] >> 20, "verified": [l.get("verified") for l in L]}))'
+}
+case "$PART" in
+p1)
+  PYTHONPATH=/tmp/site $CMP --workloads w10g,small,lora,gguf --make --make-only --out "$OUT/make.json" 2>&1 | tail -2
+  cat "$F" >/dev/null
+  echo "limit start: $(limit)" | tee "$OUT/limits.txt"
+  { echo "== hot"; python3 bench/reg_probe.py "$F"
+    cp "$F" /dev/shm/w10g.safetensors
+    echo "== tmpfs (fresh copy)"; python3 bench/reg_probe.py /dev/shm/w10g.safetensors --steps plain,popN,pipe_pop
+    rm -f /dev/shm/w10g.safetensors; } 2>&1 | tee "$OUT/reg.txt"
+  PYTHONPATH=/tmp/site timeout 330 $CMP --workloads small,lora,gguf --plan 'small:hot,tmpfs;lora:hot;gguf:hot' \
+    --methods $ALL,gguf_py --rounds 2 --budget-seconds 300 --out "$OUT/cmp-small.json" 2>&1 | tail -45
+  echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
+  ;;
+p2)
+  PYTHONPATH=/tmp/site $CMP --workloads w10g,sharded,small --make --make-only --out "$OUT/make.json" 2>&1 | tail -2
+  echo "limit start: $(limit)" | tee "$OUT/limits.txt"
+  PYTHONPATH=/tmp/site timeout 200 $CMP --workloads w10g --plan 'w10g:cold' --methods $ALL \
+    --rounds 1 --budget-seconds 180 --out "$OUT/cmp-cold.json" 2>&1 | tail -16
+  PYTHONPATH=/tmp/site timeout 200 $CMP --workloads sharded --plan 'sharded:hot' --methods $ALL \
+    --rounds 1 --budget-seconds 180 --out "$OUT/cmp-sharded.json" 2>&1 | tail -16
+  cat "$F" >/dev/null
+  python3 bench/reg_probe.py "$F" --steps halves,overlap,pipe,pipe_pop,plain 2>&1 | tee "$OUT/reg2.txt"
+  S=$D/small.safetensors
+  for r in 1 2 3; do
+    echo "small cli r$r: $(cli "$S" --device cuda:0)"
+    echo "small py r$r: $(python3 bench/profile_py_load.py "$S")"
+  done 2>&1 | tee "$OUT/small-py.txt"
+  echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
+  ;;
+*) echo "unknown part $PART"; exit 2 ;;
+esac
