@@ -9,11 +9,13 @@
 #   p1  bench/reg_probe.py on the 10 GB file hot and on a fresh /dev/shm copy
 #       (where a first registered load's time goes); every peer on the 25 MB,
 #       LoRA-like and GGUF files, hot (small also tmpfs), 2 rounds
-#   p2  every peer on the 10 GB file cold and on the sharded 30 GB checkpoint
-#       hot (1 round each); reg_probe's concurrent and pipelined steps; the
-#       25 MB file through the CLI and ferry.torch (with its phases), 3 rounds
-#   p3  the final tree: GPU tests; the register path's first load; CLI and
-#       ferry.torch hot and from tmpfs, beside InstantTensor's MMAP backend
+#   p2  the 10 GB file hot: the CLI, ferry.torch (its load split in two) and
+#       ferry.torch unsplit, alternated, 5 rounds; reg_probe's concurrent and
+#       pipelined steps; the 25 MB file through the CLI and ferry.torch, 2
+#       rounds; tests/gpu/test_torch_gpu.py; every peer on the 10 GB file cold
+#   p3  p2's ferry.torch runs again (p2 ran them without python/ on the path);
+#       registration on 2 and 4 threads; the peers p2's cold round left out;
+#       every peer on the sharded 30 GB checkpoint, hot
 set -uo pipefail
 PART=$1
 OUT=${2:-/tmp/out14}
@@ -22,7 +24,7 @@ D=/tmp/cmp
 F=$D/w10g.safetensors
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/st09 .whl-st09/*.whl 2>&1 | tail -2
-export FERRY_LIBRARY=$PWD/build-gpu/libferry.so
+export FERRY_LIBRARY=$PWD/build-gpu/libferry.so PYTHONPATH=$PWD/python
 CMP="python3 bench/compare_load.py --ferry build-gpu/ferry --ferry-library $PWD/build-gpu/libferry.so --ferry-python $PWD/python --st09-path /tmp/st09 --dir $D"
 ALL=ferry_auto,ferry_py,st_cuda,st09,it,it_buffered,it_mmap,fsafe,fsafe_gds,runai
 limit() { build-gpu/bench_pinrate 4 64 2 2>&1 | grep hostalloc | head -1; }
@@ -35,6 +37,13 @@ L=d["files"]
 r=lambda k: [round(l[k]*1e3, 2) for l in L]
 print(json.dumps({"gbps": [round(l["gbps"], 2) for l in L], "ms": r("seconds"), "setup_ms": r("setup_seconds"),
                   "path": L[0]["path_used"], "rss_mib": d["peak_rss_bytes"] >> 20, "verified": [l.get("verified") for l in L]}))'
+}
+py() { # VARIANT FILE: profile_py_load in a fresh process
+  python3 bench/profile_py_load.py "$2" --variant "$1" | python3 -c '
+import json,sys
+d=json.load(sys.stdin)
+print(json.dumps({"gbps": round(d["gbps"], 2), "ms": round(d["seconds"]*1e3, 2), "route": d["route"],
+                "phases_ms": {k: round(v*1e3, 2) for k, v in d["phases"].items()}}))'
 }
 case "$PART" in
 p1)
@@ -50,19 +59,46 @@ p1)
   echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
   ;;
 p2)
-  PYTHONPATH=/tmp/site $CMP --workloads w10g,sharded,small --make --make-only --out "$OUT/make.json" 2>&1 | tail -2
-  echo "limit start: $(limit)" | tee "$OUT/limits.txt"
-  PYTHONPATH=/tmp/site timeout 200 $CMP --workloads w10g --plan 'w10g:cold' --methods $ALL \
-    --rounds 1 --budget-seconds 180 --out "$OUT/cmp-cold.json" 2>&1 | tail -16
-  PYTHONPATH=/tmp/site timeout 200 $CMP --workloads sharded --plan 'sharded:hot' --methods $ALL \
-    --rounds 1 --budget-seconds 180 --out "$OUT/cmp-sharded.json" 2>&1 | tail -16
+  PYTHONPATH=/tmp/site $CMP --workloads w10g,small --make --make-only --out "$OUT/make.json" 2>&1 | tail -2
   cat "$F" >/dev/null
+  echo "limit start: $(limit)" | tee "$OUT/limits.txt"
+  for r in 1 2 3 4 5; do
+    echo "hot cli r$r: $(cli "$F" --device cuda:0)"
+    echo "hot py split r$r: $(py reserve "$F")"
+    echo "hot py nosplit r$r: $(py nosplit "$F")"
+  done 2>&1 | tee "$OUT/ab-hot.txt"
   python3 bench/reg_probe.py "$F" --steps halves,overlap,pipe,pipe_pop,plain 2>&1 | tee "$OUT/reg2.txt"
   S=$D/small.safetensors
-  for r in 1 2 3; do
+  for r in 1 2; do
     echo "small cli r$r: $(cli "$S" --device cuda:0)"
-    echo "small py r$r: $(python3 bench/profile_py_load.py "$S")"
+    echo "small py r$r: $(py reserve "$S")"
   done 2>&1 | tee "$OUT/small-py.txt"
+  python3 tests/gpu/test_torch_gpu.py --ferry build-gpu/ferry 2>&1 | tail -18 | tee "$OUT/tests.txt"
+  PYTHONPATH=/tmp/site timeout 170 $CMP --workloads w10g --plan 'w10g:cold' --methods $ALL \
+    --rounds 1 --budget-seconds 140 --out "$OUT/cmp-cold.json" 2>&1 | tail -16
+  echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
+  ;;
+p3)  # p2's ferry.torch runs again (p2 ran them without python/ on the path), registration on
+     # several threads, the peers p2's cold round skipped, the sharded checkpoint
+  PYTHONPATH=/tmp/site $CMP --workloads w10g,small --make --make-only --out "$OUT/make.json" 2>&1 | tail -2
+  cat "$F" >/dev/null
+  echo "limit start: $(limit)" | tee "$OUT/limits.txt"
+  for r in 1 2 3 4 5; do
+    echo "hot cli r$r: $(cli "$F" --device cuda:0)"
+    echo "hot py split r$r: $(py reserve "$F")"
+    echo "hot py nosplit r$r: $(py nosplit "$F")"
+  done 2>&1 | tee "$OUT/ab-hot.txt"
+  python3 bench/reg_probe.py "$F" --steps halves,pipeT2,pipeT4,pipe,plain 2>&1 | tee "$OUT/reg3.txt"
+  S=$D/small.safetensors
+  for r in 1 2; do
+    echo "small cli r$r: $(cli "$S" --device cuda:0)"
+    echo "small py r$r: $(py reserve "$S")"
+  done 2>&1 | tee "$OUT/small-py.txt"
+  PYTHONPATH=/tmp/site timeout 100 $CMP --workloads w10g --plan 'w10g:cold' --methods fsafe,fsafe_gds,runai,ferry_auto \
+    --rounds 1 --budget-seconds 90 --out "$OUT/cmp-cold2.json" 2>&1 | tail -9
+  PYTHONPATH=/tmp/site $CMP --workloads sharded --make --make-only --out "$OUT/make2.json" 2>&1 | tail -2
+  PYTHONPATH=/tmp/site timeout 190 $CMP --workloads sharded --plan 'sharded:hot' --methods $ALL \
+    --rounds 1 --budget-seconds 170 --out "$OUT/cmp-sharded.json" 2>&1 | tail -16
   echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
   ;;
 *) echo "unknown part $PART"; exit 2 ;;

@@ -18,6 +18,10 @@ after; the device block is allocated and written once first. Steps:
               each piece's copy queued right after its registration
   pipe_pop    the same with the populating running ahead on its own threads
               while the pieces register (nothing populated first)
+  pipeT2, pipeT4
+              populated first, then 2 / 4 threads take the pieces in turn,
+              each registering one and queueing its copy: do registrations
+              on several threads run at once?
 Prints one JSON line per step (seconds per phase, GB/s of the whole), then the
 pinned copy rate (cuMemHostAlloc, 256 MiB copies) for scale."""
 import argparse
@@ -48,9 +52,13 @@ def register(p, n):
     ck(cu.cuMemHostRegister_v2(ctypes.c_void_p(p), ctypes.c_size_t(n), REG_PORTABLE | REG_READ_ONLY), "register")
 
 
+CTX = ctypes.c_void_p()  # the primary context, made current on every thread that calls the driver
+
+
 def register_rc(p, n, out):
     """register() for a thread: the CUresult goes into out (a thread's
     SystemExit would be dropped)."""
+    cu.cuCtxSetCurrent(CTX)
     out.append(cu.cuMemHostRegister_v2(ctypes.c_void_p(p), ctypes.c_size_t(n), REG_PORTABLE | REG_READ_ONLY))
 
 
@@ -85,9 +93,8 @@ def main():
     ck(cu.cuInit(0), "cuInit")
     dev = ctypes.c_int()
     ck(cu.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
-    ctx = ctypes.c_void_p()
-    ck(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "retain")
-    ck(cu.cuCtxSetCurrent(ctx), "set current")
+    ck(cu.cuDevicePrimaryCtxRetain(ctypes.byref(CTX), dev), "retain")
+    ck(cu.cuCtxSetCurrent(CTX), "set current")
     size = os.path.getsize(a.file)
     n = size & ~4095
     d = P()
@@ -190,6 +197,38 @@ def main():
             sync()
             mark("copy0_rest_s")
             return finish(name, t0, ph, [p + o0, p + o1], p)
+        if name.startswith("pipeT"):  # pipeT2, pipeT4: that many threads register pieces and queue their copies
+            nt = int(name[5:])
+            populate(p, n, a.threads)
+            mark("populate_s")
+            lock, nxt, regs, rcs = threading.Lock(), [0], [], []
+
+            def worker():
+                cu.cuCtxSetCurrent(CTX)
+                while True:
+                    with lock:
+                        if nxt[0] >= len(pieces):
+                            return
+                        o, m = pieces[nxt[0]]
+                        nxt[0] += 1
+                    out = []
+                    register_rc(p + o, m, out)
+                    with lock:
+                        rcs.append(out[0])
+                        if out[0] == 0:
+                            regs.append(p + o)
+                    if out[0] == 0:
+                        copy(p, o, m)
+            ts = [threading.Thread(target=worker) for _ in range(nt)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            mark("registered_and_queued_s")
+            sync()
+            mark("copy_tail_s")
+            ph["register_failures"] = sum(1 for r in rcs if r)
+            return finish(name, t0, ph, regs, p)
         if name in ("pipe", "pipe_pop"):
             popper = None
             if name == "pipe":
