@@ -9,6 +9,11 @@
 #   p1  bench/reg_probe.py on the 10 GB file hot and on a fresh /dev/shm copy
 #       (where a first registered load's time goes); every peer on the 25 MB,
 #       LoRA-like and GGUF files, hot (small also tmpfs), 2 rounds
+# p2 and p3 ran on commit 6e92403, whose ferry.torch split a large load in two
+# and whose bench/profile_py_load.py had the "nosplit" variant; the split was
+# measured to gain nothing and reverted (RESULTS.md), so on later trees the
+# "py split" and "py nosplit" rows both run the unsplit binding (and "nosplit"
+# is refused by profile_py_load.py).
 #   p2  the 10 GB file hot: the CLI, ferry.torch (its load split in two) and
 #       ferry.torch unsplit, alternated, 5 rounds; reg_probe's concurrent and
 #       pipelined steps; the 25 MB file through the CLI and ferry.torch, 2

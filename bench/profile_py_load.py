@@ -9,10 +9,8 @@ ferry_py method times) and its phases: opening ferry's device (the ring is
 pinned there), allocating the tensors (torch.empty), the wait for the current
 stream, and ferry_load_into itself (what the CLI's `seconds` covers, plus the
 CLI's own device block allocation). Variants: reserve (the default binding:
-one cached block reserved first; a large load split in two, the head loading
-while the rest is allocated), nosplit (the same, one ferry_load_into after
-every tensor is allocated), noreserve (one torch.empty per tensor, as before;
-not split), owner_ferry (ferry allocates one block per shard, tensors imported
+one cached block reserved first), noreserve (one torch.empty per tensor, as
+before), owner_ferry (ferry allocates one block per shard, tensors imported
 through DLPack: the CLI's way). --repeat N loads N times in the process (each
 load's GB/s in "repeats"); --pread asks the ring to read a tmpfs file with
 pread (FERRY_LOAD_PREAD), as the binding did before the twelfth session,
@@ -29,7 +27,7 @@ T0 = time.perf_counter()
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("file")
-    ap.add_argument("--variant", default="reserve", choices=["reserve", "nosplit", "noreserve", "owner_ferry"])
+    ap.add_argument("--variant", default="reserve", choices=["reserve", "noreserve", "owner_ferry"])
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--pread", action="store_true")
     a = ap.parse_args()
@@ -52,23 +50,7 @@ def main():
 
     if a.variant == "noreserve":
         _torch_load._RESERVE_MIN = 1 << 62  # no tensor is large enough: nothing reserved
-    if a.variant in ("nosplit", "noreserve"):
-        _torch_load._SPLIT_MIN_BYTES = 1 << 62  # one ferry_load_into after every tensor is allocated
-    alloc_iter = _torch_load._alloc_iter
-
-    def timed_iter(*args):  # the time spent allocating, summed over the generator's steps
-        it = alloc_iter(*args)
-        while True:
-            t = time.perf_counter()
-            try:
-                x = next(it)
-            except StopIteration:
-                return
-            finally:
-                phases["alloc"] = phases.get("alloc", 0.0) + time.perf_counter() - t
-            yield x
-    _torch_load._alloc_iter = timed_iter
-    _torch_load._load_split = timed("split_load", _torch_load._load_split)
+    _torch_load._alloc = timed("alloc", _torch_load._alloc)
     _torch_load._sync = timed("sync", _torch_load._sync)
     _core.device = timed("device_open", _core.device)
     _core.load_into = timed("load_into", _core.load_into)

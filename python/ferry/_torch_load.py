@@ -103,13 +103,13 @@ def _reserve(infos, device):
     del block  # back to the allocator's cache, not to the driver
 
 
-def _alloc_iter(infos, dts, device, out):
-    """Allocate an empty device tensor for each of infos, in their order, into
-    out (name -> tensor), and yield (index, address) for each one ferry fills,
-    as it is allocated."""
+def _alloc(infos, dts, device):
+    """Empty device tensors for infos, and the (index, address) pairs ferry
+    fills: name -> tensor, [index], [address]."""
     _reserve(infos, device)
     bases, where = _core.plan_views(infos)
     base_tensors = [None] * len(bases)  # made on first use
+    out, idx, ptrs = {}, [], []
     for t in infos:
         dt = dts[t.index]
         if not t.nbytes:
@@ -122,99 +122,16 @@ def _alloc_iter(infos, dts, device, out):
             if (first == t.index and end - start == t.nbytes and t.strides is None and dt is not None
                     and not t.flags & _lib.TENSOR_SHARED_STORAGE):
                 # the common case, a tensor alone in its storage: allocate it as it is
-                out[t.name] = x = torch.empty(t.shape, dtype=dt, device=device)
-                yield t.index, x.data_ptr()
+                out[t.name] = torch.empty(t.shape, dtype=dt, device=device)
+                idx.append(t.index)
+                ptrs.append(out[t.name].data_ptr())
                 continue
             bdt = dts[first] or torch.uint8
             base = base_tensors[b] = torch.empty((end - start) // _element_size(bdt), dtype=bdt, device=device)
         out[t.name] = _shape_view(base, t, dt, off)
-        yield t.index, base.data_ptr() + off
-
-
-# A large load is split in two ferry loads: the first few hundred MB (the
-# head) load on a thread while the rest of the tensors are allocated, instead
-# of the whole load waiting for the last torch.empty (540 tensors: 5.8-6.4 ms
-# of a 10 GB load's ~220 on the H200, bench/RESULTS.md, thirteenth session).
-# The head is sized to outlast the allocations after it: _HEAD_PER_TENSOR
-# bytes for each tensor still to allocate (about 11 us of torch.empty each,
-# against 1 MiB in ~22 us at the ring's rate), at least _HEAD_MIN. Routes
-# whose every load pays a fixed set-up of its own (register and cufile
-# register the file or the buffers per load) are never split, nor is a load
-# with a progress callback: the head's workers would call it (under the
-# library's progress lock) while this thread holds the GIL allocating, and
-# stall the ring for up to the interpreter's switch interval each time.
-_SPLIT_MIN_BYTES = 1 << 30
-_SPLIT_MIN_TENSORS = 64
-_HEAD_MIN = 256 << 20
-_HEAD_PER_TENSOR = 1 << 20
-_SPLIT_ROUTES = ("auto", "ring", "direct")
-
-
-def _head_count(infos):
-    """How many of infos (in load order) make the head, or 0: no split (a
-    small load, few tensors, or a head that would be the whole load)."""
-    n = len(infos)
-    if n < _SPLIT_MIN_TENSORS or sum(t.nbytes for t in infos) < _SPLIT_MIN_BYTES:
-        return 0
-    acc = 0
-    for k, t in enumerate(infos):
-        acc += t.nbytes
-        if acc >= max(_HEAD_MIN, (n - k - 1) * _HEAD_PER_TENSOR):
-            return k + 1 if k + 1 < n else 0
-    return 0
-
-
-_SUMMED = ("bytes", "seconds", "register_seconds", "setup_seconds", "alloc_seconds", "pin_seconds")
-
-
-def _merge_stats(head, tail):
-    """One load's statistics from the head's and the tail's: times and bytes
-    add up (the two ran one after the other); path, why and registration are
-    the tail's, the larger part, and why names the head's path where the two
-    differ."""
-    m = dict(tail)
-    for k in _SUMMED:
-        m[k] = head[k] + tail[k]
-    nb = m["bytes"]
-    if nb and head["resident"] >= 0 and tail["resident"] >= 0:
-        m["resident"] = (head["resident"] * head["bytes"] + tail["resident"] * tail["bytes"]) / nb
-    if head["path"] != tail["path"]:
-        m["why"] = (f"{tail['why']} (the first {head['bytes']} bytes, loaded while the rest were "
-                    f"allocated, took the {head['path']} path: {head['why']})")
-    return m
-
-
-def _load_split(fdev, h, infos, dts, tdev, out, k, opts_for, pin):
-    """Allocate infos[:k] and load them on a thread while infos[k:] are
-    allocated, then load those. opts_for(offset, total) gives the load
-    options of a part (its progress continuing from offset of total); pin,
-    the thread pinning the ring or None, is waited for before the head loads."""
-    total = sum(t.nbytes for t in infos)
-    head_bytes = sum(t.nbytes for t in infos[:k])
-    it = _alloc_iter(infos, dts, tdev, out)
-    head = [next(it) for _ in range(sum(1 for t in infos[:k] if t.nbytes))]
-    _sync(tdev)
-    if pin is not None:
-        pin.join()
-    res = {}
-
-    def run():
-        try:
-            res["stats"] = _core.load_into(fdev, h, [i for i, _ in head], [p for _, p in head],
-                                           opts_for(0, total))
-        except BaseException as e:  # noqa: B902 - raised again in the caller's thread
-            res["error"] = e
-    th = threading.Thread(target=run, name="ferry-head", daemon=True)
-    th.start()
-    try:
-        tail = list(it)
-        _sync(tdev)
-    finally:
-        th.join()
-    if "error" in res:
-        raise res["error"]
-    st = _core.load_into(fdev, h, [i for i, _ in tail], [p for _, p in tail], opts_for(head_bytes, total))
-    return _merge_stats(res["stats"], st)
+        idx.append(t.index)
+        ptrs.append(base.data_ptr() + off)
+    return out, idx, ptrs
 
 
 def _cuda_index(dev):
@@ -363,28 +280,16 @@ def _load_file(path, device, path_kind, ring_buffers, ring_buffer_bytes, threads
     if kind in ("ring", "direct") or (kind == "auto" and total > _lib.PAGEABLE_MAX):
         pin = threading.Thread(target=_core.prepare, args=(fdev, opts, total), name="ferry-pin", daemon=True)
         pin.start()
-    out = {}
     try:
         infos = h.infos()
         dts = {t.index: dtype_for(t, h.path) for t in infos}
         tdev = torch.device("cuda", index)
-        k = _head_count(infos) if kind in _SPLIT_ROUTES and progress is None else 0
-        if k:
-            infos.sort(key=lambda t: (t.shard, t.offset))  # the head: the front of the file (its first shards)
-            k = _head_count(infos)
-        if k:
-            def opts_for(offset, of):
-                return _core.LoadOptions(path_kind, threads, ring_buffers, ring_buffer_bytes, progress,
-                                         offset=offset, total=of)
-            st = _load_split(fdev, h, infos, dts, tdev, out, k, opts_for, pin)
-        else:
-            pairs = list(_alloc_iter(infos, dts, tdev, out))
-            _sync(tdev)
+        out, idx, ptrs = _alloc(infos, dts, tdev)
+        _sync(tdev)
     finally:
         if pin is not None:
             pin.join()  # its failure, if any, is the load's to report: it pins again
-    if not k:
-        st = _core.load_into(fdev, h, [i for i, _ in pairs], [p for _, p in pairs], opts)
+    st = _core.load_into(fdev, h, idx, ptrs, opts)
     if stats is not None:
         stats.update(st)
     return _by_name(out)

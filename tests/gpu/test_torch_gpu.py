@@ -312,32 +312,6 @@ def main():
         except (ferry.NoDeviceError, ferry.UnsupportedError) as e:
             assert path in str(e), str(e)
 
-    def t_split():
-        # a load split in two: the head loads on a thread while the rest is allocated
-        # (thresholds lowered so this small checkpoint splits)
-        from ferry import _torch_load as tl
-        saved = {k: getattr(tl, k) for k in ("_SPLIT_MIN_BYTES", "_SPLIT_MIN_TENSORS", "_HEAD_MIN",
-                                              "_HEAD_PER_TENSOR", "_load_split")}
-        calls = []
-        try:
-            tl._SPLIT_MIN_BYTES, tl._SPLIT_MIN_TENSORS, tl._HEAD_MIN, tl._HEAD_PER_TENSOR = 1 << 16, 8, 1 << 16, 1 << 12
-            tl._load_split = lambda *args: calls.append(1) or saved["_load_split"](*args)
-            total = sum(v.nbytes for v in ferry.File(path).tensors)
-            for kind in ("auto", "ring", "direct"):
-                st = {}
-                got = ft.load_file(path, device=str(dev), path_kind=kind, stats=st)
-                same_dict(got, ref)
-                assert st["bytes"] == total, (kind, st)
-            assert len(calls) == 3, calls
-            m = DiT(device=dev, dtype=torch.bfloat16)
-            m.load_state_dict(got)
-            assert torch.equal(run_model(m, dev), ref_out)
-            ft.load_file(path, device=str(dev), progress=lambda d_, t_: None)
-            assert len(calls) == 3, "a load with a progress callback is not split"
-        finally:
-            for k, v in saved.items():
-                setattr(tl, k, v)
-
     def t_torch_save_views():
         x = torch.randn(64, 32)
         obj = {"x": x, "t": x.t(), "sl": x[:, 3:9], "h": torch.randn(5, 5).to(torch.bfloat16),
@@ -415,7 +389,6 @@ def main():
     check("load_into: meta module to cuda and to cpu", t_load_into_meta)
     check("load_file(owner='ferry'): DLPack export, freed with the last tensor", t_owner_ferry)
     check("every load path", t_paths)
-    check("a load split in two (head loaded while the rest is allocated)", t_split)
     check("torch.save views and shared storage on cuda", t_torch_save_views)
     check("every dtype this torch has, cpu vs cuda vs ferry-owned", t_dtypes)
     check("sharded index to cuda, load_into from it", t_sharded)

@@ -3,7 +3,6 @@ shared storages, nested dicts), the reference safetensors package, ferry's
 own safetensors and GGUF writers. Zero-copy and copy-on-write behaviour, the
 file's lifetime, dtypes, errors, progress, and ferry-owned loads exported
 through DLPack on the simulated GPU."""
-import collections
 import gc
 import os
 import weakref
@@ -427,9 +426,7 @@ def test_device_path_on_ferry_cpu_device(tmp_path):
     h = _core._Handle(p)
     infos = h.infos()
     dts = {t.index: ft.dtype_for(t, h.path) for t in infos}
-    out = {}
-    pairs = list(_torch_load._alloc_iter(infos, dts, torch.device("cpu"), out))
-    idx, ptrs = [i for i, _ in pairs], [a for _, a in pairs]
+    out, idx, ptrs = _torch_load._alloc(infos, dts, torch.device("cpu"))
     assert len(idx) == len(ptrs) == sum(1 for t in infos if t.nbytes)
     calls = []
     _core.load_into(ferry.device("cpu"), h, idx, ptrs,
@@ -441,63 +438,3 @@ def test_device_path_on_ferry_cpu_device(tmp_path):
     out["x"][1, 0] = -5.0
     assert out["t"][0, 1] == -5.0
     assert calls[-1][0] == calls[-1][1]
-
-
-def test_split_load_on_ferry_cpu_device(tmp_path, monkeypatch):
-    """A large load is split: the head loads on a thread while the rest are
-    allocated, then the tail loads (the cuda path's _load_split, run with
-    host memory and ferry's cpu device). Every tensor lands, views of one
-    storage split across the two parts included; progress runs from 0 to the
-    whole load's total once; the statistics add up."""
-    from ferry import _core, _torch_load
-    monkeypatch.setattr(_torch_load, "_SPLIT_MIN_BYTES", 1 << 10)
-    monkeypatch.setattr(_torch_load, "_SPLIT_MIN_TENSORS", 8)
-    monkeypatch.setattr(_torch_load, "_HEAD_MIN", 4 << 10)
-    monkeypatch.setattr(_torch_load, "_HEAD_PER_TENSOR", 1 << 10)
-    x = rand(torch.float32, (64, 64), 7)  # 16 KiB, viewed from the head and the tail
-    obj = {f"w{i:02d}": rand(torch.float32, (256,), 10 + i) for i in range(24)}
-    obj.update({"x": x, "xt": x.t(), "e": torch.empty(0, 3)})
-    p = tmp_path / "split.pt"
-    torch.save(obj, p)
-    ref = flatten(torch.load(p))
-    h = _core._Handle(p)
-    infos = sorted(h.infos(), key=lambda t: (t.shard, t.offset))
-    dts = {t.index: ft.dtype_for(t, h.path) for t in infos}
-    k = _torch_load._head_count(infos)
-    assert 0 < k < len(infos)
-    total = sum(t.nbytes for t in infos)
-    calls = []
-
-    def opts_for(offset, of):
-        return _core.LoadOptions(progress=lambda d, t: calls.append((d, t)), offset=offset, total=of)
-    out = {}
-    st = _torch_load._load_split(ferry.device("cpu"), h, infos, dts, torch.device("cpu"), out, k, opts_for, None)
-    assert sorted(out) == sorted(ref)
-    for name, v in ref.items():
-        assert same(out[name], v), name
-    assert out["xt"].data_ptr() == out["x"].data_ptr()
-    assert st["bytes"] == total and st["seconds"] >= 0
-    done = [d for d, _ in calls]
-    assert done == sorted(done) and done[-1] == total and {t for _, t in calls} == {total}
-    assert done[0] < total  # the head reported before the tail
-
-
-def test_head_count_and_merged_stats():
-    from ferry import _torch_load as tl
-    T = collections.namedtuple("T", "nbytes")
-    many = [T(1 << 20)] * 2000  # 2 GiB in 2000 tensors
-    k = tl._head_count(many)
-    # the head covers at least 1 MiB for every tensor still to allocate, and 256 MiB
-    assert k * (1 << 20) >= max(tl._HEAD_MIN, (2000 - k) * tl._HEAD_PER_TENSOR)
-    assert (k - 1) * (1 << 20) < max(tl._HEAD_MIN, (2000 - k + 1) * tl._HEAD_PER_TENSOR)
-    assert tl._head_count([T(1 << 20)] * 32) == 0  # few tensors
-    assert tl._head_count([T(1 << 10)] * 5000) == 0  # small
-    assert tl._head_count([T(1 << 30)] + [T(1)] * 100) == 1  # one big tensor is head enough
-    assert tl._head_count([T(1)] * 100 + [T(1 << 30)]) == 0  # the head would be the whole load
-    a = dict(path="ring", bytes=100, seconds=1.0, resident=1.0, why="cached", registration="none",
-             register_seconds=0.0, setup_seconds=0.5, alloc_seconds=0.1, pin_seconds=0.2)
-    b = dict(a, path="direct", bytes=300, seconds=2.0, resident=0.0, why="cold")
-    m = tl._merge_stats(a, b)
-    assert m["bytes"] == 400 and m["seconds"] == 3.0 and m["setup_seconds"] == 1.0 and m["path"] == "direct"
-    assert m["resident"] == 0.25 and "ring" in m["why"] and m["why"].startswith("cold")
-    assert tl._merge_stats(a, dict(a))["why"] == "cached"
