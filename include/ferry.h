@@ -536,9 +536,9 @@ typedef struct ferry_load_stats {
     const char *why;        /* why that path (auto's reasoning, or "asked for"): static
                                text, valid for the life of the library */
     ferry_registration registration; /* REGISTER loads: registered now or reused */
-    double register_seconds; /* REGISTER loads: wall time spent page-locking the mapping, from
-                               the first piece to the last (on a helper thread, overlapping the
-                               copies, so not added to seconds); 0 when reused */
+    double register_seconds; /* REGISTER loads: time spent page-locking the mapping's pieces
+                               (part of seconds; the copies queued before a piece run while
+                               it registers); 0 when reused */
     /* Where a load's time goes before its first read (all part of seconds):
      * setup_seconds from the call to the first batch handed to the readers
      * (ferry_load's device allocation, the path choice, the plan, streams,

@@ -61,7 +61,16 @@ void xf_items_alloc_ends(ferry_device *d, item *it, int64_t n)
 }
 
 /* Tensors in file order, cut into pieces of at most cap bytes, grouped into
- * batches: contiguous file ranges of at most cap bytes in one shard. */
+ * batches: contiguous file ranges of at most cap bytes in one shard.
+ *
+ * Views of one storage (a PyTorch checkpoint's x and x.t()) overlap in the
+ * file, and a load that puts them where they overlap on the device too (the
+ * same distance from file to device: ferry_load, ferry.torch's bases) would
+ * copy the shared bytes once per view, from streams that may run at once:
+ * two writes of the same bytes (harmless on a GPU, a data race under the
+ * sim, which ThreadSanitizer reported). Such a tensor's bytes that the
+ * storage copied already are left out; where the distance differs (the
+ * caller wants the bytes twice, in two places) every byte is copied. */
 int xf_plan_build(const ferry_allocator *m, const ferry_file *f, item *it, int64_t n, uint64_t cap, plan *p)
 {
     memset(p, 0, sizeof *p);
@@ -75,9 +84,21 @@ int xf_plan_build(const ferry_allocator *m, const ferry_file *f, item *it, int64
         return -ENOMEM;
     }
     batch *cur = NULL;
+    /* the storage copied so far: its shard, the end of its bytes in the
+     * file and the distance from file to device (-1: none yet) */
+    int32_t cov_shard = -1;
+    uint64_t cov_end = 0;
+    fy_dptr cov_delta = 0;
     for (int64_t i = 0; i < n; i++) {
         const fy_tensor *t = &f->tb.t[it[i].t];
-        for (uint64_t o = 0; o < t->nbytes; o += cap) {
+        uint64_t start = 0, end = t->offset + t->nbytes;
+        fy_dptr delta = it[i].dst - (fy_dptr)t->offset; /* wraps: compared, never used as an address */
+        if (t->shard == cov_shard && t->offset < cov_end && delta == cov_delta && it[i].dst) {
+            if (end <= cov_end) continue; /* all of it copied with its storage */
+            start = cov_end - t->offset;
+        }
+        if (t->shard != cov_shard || end > cov_end) cov_shard = t->shard, cov_end = end, cov_delta = delta;
+        for (uint64_t o = start; o < t->nbytes; o += cap) {
             uint64_t len = t->nbytes - o < cap ? t->nbytes - o : cap;
             piece *pc = &p->pc[p->npc];
             pc->off = t->offset + o;

@@ -224,63 +224,50 @@ bool xf_is_registered(ferry_device *d, const ferry_file *f)
 
 /* A load's registration: the pieces of f in file order (shard by shard),
  * registered (or found registered) and put in use by this load one by one,
- * on a helper thread while the loading thread copies out of those done. */
+ * on the loading thread, each just before the first copy out of it. Copies
+ * already queued keep the copy engine busy while the next piece registers
+ * (bench/reg_probe.py on the H200: a 1 GiB copy queued before a 1 GiB
+ * registration landed while it ran), where a helper thread registering ahead
+ * held up the loading thread's copy calls behind each registration (the
+ * driver serialises the calls, not the transfers). */
 typedef struct reg_job {
     ferry_device *d;
     const ferry_file *f;
-    pthread_mutex_t mu; /* guards the fields below it */
-    pthread_cond_t cv;  /* a piece is done, or the helper failed */
-    int32_t s;          /* every piece before piece k of shard s is in use by this load */
+    int32_t s; /* every piece before piece k of shard s is in use by this load */
     int64_t k;
-    int rc;             /* the helper's failure (its message set), or 0 */
-    bool stop;          /* the loading thread failed: register no more */
-    bool added;         /* this load registered a piece itself */
-    double seconds;     /* the helper's wall time (read after it is joined) */
+    bool added;     /* this load registered a piece itself */
+    double seconds; /* spent in the registrations this load made */
 } reg_job;
 
-static void *reg_helper(void *arg)
+/* Put every piece up to and including piece k of shard s in use by this
+ * load (k past the shard's last piece: all of shard s), registering those
+ * not registered yet: 0, or the failure (its message set). */
+static int reg_upto(reg_job *j, int32_t s, int64_t k)
 {
-    reg_job *j = arg;
     ferry_device *d = j->d;
     const ferry_file *f = j->f;
-    double t0 = fy_now();
-    int rc = 0;
-    for (int32_t s = 0; s < f->nshards && rc == 0; s++)
-        for (int64_t k = 0; k < shard_pieces(d, f, s) && rc == 0; k++) {
-            pthread_mutex_lock(&j->mu);
-            bool stop = j->stop;
-            pthread_mutex_unlock(&j->mu);
-            if (stop) goto out;
-            reg_entry *e = NULL;
-            bool added = false;
-            pthread_mutex_lock(&d->lock);
-            rc = piece_register(d, f, s, k, &e, &added);
-            if (rc == 0) e->users++;
-            pthread_mutex_unlock(&d->lock);
-            pthread_mutex_lock(&j->mu);
-            if (rc == 0) {
-                j->s = s;
-                j->k = k + 1;
-                j->added |= added;
-            } else {
-                j->rc = rc;
-            }
-            pthread_cond_broadcast(&j->cv);
-            pthread_mutex_unlock(&j->mu);
+    while (j->s < f->nshards && (j->s < s || (j->s == s && j->k <= k))) {
+        if (j->k >= shard_pieces(d, f, j->s)) {
+            if (j->s == s) break; /* all of shard s */
+            j->s++;
+            j->k = 0;
+            continue;
         }
-out:
-    j->seconds = fy_now() - t0;
-    return NULL;
-}
-
-/* Wait until piece k of shard s is in use by this load: 0, or the helper's failure. */
-static int reg_wait(reg_job *j, int32_t s, int64_t k)
-{
-    pthread_mutex_lock(&j->mu);
-    while (!(j->s > s || (j->s == s && j->k > k)) && j->rc == 0) pthread_cond_wait(&j->cv, &j->mu);
-    int rc = j->s > s || (j->s == s && j->k > k) ? 0 : j->rc;
-    pthread_mutex_unlock(&j->mu);
-    return rc;
+        reg_entry *e = NULL;
+        bool added = false;
+        double t0 = fy_now();
+        pthread_mutex_lock(&d->lock);
+        int rc = piece_register(d, f, j->s, j->k, &e, &added);
+        if (rc == 0) e->users++;
+        pthread_mutex_unlock(&d->lock);
+        if (rc < 0) return rc;
+        if (added) {
+            j->added = true;
+            j->seconds += fy_now() - t0;
+        }
+        j->k++;
+    }
+    return 0;
 }
 
 /* The load is done with the pieces it put in use (its copies have landed):
@@ -303,9 +290,10 @@ static void reg_job_release(reg_job *j, bool keep)
 
 /* register: copies straight out of the page-locked mapping, round-robin over
  * streams, each within one registered piece. What is not registered yet is
- * registered for this load on a helper thread, piece by piece, while the
- * pieces already done are copied; it stays registered after the load only
- * with FERRY_LOAD_KEEP_REGISTRATION. */
+ * registered for this load piece by piece, each piece just before its first
+ * copy, while the copies queued before it run (and the pieces no copy needs
+ * after the last copy, so that the whole file is registered either way); it
+ * stays registered after the load only with FERRY_LOAD_KEEP_REGISTRATION. */
 int xf_run_register(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o,
                     fy_stream **streams, uint32_t nstreams, ferry_load_stats *st)
 {
@@ -315,13 +303,6 @@ int xf_run_register(ferry_device *d, const ferry_file *f, const plan *p, const f
     if (!registered) FY_TRY(check_budget(d, f, o->pinned_budget));
     FY_TRY(check_size(d, f));
     reg_job j = {.d = d, .f = f};
-    pthread_mutex_init(&j.mu, NULL);
-    pthread_cond_init(&j.cv, NULL);
-    /* registered already: the pieces are only put in use, here; else on a
-     * helper thread (or here, first, where no thread can be started) */
-    pthread_t helper;
-    bool threaded = !registered && pthread_create(&helper, NULL, reg_helper, &j) == 0;
-    if (!threaded) reg_helper(&j);
     int rc = g->ops->bind_thread(g);
     uint64_t done = 0;
     uint32_t s = 0;
@@ -343,7 +324,7 @@ int xf_run_register(ferry_device *d, const ferry_file *f, const plan *p, const f
                 int64_t k = (int64_t)(src / d->reg_piece);
                 uint64_t n = ((uint64_t)k + 1) * d->reg_piece - src;
                 if (n > len) n = len;
-                rc = reg_wait(&j, bt->shard, k);
+                rc = reg_upto(&j, bt->shard, k);
                 if (rc == 0) rc = xf_copy_spread(g, true, dst, (void *)(uintptr_t)(base + src), n, streams, nstreams, &s);
                 if (rc == 0) done += n;
                 src += n;
@@ -353,18 +334,13 @@ int xf_run_register(ferry_device *d, const ferry_file *f, const plan *p, const f
         }
         if (o->progress && rc == 0) o->progress(o->opaque, done, p->bytes);
     }
-    if (rc < 0) {
-        pthread_mutex_lock(&j.mu);
-        j.stop = true;
-        pthread_mutex_unlock(&j.mu);
-    }
     for (uint32_t k = 0; k < nstreams; k++) {
         int r = g->ops->stream_sync(g, streams[k]);
         if (rc == 0 && r < 0) rc = r;
     }
-    if (threaded) pthread_join(helper, NULL);
-    /* a load with no copies (no tensors) still waits for the helper's verdict */
-    if (rc == 0) rc = j.rc;
+    /* the pieces no copy needed (a load_into of part of the file, a load
+     * with no tensors), so that the load leaves what it always did */
+    if (rc == 0) rc = reg_upto(&j, f->nshards - 1, INT64_MAX);
     /* A copy that failed because the file was cut after its batch was checked
      * (the sim reads the mapping without faulting, see sim.c): say which
      * tensor, as the check would have. */
@@ -380,7 +356,5 @@ int xf_run_register(ferry_device *d, const ferry_file *f, const plan *p, const f
     reg_job_release(&j, keep);
     st->registration = j.added ? FERRY_REGISTRATION_NEW : FERRY_REGISTRATION_REUSED;
     st->register_seconds = j.added ? j.seconds : 0;
-    pthread_cond_destroy(&j.cv);
-    pthread_mutex_destroy(&j.mu);
     return rc;
 }

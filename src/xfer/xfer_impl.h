@@ -18,17 +18,19 @@
 #define MAX_THREADS 64
 #define REG_CHUNK (256ull << 20) /* largest copy from a registered mapping */
 /* A shard's mapping is registered in pieces of this many bytes (the last one
- * shorter) on a helper thread, while the loading thread copies the pieces
- * already registered. Measured on the H200 (bench/RESULTS.md, tenth
- * session): 10 GB of hot page cache in 256 MiB pieces took 0.40 s to
- * register, against 0.21 s in one call, and the copies did not overlap it
- * (0.59 s for the load: the driver serialises registration and copy
- * submission), so a piece is a whole shard (up to 64 GiB): one call per
- * shard, and a sharded checkpoint's later shards register while the first
- * ones copy. A copy must never span two registrations (a copy crossing two
- * adjacent ones failed on the H200), so register.c splits copies there.
+ * shorter), each by the loading thread just before its first copy, so that
+ * the copies queued out of one piece run while the next registers. Measured
+ * on the H200 with bench/reg_probe.py (bench/RESULTS.md, fourteenth session):
+ * a 1 GiB copy queued before a 1 GiB registration landed while it ran; 10.4
+ * GB of hot page cache registered and copied that way in 1 GiB pieces took
+ * 0.34-0.40 s, against 0.49-0.50 s registered in one call and then copied
+ * (0.31 + 0.19); the ferry load that does it was not measured there yet. (The tenth session's 256 MiB pieces, registered on a helper thread
+ * while the loading thread queued the copies, took 0.40 + 0.19 s: the driver
+ * serialises its calls, so each copy call waited for a registration.) A copy
+ * must never span two registrations (a copy crossing two adjacent ones
+ * failed on the H200, in both sessions), so register.c splits copies there.
  * Tests set a small size per device (fy_device_set_reg_piece). */
-#define REG_PIECE (64ull << 30)
+#define REG_PIECE (1ull << 30)
 
 static inline uint64_t page_round(uint64_t n) { return (n + ALIGN - 1) & ~(uint64_t)(ALIGN - 1); }
 

@@ -438,3 +438,30 @@ def test_device_path_on_ferry_cpu_device(tmp_path):
     out["x"][1, 0] = -5.0
     assert out["t"][0, 1] == -5.0
     assert calls[-1][0] == calls[-1][1]
+
+
+def test_views_copied_once(tmp_path):
+    """Views of one storage land once where they overlap on the device (the
+    shared bytes are copied with the storage, not once per view: two copies
+    of the same bytes from two streams raced under the sim); views loaded
+    into separate buffers get every byte each."""
+    from ferry import _core
+    x = rand(torch.float32, (64, 32), 3)  # 8 KiB
+    obj = {"x": x, "t": x.t(), "sl": x[:, 3:9], "tail": x[40:], "lone": rand(torch.float32, (100,), 4)}
+    p = tmp_path / "views.pt"
+    torch.save(obj, p)
+    ref = flatten(torch.load(p))
+    st = {}
+    got = ft.load_file(p, "sim:1GiB", owner="ferry", stats=st)
+    for k, v in ref.items():
+        assert same(got[k], v), k
+    assert st["bytes"] == (x.numel() + obj["lone"].numel()) * 4  # the storage once, not x + its views
+    # the same views into separate buffers: every view's bytes copied
+    h = _core._Handle(p)
+    infos = [t for t in h.infos() if t.nbytes]
+    bufs = {t.index: torch.zeros(t.nbytes, dtype=torch.uint8) for t in infos}
+    st = _core.load_into(ferry.device("cpu"), h, [t.index for t in infos], [bufs[t.index].data_ptr() for t in infos],
+                         _core.LoadOptions())
+    assert st["bytes"] == sum(t.nbytes for t in infos)
+    for t in infos:
+        assert bytes(bufs[t.index].numpy()) == bytes(h.buffer(h.data(t.index), t.nbytes)), t.name
