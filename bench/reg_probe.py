@@ -178,7 +178,8 @@ def main():
                 libc.munmap(ctypes.c_void_p(p), ctypes.c_size_t(n))
                 print(json.dumps({"step": name, "error": "a concurrent registration failed", **ph}), flush=True)
                 return None
-            copy(p, 0, n)
+            copy(p, 0, h)  # one copy per registration: a copy across two fails (CUresult 1)
+            copy(p, h, n - h)
             sync()
             mark("copy_s")
             return finish(name, t0, ph, [p, p + h], p)
