@@ -18,6 +18,11 @@
 #       ferry.torch unsplit, alternated, 5 rounds; reg_probe's concurrent and
 #       pipelined steps; the 25 MB file through the CLI and ferry.torch, 2
 #       rounds; tests/gpu/test_torch_gpu.py; every peer on the 10 GB file cold
+#   next  written at the end of the session and NOT run in it (no device time
+#       left): what the session's changes and leads need measured first. The
+#       register path's first load (pieces registered on the loading thread)
+#       beside reg_probe's plain/pipe/threaded steps; the cold direct path with
+#       more bytes in flight beside fastsafetensors; the GPU tests
 #   p3  p2's ferry.torch runs again (p2 ran them without python/ on the path);
 #       registration on 2 and 4 threads; the peers p2's cold round left out;
 #       every peer on the sharded 30 GB checkpoint, hot
@@ -50,6 +55,20 @@ d=json.load(sys.stdin)
 print(json.dumps({"gbps": round(d["gbps"], 2), "ms": round(d["seconds"]*1e3, 2), "route": d["route"],
                 "phases_ms": {k: round(v*1e3, 2) for k, v in d["phases"].items()}}))'
 }
+ab_hot() { # the 10 GB file hot: CLI, ferry.torch split and not (commit 6e92403), alternated, 5 rounds
+  for r in 1 2 3 4 5; do
+    echo "hot cli r$r: $(cli "$F" --device cuda:0)"
+    echo "hot py split r$r: $(py reserve "$F")"
+    echo "hot py nosplit r$r: $(py nosplit "$F")"
+  done 2>&1 | tee "$OUT/ab-hot.txt"
+}
+small_py() { # the 25 MB file: CLI and ferry.torch, 2 rounds
+  local S=$D/small.safetensors
+  for r in 1 2; do
+    echo "small cli r$r: $(cli "$S" --device cuda:0)"
+    echo "small py r$r: $(py reserve "$S")"
+  done 2>&1 | tee "$OUT/small-py.txt"
+}
 case "$PART" in
 p1)
   PYTHONPATH=/tmp/site $CMP --workloads w10g,small,lora,gguf --make --make-only --out "$OUT/make.json" 2>&1 | tail -2
@@ -67,17 +86,9 @@ p2)
   PYTHONPATH=/tmp/site $CMP --workloads w10g,small --make --make-only --out "$OUT/make.json" 2>&1 | tail -2
   cat "$F" >/dev/null
   echo "limit start: $(limit)" | tee "$OUT/limits.txt"
-  for r in 1 2 3 4 5; do
-    echo "hot cli r$r: $(cli "$F" --device cuda:0)"
-    echo "hot py split r$r: $(py reserve "$F")"
-    echo "hot py nosplit r$r: $(py nosplit "$F")"
-  done 2>&1 | tee "$OUT/ab-hot.txt"
+  ab_hot
   python3 bench/reg_probe.py "$F" --steps halves,overlap,pipe,pipe_pop,plain 2>&1 | tee "$OUT/reg2.txt"
-  S=$D/small.safetensors
-  for r in 1 2; do
-    echo "small cli r$r: $(cli "$S" --device cuda:0)"
-    echo "small py r$r: $(py reserve "$S")"
-  done 2>&1 | tee "$OUT/small-py.txt"
+  small_py
   python3 tests/gpu/test_torch_gpu.py --ferry build-gpu/ferry 2>&1 | tail -18 | tee "$OUT/tests.txt"
   PYTHONPATH=/tmp/site timeout 170 $CMP --workloads w10g --plan 'w10g:cold' --methods $ALL \
     --rounds 1 --budget-seconds 140 --out "$OUT/cmp-cold.json" 2>&1 | tail -16
@@ -88,22 +99,36 @@ p3)  # p2's ferry.torch runs again (p2 ran them without python/ on the path), re
   PYTHONPATH=/tmp/site $CMP --workloads w10g,small --make --make-only --out "$OUT/make.json" 2>&1 | tail -2
   cat "$F" >/dev/null
   echo "limit start: $(limit)" | tee "$OUT/limits.txt"
-  for r in 1 2 3 4 5; do
-    echo "hot cli r$r: $(cli "$F" --device cuda:0)"
-    echo "hot py split r$r: $(py reserve "$F")"
-    echo "hot py nosplit r$r: $(py nosplit "$F")"
-  done 2>&1 | tee "$OUT/ab-hot.txt"
+  ab_hot
   python3 bench/reg_probe.py "$F" --steps halves,pipeT2,pipeT4,pipe,plain 2>&1 | tee "$OUT/reg3.txt"
-  S=$D/small.safetensors
-  for r in 1 2; do
-    echo "small cli r$r: $(cli "$S" --device cuda:0)"
-    echo "small py r$r: $(py reserve "$S")"
-  done 2>&1 | tee "$OUT/small-py.txt"
+  small_py
   PYTHONPATH=/tmp/site timeout 100 $CMP --workloads w10g --plan 'w10g:cold' --methods fsafe,fsafe_gds,runai,ferry_auto \
     --rounds 1 --budget-seconds 90 --out "$OUT/cmp-cold2.json" 2>&1 | tail -9
   PYTHONPATH=/tmp/site $CMP --workloads sharded --make --make-only --out "$OUT/make2.json" 2>&1 | tail -2
   PYTHONPATH=/tmp/site timeout 190 $CMP --workloads sharded --plan 'sharded:hot' --methods $ALL \
     --rounds 1 --budget-seconds 170 --out "$OUT/cmp-sharded.json" 2>&1 | tail -16
+  echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
+  ;;
+next)
+  PYTHONPATH=/tmp/site $CMP --workloads w10g --make --make-only --out "$OUT/make.json" 2>&1 | tail -2
+  { python3 tests/data/gen_golden.py /tmp/golden >/dev/null
+    python3 tests/gpu/run_loads.py build-gpu/ferry /tmp/golden cuda:0 --paths auto,ring,pageable,register,direct | tail -2
+    python3 tests/gpu/test_torch_gpu.py --ferry build-gpu/ferry 2>&1 | tail -2; } 2>&1 | tee "$OUT/tests.txt"
+  cat "$F" >/dev/null
+  echo "limit start: $(limit)" | tee "$OUT/limits.txt"
+  for r in 1 2 3; do  # a fresh mapping each process: registration included in the first load
+    echo "register r$r: $(cli "$F" --device cuda:0 --path register --repeat 2)"
+    echo "ring r$r: $(cli "$F" --device cuda:0)"
+  done 2>&1 | tee "$OUT/register.txt"
+  python3 bench/reg_probe.py "$F" --steps plain,pipe,halves,pipeT2,pipeT4 2>&1 | tee "$OUT/reg.txt"
+  for r in 1 2; do  # cold: the page cache dropped before each (direct reads bypass it anyway)
+    for cfg in "" "--threads 16" "--threads 16 --buffer-size 16MiB" "--threads 12 --buffer-size 16MiB --buffers 24"; do
+      sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null
+      echo "cold direct [$cfg] r$r: $(cli "$F" --device cuda:0 --path direct $cfg)"
+    done
+  done 2>&1 | tee "$OUT/cold.txt"
+  PYTHONPATH=/tmp/site timeout 120 $CMP --workloads w10g --plan 'w10g:cold' --methods ferry_auto,fsafe \
+    --rounds 2 --budget-seconds 110 --out "$OUT/cmp-cold.json" 2>&1 | tail -6
   echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
   ;;
 *) echo "unknown part $PART"; exit 2 ;;

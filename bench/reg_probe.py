@@ -142,16 +142,10 @@ def main():
             ph[k] = now - lap[0]
             lap[0] = now
         pieces = [(o, min(piece, n - o)) for o in range(0, n, piece)]
-        if name == "plain":
-            register(p, n)
-            mark("register_s")
-            copy(p, 0, n)
-            sync()
-            mark("copy_s")
-            return finish(name, t0, ph, [p], p)
-        if name in ("pop1", "popN"):
-            populate(p, n, 1 if name == "pop1" else a.threads)
-            mark("populate_s")
+        if name in ("plain", "pop1", "popN"):
+            if name != "plain":
+                populate(p, n, 1 if name == "pop1" else a.threads)
+                mark("populate_s")
             register(p, n)
             mark("register_s")
             copy(p, 0, n)
