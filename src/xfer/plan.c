@@ -84,8 +84,8 @@ int xf_plan_build(const ferry_allocator *m, const ferry_file *f, item *it, int64
         return -ENOMEM;
     }
     batch *cur = NULL;
-    /* the storage copied so far: its shard, the end of its bytes in the
-     * file and the distance from file to device (-1: none yet) */
+    /* the storage copied so far: its shard (-1: none yet), the end of its
+     * bytes in the file and the distance from file to device */
     int32_t cov_shard = -1;
     uint64_t cov_end = 0;
     fy_dptr cov_delta = 0;

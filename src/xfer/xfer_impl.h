@@ -24,8 +24,9 @@
  * a 1 GiB copy queued before a 1 GiB registration landed while it ran; 10.4
  * GB of hot page cache registered and copied that way in 1 GiB pieces took
  * 0.34-0.40 s, against 0.49-0.50 s registered in one call and then copied
- * (0.31 + 0.19); the ferry load that does it was not measured there yet. (The tenth session's 256 MiB pieces, registered on a helper thread
- * while the loading thread queued the copies, took 0.40 + 0.19 s: the driver
+ * (0.31 + 0.19); the ferry load that does it was not measured there yet.
+ * (The tenth session's 256 MiB pieces, registered on a helper thread while
+ * the loading thread queued the copies, took 0.40 + 0.19 s: the driver
  * serialises its calls, so each copy call waited for a registration.) A copy
  * must never span two registrations (a copy crossing two adjacent ones
  * failed on the H200, in both sessions), so register.c splits copies there.
