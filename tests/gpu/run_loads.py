@@ -6,6 +6,11 @@ transfer path onto a device, copy each tensor back and compare checksums
 GPU machine on cuda:0.
 
     run_loads.py FERRY GOLDEN_DIR DEVICE [--paths ring,direct,register,pageable,auto]
+                 [--only SUBSTRING] [--repeat N]
+
+--only keeps the checkpoints whose path contains SUBSTRING (e.g. "pt/": the PyTorch
+files, whose views of one storage once raced under the sim); --repeat loads each
+N times (a race shows in some runs only).
 """
 import argparse
 import json
@@ -20,11 +25,16 @@ def main():
     ap.add_argument("golden")
     ap.add_argument("device")
     ap.add_argument("--paths", default="ring,direct,register,pageable,auto")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--repeat", type=int, default=1)
     a = ap.parse_args()
     with open(os.path.join(a.golden, "manifest.json")) as f:
         manifest = json.load(f)
     entries = manifest["cases"] if isinstance(manifest, dict) and "cases" in manifest else manifest
-    valid = [e for e in entries if e.get("valid")]
+    valid = [e for e in entries if e.get("valid") and a.only in e["file"]] * max(1, a.repeat)
+    if not valid:
+        print(f"no valid checkpoint in {a.golden}" + (f" whose path contains {a.only!r}" if a.only else ""))
+        return 1
     passed = failed = 0
     for e in valid:
         path = os.path.join(a.golden, e["file"])
