@@ -28,6 +28,15 @@ def _fspath(path):
     return os.fsencode(os.fspath(path))
 
 
+def _tensor_info(i, ti):
+    """TensorInfo of tensor i from the ferry_tensor_info struct ti filled for it."""
+    nd, dti = ti.ndim, ti.dtype
+    names = _lib.DTYPE_NAMES
+    dt = names[dti] if 0 <= dti < len(names) else lib.ferry_dtype_name(dti).decode()
+    return TensorInfo(i, ti.name.decode("utf-8"), dt, tuple(ti.shape[:nd]), ti.nbytes, ti.offset, ti.shard,
+                      tuple(ti.strides[:nd]) if ti.strides else None, ti.flags)
+
+
 class _Handle:
     """A ferry_ctx and a ferry_file opened on it; freed with the last reference."""
 
@@ -86,29 +95,19 @@ class _Handle:
     def info(self, i):
         ti = _lib.TensorInfo()
         self.check(lib.ferry_file_tensor_info(self.f, i, ctypes.byref(ti)))
-        shape = tuple(ti.shape[k] for k in range(ti.ndim))
-        strides = tuple(ti.strides[k] for k in range(ti.ndim)) if ti.strides else None
-        dt = _lib.DTYPE_NAMES[ti.dtype] if 0 <= ti.dtype < len(_lib.DTYPE_NAMES) else \
-            lib.ferry_dtype_name(ti.dtype).decode()
-        return TensorInfo(i, ti.name.decode("utf-8"), dt, shape, ti.nbytes, ti.offset, ti.shard,
-                          strides, ti.flags)
+        return _tensor_info(i, ti)
 
     def infos(self):
         # info() for every tensor, with one struct and the lookups hoisted:
         # ctypes' per-call costs were 2 ms of a 10 GB load's 220 for 540 tensors
         ti = _lib.TensorInfo()
-        ref, get, f, names = ctypes.byref(ti), lib.ferry_file_tensor_info, self.f, _lib.DTYPE_NAMES
+        ref, get, f = ctypes.byref(ti), lib.ferry_file_tensor_info, self.f
         out = []
         for i in range(self.count()):
             rc = get(f, i, ref)
             if rc < 0:
                 self.check(rc)
-            nd, dti = ti.ndim, ti.dtype
-            shape = tuple(ti.shape[:nd]) if nd else ()
-            strides = tuple(ti.strides[:nd]) if ti.strides else None
-            dt = names[dti] if 0 <= dti < len(names) else lib.ferry_dtype_name(dti).decode()
-            out.append(TensorInfo(i, ti.name.decode("utf-8"), dt, shape, ti.nbytes, ti.offset, ti.shard, strides,
-                                  ti.flags))
+            out.append(_tensor_info(i, ti))
         return out
 
     def data(self, i):

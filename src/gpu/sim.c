@@ -33,7 +33,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
-#include <time.h>
 #include <unistd.h>
 
 enum {
@@ -455,11 +454,8 @@ static int sim_host_alloc(fy_gpu *gg, size_t n, void **out)
     pthread_mutex_lock(&g->lock);
     double pin_rate = g->pin_rate;
     pthread_mutex_unlock(&g->lock);
-    if (pin_rate > 0) { /* pinning takes time, as cuMemHostAlloc's does (outside the lock) */
-        double sec = (double)n / pin_rate;
-        struct timespec ts = {(time_t)sec, (long)((sec - (double)(time_t)sec) * 1e9)};
-        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
-    }
+    /* pinning takes time, as cuMemHostAlloc's does (outside the lock) */
+    if (pin_rate > 0) fy_sleep_until(fy_now() + (double)n / pin_rate);
     int rc = range_alloc(g, &g->pinned, n, SIM_HOST_ALIGN, FY_OP_HOST_ALLOC, "host_alloc", &p);
     if (rc == 0) *out = (void *)p;
     return rc;
