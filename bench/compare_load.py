@@ -68,8 +68,8 @@ as the raw bytes stored in the file.
 
 Limits, measured once per workload at the start and once at the end: the pinned
 host-to-device copy rate (a child copies a pinned 1 GiB buffer several times,
-best), the O_DIRECT read rate of the workload's files (aligned buffers, a few
-threads) and the page-cache read rate (the same reads, buffered, cached).
+best), the O_DIRECT read rate of the workload's files (16 MiB aligned reads on 4
+and on 16 threads, --direct-threads: the faster counts) and the page-cache read rate (the same reads, buffered, cached).
 Tables: GB/s median (best), ratio to the limit (cold: O_DIRECT; hot and tmpfs:
 the copy rate), peak RSS, verified, per workload x cache x method.
 
@@ -1407,8 +1407,19 @@ class Bench:
             cap = int(self.a.limit_gb * GB)
             for f in wl.files:
                 drop_cache(f, self.a.drop_caches and not self.a.dry_run)
-            g, n, e = read_rate(wl.files, cap, direct=True)
-            lim.update(direct_gbps=g, direct_bytes=n, **({"direct_error": e} if e else {}))
+            # O_DIRECT with 4 and with 16 threads of 16 MiB reads (fastsafetensors'
+            # default depth): the limit is the faster, so that a loader keeping
+            # more reads in flight is not measured against a shallow queue
+            best = None
+            for k in self.a.direct_threads:
+                g, n, e = read_rate(wl.files, cap, direct=True, threads=k)
+                lim[f"direct_gbps_t{k}"] = g
+                if e:
+                    lim["direct_error"] = e
+                if g and (best is None or g > best[0]):
+                    best = (g, n)
+            if best:
+                lim.update(direct_gbps=best[0], direct_bytes=best[1])
             read_rate(wl.files, cap, direct=False)  # fills the cache with what is read next
             g, n, e = read_rate(wl.files, cap, direct=False)
             lim.update(page_cache_gbps=g, page_cache_bytes=n, **({"page_cache_error": e} if e else {}))
@@ -1829,6 +1840,9 @@ def main():
     ap.add_argument("--caches", default="cold,hot,tmpfs", help="cache states for every workload")
     ap.add_argument("--plan", default=None, help="per-workload cache states: 'w10g:cold,hot,tmpfs;small:hot'")
     ap.add_argument("--tmpfs-dir", default="/dev/shm/ferry-cmp")
+    ap.add_argument("--direct-threads", type=lambda v: [int(x) for x in v.split(",")], default=[4, 16],
+                    help="threads of 16 MiB O_DIRECT reads the cold limit is measured with, comma-separated; "
+                         "the limit is the fastest (default 4,16)")
     ap.add_argument("--limit-gb", type=float, default=8,
                     help="GB of each workload read when measuring the O_DIRECT and page-cache limits (default 8)")
     ap.add_argument("--out", default="compare_load.json", help="JSON output (a .md table is written beside it)")
