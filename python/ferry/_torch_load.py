@@ -90,15 +90,11 @@ def _reserve(infos, device):
     cudaMalloc per load, as ferry's own loads make, rather than one per
     tensor. Where the block cannot be had (the device short, an allocator
     that does not split blocks), the tensors are allocated one by one as
-    before. Up to 10 MiB in all, PyTorch already carves every such tensor
-    out of the one 20 MiB segment it makes for the first; above, a fresh
-    process would make a cudaMalloc for nearly every tensor (a 26 MB file of
-    40 tensors spent 1.1-1.8 ms of a 6-9 ms call allocating them on the H200,
-    when only loads of 64 MiB and more reserved)."""
+    before."""
     if device.type != "cuda":
         return
     total = sum((t.nbytes + 511) // 512 * 512 for t in infos if t.nbytes >= _RESERVE_MIN)
-    if total <= 10 * _RESERVE_MIN:
+    if total < 64 * _RESERVE_MIN:
         return
     try:
         block = torch.empty(total, dtype=torch.uint8, device=device)
