@@ -18,6 +18,13 @@
  *   bounce  as ring, but pread in BOUNCE_KIB pieces (env, default 256) into a
  *           small per-thread buffer that stays in cache, then copy it into the
  *           pinned buffer with streaming stores
+ *   hybrid  ring over the head of the file while a helper thread page-locks
+ *           the tail (HYBRID_FRAC of it, env, default 0.3) of a fresh
+ *           MAP_SHARED mapping in REG_MIB pieces (env, default 256), queueing
+ *           each piece's copy on its own stream right after it registers: can
+ *           copies straight from registered page-cache pages fill the copy
+ *           engine's gaps in the ring's? Each rep maps afresh (as a first load
+ *           would); the unregistering after the rep is timed apart
  * Threads take the file in contiguous runs of 64 pieces (as ferry's scheduler).
  * The device block is written once before the first rep (no first-touch cost in
  * the figures); REPS reps (default 3), one JSON line with each rep's GB/s. The
@@ -54,6 +61,8 @@ static CUresult (*EventCreate)(CUevent *, unsigned);
 static CUresult (*EventRecord)(CUevent, CUstream);
 static CUresult (*EventSynchronize)(CUevent);
 static CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+static CUresult (*MemHostRegister)(void *, size_t, unsigned);
+static CUresult (*MemHostUnregister)(void *);
 
 static double now(void)
 {
@@ -62,7 +71,7 @@ static double now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-enum { DMA, READ, RING, MAPCOPY, MAPNT, BOUNCE };
+enum { DMA, READ, RING, MAPCOPY, MAPNT, BOUNCE, HYBRID };
 
 /* n bytes from src to 16-byte aligned dst with streaming stores (SSE2, in
  * every x86-64); the tail by memcpy */
@@ -87,6 +96,7 @@ typedef struct shared {
     int mode, fd;
     const char *map;
     uint64_t size, piece;
+    uint64_t ring_end; /* the ring's part: [0, ring_end) (hybrid: the head) */
     CUdeviceptr d;
     CUcontext ctx;
     atomic_ullong next; /* next run's first byte */
@@ -114,13 +124,13 @@ static void *work(void *arg)
     char *bb = s->mode == BOUNCE ? aligned_alloc(4096, s->bounce) : NULL;
     for (;;) {
         uint64_t lo = atomic_fetch_add(&s->next, run);
-        if (lo >= s->size) break;
-        uint64_t hi = lo + run < s->size ? lo + run : s->size;
+        if (lo >= s->ring_end) break;
+        uint64_t hi = lo + run < s->ring_end ? lo + run : s->ring_end;
         for (uint64_t off = lo; off < hi; off += s->piece) {
             size_t n = (size_t)(hi - off < s->piece ? hi - off : s->piece);
             char *b = w->buf[k];
             if (s->mode != READ && w->used > k) EventSynchronize(w->ev[k]);
-            if (s->mode == READ || s->mode == RING) {
+            if (s->mode == READ || s->mode == RING || s->mode == HYBRID) {
                 size_t got = 0;
                 while (got < n) {
                     ssize_t r = pread(s->fd, b + got, n - got, (off_t)(off + got));
@@ -157,6 +167,41 @@ static void *work(void *arg)
     return NULL;
 }
 
+/* hybrid: the helper that registers the tail piece by piece and queues its copies */
+typedef struct helper {
+    shared *s;
+    uint64_t cut, reg;   /* the tail [cut, size); pieces of reg bytes */
+    char *map;           /* this rep's mapping */
+    CUstream st;
+    double reg_seconds, done_at; /* in registration calls; when its copies had landed */
+    int npieces;
+    pthread_t th;
+} helper;
+
+static uint64_t round_page(uint64_t n) { return (n + 4095) & ~(uint64_t)4095; }
+
+static void *help(void *arg)
+{
+    helper *h = arg;
+    shared *s = h->s;
+    CtxSetCurrent(s->ctx);
+    h->npieces = 0;
+    for (uint64_t off = h->cut; off < s->size; off += h->reg) {
+        uint64_t len = s->size - off < h->reg ? s->size - off : h->reg;
+        double t = now();
+        if (MemHostRegister(h->map + off, (size_t)round_page(len), 0x08 /* READ_ONLY */)) {
+            atomic_store(&s->failed, 1);
+            break;
+        }
+        h->reg_seconds += now() - t;
+        h->npieces++;
+        if (MemcpyHtoDAsync(s->d + off, h->map + off, (size_t)len, h->st)) atomic_store(&s->failed, 1);
+    }
+    if (StreamSynchronize(h->st)) atomic_store(&s->failed, 1);
+    h->done_at = now();
+    return NULL;
+}
+
 #define SYM(v, n)                                                                                                     \
     do {                                                                                                              \
         v = (__typeof__(v))dlsym(h, n);                                                                               \
@@ -169,12 +214,12 @@ static void *work(void *arg)
 int main(int argc, char **argv)
 {
     if (argc < 6) {
-        fprintf(stderr, "usage: bench_ring FILE dma|read|ring|mapcopy|mapnt|bounce THREADS BUFS_PER_THREAD SIZE_KIB [REPS]\n");
+        fprintf(stderr, "usage: bench_ring FILE dma|read|ring|mapcopy|mapnt|bounce|hybrid THREADS BUFS_PER_THREAD SIZE_KIB [REPS]\n");
         return 2;
     }
-    static const char *modes[] = {"dma", "read", "ring", "mapcopy", "mapnt", "bounce"};
+    static const char *modes[] = {"dma", "read", "ring", "mapcopy", "mapnt", "bounce", "hybrid"};
     int mode = -1;
-    for (int m = 0; m < 6; m++)
+    for (int m = 0; m < 7; m++)
         if (strcmp(argv[2], modes[m]) == 0) mode = m;
     int nth = atoi(argv[3]), bufs = atoi(argv[4]), reps = argc > 6 ? atoi(argv[6]) : 3;
     uint64_t piece = (uint64_t)atoll(argv[5]) << 10;
@@ -193,6 +238,20 @@ int main(int argc, char **argv)
         return 1;
     }
     s.size = (uint64_t)sb.st_size;
+    s.ring_end = s.size;
+    helper hp = {.s = &s};
+    if (mode == HYBRID) {
+        const char *fr = getenv("HYBRID_FRAC"), *rm = getenv("REG_MIB");
+        double frac = fr ? atof(fr) : 0.3;
+        hp.reg = (uint64_t)(rm ? atoll(rm) : 256) << 20;
+        if (frac < 0 || frac > 1 || hp.reg == 0) {
+            fprintf(stderr, "bench_ring: HYBRID_FRAC in [0, 1], REG_MIB > 0\n");
+            return 2;
+        }
+        /* the head a multiple of the ring's pieces, the tail's start page-aligned */
+        hp.cut = (uint64_t)((1 - frac) * (double)s.size) / piece * piece;
+        s.ring_end = hp.cut;
+    }
     if (mode == MAPCOPY || mode == MAPNT) {
         void *m = mmap(NULL, s.size, PROT_READ, MAP_SHARED, s.fd, 0);
         if (m == MAP_FAILED) {
@@ -219,6 +278,8 @@ int main(int argc, char **argv)
     SYM(EventRecord, "cuEventRecord");
     SYM(EventSynchronize, "cuEventSynchronize");
     SYM(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
+    SYM(MemHostRegister, "cuMemHostRegister_v2");
+    SYM(MemHostUnregister, "cuMemHostUnregister");
     int dev;
     if (Init(0) || DeviceGet(&dev, 0) || PrimaryCtxRetain(&s.ctx, dev) || CtxSetCurrent(s.ctx)) {
         fprintf(stderr, "bench_ring: no CUDA device\n");
@@ -245,17 +306,42 @@ int main(int argc, char **argv)
             EventCreate(&w[t].ev[b], 2 /* disable timing */);
         }
     }
+    if (mode == HYBRID) StreamCreate(&hp.st, 1);
     printf("{\"mode\": \"%s\", \"threads\": %d, \"bufs_per_thread\": %d, \"piece\": %llu, \"bounce\": %zu, "
-           "\"bytes\": %llu, \"gbps\": [",
+           "\"bytes\": %llu, \"registered_tail\": %llu, \"reg_piece\": %llu, \"gbps\": [",
            modes[mode], nth, bufs, (unsigned long long)piece, mode == BOUNCE ? s.bounce : 0,
-           (unsigned long long)s.size);
+           (unsigned long long)s.size, (unsigned long long)(s.size - s.ring_end), (unsigned long long)hp.reg);
+    char detail[4096] = "";
+    size_t dl = 0;
     for (int r = 0; r < reps; r++) {
         atomic_store(&s.next, 0);
         for (int t = 0; t < nth; t++) w[t].used = 0;
         double t0 = now();
+        if (mode == HYBRID) {
+            void *m = mmap(NULL, s.size, PROT_READ, MAP_SHARED, s.fd, 0);
+            if (m == MAP_FAILED) {
+                printf("], \"error\": \"mmap failed in rep %d\"}\n", r + 1);
+                return 1;
+            }
+            hp.map = m;
+            hp.reg_seconds = 0;
+            pthread_create(&hp.th, NULL, help, &hp);
+        }
         for (int t = 0; t < nth; t++) pthread_create(&w[t].th, NULL, work, &w[t]);
         for (int t = 0; t < nth; t++) pthread_join(w[t].th, NULL);
+        double ring_done = now();
+        if (mode == HYBRID) pthread_join(hp.th, NULL);
         double secs = now() - t0;
+        if (mode == HYBRID) {
+            double tu = now();
+            for (uint64_t off = hp.cut; off < s.size && hp.npieces-- > 0; off += hp.reg) MemHostUnregister(hp.map + off);
+            double unreg = now() - tu;
+            munmap(hp.map, s.size);
+            if (dl < sizeof detail - 200)
+                dl += (size_t)snprintf(detail + dl, sizeof detail - dl,
+                                       "%s{\"ring_s\": %.4f, \"helper_s\": %.4f, \"register_s\": %.4f, \"unregister_s\": %.4f}",
+                                       r ? ", " : "", ring_done - t0, hp.done_at - t0, hp.reg_seconds, unreg);
+        }
         if (atomic_load(&s.failed)) {
             printf("], \"error\": \"a read came up short or a CUDA call failed in rep %d\"}\n", r + 1);
             return 1;
@@ -263,6 +349,6 @@ int main(int argc, char **argv)
         printf("%s%.2f", r ? ", " : "", (double)s.size / secs / 1e9);
         fflush(stdout);
     }
-    printf("]}\n");
+    printf("]%s%s%s}\n", dl ? ", \"reps\": [" : "", detail, dl ? "]" : "");
     return 0;
 }

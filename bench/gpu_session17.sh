@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The seventeenth session's GPU measurements (bench/RESULTS.md, "Seventeenth
+# session"), run on the GPU machine from the repository root:
+#   bench/gpu_session17.sh PART OUT
+# build-gpu is this tree's Release build, made on the development machine and
+# carried, with fastsafetensors' and InstantTensor's wheels in .whl (installed
+# into /tmp/site). Files are compare_load.py's, made in /tmp/cmp. Parts:
+#   probe  bench_ring's hybrid mode beside its ring (can copies straight from
+#          page-locked page-cache pages, registered piece by piece on a helper
+#          thread, take the tail of the file while the CPU ring takes the head,
+#          past the ring's ceiling?): hot, 2 rounds alternated, fresh processes;
+#          then the first pass over a fresh /dev/shm copy, 2 rounds; then the 10
+#          GB file cold, ferry's direct path with its default shape and two
+#          smaller-read shapes beside fastsafetensors 0.5, 3 rounds alternated
+set -uo pipefail
+PART=$1
+OUT=${2:-/tmp/out17}
+mkdir -p "$OUT"
+D=/tmp/cmp
+F=$D/w10g.safetensors
+SHM=/dev/shm/ferry17
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
+export FERRY_LIBRARY=$PWD/build-gpu/libferry.so PYTHONPATH=$PWD/python
+CMP="python3 bench/compare_load.py --ferry build-gpu/ferry --ferry-library $PWD/build-gpu/libferry.so --ferry-python $PWD/python --dir $D"
+limit() { build-gpu/bench_pinrate 4 64 2 2>&1 | grep hostalloc | head -1; }
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; }
+cli() { # FILE [args]: one fresh ferry load --json: each load's GB/s, ms, set-up and allocation ms
+  local f=$1; shift
+  build-gpu/ferry load --json "$@" "$f" | python3 -c '
+import json,sys
+d=json.load(sys.stdin)
+L=d["files"]
+r=lambda k: [round(l.get(k, 0)*1e3, 2) for l in L]
+print(json.dumps({"gbps": [round(l["gbps"], 2) for l in L], "ms": r("seconds"), "setup_ms": r("setup_seconds"),
+                  "alloc_ms": r("alloc_seconds"), "path": L[0]["path_used"], "rss_mib": d["peak_rss_bytes"] >> 20}))'
+}
+fsafe() { # FILE: fastsafetensors 0.5 nogds (its defaults), the load timed from fastsafe_open to synced tensors
+  PYTHONPATH=/tmp/site python3 - "$1" <<'PY'
+import json, os, sys, time
+import torch
+from fastsafetensors import fastsafe_open
+torch.cuda.init(); torch.empty(1, device="cuda:0")
+t = time.perf_counter()
+with fastsafe_open([sys.argv[1]], framework="pt", device="cuda:0", nogds=True) as f:
+    n = sum(f.get_tensor(k).numel() * 0 + 1 for k in f.keys())
+torch.cuda.synchronize()
+s = time.perf_counter() - t
+print(json.dumps({"gbps": round(os.path.getsize(sys.argv[1]) / s / 1e9, 2), "s": round(s, 3), "tensors": n}))
+PY
+}
+R() { build-gpu/bench_ring "$@" 2>&1 | tail -1; }
+case "$PART" in
+probe)
+  PYTHONPATH=/tmp/site $CMP --workloads w10g,small --make --make-only --out "$OUT/make.json" 2>&1 | tail -1
+  echo "limit start: $(limit)" | tee "$OUT/limits.txt"
+  cat "$F" >/dev/null
+  for r in 1 2; do
+    echo "r$r ring 12x2x4M: $(R "$F" ring 12 2 4096 3)"
+    echo "r$r hybrid 0.15/256M: $(HYBRID_FRAC=0.15 R "$F" hybrid 12 2 4096 3)"
+    echo "r$r hybrid 0.30/256M: $(HYBRID_FRAC=0.30 R "$F" hybrid 12 2 4096 3)"
+    echo "r$r hybrid 0.45/256M: $(HYBRID_FRAC=0.45 R "$F" hybrid 12 2 4096 3)"
+    echo "r$r hybrid 0.30/1024M: $(HYBRID_FRAC=0.30 REG_MIB=1024 R "$F" hybrid 12 2 4096 3)"
+    echo "r$r ring 16x2x4M: $(R "$F" ring 16 2 4096 3)"
+    echo "r$r ferry cli: $(cli "$F" --device cuda:0 --path ring)"
+  done 2>&1 | tee "$OUT/hybrid-hot.txt"
+  mkdir -p $SHM
+  for r in 1 2; do
+    for m in "ring:0" "hybrid:0.30" "hybrid:0.45"; do
+      cp "$F" $SHM/x.safetensors
+      echo "r$r tmpfs ${m}: $(HYBRID_FRAC=${m#*:} R $SHM/x.safetensors ${m%%:*} 12 2 4096 1)"
+      rm -f $SHM/x.safetensors
+    done
+    cp "$F" $SHM/x.safetensors
+    echo "r$r tmpfs ferry cli: $(cli $SHM/x.safetensors --device cuda:0)"
+    rm -f $SHM/x.safetensors
+  done 2>&1 | tee "$OUT/hybrid-tmpfs.txt"
+  for r in 1 2 3; do
+    for cfg in "" "--threads 16 --buffer-size 512KiB --buffers 32" "--threads 8 --buffer-size 1MiB --buffers 16"; do
+      drop; echo "cold direct [$cfg] r$r: $(cli "$F" --device cuda:0 --path direct $cfg)"
+    done
+    drop; echo "cold fsafe r$r: $(fsafe "$F")"
+  done 2>&1 | tee "$OUT/cold.txt"
+  echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
+  ;;
+*) echo "usage: $0 probe OUT" >&2; exit 2 ;;
+esac
