@@ -9,7 +9,8 @@
 #          page-locked page-cache pages, registered piece by piece on a helper
 #          thread, take the tail of the file while the CPU ring takes the head,
 #          past the ring's ceiling?): hot, 2 rounds alternated, fresh processes;
-#          then the first pass over a fresh /dev/shm copy, 2 rounds; then the 10
+#          registration pieces of 16-256 MiB (the driver serialises its calls:
+#          a long registration holds up the ring's copy calls); then the first pass over a fresh /dev/shm copy, 2 rounds; then the 10
 #          GB file cold, ferry's direct path with its default shape and two
 #          smaller-read shapes beside fastsafetensors 0.5, 3 rounds alternated
 set -uo pipefail
@@ -56,18 +57,20 @@ probe)
   cat "$F" >/dev/null
   for r in 1 2; do
     echo "r$r ring 12x2x4M: $(R "$F" ring 12 2 4096 3)"
-    echo "r$r hybrid 0.15/256M: $(HYBRID_FRAC=0.15 R "$F" hybrid 12 2 4096 3)"
+    echo "r$r hybrid 0.30/16M: $(HYBRID_FRAC=0.30 REG_MIB=16 R "$F" hybrid 12 2 4096 3)"
+    echo "r$r hybrid 0.30/64M: $(HYBRID_FRAC=0.30 REG_MIB=64 R "$F" hybrid 12 2 4096 3)"
     echo "r$r hybrid 0.30/256M: $(HYBRID_FRAC=0.30 R "$F" hybrid 12 2 4096 3)"
-    echo "r$r hybrid 0.45/256M: $(HYBRID_FRAC=0.45 R "$F" hybrid 12 2 4096 3)"
-    echo "r$r hybrid 0.30/1024M: $(HYBRID_FRAC=0.30 REG_MIB=1024 R "$F" hybrid 12 2 4096 3)"
-    echo "r$r ring 16x2x4M: $(R "$F" ring 16 2 4096 3)"
+    echo "r$r hybrid 0.15/64M: $(HYBRID_FRAC=0.15 REG_MIB=64 R "$F" hybrid 12 2 4096 3)"
+    echo "r$r hybrid 0.45/64M: $(HYBRID_FRAC=0.45 REG_MIB=64 R "$F" hybrid 12 2 4096 3)"
+    echo "r$r ring 12x4x4M: $(R "$F" ring 12 4 4096 3)"
+    echo "r$r hybrid 0.30/64M 12x4: $(HYBRID_FRAC=0.30 REG_MIB=64 R "$F" hybrid 12 4 4096 3)"
     echo "r$r ferry cli: $(cli "$F" --device cuda:0 --path ring)"
   done 2>&1 | tee "$OUT/hybrid-hot.txt"
   mkdir -p $SHM
   for r in 1 2; do
     for m in "ring:0" "hybrid:0.30" "hybrid:0.45"; do
       cp "$F" $SHM/x.safetensors
-      echo "r$r tmpfs ${m}: $(HYBRID_FRAC=${m#*:} R $SHM/x.safetensors ${m%%:*} 12 2 4096 1)"
+      echo "r$r tmpfs ${m}: $(HYBRID_FRAC=${m#*:} REG_MIB=64 R $SHM/x.safetensors ${m%%:*} 12 2 4096 1)"
       rm -f $SHM/x.safetensors
     done
     cp "$F" $SHM/x.safetensors
