@@ -493,17 +493,6 @@ typedef struct ferry_load_opts {
     void (*progress)(void *opaque, uint64_t done, uint64_t total);
     void *opaque;
     uint32_t flags;             /* FERRY_LOAD_* below; 0 by default */
-    /* The registered tail (ring loads with buffered reads): a helper thread
-     * takes the load's batches from the end of the file backwards, page-locks
-     * the file's mapping there piece by piece and copies straight out of it
-     * (one DMA, no CPU copy), while the readers work from the front; the two
-     * meet where they meet. register_tail_pct: the most of the load's bytes the
-     * helper may take, in percent (0: no helper, the default; 1..90). Not
-     * for a file opened FERRY_OPEN_PRIVATE or one this device has registered
-     * (any of it): those loads run without the helper. */
-    uint32_t register_tail_pct;
-    uint64_t register_tail_piece; /* bytes page-locked at a time; 0 = default (64 MiB), a
-                                     multiple of 4 KiB, at least the ring's buffer size */
 } ferry_load_opts;
 
 /* ferry_load_opts.flags */
@@ -561,11 +550,6 @@ typedef struct ferry_load_stats {
     double setup_seconds;
     double alloc_seconds;
     double pin_seconds;
-    /* the registered tail (ferry_load_opts.register_tail_pct): the bytes the
-     * helper copied straight out of the page-locked mapping, and its time in
-     * page-locking and unlocking them (overlapping the readers) */
-    uint64_t tail_bytes;
-    double tail_register_seconds;
 } ferry_load_stats;
 
 typedef struct ferry_loaded ferry_loaded;

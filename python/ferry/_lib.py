@@ -80,8 +80,6 @@ class LoadOpts(Struct):
         ("progress", PROGRESS_FN),
         ("opaque", ctypes.c_void_p),
         ("flags", ctypes.c_uint32),
-        ("register_tail_pct", ctypes.c_uint32),
-        ("register_tail_piece", ctypes.c_uint64),
     ]
 
 
@@ -99,8 +97,6 @@ class LoadStats(Struct):
         ("setup_seconds", ctypes.c_double),
         ("alloc_seconds", ctypes.c_double),
         ("pin_seconds", ctypes.c_double),
-        ("tail_bytes", ctypes.c_uint64),
-        ("tail_register_seconds", ctypes.c_double),
     ]
 
 

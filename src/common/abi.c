@@ -29,15 +29,13 @@ static const field f_load_opts[] = {F(ferry_load_opts, size),          F(ferry_l
                                     F(ferry_load_opts, ring_buffers),  F(ferry_load_opts, ring_buffer_bytes),
                                     F(ferry_load_opts, pinned_budget), F(ferry_load_opts, progress),
                                     F(ferry_load_opts, opaque),        F(ferry_load_opts, flags),
-                                    F(ferry_load_opts, register_tail_pct), F(ferry_load_opts, register_tail_piece),
                                     {NULL, 0}};
 static const field f_load_stats[] = {F(ferry_load_stats, size),    F(ferry_load_stats, route),
                                      F(ferry_load_stats, bytes),   F(ferry_load_stats, seconds),
                                      F(ferry_load_stats, resident), F(ferry_load_stats, why),
                                      F(ferry_load_stats, registration), F(ferry_load_stats, register_seconds),
                                      F(ferry_load_stats, setup_seconds), F(ferry_load_stats, alloc_seconds),
-                                     F(ferry_load_stats, pin_seconds),  F(ferry_load_stats, tail_bytes),
-                                     F(ferry_load_stats, tail_register_seconds), {NULL, 0}};
+                                     F(ferry_load_stats, pin_seconds),  {NULL, 0}};
 static const field f_store_opts[] = {F(ferry_store_opts, size),          F(ferry_store_opts, device_budget),
                                      F(ferry_store_opts, device_reserve), F(ferry_store_opts, host_budget),
                                      F(ferry_store_opts, pinned_budget),  F(ferry_store_opts, host_reserve),

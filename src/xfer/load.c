@@ -208,11 +208,6 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
     uint32_t nthreads, nbuf;
     uint64_t bufsz;
     FY_TRY(xf_ring_geometry(d, &o, &nthreads, &nbuf, &bufsz));
-    uint64_t tail_piece;
-    FY_RETURN_IF(xf_tail_piece(&o, bufsz, &tail_piece) < 0, err, FERRY_E_INVAL,
-                 "ferry_load: a registered tail of at most %u%% in pieces of %llu bytes: the share goes up to 90%%, "
-                 "the pieces are a multiple of 4 KiB and at least the ring's buffer (%llu bytes)",
-                 o.register_tail_pct, (unsigned long long)o.register_tail_piece, (unsigned long long)bufsz);
     uint32_t nstreams = o.streams ? o.streams : 4;
     if (nstreams < 2) nstreams = 2;
     if (nstreams > MAX_STREAMS) nstreams = MAX_STREAMS;
@@ -249,12 +244,12 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
              * costs its start (a 25 MB file has 7 batches of 4 MiB) */
             if (p.nbt < (long long)nthreads) nthreads = p.nbt > 0 ? (uint32_t)p.nbt : 1;
             st.setup_seconds = fy_now() - t0;
-            if (rc == 0) rc = xf_run_ring(d, f, &p, st.route == FERRY_ROUTE_DIRECT, &o, streams, nstreams, nthreads, &st);
+            if (rc == 0) rc = xf_run_ring(d, f, &p, st.route == FERRY_ROUTE_DIRECT, &o, streams, nstreams, nthreads);
             if (rc == -EINVAL && st.route == FERRY_ROUTE_DIRECT && o.route == FERRY_ROUTE_AUTO) {
                 /* auto chose O_DIRECT on a file system without it (tmpfs, some FUSE): buffered reads */
                 st.route = FERRY_ROUTE_RING;
                 st.why = "cold, but the file system refuses O_DIRECT: buffered reads";
-                rc = xf_run_ring(d, f, &p, false, &o, streams, nstreams, nthreads, &st);
+                rc = xf_run_ring(d, f, &p, false, &o, streams, nstreams, nthreads);
             }
             pthread_mutex_unlock(&d->ring_lock);
         }

@@ -77,7 +77,6 @@ int xf_plan_build(const ferry_allocator *m, const ferry_file *f, item *it, int64
     qsort_r(it, (size_t)n, sizeof *it, cmp_item, (void *)f);
     int64_t maxpc = 0;
     for (int64_t i = 0; i < n; i++) maxpc += (int64_t)((f->tb.t[it[i].t].nbytes + cap - 1) / cap);
-    if (maxpc >= (int64_t)UINT32_MAX) return -ENOMEM; /* the schedule counts batches in 32 bits */
     p->pc = fy_calloc(m, (size_t)(maxpc ? maxpc : 1), sizeof *p->pc);
     p->bt = fy_calloc(m, (size_t)(maxpc ? maxpc : 1), sizeof *p->bt);
     if (!p->pc || !p->bt) {
@@ -126,43 +125,29 @@ int xf_plan_build(const ferry_allocator *m, const ferry_file *f, item *it, int64
 void xf_sched_init(sched *q, const plan *p, long long run, uint32_t nthreads)
 {
     q->p = p;
-    atomic_init(&q->left, (unsigned long long)p->nbt);
+    atomic_init(&q->next, 0);
     q->run = run;
     q->nthreads = nthreads ? nthreads : 1;
 }
-
-#define SCHED_LO(v) ((long long)((v) >> 32))
-#define SCHED_HI(v) ((long long)((v) & 0xffffffffull))
-#define SCHED_PACK(lo, hi) (((unsigned long long)(lo) << 32) | (unsigned long long)(hi))
 
 /* The next batch for a reader (p->nbt when none is left); *k and *end: the
  * reader's current run, -1 and 0 to begin. */
 long long xf_next_batch(sched *q, long long *k, long long *end)
 {
     if (*k + 1 < *end) return ++*k;
-    unsigned long long v = atomic_load(&q->left);
-    long long lo, want;
+    long long s = atomic_load(&q->next), want;
     do {
-        lo = SCHED_LO(v);
-        long long left = SCHED_HI(v) - lo;
+        long long left = q->p->nbt - s;
         if (left <= 0) return q->p->nbt;
         want = left / (2 * (long long)q->nthreads);
         if (want > q->run) want = q->run;
         if (want < 1) want = 1;
-    } while (!atomic_compare_exchange_weak(&q->left, &v, SCHED_PACK(lo + want, SCHED_HI(v))));
-    *k = lo;
-    *end = lo + want;
-    return lo;
+    } while (!atomic_compare_exchange_weak(&q->next, &s, s + want));
+    *k = s;
+    *end = s + want;
+    return s;
 }
 
-bool xf_sched_take_tail(sched *q, long long a, long long e)
-{
-    unsigned long long v = atomic_load(&q->left);
-    do {
-        if (SCHED_HI(v) != e || a < SCHED_LO(v) || a > e) return false;
-    } while (!atomic_compare_exchange_weak(&q->left, &v, SCHED_PACK(SCHED_LO(v), a)));
-    return true;
-}
 
 int xf_own_fd(const ferry_file *f, own *o, int32_t s)
 {

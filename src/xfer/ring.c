@@ -255,154 +255,8 @@ static void *ring_worker(void *arg)
     return NULL;
 }
 
-/* ---- the registered tail (ferry_load_opts.register_tail_pct) ----
- *
- * A helper thread takes the plan's batches from the back, one registration
- * piece at a time: piece k of a shard is the page-aligned range [kP, (k+1)P)
- * of its mapping, and its claim is every batch (of that shard) starting in
- * it, from the first such batch to the schedule's end. It page-locks the
- * piece, claims the batches (xf_sched_take_tail: only if no reader got to
- * the first of them; else it unlocks the piece and stops), and queues their
- * copies straight out of the mapping on a stream of its own. A claim's last
- * batch may run past (k+1)P into piece k+1, which the claim before locked:
- * such a copy is cut there, as a copy may not span two registrations, and a
- * piece is unlocked only once the copies of the claim after it (the one
- * toward the front) have landed. So while it page-locks the next piece, the
- * copies of the last one run. It stops at the cap, at the readers, at a
- * shard's start, or when page-locking fails (the readers then do the rest:
- * not an error); a failed copy fails the load. */
-#define TAIL_PIECE (64ull << 20)
-
-typedef struct tail {
-    job *j;
-    uint64_t piece, cap;
-    /* results */
-    uint64_t bytes;
-    double seconds; /* page-locking and unlocking */
-    int rc;
-} tail;
-
-typedef struct tail_reg {
-    void *base; /* NULL: none */
-    int32_t shard;
-    uint64_t k;
-} tail_reg;
-
-static void tail_unlock(tail *t, tail_reg *r)
-{
-    if (!r->base) return;
-    double t0 = fy_now();
-    t->j->d->g->ops->host_unregister(t->j->d->g, r->base);
-    t->seconds += fy_now() - t0;
-    r->base = NULL;
-}
-
-static void *tail_main(void *arg)
-{
-    tail *t = arg;
-    job *j = t->j;
-    fy_gpu *g = j->d->g;
-    const plan *p = j->p;
-    const uint64_t P = t->piece;
-    fy_stream *st = NULL;
-    fy_event *ev[2] = {NULL, NULL};
-    tail_reg reg[3] = {{0}}; /* the claims i-2, i-1, i (by i % 3) */
-    long long e = p->nbt;
-    bool claimed = false; /* batches are this thread's to copy: a failure from here on fails the load */
-    int rc = g->ops->bind_thread(g);
-    if (rc == 0) rc = g->ops->stream_new(g, &st);
-    if (rc == 0) rc = g->ops->event_new(g, &ev[0]);
-    if (rc == 0) rc = g->ops->event_new(g, &ev[1]);
-    if (rc < 0) goto out; /* the readers do it all */
-    uint32_t next_stream = 0;
-    for (long long i = 0; e > 0 && atomic_load(&j->rc) == 0; i++) {
-        const batch *last = &p->bt[e - 1];
-        int32_t s = last->shard;
-        const shard *sh = &j->f->shards[s];
-        uint64_t k = last->off / P, lo = k * P, hi = lo + P;
-        if (hi > page_round(sh->size)) hi = page_round(sh->size);
-        long long a = e - 1;
-        uint64_t claim = last->len;
-        while (a > 0 && p->bt[a - 1].shard == s && p->bt[a - 1].off >= lo) claim += p->bt[--a].len;
-        tail_reg *prev = &reg[(i + 2) % 3], *cur = &reg[i % 3];
-        /* past the piece only into the one the claim before locked */
-        bool spills = last->off + last->len > hi;
-        if (t->bytes + claim > t->cap || !sh->map ||
-            (spills && !(prev->base && prev->shard == s && prev->k == k + 1)))
-            break;
-        uint64_t now_size = 0;
-        if (fy_fstat_size(sh->fd, &now_size) < 0 || now_size < sh->size) break; /* cut: the readers say so */
-        tail_unlock(t, cur); /* claim i-3's piece: its copies and i-2's landed (ev synced below) */
-        double t0 = fy_now();
-        if (g->ops->host_register(g, (uint8_t *)sh->map + lo, (size_t)(hi - lo), true) < 0) break;
-        t->seconds += fy_now() - t0;
-        *cur = (tail_reg){.base = (uint8_t *)sh->map + lo, .shard = s, .k = k};
-        if (!xf_sched_take_tail(&j->q, a, e)) break; /* the readers got there first */
-        claimed = true;
-        for (long long b = a; b < e && rc == 0; b++) {
-            const batch *bt = &p->bt[b];
-            for (int64_t q = bt->first; q < bt->first + bt->count && rc == 0;) {
-                uint64_t src, len;
-                fy_dptr dst;
-                xf_piece_run(p, bt, &q, &src, &len, &dst);
-                while (len > 0 && rc == 0) { /* cut at hi: the rest is in the piece after */
-                    uint64_t n = src < hi && src + len > hi ? hi - src : len;
-                    rc = xf_copy_spread(g, true, dst, (uint8_t *)sh->map + src, n, &st, 1, &next_stream);
-                    src += n, dst += n, len -= n;
-                }
-            }
-        }
-        if (rc == 0) rc = g->ops->event_record(g, ev[i % 2], st);
-        /* claim i-1's copies (and those before it on this stream) landed:
-         * claim i-2's piece, which they may have read past into, is free */
-        if (rc == 0 && i > 0) rc = g->ops->event_sync(g, ev[(i + 1) % 2]);
-        if (rc == 0) tail_unlock(t, &reg[(i + 1) % 3]);
-        if (rc < 0) break;
-        t->bytes += claim;
-        fy_progress_add(&j->prog, claim);
-        e = a;
-    }
-    if (st) {
-        int r = g->ops->stream_sync(g, st);
-        if (rc == 0) rc = r;
-    }
-    for (int r = 0; r < 3; r++) tail_unlock(t, &reg[r]);
-out:
-    for (int r = 0; r < 2; r++)
-        if (ev[r]) g->ops->event_free(g, ev[r]);
-    if (st) g->ops->stream_free(g, st);
-    /* a copy that failed fails the load; setting up the helper failing does not */
-    if (rc < 0 && claimed) job_fail(j, rc);
-    t->rc = rc;
-    return NULL;
-}
-
-/* Whether this load takes a registered tail, and its piece size. */
-static bool tail_wanted(ferry_device *d, const ferry_file *f, bool direct, const ferry_load_opts *o)
-{
-    if (direct || !o->register_tail_pct || f->private_map || d->g->host_visible) return false;
-    for (int32_t s = 0; s < f->nshards; s++)
-        if (f->shards[s].size && !f->shards[s].map) return false;
-    /* a file this device registered (any piece of it, held or in use by a
-     * load) is left alone: registering its pages again would fail */
-    pthread_mutex_lock(&d->lock);
-    bool mine = false;
-    for (int i = 0; i < d->nregs && !mine; i++) mine = d->regs[i].f == f;
-    pthread_mutex_unlock(&d->lock);
-    return !mine;
-}
-
-int xf_tail_piece(const ferry_load_opts *o, uint64_t bufsz, uint64_t *out)
-{
-    uint64_t want = o->register_tail_piece ? o->register_tail_piece : TAIL_PIECE;
-    if (!o->register_tail_piece && want < page_round(bufsz)) want = page_round(bufsz);
-    if (o->register_tail_pct > 90 || want % ALIGN || want < bufsz) return FERRY_E_INVAL;
-    *out = want;
-    return 0;
-}
-
 int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, const ferry_load_opts *o,
-                    fy_stream **streams, uint32_t nstreams, uint32_t nthreads, ferry_load_stats *st)
+                    fy_stream **streams, uint32_t nstreams, uint32_t nthreads)
 {
     const ferry_allocator *m = &d->ctx->mem;
     job j = {.d = d, .f = f, .p = p, .direct = direct, .streams = streams, .nstreams = nstreams, .o = o};
@@ -453,20 +307,11 @@ int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct
             }
         }
     }
-    tail tl = {.j = &j, .cap = p->bytes / 100 * o->register_tail_pct};
-    pthread_t tail_th;
-    bool tailing = tail_wanted(d, f, direct, o) && xf_tail_piece(o, d->ring_bytes, &tl.piece) == 0 &&
-                   pthread_create(&tail_th, NULL, tail_main, &tl) == 0;
     uint32_t started = 0;
     for (; started < nthreads; started++)
         if (pthread_create(&th[started], NULL, ring_worker, &j) != 0) break;
     if (started == 0) ring_worker(&j);
     for (uint32_t t = 0; t < started; t++) pthread_join(th[t], NULL);
-    if (tailing) {
-        pthread_join(tail_th, NULL);
-        st->tail_bytes = tl.bytes;
-        st->tail_register_seconds = tl.seconds;
-    }
     for (uint32_t s = 0; s < nstreams; s++) {
         int r = d->g->ops->stream_sync(d->g, streams[s]);
         if (r < 0) job_fail(&j, r);

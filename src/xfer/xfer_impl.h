@@ -125,11 +125,7 @@ void xf_items_alloc_ends(ferry_device *d, item *it, int64_t n);
  * activates every page (bench/RESULTS.md, third GPU session). */
 typedef struct sched {
     const plan *p;
-    /* the batches still unclaimed, [next, end): next in the high 32 bits,
-     * end in the low, so that the readers' claims from the front and the
-     * registered tail's from the back (ring.c) never cross (a plan has fewer
-     * than 2^32 batches: xf_plan_build) */
-    atomic_ullong left;
+    atomic_llong next;
     long long run; /* most consecutive batches one claim takes */
     uint32_t nthreads;
 } sched;
@@ -185,10 +181,6 @@ void xf_sched_init(sched *q, const plan *p, long long run, uint32_t nthreads);
 /* The next batch for a reader (p->nbt when none is left); *k and *end: the
  * reader's current run, -1 and 0 to begin. */
 long long xf_next_batch(sched *q, long long *k, long long *end);
-/* The registered tail's claim of batches [a, e) from the back: true when e is
- * still the schedule's end and no reader has claimed batch a; the readers then
- * stop before a. */
-bool xf_sched_take_tail(sched *q, long long a, long long e);
 /* The descriptor a reader reads shard s through: its own when it could open one. */
 int xf_own_fd(const ferry_file *f, own *o, int32_t s);
 void xf_own_close(own *o);
@@ -200,10 +192,7 @@ int xf_read_failed(fy_err *err, int rc, const char *path, const batch *bt, bool 
 /* Readers fill the cached ring (O_DIRECT when direct), copies go out on
  * streams; waits until every copy landed. Under d->ring_lock. */
 int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, const ferry_load_opts *o,
-                fy_stream **streams, uint32_t nstreams, uint32_t nthreads, ferry_load_stats *st);
-/* The registered tail's piece size for opts o and a ring of bufsz-byte
- * buffers; FERRY_E_INVAL when o asks for what cannot work (ring.c). */
-int xf_tail_piece(const ferry_load_opts *o, uint64_t bufsz, uint64_t *out);
+                fy_stream **streams, uint32_t nstreams, uint32_t nthreads);
 /* cpu device: readers pread straight into the destination. */
 int xf_run_host(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o, uint32_t nthreads);
 

@@ -1285,121 +1285,6 @@ static void test_register_pieces(ferry_ctx *ctx)
     }
 }
 
-/* The registered tail (ferry_load_opts.register_tail_pct): a helper takes
- * batches from the end, page-locks 12 KiB pieces of the mapping (the 4 KiB
- * batches start at odd offsets, so claims run into the piece after theirs and
- * copies are cut there) and copies out of them while one slow reader works
- * from the front (the sim copies at 40 MB/s, so the helper always gets some).
- * Every byte arrives, nothing stays registered, the share is capped, and a
- * helper that cannot page-lock leaves the work to the readers; a failed copy
- * fails the load cleanly. */
-static void test_register_tail(ferry_ctx *ctx)
-{
-    static const char *const files[] = {"odd.safetensors", "sh.safetensors.index.json"};
-    for (size_t c = 0; c < sizeof files / sizeof files[0]; c++) {
-        ferry_file *f = open_file(ctx, files[c]);
-        ferry_device *d = open_dev(ctx, "sim:256MiB,40MB/s");
-        if (!f || !d) goto next;
-        char what[160];
-        snprintf(what, sizeof what, "%s with a registered tail", files[c]);
-        uint64_t total = 0;
-        for (int64_t i = 0; i < ferry_file_tensor_count(f); i++) {
-            ferry_tensor_info ti = {.size = sizeof ti};
-            ferry_file_tensor_info(f, i, &ti);
-            total += ti.nbytes;
-        }
-        static const uint32_t pcts[] = {90, 30, 0};
-        for (size_t k = 0; k < sizeof pcts / sizeof pcts[0]; k++) {
-            ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
-            o.threads = 1;
-            o.register_tail_pct = pcts[k];
-            o.register_tail_piece = 12 * KiB;
-            ferry_load_stats st = {.size = sizeof st};
-            ferry_loaded *l = NULL;
-            int rc = ferry_load(d, f, &o, &l, &st);
-            if (rc < 0) fprintf(stderr, "%s: %s\n", what, ferry_ctx_errmsg(ctx));
-            CHECK_EQ(rc, 0);
-            CHECK_EQ(st.bytes, total);
-            if (pcts[k]) {
-                CHECK(st.tail_bytes > 0);
-                CHECK(st.tail_register_seconds > 0);
-            } else {
-                CHECK_EQ(st.tail_bytes, 0);
-            }
-            CHECK(st.tail_bytes <= total / 100 * pcts[k]);
-            if (l) CHECK_EQ(verify_loaded(l, f, what), 0);
-            ferry_loaded_free(l);
-            CHECK_EQ(use_of(d).reg, 0);
-        }
-
-        /* page-locking refused: the readers do it all */
-        ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
-        o.threads = 1;
-        o.register_tail_pct = 90;
-        o.register_tail_piece = 12 * KiB;
-        for (long n = 1; n <= 2; n++) {
-            CHECK(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_HOST_REGISTER, n) >= 0);
-            ferry_load_stats st = {.size = sizeof st};
-            ferry_loaded *l = NULL;
-            CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
-            fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_HOST_REGISTER, 0);
-            if (n == 1) CHECK_EQ(st.tail_bytes, 0);
-            if (l) CHECK_EQ(verify_loaded(l, f, what), 0);
-            ferry_loaded_free(l);
-            CHECK_EQ(use_of(d).reg, 0);
-        }
-        /* a copy fails (the readers' or the helper's): the load fails, and
-         * leaves nothing registered or allocated */
-        for (long n = 1; n <= 6; n++) {
-            CHECK(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, n) >= 0);
-            ferry_loaded *l = NULL;
-            CHECK_EQ(ferry_load(d, f, &o, &l, NULL), FERRY_E_DEVICE);
-            fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, 0);
-            CHECK(l == NULL);
-            usage u = use_of(d);
-            CHECK_EQ(u.reg, 0);
-            CHECK_EQ(u.dev, 0);
-        }
-        /* a file the device registered is left alone (its pages are locked already) */
-        CHECK_EQ(ferry_device_register_file(d, f, 0), 0);
-        uint64_t held = use_of(d).reg;
-        ferry_load_stats st = {.size = sizeof st};
-        ferry_loaded *l = NULL;
-        CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
-        CHECK_EQ(st.route, FERRY_ROUTE_RING);
-        CHECK_EQ(st.tail_bytes, 0);
-        if (l) CHECK_EQ(verify_loaded(l, f, what), 0);
-        ferry_loaded_free(l);
-        CHECK_EQ(use_of(d).reg, held);
-        ferry_device_unregister_file(d, f);
-        /* O_DIRECT reads take no tail */
-        if (direct_ok) {
-            o.route = FERRY_ROUTE_DIRECT;
-            st = (ferry_load_stats){.size = sizeof st};
-            l = NULL;
-            CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
-            CHECK_EQ(st.tail_bytes, 0);
-            if (l) CHECK_EQ(verify_loaded(l, f, what), 0);
-            ferry_loaded_free(l);
-        }
-        /* options that cannot work are refused, naming them */
-        static const struct { uint32_t pct; uint64_t piece; } bad[] = {{91, 0}, {10, 4097}, {10, 2048}};
-        for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
-            o = small_opts(FERRY_ROUTE_RING);
-            o.ring_buffer_bytes = 8192;
-            o.register_tail_pct = bad[b].pct;
-            o.register_tail_piece = bad[b].piece;
-            l = NULL;
-            CHECK_EQ(ferry_load(d, f, &o, &l, NULL), FERRY_E_INVAL);
-            CHECK(l == NULL);
-            CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "registered tail");
-        }
-    next:
-        ferry_device_close(d);
-        ferry_file_close(f);
-    }
-}
-
 /* A file closed while still registered (issue 15): the close drops the
  * registration on every device that holds one, so nothing stays page-locked
  * and a later file, even one allocated at the freed file's address, is not
@@ -2575,7 +2460,6 @@ static ferry_ctx *ctx;
     CASE(alloc_edges, test_alloc_edges(ctx))                                     \
     CASE(register, test_register(ctx))                                           \
     CASE(register_pieces, test_register_pieces(ctx))                             \
-    CASE(register_tail, test_register_tail(ctx))                                 \
     CASE(closed_registered, test_closed_registered(ctx))                         \
     CASE(capacity, test_capacity(ctx))                                           \
     CASE(ring_reuse, test_ring_reuse(ctx))                                       \

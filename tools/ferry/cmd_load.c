@@ -47,12 +47,6 @@ const cli_cmd cmd_load = {
     "                      With --path register the first load's registration is\n"
     "                      kept for the repeats (registered once per checkpoint)\n"
     "  --pinned-budget SIZE  most bytes a register load may page-lock (default: no limit)\n"
-    "  --register-tail PCT a ring load (buffered reads) hands up to PCT% of its bytes,\n"
-    "                      from the end of the file, to a helper thread that page-locks\n"
-    "                      the file's pages piece by piece and copies straight out of\n"
-    "                      them while the readers work from the front (default 0: off;\n"
-    "                      1..90)\n"
-    "  --register-tail-piece SIZE  bytes the helper page-locks at a time (default 64MiB)\n"
     "  --verify            copy every tensor back and compare its XXH3-64 with the file's\n"
     "  --json              print one JSON object\n"
     "  -h, --help          show this help\n",
@@ -135,8 +129,7 @@ static int run(int argc, char **argv)
         else if (opts && strcmp(a, "--") == 0) opts = false;
         else if (opts && (strcmp(a, "--device") == 0 || strcmp(a, "--path") == 0 || strcmp(a, "--threads") == 0 ||
                           strcmp(a, "--streams") == 0 || strcmp(a, "--buffers") == 0 || strcmp(a, "--buffer-size") == 0 ||
-                          strcmp(a, "--repeat") == 0 || strcmp(a, "--pinned-budget") == 0 ||
-                          strcmp(a, "--register-tail") == 0 || strcmp(a, "--register-tail-piece") == 0)) {
+                          strcmp(a, "--repeat") == 0 || strcmp(a, "--pinned-budget") == 0)) {
             int ex = EXIT_OK;
             if (!v) ex = cli_usage_error(&cmd_load, "%s needs a value", a);
             else if (strcmp(a, "--device") == 0) dev_spec = v;
@@ -153,14 +146,6 @@ static int run(int argc, char **argv)
             } else if (strcmp(a, "--pinned-budget") == 0) {
                 if (!cli_parse_size(v, &lo.pinned_budget) || lo.pinned_budget == 0)
                     ex = cli_usage_error(&cmd_load, "--pinned-budget takes a size, e.g. 16GiB, not '%s'", v);
-            } else if (strcmp(a, "--register-tail") == 0) {
-                if (!parse_u32(v, 0, 90, &lo.register_tail_pct))
-                    ex = cli_usage_error(&cmd_load, "--register-tail takes a percentage, 0..90, not '%s'", v);
-            } else if (strcmp(a, "--register-tail-piece") == 0) {
-                if (!cli_parse_size(v, &lo.register_tail_piece) || lo.register_tail_piece == 0 ||
-                    lo.register_tail_piece % 4096 || lo.register_tail_piece > (64ull << 30))
-                    ex = cli_usage_error(&cmd_load,
-                                         "--register-tail-piece takes a multiple of 4KiB up to 64GiB, e.g. 64MiB, not '%s'", v);
             } else if (strcmp(a, "--buffers") == 0) {
                 if (!parse_u32(v, 2, 4096, &lo.ring_buffers)) ex = cli_usage_error(&cmd_load, "--buffers takes 2..4096");
             } else {
@@ -283,10 +268,6 @@ static int run(int argc, char **argv)
         json_object_set_new(o, "alloc_seconds", json_real(st.alloc_seconds));
         json_object_set_new(o, "pin_seconds", json_real(st.pin_seconds));
         json_object_set_new(o, "device_memory", json_string(reused ? "reused" : "new"));
-        if (lo.register_tail_pct) {
-            json_object_set_new(o, "tail_bytes", json_integer((json_int_t)st.tail_bytes));
-            json_object_set_new(o, "tail_register_seconds", json_real(st.tail_register_seconds));
-        }
         if (st.route == FERRY_ROUTE_REGISTER) {
             /* "registered": this load page-locked the file (register_seconds
              * of it, overlapping the copies); "reused": it was registered already */
