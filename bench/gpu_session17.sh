@@ -12,7 +12,11 @@
 #          registration pieces of 16-256 MiB (the driver serialises its calls:
 #          a long registration holds up the ring's copy calls); then the first pass over a fresh /dev/shm copy, 2 rounds; then the 10
 #          GB file cold, ferry's direct path with its default shape and two
-#          smaller-read shapes beside fastsafetensors 0.5, 3 rounds alternated
+#          smaller-read shapes beside fastsafetensors 0.5, 3 rounds alternated.
+#          The 'ferry cli tail' lines ran ferry load --register-tail (commit
+#          ec552dd: the same registered tail inside ferry's ring path), which
+#          was reverted after this run (slower everywhere, bench/RESULTS.md);
+#          on later trees those lines fail with an unknown option
 set -uo pipefail
 PART=$1
 OUT=${2:-/tmp/out17}
@@ -33,7 +37,8 @@ d=json.load(sys.stdin)
 L=d["files"]
 r=lambda k: [round(l.get(k, 0)*1e3, 2) for l in L]
 print(json.dumps({"gbps": [round(l["gbps"], 2) for l in L], "ms": r("seconds"), "setup_ms": r("setup_seconds"),
-                  "alloc_ms": r("alloc_seconds"), "path": L[0]["path_used"], "rss_mib": d["peak_rss_bytes"] >> 20}))'
+                  "alloc_ms": r("alloc_seconds"), "path": L[0]["path_used"], "rss_mib": d["peak_rss_bytes"] >> 20,
+                  "tail_gb": [round(l.get("tail_bytes", 0) / 1e9, 2) for l in L], "tail_reg_ms": r("tail_register_seconds")}))'
 }
 fsafe() { # FILE: fastsafetensors 0.5 nogds (its defaults), the load timed from fastsafe_open to synced tensors
   PYTHONPATH=/tmp/site python3 - "$1" <<'PY'
@@ -65,6 +70,9 @@ probe)
     echo "r$r ring 12x4x4M: $(R "$F" ring 12 4 4096 3)"
     echo "r$r hybrid 0.30/64M 12x4: $(HYBRID_FRAC=0.30 REG_MIB=64 R "$F" hybrid 12 4 4096 3)"
     echo "r$r ferry cli: $(cli "$F" --device cuda:0 --path ring)"
+    echo "r$r ferry cli tail 30: $(cli "$F" --device cuda:0 --path ring --register-tail 30)"
+    echo "r$r ferry cli tail 50: $(cli "$F" --device cuda:0 --path ring --register-tail 50)"
+    echo "r$r ferry cli tail 30/16M: $(cli "$F" --device cuda:0 --path ring --register-tail 30 --register-tail-piece 16MiB)"
   done 2>&1 | tee "$OUT/hybrid-hot.txt"
   mkdir -p $SHM
   for r in 1 2; do
@@ -75,6 +83,9 @@ probe)
     done
     cp "$F" $SHM/x.safetensors
     echo "r$r tmpfs ferry cli: $(cli $SHM/x.safetensors --device cuda:0)"
+    rm -f $SHM/x.safetensors
+    cp "$F" $SHM/x.safetensors
+    echo "r$r tmpfs ferry cli tail 30: $(cli $SHM/x.safetensors --device cuda:0 --register-tail 30)"
     rm -f $SHM/x.safetensors
   done 2>&1 | tee "$OUT/hybrid-tmpfs.txt"
   for r in 1 2 3; do
