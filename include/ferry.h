@@ -483,10 +483,12 @@ FERRY_API int ferry_route_parse(const char *name);
 typedef struct ferry_load_opts {
     uint32_t size;              /* sizeof(ferry_load_opts) */
     ferry_route route;           /* how the bytes travel; FERRY_ROUTE_AUTO by default */
-    uint32_t threads;           /* reader threads; 0 = default (min(12, CPUs)) */
+    uint32_t threads;           /* reader threads; 0 = default (min(12, CPUs); DIRECT: min(8, CPUs)) */
     uint32_t streams;           /* copy streams; 0 = default (4), at least 2 are used */
     uint32_t ring_buffers;      /* pinned staging buffers; 0 = default (2 x threads) */
-    uint64_t ring_buffer_bytes; /* bytes per staging buffer; 0 = default (4 MiB) */
+    uint64_t ring_buffer_bytes; /* bytes per staging buffer; 0 = default (4 MiB; DIRECT: 1 MiB
+                                   reads, into the device's ring when one at least that large
+                                   is pinned and neither ring option is set) */
     uint64_t pinned_budget;     /* most bytes one REGISTER load may page-lock; 0 = no limit */
     /* progress(opaque, bytes done, bytes total), from worker threads, one call
      * at a time, done never decreasing and ending at total */

@@ -139,17 +139,23 @@ static int choose_path(ferry_device *d, const ferry_file *f, const ferry_load_op
 /* Threads and ring size from load options, with the defaults measured on the
  * H200 host (bench/RESULTS.md, ring sweep: 12 threads x 4 MiB buffers beat 8
  * and 16 threads and 8-32 MiB buffers), within ferry's limits. Loads and the
- * spill pipeline ask the same way, so they share one pinned ring. */
-int xf_ring_geometry(ferry_device *d, const ferry_load_opts *o, uint32_t *nthreads, uint32_t *nbuf,
-                         uint64_t *bufsz)
+ * spill pipeline ask the same way, so they share one pinned ring. O_DIRECT
+ * reads (direct) default to 8 threads of 1 MiB reads, 16 buffers: cold, on
+ * the GPU machines' disk, 12 x 4 MiB ran at 1.66-1.99 GB/s and 8 x 1 MiB at
+ * 1.91-2.29 in 5 rounds of 5 alternated (16 x 512 KiB alike, 1.98-2.40;
+ * fastsafetensors 1.76-2.36 beside them: bench/RESULTS.md, seventeenth
+ * session). Such a load reads into a ring pinned already when its buffers
+ * are at least as large and as many (load.c), so the ring's default serves both. */
+int xf_ring_geometry(ferry_device *d, const ferry_load_opts *o, bool direct, uint32_t *nthreads, uint32_t *nbuf,
+                     uint64_t *bufsz)
 {
-    uint32_t cpus = fy_ncpu();
-    *nthreads = o->threads ? o->threads : (cpus < 12 ? cpus : 12);
+    uint32_t cpus = fy_ncpu(), want = direct ? DIRECT_THREADS : 12;
+    *nthreads = o->threads ? o->threads : (cpus < want ? cpus : want);
     if (*nthreads > MAX_THREADS) *nthreads = MAX_THREADS;
     FY_RETURN_IF(o->ring_buffer_bytes > (4ull << 30) || o->ring_buffers > 4096, &d->err, FERRY_E_INVAL,
                  "ferry_load: a ring of %u buffers of %llu bytes is outside the limits (4096 buffers, 4 GiB each)",
                  o->ring_buffers, (unsigned long long)o->ring_buffer_bytes);
-    *bufsz = o->ring_buffer_bytes ? page_round(o->ring_buffer_bytes) : 4ull << 20;
+    *bufsz = o->ring_buffer_bytes ? page_round(o->ring_buffer_bytes) : direct ? DIRECT_READ : 4ull << 20;
     *nbuf = o->ring_buffers ? o->ring_buffers : 2 * *nthreads;
     if (*nbuf < 2) *nbuf = 2;
     FY_RETURN_IF((uint64_t)*nbuf * *bufsz > (64ull << 30), &d->err, FERRY_E_LIMIT,
@@ -185,7 +191,7 @@ FERRY_API int ferry_device_prepare(ferry_device *d, const ferry_load_opts *opts,
         return 0;
     uint32_t nthreads, nbuf;
     uint64_t bufsz;
-    FY_TRY(xf_ring_geometry(d, &o, &nthreads, &nbuf, &bufsz));
+    FY_TRY(xf_ring_geometry(d, &o, o.route == FERRY_ROUTE_DIRECT, &nthreads, &nbuf, &bufsz));
     FY_TRY(d->g->ops->bind_thread(d->g));
     pthread_mutex_lock(&d->ring_lock);
     ring_for_load(d, &o, bytes, bufsz, &nbuf);
@@ -207,7 +213,7 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
     FY_RETURN_IF((unsigned)o.route >= FERRY_ROUTE_COUNT, err, FERRY_E_INVAL, "ferry_load: unknown path %d", (int)o.route);
     uint32_t nthreads, nbuf;
     uint64_t bufsz;
-    FY_TRY(xf_ring_geometry(d, &o, &nthreads, &nbuf, &bufsz));
+    FY_TRY(xf_ring_geometry(d, &o, false, &nthreads, &nbuf, &bufsz));
     uint32_t nstreams = o.streams ? o.streams : 4;
     if (nstreams < 2) nstreams = 2;
     if (nstreams > MAX_STREAMS) nstreams = MAX_STREAMS;
@@ -218,6 +224,7 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
     int rc = choose_path(d, f, &o, &st);
     if (rc < 0) return rc;
     st.route = (ferry_route)rc;
+    if (st.route == FERRY_ROUTE_DIRECT) FY_TRY(xf_ring_geometry(d, &o, true, &nthreads, &nbuf, &bufsz));
     plan p;
     rc = xf_plan_build(m, f, it, n, st.route == FERRY_ROUTE_REGISTER ? UINT64_MAX / 2 : bufsz, &p);
     if (rc < 0) return fy_seterr(err, rc, "ferry_load: out of memory for the plan of %" PRId64 " tensors", n);
@@ -237,19 +244,24 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
             pthread_mutex_lock(&d->ring_lock);
             ring_for_load(d, &o, p.bytes, bufsz, &nbuf);
             double tp = fy_now();
-            bool pinned = d->nring == nbuf && d->ring_bytes == bufsz;
-            rc = xf_ring_get(d, nbuf, bufsz);
+            /* default O_DIRECT reads (no ring asked for) fit in a larger
+             * ring pinned already (the default ring, pinned ahead for auto):
+             * nbuf of its buffers, nothing pinned again */
+            bool larger = st.route == FERRY_ROUTE_DIRECT && !o.ring_buffers && !o.ring_buffer_bytes &&
+                          d->nring >= nbuf && d->ring_bytes >= bufsz;
+            bool pinned = larger || (d->nring == nbuf && d->ring_bytes == bufsz);
+            rc = larger ? 0 : xf_ring_get(d, nbuf, bufsz);
             st.pin_seconds = pinned ? 0 : fy_now() - tp;
             /* no more readers than batches: a thread with nothing to read
              * costs its start (a 25 MB file has 7 batches of 4 MiB) */
             if (p.nbt < (long long)nthreads) nthreads = p.nbt > 0 ? (uint32_t)p.nbt : 1;
             st.setup_seconds = fy_now() - t0;
-            if (rc == 0) rc = xf_run_ring(d, f, &p, st.route == FERRY_ROUTE_DIRECT, &o, streams, nstreams, nthreads);
+            if (rc == 0) rc = xf_run_ring(d, f, &p, st.route == FERRY_ROUTE_DIRECT, &o, streams, nstreams, nthreads, nbuf);
             if (rc == -EINVAL && st.route == FERRY_ROUTE_DIRECT && o.route == FERRY_ROUTE_AUTO) {
                 /* auto chose O_DIRECT on a file system without it (tmpfs, some FUSE): buffered reads */
                 st.route = FERRY_ROUTE_RING;
                 st.why = "cold, but the file system refuses O_DIRECT: buffered reads";
-                rc = xf_run_ring(d, f, &p, false, &o, streams, nstreams, nthreads);
+                rc = xf_run_ring(d, f, &p, false, &o, streams, nstreams, nthreads, nbuf);
             }
             pthread_mutex_unlock(&d->ring_lock);
         }

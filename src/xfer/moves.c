@@ -290,7 +290,7 @@ static int device_to_fd(ferry_device *d, int fd, const char *path, const fy_fdra
     const ferry_load_opts none = {.size = sizeof none};
     uint32_t nthreads, nbuf;
     uint64_t bufsz;
-    FY_TRY(xf_ring_geometry(d, o ? o : &none, &nthreads, &nbuf, &bufsz));
+    FY_TRY(xf_ring_geometry(d, o ? o : &none, false, &nthreads, &nbuf, &bufsz));
     fy_stream *st[4] = {0};
     int rc = g->ops->bind_thread(g);
     for (int k = 0; k < 4 && rc == 0; k++) rc = g->ops->stream_new(g, &st[k]);

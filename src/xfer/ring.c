@@ -256,7 +256,7 @@ static void *ring_worker(void *arg)
 }
 
 int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, const ferry_load_opts *o,
-                    fy_stream **streams, uint32_t nstreams, uint32_t nthreads)
+                    fy_stream **streams, uint32_t nstreams, uint32_t nthreads, uint32_t nbuf)
 {
     const ferry_allocator *m = &d->ctx->mem;
     job j = {.d = d, .f = f, .p = p, .direct = direct, .streams = streams, .nstreams = nstreams, .o = o};
@@ -281,7 +281,7 @@ int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct
                        d->nring, nthreads, (int)f->nshards);
         goto out;
     }
-    for (uint32_t i = 0; i < d->nring; i++) j.free_list[j.nfree++] = i;
+    for (uint32_t i = 0; i < d->nring && i < nbuf; i++) j.free_list[j.nfree++] = i;
     for (int32_t s = 0; s < f->nshards && !direct && !(o->flags & FERRY_LOAD_PREAD); s++) {
         long type = 0;
         if (!f->shards[s].size) continue;

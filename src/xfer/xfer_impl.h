@@ -16,6 +16,9 @@
 #define ALIGN 4096u
 #define MAX_STREAMS 16
 #define MAX_THREADS 64
+/* O_DIRECT loads' default readers and read size (load.c, xf_ring_geometry) */
+#define DIRECT_THREADS 8u
+#define DIRECT_READ (1ull << 20)
 #define REG_CHUNK (256ull << 20) /* largest copy from a registered mapping */
 /* A shard's mapping is registered in pieces of this many bytes (the last one
  * shorter), each by the loading thread just before its first copy, so that
@@ -189,10 +192,11 @@ int xf_read_failed(fy_err *err, int rc, const char *path, const batch *bt, bool 
 
 /* ---- ring.c / host.c: the pipelines ---- */
 
-/* Readers fill the cached ring (O_DIRECT when direct), copies go out on
- * streams; waits until every copy landed. Under d->ring_lock. */
+/* Readers fill nbuf buffers (at most d->nring: a larger ring serves a load
+ * that asks for fewer) of the cached ring (O_DIRECT when direct), copies go
+ * out on streams; waits until every copy landed. Under d->ring_lock. */
 int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, const ferry_load_opts *o,
-                fy_stream **streams, uint32_t nstreams, uint32_t nthreads);
+                fy_stream **streams, uint32_t nstreams, uint32_t nthreads, uint32_t nbuf);
 /* cpu device: readers pread straight into the destination. */
 int xf_run_host(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o, uint32_t nthreads);
 
@@ -200,7 +204,8 @@ int xf_run_host(ferry_device *d, const ferry_file *f, const plan *p, const ferry
 
 /* Threads and ring size from load options (defaults measured on the H200
  * host), within ferry's limits. */
-int xf_ring_geometry(ferry_device *d, const ferry_load_opts *o, uint32_t *nthreads, uint32_t *nbuf, uint64_t *bufsz);
+int xf_ring_geometry(ferry_device *d, const ferry_load_opts *o, bool direct, uint32_t *nthreads, uint32_t *nbuf,
+                     uint64_t *bufsz);
 /* Load tensors it[0..n-1] of f to their destinations: choose a path, plan, run.
  * t0: when the caller's part of the load began (fy_now(); its time up to here
  * is the device allocation, counted in seconds and alloc_seconds), or 0. */

@@ -1646,6 +1646,43 @@ out:
 
 /* ---- ring reuse ---- */
 
+/* O_DIRECT loads default to their own geometry (8 readers of 1 MiB, 16
+ * buffers, fewer for a small load), and read into the default ring when one
+ * is pinned already (auto pins it ahead before it knows the load is cold)
+ * instead of pinning another; a ring asked for is pinned as asked. */
+static void test_direct_defaults(ferry_ctx *ctx)
+{
+    if (!direct_ok) return;
+    ferry_file *f = open_file(ctx, "odd.safetensors");
+    ferry_device *d = open_dev(ctx, "sim:256MiB");
+    if (!f || !d) goto out;
+    ferry_load_opts o = {.size = sizeof o, .route = FERRY_ROUTE_DIRECT};
+    static const ferry_route order[] = {FERRY_ROUTE_DIRECT, FERRY_ROUTE_RING, FERRY_ROUTE_DIRECT};
+    /* odd.safetensors is just over 1 MiB: two buffers of either size */
+    static const uint64_t ring_after[] = {MiB, 4 * MiB, 4 * MiB};
+    for (int i = 0; i < 3; i++) {
+        o.route = order[i];
+        ferry_loaded *l = NULL;
+        ferry_load_stats st = {.size = sizeof st};
+        CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
+        CHECK_EQ(st.route, order[i]);
+        if (l) CHECK_EQ(verify_loaded(l, f, "direct defaults"), 0);
+        ferry_loaded_free(l);
+        CHECK_EQ(use_of(d).pinned, ring_pinned(2, ring_after[i]));
+        if (i == 2) CHECK(st.pin_seconds == 0); /* the ring load's ring, reused */
+    }
+    o.ring_buffer_bytes = 64 * KiB; /* asked for: pinned as asked */
+    ferry_loaded *l = NULL;
+    CHECK_EQ(ferry_load(d, f, &o, &l, NULL), 0);
+    if (l) CHECK_EQ(verify_loaded(l, f, "direct, 64 KiB buffers"), 0);
+    ferry_loaded_free(l);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN); /* 2 buffers per reader, min(8, CPUs) readers */
+    CHECK_EQ(use_of(d).pinned, ring_pinned(2 * (uint32_t)(cpus < 1 ? 1 : cpus < 8 ? cpus : 8), 64 * KiB));
+out:
+    ferry_device_close(d);
+    ferry_file_close(f);
+}
+
 static void test_ring_reuse(ferry_ctx *ctx)
 {
     ferry_file *f = open_file(ctx, "odd.safetensors");
@@ -2463,6 +2500,7 @@ static ferry_ctx *ctx;
     CASE(closed_registered, test_closed_registered(ctx))                         \
     CASE(capacity, test_capacity(ctx))                                           \
     CASE(ring_reuse, test_ring_reuse(ctx))                                       \
+    CASE(direct_defaults, test_direct_defaults(ctx))                             \
     CASE(huge, test_huge(ctx))                                                   \
     CASE(truncated, test_truncated(ctx))                                         \
     CASE(tmpfs_ring, test_tmpfs_ring(ctx))                                       \
