@@ -17,6 +17,11 @@
 #          ec552dd: the same registered tail inside ferry's ring path), which
 #          was reverted after this run (slower everywhere, bench/RESULTS.md);
 #          on later trees those lines fail with an unknown option
+#   cold   the new direct default (8 readers of 1 MiB reads, through auto, which
+#          reads into its ring pinned ahead) against the old shape asked for
+#          explicitly and fastsafetensors 0.5, 4 rounds alternated; compare_load's
+#          cold run (every tensor verified) for ferry CLI / ferry.torch /
+#          fastsafetensors; the GPU tests (run_loads.py, every path)
 set -uo pipefail
 PART=$1
 OUT=${2:-/tmp/out17}
@@ -96,5 +101,19 @@ probe)
   done 2>&1 | tee "$OUT/cold.txt"
   echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
   ;;
-*) echo "usage: $0 probe OUT" >&2; exit 2 ;;
+cold)
+  PYTHONPATH=/tmp/site $CMP --workloads w10g --make --make-only --out "$OUT/make.json" 2>&1 | tail -1
+  echo "limit start: $(limit)" | tee "$OUT/limits.txt"
+  for r in 1 2 3 4; do
+    drop; echo "cold auto (new default) r$r: $(cli "$F" --device cuda:0)"
+    drop; echo "cold direct [12x4MiBx24, the old default] r$r: $(cli "$F" --device cuda:0 --path direct --threads 12 --buffer-size 4MiB --buffers 24)"
+    drop; echo "cold fsafe r$r: $(fsafe "$F")"
+  done 2>&1 | tee "$OUT/cold2.txt"
+  PYTHONPATH=/tmp/site timeout 170 $CMP --workloads w10g --plan 'w10g:cold' --methods ferry_auto,ferry_py,fsafe \
+    --limit-gb 4 --rounds 2 --budget-seconds 160 --out "$OUT/cmp-cold.json" 2>&1 | tail -8
+  { python3 tests/data/gen_golden.py /tmp/golden >/dev/null
+    timeout 120 python3 tests/gpu/run_loads.py build-gpu/ferry /tmp/golden cuda:0 --paths auto,ring,pageable,register,direct | tail -2; } 2>&1 | tee "$OUT/tests.txt"
+  echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
+  ;;
+*) echo "usage: $0 probe|cold OUT" >&2; exit 2 ;;
 esac
