@@ -26,24 +26,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/st09 .whl-st09/*.whl 2>&1 | tail -2
 export FERRY_LIBRARY=$PWD/build-gpu/libferry.so PYTHONPATH=$PWD/python
 CMP="python3 bench/compare_load.py --ferry build-gpu/ferry --ferry-library $PWD/build-gpu/libferry.so --ferry-python $PWD/python --st09-path /tmp/st09 --dir $D"
-limit() { build-gpu/bench_pinrate 4 64 2 2>&1 | grep hostalloc | head -1; }
-cli() { # FILE [args]: one fresh ferry load --json: each load's GB/s, ms, set-up and allocation ms
-  local f=$1; shift
-  build-gpu/ferry load --json "$@" "$f" | python3 -c '
-import json,sys
-d=json.load(sys.stdin)
-L=d["files"]
-r=lambda k: [round(l.get(k, 0)*1e3, 2) for l in L]
-print(json.dumps({"gbps": [round(l["gbps"], 2) for l in L], "ms": r("seconds"), "setup_ms": r("setup_seconds"),
-                  "alloc_ms": r("alloc_seconds"), "path": L[0]["path_used"], "rss_mib": d["peak_rss_bytes"] >> 20}))'
-}
-py() { # VARIANT FILE: profile_py_load in a fresh process
-  python3 bench/profile_py_load.py "$2" --variant "$1" | python3 -c '
-import json,sys
-d=json.load(sys.stdin)
-print(json.dumps({"gbps": round(d["gbps"], 2), "ms": round(d["seconds"]*1e3, 2), "route": d["route"],
-                "phases_ms": {k: round(v*1e3, 2) for k, v in d["phases"].items()}}))'
-}
+. bench/gpu_common.sh  # limit, drop, cli, py, fsafe
 case "$PART" in
 a)
   PYTHONPATH=/tmp/site $CMP --workloads w10g,small --make --make-only --out "$OUT/make.json" 2>&1 | tail -1

@@ -27,39 +27,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/st09 .whl-st09/*.whl 2>&1 | tail -2
 export FERRY_LIBRARY=$PWD/build-gpu/libferry.so PYTHONPATH=$PWD/python
 CMP="python3 bench/compare_load.py --ferry build-gpu/ferry --ferry-library $PWD/build-gpu/libferry.so --ferry-python $PWD/python --st09-path /tmp/st09 --dir $D"
-limit() { build-gpu/bench_pinrate 4 64 2 2>&1 | grep hostalloc | head -1; }
-drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; }
-cli() { # FILE [args]: one fresh ferry load --json: each load's GB/s, ms, set-up and allocation ms
-  local f=$1; shift
-  build-gpu/ferry load --json "$@" "$f" | python3 -c '
-import json,sys
-d=json.load(sys.stdin)
-L=d["files"]
-r=lambda k: [round(l.get(k, 0)*1e3, 2) for l in L]
-print(json.dumps({"gbps": [round(l["gbps"], 2) for l in L], "ms": r("seconds"), "setup_ms": r("setup_seconds"),
-                  "alloc_ms": r("alloc_seconds"), "path": L[0]["path_used"], "rss_mib": d["peak_rss_bytes"] >> 20}))'
-}
-py() { # VARIANT FILE: profile_py_load in a fresh process
-  python3 bench/profile_py_load.py "$2" --variant "$1" | python3 -c '
-import json,sys
-d=json.load(sys.stdin)
-print(json.dumps({"gbps": round(d["gbps"], 2), "ms": round(d["seconds"]*1e3, 2), "route": d["route"],
-                "phases_ms": {k: round(v*1e3, 2) for k, v in d["phases"].items()}}))'
-}
-fsafe() { # FILE: fastsafetensors 0.5 nogds (its defaults), the load timed from fastsafe_open to synced tensors
-  PYTHONPATH=/tmp/site python3 - "$1" <<'PY'
-import json, os, sys, time
-import torch
-from fastsafetensors import fastsafe_open
-torch.cuda.init(); torch.empty(1, device="cuda:0")
-t = time.perf_counter()
-with fastsafe_open([sys.argv[1]], framework="pt", device="cuda:0", nogds=True) as f:
-    n = sum(f.get_tensor(k).numel() * 0 + 1 for k in f.keys())
-torch.cuda.synchronize()
-s = time.perf_counter() - t
-print(json.dumps({"gbps": round(os.path.getsize(sys.argv[1]) / s / 1e9, 2), "s": round(s, 3), "tensors": n}))
-PY
-}
+. bench/gpu_common.sh  # limit, drop, cli, py, fsafe
 case "$PART" in
 sweep)
   PYTHONPATH=/tmp/site $CMP --workloads w10g,small --make --make-only --out "$OUT/make.json" 2>&1 | tail -1

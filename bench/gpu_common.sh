@@ -1,0 +1,43 @@
+# bench/gpu_common.sh - the helpers the GPU session scripts share (sourced from
+# the repository root on the GPU machine, with build-gpu carried):
+#   limit           the pinned host-to-device copy rate (bench_pinrate, one line)
+#   drop            empty the page cache (root on the GPU machine)
+#   cli FILE [ARGS] one fresh `ferry load --json`: each load's GB/s, ms, set-up
+#                   and allocation ms, the path, peak RSS
+#   py VARIANT FILE bench/profile_py_load.py in a fresh process: ferry.torch's
+#                   load and its phases
+#   fsafe FILE      fastsafetensors (from /tmp/site) with nogds=True and its
+#                   defaults, timed from fastsafe_open to synchronised tensors
+limit() { build-gpu/bench_pinrate 4 64 2 2>&1 | grep hostalloc | head -1; }
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; }
+cli() {
+  local f=$1; shift
+  build-gpu/ferry load --json "$@" "$f" | python3 -c '
+import json,sys
+d=json.load(sys.stdin)
+L=d["files"]
+r=lambda k: [round(l.get(k, 0)*1e3, 2) for l in L]
+print(json.dumps({"gbps": [round(l["gbps"], 2) for l in L], "ms": r("seconds"), "setup_ms": r("setup_seconds"),
+                  "alloc_ms": r("alloc_seconds"), "path": L[0]["path_used"], "rss_mib": d["peak_rss_bytes"] >> 20}))'
+}
+py() {
+  python3 bench/profile_py_load.py "$2" --variant "$1" | python3 -c '
+import json,sys
+d=json.load(sys.stdin)
+print(json.dumps({"gbps": round(d["gbps"], 2), "ms": round(d["seconds"]*1e3, 2), "route": d["route"],
+                "phases_ms": {k: round(v*1e3, 2) for k, v in d["phases"].items()}}))'
+}
+fsafe() {
+  PYTHONPATH=/tmp/site python3 - "$1" <<'PY'
+import json, os, sys, time
+import torch
+from fastsafetensors import fastsafe_open
+torch.cuda.init(); torch.empty(1, device="cuda:0")
+t = time.perf_counter()
+with fastsafe_open([sys.argv[1]], framework="pt", device="cuda:0", nogds=True) as f:
+    n = sum(f.get_tensor(k).numel() * 0 + 1 for k in f.keys())
+torch.cuda.synchronize()
+s = time.perf_counter() - t
+print(json.dumps({"gbps": round(os.path.getsize(sys.argv[1]) / s / 1e9, 2), "s": round(s, 3), "tensors": n}))
+PY
+}
