@@ -22,6 +22,9 @@
 #          explicitly and fastsafetensors 0.5, 4 rounds alternated; compare_load's
 #          cold run (every tensor verified) for ferry CLI / ferry.torch /
 #          fastsafetensors; the GPU tests (run_loads.py, every path)
+#   pyprof where ferry.torch.load_file's time goes beside the CLI's (open, the
+#          tensor table, the ring's pinning thread and the wait for it): 10 GB
+#          hot, 5 rounds alternated; the 26 MB file, 3 rounds
 set -uo pipefail
 PART=$1
 OUT=${2:-/tmp/out17}
@@ -89,5 +92,19 @@ cold)
     timeout 120 python3 tests/gpu/run_loads.py build-gpu/ferry /tmp/golden cuda:0 --paths auto,ring,pageable,register,direct | tail -2; } 2>&1 | tee "$OUT/tests.txt"
   echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
   ;;
-*) echo "usage: $0 probe|cold OUT" >&2; exit 2 ;;
+pyprof)
+  PYTHONPATH=/tmp/site $CMP --workloads w10g,small --make --make-only --out "$OUT/make.json" 2>&1 | tail -1
+  echo "limit start: $(limit)" | tee "$OUT/limits.txt"
+  cat "$F" $D/small.safetensors >/dev/null
+  for r in 1 2 3 4 5; do
+    echo "hot cli r$r: $(cli "$F" --device cuda:0)"
+    echo "hot py r$r: $(py reserve "$F")"
+  done 2>&1 | tee "$OUT/pyprof-hot.txt"
+  for r in 1 2 3; do
+    echo "small cli r$r: $(cli $D/small.safetensors --device cuda:0)"
+    echo "small py r$r: $(py reserve $D/small.safetensors)"
+  done 2>&1 | tee "$OUT/pyprof-small.txt"
+  echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
+  ;;
+*) echo "usage: $0 probe|cold|pyprof OUT" >&2; exit 2 ;;
 esac

@@ -8,7 +8,11 @@ Prints one JSON line: the whole call's seconds (what bench/compare_load.py's
 ferry_py method times) and its phases: opening ferry's device (the ring is
 pinned there), allocating the tensors (torch.empty), the wait for the current
 stream, and ferry_load_into itself (what the CLI's `seconds` covers, plus the
-CLI's own device block allocation). Variants: reserve (the default binding:
+CLI's own device block allocation); opening the file (open), its tensor
+table (infos), the dict by name (by_name), the ring's pinning on its thread
+(pin: not part of the sum) and how long the binding waited for it after the
+allocation (pin_wait, part of other); other: the call's seconds not in the
+summed phases. Variants: reserve (the default binding:
 one cached block reserved first), noreserve (one torch.empty per tensor, as
 before), owner_ferry (ferry allocates one block per shard, tensors imported
 through DLPack: the CLI's way). --repeat N loads N times in the process (each
@@ -51,7 +55,29 @@ def main():
     if a.variant == "noreserve":
         _torch_load._RESERVE_MIN = 1 << 62  # no tensor is large enough: nothing reserved
     _torch_load._alloc = timed("alloc", _torch_load._alloc)
-    _torch_load._sync = timed("sync", _torch_load._sync)
+    marks = {}
+
+    def sync_marked(*args, **kw):  # its end: where the binding joins the pinning thread
+        try:
+            return _torch_load._sync_plain(*args, **kw)
+        finally:
+            marks["sync_end"] = time.perf_counter()
+
+    _torch_load._sync_plain = timed("sync", _torch_load._sync)
+    _torch_load._sync = sync_marked
+    prepare = _core.prepare
+
+    def prepare_marked(*args, **kw):  # on the pinning thread
+        marks["pin_start"] = time.perf_counter()
+        try:
+            return prepare(*args, **kw)
+        finally:
+            marks["pin_end"] = time.perf_counter()
+
+    _core.prepare = prepare_marked
+    _core._Handle.__init__ = timed("open", _core._Handle.__init__)
+    _core._Handle.infos = timed("infos", _core._Handle.infos)
+    _torch_load._by_name = timed("by_name", _torch_load._by_name)
     _core.device = timed("device_open", _core.device)
     _core.load_into = timed("load_into", _core.load_into)
     if a.pread:
@@ -69,6 +95,10 @@ def main():
         torch.cuda.synchronize()
         sec = time.perf_counter() - t
         if r == 0:
+            if "pin_end" in marks and "sync_end" in marks:  # the pinning thread outlasting the allocation
+                phases["pin"] = marks["pin_end"] - marks["pin_start"]
+                phases["pin_wait"] = max(0.0, marks["pin_end"] - marks["sync_end"])
+            phases["other"] = sec - sum(v for k, v in phases.items() if k not in ("pin", "pin_wait"))
             first = (sec, dict(phases), stats.get("seconds"), {k: v for k, v in stats.items() if k != "why"})
         nbytes = sum(v.numel() * v.element_size() for v in out.values())
         repeats.append(round(nbytes / sec / 1e9, 2))
