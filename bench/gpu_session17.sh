@@ -25,6 +25,8 @@
 #   pyprof where ferry.torch.load_file's time goes beside the CLI's (open, the
 #          tensor table, the ring's pinning thread and the wait for it): 10 GB
 #          hot, 5 rounds alternated; the 26 MB file, 3 rounds
+#   final  tests/gpu/test_torch_gpu.py, then pyprof's hot rounds (4) on the
+#          binding that reserves its block on a thread beside the table
 set -uo pipefail
 PART=$1
 OUT=${2:-/tmp/out17}
@@ -106,5 +108,16 @@ pyprof)
   done 2>&1 | tee "$OUT/pyprof-small.txt"
   echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
   ;;
-*) echo "usage: $0 probe|cold|pyprof OUT" >&2; exit 2 ;;
+final)
+  timeout 100 python3 tests/gpu/test_torch_gpu.py --ferry build-gpu/ferry 2>&1 | tail -4 | tee "$OUT/tests.txt"
+  PYTHONPATH=/tmp/site $CMP --workloads w10g --make --make-only --out "$OUT/make.json" 2>&1 | tail -1
+  echo "limit start: $(limit)" | tee "$OUT/limits.txt"
+  cat "$F" >/dev/null
+  for r in 1 2 3 4; do
+    echo "hot cli r$r: $(cli "$F" --device cuda:0)"
+    echo "hot py r$r: $(py reserve "$F")"
+  done 2>&1 | tee "$OUT/pyprof-hot.txt"
+  echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
+  ;;
+*) echo "usage: $0 probe|cold|pyprof|final OUT" >&2; exit 2 ;;
 esac
