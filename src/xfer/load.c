@@ -142,10 +142,11 @@ static int choose_path(ferry_device *d, const ferry_file *f, const ferry_load_op
  * spill pipeline ask the same way, so they share one pinned ring. O_DIRECT
  * reads (direct) default to 8 threads of 1 MiB reads, 16 buffers: cold, on
  * the GPU machines' disk, 12 x 4 MiB ran at 1.66-1.99 GB/s and 8 x 1 MiB at
- * 1.91-2.29 in 5 rounds of 5 alternated (16 x 512 KiB alike, 1.98-2.40;
- * fastsafetensors 1.76-2.36 beside them: bench/RESULTS.md, seventeenth
- * session). Such a load reads into a ring pinned already when its buffers
- * are at least as large and as many (load.c), so the ring's default serves both. */
+ * 1.91-2.29 in 5 alternated rounds over two sessions (16 x 512 KiB alike,
+ * 1.98-2.40), and through auto 2.08-2.50 against 1.69-1.91 in 4 more
+ * (bench/RESULTS.md, seventeenth session). Such a load reads into a ring
+ * pinned already when its buffers are at least as large and as many
+ * (xf_load_items), so the ring's default serves both. */
 int xf_ring_geometry(ferry_device *d, const ferry_load_opts *o, bool direct, uint32_t *nthreads, uint32_t *nbuf,
                      uint64_t *bufsz)
 {
