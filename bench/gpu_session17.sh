@@ -26,7 +26,9 @@
 #          tensor table, the ring's pinning thread and the wait for it): 10 GB
 #          hot, 5 rounds alternated; the 26 MB file, 3 rounds
 #   final  tests/gpu/test_torch_gpu.py, then pyprof's hot rounds (4) on the
-#          binding that reserves its block on a thread beside the table
+#          binding that reserved its block on a thread beside the table (commit
+#          c9c3119; not run: no device time was left to start a machine, so
+#          that binding change was taken back out, bench/RESULTS.md)
 set -uo pipefail
 PART=$1
 OUT=${2:-/tmp/out17}
