@@ -180,6 +180,17 @@ static void ring_for_load(const ferry_device *d, const ferry_load_opts *o, uint6
     if (d->nring >= *nbuf && d->ring_bytes == bufsz) *nbuf = d->nring;
 }
 
+/* Whether the ring pinned on d serves a load that wants nbuf buffers of bufsz
+ * bytes: that very ring, or, for O_DIRECT reads with no ring option set, any
+ * at least as large in both (the default ring, pinned ahead for auto before
+ * it knows the load is cold: the load uses nbuf of its buffers). Called with
+ * d->ring_lock held. */
+static bool ring_serves(const ferry_device *d, const ferry_load_opts *o, bool direct, uint32_t nbuf, uint64_t bufsz)
+{
+    if (d->nring == nbuf && d->ring_bytes == bufsz) return true;
+    return direct && !o->ring_buffers && !o->ring_buffer_bytes && d->nring >= nbuf && d->ring_bytes >= bufsz;
+}
+
 FERRY_API int ferry_device_prepare(ferry_device *d, const ferry_load_opts *opts, uint64_t bytes)
 {
     if (!d) return FERRY_E_INVAL;
@@ -196,7 +207,7 @@ FERRY_API int ferry_device_prepare(ferry_device *d, const ferry_load_opts *opts,
     FY_TRY(d->g->ops->bind_thread(d->g));
     pthread_mutex_lock(&d->ring_lock);
     ring_for_load(d, &o, bytes, bufsz, &nbuf);
-    int rc = xf_ring_get(d, nbuf, bufsz);
+    int rc = ring_serves(d, &o, o.route == FERRY_ROUTE_DIRECT, nbuf, bufsz) ? 0 : xf_ring_get(d, nbuf, bufsz);
     pthread_mutex_unlock(&d->ring_lock);
     return rc;
 }
@@ -245,13 +256,8 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
             pthread_mutex_lock(&d->ring_lock);
             ring_for_load(d, &o, p.bytes, bufsz, &nbuf);
             double tp = fy_now();
-            /* default O_DIRECT reads (no ring asked for) fit in a larger
-             * ring pinned already (the default ring, pinned ahead for auto):
-             * nbuf of its buffers, nothing pinned again */
-            bool larger = st.route == FERRY_ROUTE_DIRECT && !o.ring_buffers && !o.ring_buffer_bytes &&
-                          d->nring >= nbuf && d->ring_bytes >= bufsz;
-            bool pinned = larger || (d->nring == nbuf && d->ring_bytes == bufsz);
-            rc = larger ? 0 : xf_ring_get(d, nbuf, bufsz);
+            bool pinned = ring_serves(d, &o, st.route == FERRY_ROUTE_DIRECT, nbuf, bufsz);
+            rc = pinned ? 0 : xf_ring_get(d, nbuf, bufsz);
             st.pin_seconds = pinned ? 0 : fy_now() - tp;
             /* no more readers than batches: a thread with nothing to read
              * costs its start (a 25 MB file has 7 batches of 4 MiB) */

@@ -1670,6 +1670,11 @@ static void test_direct_defaults(ferry_ctx *ctx)
         ferry_loaded_free(l);
         CHECK_EQ(use_of(d).pinned, ring_pinned(2, ring_after[i]));
         if (i == 2) CHECK(st.pin_seconds == 0); /* the ring load's ring, reused */
+        if (i == 1) { /* pinning ahead for a direct load keeps it too */
+            ferry_load_opts direct = {.size = sizeof direct, .route = FERRY_ROUTE_DIRECT};
+            CHECK_EQ(ferry_device_prepare(d, &direct, ferry_file_total_bytes(f)), 0);
+            CHECK_EQ(use_of(d).pinned, ring_pinned(2, 4 * MiB));
+        }
     }
     o.ring_buffer_bytes = 64 * KiB; /* asked for: pinned as asked */
     ferry_loaded *l = NULL;
