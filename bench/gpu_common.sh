@@ -1,5 +1,8 @@
 # bench/gpu_common.sh - the helpers the GPU session scripts share (sourced from
 # the repository root on the GPU machine, with build-gpu carried):
+#   setup           install the carried wheels (.whl) into /tmp/site, point
+#                   ferry's Python at build-gpu's library, set CMP (compare_load
+#                   on /tmp/cmp); the eighteenth session's script on calls it
 #   limit           the pinned host-to-device copy rate (bench_pinrate, one line)
 #   drop            empty the page cache (root on the GPU machine)
 #   cli FILE [ARGS] one fresh `ferry load --json`: each load's GB/s, ms, set-up
@@ -8,6 +11,11 @@
 #                   load and its phases
 #   fsafe FILE      fastsafetensors (from /tmp/site) with nogds=True and its
 #                   defaults, timed from fastsafe_open to synchronised tensors
+setup() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
+  export FERRY_LIBRARY=$PWD/build-gpu/libferry.so PYTHONPATH=$PWD/python
+  CMP="python3 bench/compare_load.py --ferry build-gpu/ferry --ferry-library $PWD/build-gpu/libferry.so --ferry-python $PWD/python --dir /tmp/cmp"
+}
 limit() { build-gpu/bench_pinrate 4 64 2 2>&1 | grep hostalloc | head -1; }
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; }
 cli() {

@@ -2,7 +2,7 @@
 """Where ferry.torch.load_file(device="cuda:0") spends a fresh process's first
 load, beside the CLI's figure (issue 17, item 3). One load per process:
 
-    python3 bench/profile_py_load.py FILE [--variant reserve|noreserve|owner_ferry]
+    python3 bench/profile_py_load.py FILE [--variant reserve|late|noreserve|owner_ferry]
 
 Prints one JSON line: the whole call's seconds (what bench/compare_load.py's
 ferry_py method times) and its phases: opening ferry's device (the ring is
@@ -11,9 +11,12 @@ stream, and ferry_load_into itself (what the CLI's `seconds` covers, plus the
 CLI's own device block allocation); opening the file (open), its tensor
 table (infos), the dict by name (by_name), the ring's pinning on its thread
 (pin: not part of the sum) and how long the binding waited for it after the
-allocation (pin_wait, part of other); other: the call's seconds not in the
+allocation (pin_wait, part of other); starting the thread that reserves the
+tensors' block (reserve_start) and waiting for it (reserve_wait, part of other); other: the call's seconds not in the
 summed phases. Variants: reserve (the default binding:
-one cached block reserved first), noreserve (one torch.empty per tensor, as
+one cached block reserved first, on a thread while the tensor table is read),
+late (the same block reserved after the table, on the calling thread: the
+binding before the eighteenth session), noreserve (one torch.empty per tensor, as
 before), owner_ferry (ferry allocates one block per shard, tensors imported
 through DLPack: the CLI's way). --repeat N loads N times in the process (each
 load's GB/s in "repeats"); --pread asks the ring to read a tmpfs file with
@@ -31,7 +34,7 @@ T0 = time.perf_counter()
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("file")
-    ap.add_argument("--variant", default="reserve", choices=["reserve", "noreserve", "owner_ferry"])
+    ap.add_argument("--variant", default="reserve", choices=["reserve", "late", "noreserve", "owner_ferry"])
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--pread", action="store_true")
     a = ap.parse_args()
@@ -54,6 +57,24 @@ def main():
 
     if a.variant == "noreserve":
         _torch_load._RESERVE_MIN = 1 << 62  # no tensor is large enough: nothing reserved
+    if a.variant == "late":
+        _torch_load._reserve_early = lambda *args: None  # _alloc reserves, after the table
+    reserve_early = timed("reserve_start", _torch_load._reserve_early)
+
+    class Joined:  # the reserving thread, its joins timed (reserve_wait, part of other)
+        def __init__(self, th):
+            self.th = th
+
+        def join(self):
+            t = time.perf_counter()
+            self.th.join()
+            phases["reserve_wait"] = phases.get("reserve_wait", 0.0) + time.perf_counter() - t
+
+    def reserve_marked(*args):
+        th = reserve_early(*args)
+        return None if th is None else Joined(th)
+
+    _torch_load._reserve_early = reserve_marked
     _torch_load._alloc = timed("alloc", _torch_load._alloc)
     marks = {}
     sync = timed("sync", _torch_load._sync)
@@ -98,7 +119,7 @@ def main():
             if "pin_end" in marks and "sync_end" in marks:  # the pinning thread outlasting the allocation
                 phases["pin"] = marks["pin_end"] - marks["pin_start"]
                 phases["pin_wait"] = max(0.0, marks["pin_end"] - marks["sync_end"])
-            phases["other"] = sec - sum(v for k, v in phases.items() if k not in ("pin", "pin_wait"))
+            phases["other"] = sec - sum(v for k, v in phases.items() if k not in ("pin", "pin_wait", "reserve_wait"))
             first = (sec, dict(phases), stats.get("seconds"), {k: v for k, v in stats.items() if k != "why"})
         nbytes = sum(v.numel() * v.element_size() for v in out.values())
         repeats.append(round(nbytes / sec / 1e9, 2))

@@ -272,6 +272,33 @@ def main():
         m.load_state_dict(got)
         assert torch.equal(run_model(m, dev), ref_out)
 
+    def t_reserve_early():
+        # a file of large tensors (>= 64 MiB, over 1 MiB each on average):
+        # the block the tensors are carved from is allocated on a thread while
+        # the table is read; on the caller's current stream, so a load under a
+        # side stream still makes one block, not two
+        from safetensors.torch import save_file, load_file as st_load
+        big = os.path.join(d, "big.safetensors")
+        g = torch.Generator().manual_seed(1)
+        sd = {f"w{i}": torch.randint(-2**15, 2**15, (1 << 20,), dtype=torch.int16, generator=g).view(torch.bfloat16)
+              for i in range(48)}
+        sd.update({f"b{i}": torch.randn(17, generator=g) for i in range(8)})
+        save_file(sd, big)
+        want = st_load(big)
+        total = sum(t.numel() * t.element_size() for t in want.values())
+        for side in (False, True):
+            torch.cuda.synchronize(dev)
+            torch.cuda.empty_cache()
+            before = torch.cuda.memory_reserved(dev)
+            s = torch.cuda.Stream(dev) if side else torch.cuda.current_stream(dev)
+            with torch.cuda.stream(s):
+                got = ft.load_file(big, device=dev)
+            grown = torch.cuda.memory_reserved(dev) - before
+            for k, v in want.items():
+                assert torch.equal(got[k].cpu().view(torch.uint8), v.view(torch.uint8)), k
+            assert total <= grown < total + (16 << 20), (side, grown, total)
+            del got
+
     def t_load_into_cuda_in_place():
         m = DiT(device=dev, dtype=torch.bfloat16)
         ptrs = {k: v.data_ptr() for k, v in m.state_dict().items()}
@@ -385,6 +412,7 @@ def main():
             raise AssertionError("no error for a device that does not exist")
 
     check("load_file(device=cuda) matches the reference, and the model's output", t_load_file)
+    check("load_file of large tensors: one block reserved early, on the caller's stream", t_reserve_early)
     check("load_into: a cuda module filled in place", t_load_into_cuda_in_place)
     check("load_into: meta module to cuda and to cpu", t_load_into_meta)
     check("load_file(owner='ferry'): DLPack export, freed with the last tensor", t_owner_ferry)
