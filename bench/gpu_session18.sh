@@ -14,6 +14,13 @@
 #         the 26 MB file, CLI and ferry.torch, 3 rounds; the 10 GB file cold,
 #         ferry (auto) against fastsafetensors 0.5 nogds, 4 rounds alternated;
 #         pinned copy limit at the start and the end
+#   second bench_ring again, 4 rounds alternated: the ring's default (12 x 2 x 4
+#         MiB) and its 2 MiB pieces (the pool of gang8's size, 48 MiB) beside
+#         gang8 (2 MiB reads, 16 MiB copies) and gang4 (4 MiB reads, 16 MiB
+#         copies): which of copy size and pool size moves the ceiling; then the
+#         CLI and ferry.torch hot, 4 rounds alternated; then compare_load's
+#         fresh /dev/shm copies, ferry CLI / ferry.torch / InstantTensor MMAP
+#         (every tensor verified), 2 rounds
 set -uo pipefail
 PART=$1
 OUT=${2:-/tmp/out18}
@@ -53,5 +60,23 @@ main)
   done 2>&1 | tee "$OUT/cold.txt"
   echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
   ;;
-*) echo "usage: $0 main OUT" >&2; exit 2 ;;
+second)
+  PYTHONPATH=/tmp/site $CMP --workloads w10g --make --make-only --out "$OUT/make.json" 2>&1 | tail -1
+  echo "limit start: $(limit)" | tee "$OUT/limits.txt"
+  cat "$F" >/dev/null
+  for r in 1 2 3 4; do
+    echo "r$r ring 12x2x4M: $(R "$F" ring 12 2 4096 4)"
+    echo "r$r gang8 12x2x2M (3 slots of 16M): $(GANG=8 R "$F" gang 12 2 2048 4)"
+    echo "r$r ring 12x2x2M (48M pool): $(R "$F" ring 12 2 2048 4)"
+    echo "r$r gang4 12x2x4M (6 slots of 16M): $(GANG=4 R "$F" gang 12 2 4096 4)"
+  done 2>&1 | tee "$OUT/gang2.txt"
+  for r in 1 2 3 4; do
+    echo "hot cli r$r: $(cli "$F" --device cuda:0)"
+    echo "hot py reserve r$r: $(py reserve "$F")"
+  done 2>&1 | tee "$OUT/pyhot2.txt"
+  PYTHONPATH=/tmp/site timeout 200 $CMP --workloads w10g --plan 'w10g:tmpfs' --methods ferry_auto,ferry_py,it_mmap \
+    --limit-gb 4 --rounds 2 --budget-seconds 190 --out "$OUT/cmp-tmpfs.json" 2>&1 | tail -12
+  echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
+  ;;
+*) echo "usage: $0 main|second OUT" >&2; exit 2 ;;
 esac
