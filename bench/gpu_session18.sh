@@ -21,6 +21,13 @@
 #         CLI and ferry.torch hot, 4 rounds alternated; then compare_load's
 #         fresh /dev/shm copies, ferry CLI / ferry.torch / InstantTensor MMAP
 #         (every tensor verified), 2 rounds
+#   gather ferry's ring with gathered copies (four 4 MiB buffers' reads in one
+#         copy, the new default) against one copy per buffer
+#         (--copy-each-buffer): the GPU tests of every path (run_loads.py); 10
+#         GB hot first loads in fresh processes, CLI both ways and ferry.torch,
+#         5 rounds alternated; the same on fresh /dev/shm copies, 3 rounds;
+#         --repeat 3 (the steady rate in one process), 2 rounds; compare_load's
+#         hot and tmpfs runs beside InstantTensor (every tensor verified), 1 round
 set -uo pipefail
 PART=$1
 OUT=${2:-/tmp/out18}
@@ -78,5 +85,32 @@ second)
     --limit-gb 4 --rounds 2 --budget-seconds 190 --out "$OUT/cmp-tmpfs.json" 2>&1 | tail -12
   echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
   ;;
-*) echo "usage: $0 main|second OUT" >&2; exit 2 ;;
+gather)
+  PYTHONPATH=/tmp/site $CMP --workloads w10g --make --make-only --out "$OUT/make.json" 2>&1 | tail -1
+  { python3 tests/data/gen_golden.py /tmp/golden >/dev/null
+    timeout 100 python3 tests/gpu/run_loads.py build-gpu/ferry /tmp/golden cuda:0 --paths auto,ring,direct | tail -2; } 2>&1 | tee "$OUT/tests.txt"
+  echo "limit start: $(limit)" | tee "$OUT/limits.txt"
+  cat "$F" >/dev/null
+  for r in 1 2 3 4 5; do
+    echo "hot cli gathered r$r: $(cli "$F" --device cuda:0)"
+    echo "hot cli each r$r: $(cli "$F" --device cuda:0 --copy-each-buffer)"
+    echo "hot py r$r: $(py reserve "$F")"
+  done 2>&1 | tee "$OUT/hot.txt"
+  mkdir -p /dev/shm/f18
+  for r in 1 2 3; do
+    for v in "gathered:" "each:--copy-each-buffer"; do
+      cp "$F" /dev/shm/f18/x.safetensors
+      echo "tmpfs cli ${v%%:*} r$r: $(cli /dev/shm/f18/x.safetensors --device cuda:0 ${v#*:})"
+      rm -f /dev/shm/f18/x.safetensors
+    done
+  done 2>&1 | tee "$OUT/tmpfs.txt"
+  for r in 1 2; do
+    echo "repeat3 gathered r$r: $(cli "$F" --device cuda:0 --path ring --repeat 3)"
+    echo "repeat3 each r$r: $(cli "$F" --device cuda:0 --path ring --repeat 3 --copy-each-buffer)"
+  done 2>&1 | tee -a "$OUT/hot.txt"
+  PYTHONPATH=/tmp/site timeout 150 $CMP --workloads w10g --plan 'w10g:hot,tmpfs' --methods ferry_auto,ferry_py,it_mmap \
+    --limit-gb 4 --rounds 1 --budget-seconds 140 --out "$OUT/cmp.json" 2>&1 | tail -12
+  echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
+  ;;
+*) echo "usage: $0 main|second|gather OUT" >&2; exit 2 ;;
 esac

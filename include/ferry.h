@@ -515,7 +515,13 @@ enum ferry_load_flag {
      * own, in 64 MiB pieces so the process's own mmap calls do not wait for
      * all of it. A caller that cannot afford a truncation during a copy
      * faulting (README, "Truncated checkpoints") asks for pread. */
-    FERRY_LOAD_PREAD = 1u << 1
+    FERRY_LOAD_PREAD = 1u << 1,
+    /* RING: one copy per ring buffer, as earlier versions made. By default a
+     * buffered ring load gathers four consecutive buffers' reads into one
+     * copy of up to 16 MiB (the copy engine's per-copy cost is what the
+     * smaller copies lose: bench/RESULTS.md, eighteenth session). For
+     * comparisons; O_DIRECT loads always copy per buffer. */
+    FERRY_LOAD_COPY_EACH_BUFFER = 1u << 2
 };
 
 /* How a REGISTER load came by its registration (ferry_load_stats.registration). */

@@ -225,6 +225,10 @@ static ferry_device *open_dev(ferry_ctx *ctx, const char *spec)
 /* The ring of opts o: its buffers and their O_DIRECT slack. */
 static uint64_t ring_pinned(uint32_t nbuf, uint64_t bytes) { return nbuf * (page_round(bytes) + 2 * PAGE); }
 
+/* The small ring's buffers: 2 (one copy per buffer), or 8 while the gathered
+ * case runs its fault loops (two slots of RING_GATHER buffers). */
+static uint32_t small_bufs = 2;
+
 static ferry_load_opts small_opts(ferry_route p)
 {
     ferry_load_opts o;
@@ -232,11 +236,11 @@ static ferry_load_opts small_opts(ferry_route p)
     o.size = sizeof o;
     o.route = p;
     o.threads = 3;
-    o.ring_buffers = 2;
+    o.ring_buffers = small_bufs;
     o.ring_buffer_bytes = 4096;
     return o;
 }
-#define SMALL_RING ring_pinned(2, 4096)
+#define SMALL_RING ring_pinned(small_bufs, 4096)
 
 static bool uses_ring(ferry_route p) { return p == FERRY_ROUTE_RING || p == FERRY_ROUTE_DIRECT || p == FERRY_ROUTE_AUTO; }
 
@@ -981,6 +985,85 @@ static void test_faults(ferry_ctx *ctx)
         }
         ferry_file_close(f);
     }
+}
+
+/* Gathered copies (ring.c): with 8 buffers for 3 readers (two slots of four)
+ * a buffered ring load reads each batch into its group's slot and copies a
+ * group at once. Every layout (odd offsets, shards, tiny and empty tensors,
+ * tensors cut into many batches) loads bit-exact with and without
+ * FERRY_LOAD_COPY_EACH_BUFFER, from the page cache and out of a tmpfs
+ * mapping alike; gathered makes fewer copies where tensors continue one
+ * another (the sim counts them through its fault counter); and the fault
+ * loops of the ring path pass on the gathered ring too. */
+static void test_gathered(ferry_ctx *ctx)
+{
+    static const char *const files[] = {"edge.safetensors", "small.safetensors", "odd.safetensors",
+                                        "tiny.safetensors", "empty.safetensors", "sh.safetensors.index.json"};
+    const long many = 1000000;
+    for (size_t k = 0; k < sizeof files / sizeof files[0]; k++) {
+        ferry_file *f = open_file(ctx, files[k]);
+        ferry_device *d = open_dev(ctx, "sim:256MiB");
+        long copies[2] = {0, 0};
+        for (int each = 0; f && d && each < 2; each++) {
+            ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
+            o.ring_buffers = 8;
+            o.flags = each ? FERRY_LOAD_COPY_EACH_BUFFER : 0;
+            ferry_loaded *l = NULL;
+            CHECK(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, many) >= 0);
+            CHECK_EQ(ferry_load(d, f, &o, &l, NULL), 0);
+            copies[each] = many - fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, 0);
+            char what[128];
+            snprintf(what, sizeof what, "%s, %s", files[k], each ? "a copy per buffer" : "gathered");
+            CHECK(l != NULL);
+            if (l) CHECK_EQ(verify_loaded(l, f, what), 0);
+            ferry_loaded_free(l);
+            CHECK_EQ(use_of(d).dev, 0);
+        }
+        CHECK(copies[0] <= copies[1]);
+        /* 8 tensors of 256 KiB back to back in 4 KiB batches: one copy per
+         * buffer is 512 copies at least, gathered four batches to a copy */
+        if (k == 0) CHECK(copies[0] * 4 <= copies[1] && copies[1] >= 512);
+        ferry_device_close(d);
+        ferry_file_close(f);
+    }
+    { /* a tmpfs file, copied out of the load's mapping into the slots */
+        struct statfs sf;
+        char src[512], p[256];
+        path_of(src, sizeof src, "edge.safetensors");
+        snprintf(p, sizeof p, "/dev/shm/ferry-test-gathered-%d.safetensors", (int)getpid());
+        FILE *in = statfs("/dev/shm", &sf) == 0 && sf.f_type == 0x01021994 ? fopen(src, "rb") : NULL;
+        FILE *out = in ? fopen(p, "wb") : NULL;
+        for (int c; in && out && (c = fgetc(in)) != EOF;) fputc(c, out);
+        if (in) fclose(in);
+        if (out) fclose(out);
+        ferry_file *f = NULL;
+        if (out && ferry_file_open(ctx, p, 0, &f) == 0) {
+            ferry_device *d = open_dev(ctx, "sim:256MiB");
+            ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
+            o.ring_buffers = 8;
+            ferry_loaded *l = NULL;
+            CHECK_EQ(ferry_load(d, f, &o, &l, NULL), 0);
+            if (l) CHECK_EQ(verify_loaded(l, f, "tmpfs, gathered"), 0);
+            ferry_loaded_free(l);
+            ferry_device_close(d);
+            ferry_file_close(f);
+        } else {
+            fprintf(stderr, "gathered: no tmpfs at /dev/shm; its part skipped\n");
+        }
+        unlink(p);
+    }
+    small_bufs = 8;
+    static const char *const faulted[] = {"small.safetensors", "sh.safetensors.index.json"};
+    for (size_t k = 0; k < 2; k++) {
+        ferry_file *f = open_file(ctx, faulted[k]);
+        if (!f) continue;
+        for (int kind = 0; kind < K_COUNT; kind++) {
+            fault_loop(ctx, f, faulted[k], FERRY_ROUTE_RING, kind, false);
+            fault_loop(ctx, f, faulted[k], FERRY_ROUTE_RING, kind, true);
+        }
+        ferry_file_close(f);
+    }
+    small_bufs = 2;
 }
 
 /* ---- 3. pre-registration ---- */
@@ -2515,6 +2598,7 @@ static ferry_ctx *ctx;
     CASE(progress, test_progress(ctx))                                           \
     CASE(concurrent, test_concurrent(ctx))                                       \
     CASE(faults, test_faults(ctx))                                               \
+    CASE(gathered, test_gathered(ctx))                                           \
     CASE(regressions, test_regressions(ctx))                                     \
     CASE(moves, test_moves(ctx))
 CHECK_CASES(CASES)
