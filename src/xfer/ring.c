@@ -4,13 +4,17 @@
  * it back. One CPU copy and one DMA per byte; extra host memory is the ring.
  * A shard in tmpfs or ramfs is copied out of a mapping instead of read.
  *
- * Gathered copies (buffered loads, unless FERRY_LOAD_COPY_EACH_BUFFER): the
+ * Gathered copies (buffered loads of a file in memory, unless
+ * FERRY_LOAD_COPY_EACH_BUFFER): the
  * ring's buffers form slots of RING_GATHER neighbours, batch k belongs to
  * group k / RING_GATHER and group g to slot g % nslots; any reader reads any
  * batch into its place in its group's slot (the batches one after another),
  * and the reader whose batch completes the group queues the group's copies:
  * one per run that continues in the file, the slot and the device. A slot is
- * filled again once its previous group's copies were queued and are done. */
+ * filled again once its previous group's copies were queued and are done.
+ * Readers then take one batch at a time, so each descriptor's reads are not
+ * sequential: from the disk its readahead would read in small pieces (and
+ * leave small folios in the page cache), hence only for files in memory. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -376,14 +380,16 @@ static void *ring_worker(void *arg)
     return NULL;
 }
 
-int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, const ferry_load_opts *o,
-                    fy_stream **streams, uint32_t nstreams, uint32_t nthreads, uint32_t nbuf)
+int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, bool cached, const ferry_load_opts *o,
+                fy_stream **streams, uint32_t nstreams, uint32_t nthreads, uint32_t nbuf)
 {
     const ferry_allocator *m = &d->ctx->mem;
     job j = {.d = d, .f = f, .p = p, .direct = direct, .streams = streams, .nstreams = nstreams, .o = o};
     int rc = 0;
-    /* gathered copies for buffered reads with at least two slots */
-    j.gather = !direct && !(o->flags & FERRY_LOAD_COPY_EACH_BUFFER) && nbuf <= d->nring && nbuf / RING_GATHER >= 2
+    /* gathered copies for buffered reads of a file in memory, with at least
+     * two slots */
+    j.gather = cached && !direct && !(o->flags & FERRY_LOAD_COPY_EACH_BUFFER) && nbuf <= d->nring &&
+                       nbuf / RING_GATHER >= 2
                    ? RING_GATHER
                    : 0;
     j.nslots = j.gather ? nbuf / j.gather : 0;

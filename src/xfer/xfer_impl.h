@@ -203,8 +203,10 @@ int xf_read_failed(fy_err *err, int rc, const char *path, const batch *bt, bool 
 
 /* Readers fill nbuf buffers (at most d->nring: a larger ring serves a load
  * that asks for fewer) of the cached ring (O_DIRECT when direct), copies go
- * out on streams; waits until every copy landed. Under d->ring_lock. */
-int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, const ferry_load_opts *o,
+ * out on streams; waits until every copy landed. cached: the file is in
+ * memory, so buffered reads may gather their copies (ring.c). Under
+ * d->ring_lock. */
+int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, bool cached, const ferry_load_opts *o,
                 fy_stream **streams, uint32_t nstreams, uint32_t nthreads, uint32_t nbuf);
 /* cpu device: readers pread straight into the destination. */
 int xf_run_host(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o, uint32_t nthreads);
