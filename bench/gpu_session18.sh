@@ -112,5 +112,29 @@ gather)
     --limit-gb 4 --rounds 1 --budget-seconds 140 --out "$OUT/cmp.json" 2>&1 | tail -12
   echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
   ;;
-*) echo "usage: $0 main|second|gather OUT" >&2; exit 2 ;;
+gather2)  # gather cut to fit the session's last device minutes (run_loads and the hot harness run left out)
+  PYTHONPATH=/tmp/site $CMP --workloads w10g --make --make-only --out "$OUT/make.json" 2>&1 | tail -1
+  echo "limit start: $(limit)" | tee "$OUT/limits.txt"
+  cat "$F" >/dev/null
+  echo "verify gathered: $(build-gpu/ferry load --verify "$F" 2>&1 | tail -2 | tr '\n' ' ')" | tee "$OUT/hot.txt"
+  for r in 1 2 3 4; do
+    echo "hot cli gathered r$r: $(cli "$F" --device cuda:0)"
+    echo "hot cli each r$r: $(cli "$F" --device cuda:0 --copy-each-buffer)"
+    echo "hot py r$r: $(py reserve "$F")"
+  done 2>&1 | tee -a "$OUT/hot.txt"
+  echo "repeat3 gathered: $(cli "$F" --device cuda:0 --path ring --repeat 3)" | tee -a "$OUT/hot.txt"
+  echo "repeat3 each: $(cli "$F" --device cuda:0 --path ring --repeat 3 --copy-each-buffer)" | tee -a "$OUT/hot.txt"
+  mkdir -p /dev/shm/f18
+  for r in 1 2; do
+    for v in "gathered:" "each:--copy-each-buffer"; do
+      cp "$F" /dev/shm/f18/x.safetensors
+      echo "tmpfs cli ${v%%:*} r$r: $(cli /dev/shm/f18/x.safetensors --device cuda:0 ${v#*:})"
+      rm -f /dev/shm/f18/x.safetensors
+    done
+  done 2>&1 | tee "$OUT/tmpfs.txt"
+  PYTHONPATH=/tmp/site timeout 90 $CMP --workloads w10g --plan 'w10g:tmpfs' --methods ferry_auto,ferry_py,it_mmap \
+    --limit-gb 4 --rounds 1 --budget-seconds 85 --out "$OUT/cmp.json" 2>&1 | tail -8
+  echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
+  ;;
+*) echo "usage: $0 main|second|gather|gather2 OUT" >&2; exit 2 ;;
 esac
