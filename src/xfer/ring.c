@@ -5,13 +5,13 @@
  * A shard in tmpfs or ramfs is copied out of a mapping instead of read.
  *
  * Gathered copies (buffered loads of a file in memory, unless
- * FERRY_LOAD_COPY_EACH_BUFFER): the
- * ring's buffers form slots of RING_GATHER neighbours, batch k belongs to
- * group k / RING_GATHER and group g to slot g % nslots; any reader reads any
- * batch into its place in its group's slot (the batches one after another),
- * and the reader whose batch completes the group queues the group's copies:
- * one per run that continues in the file, the slot and the device. A slot is
- * filled again once its previous group's copies were queued and are done.
+ * FERRY_LOAD_COPY_EACH_BUFFER): the ring's buffers form slots of RING_GATHER
+ * neighbours, batch k belongs to group k / RING_GATHER and group g to slot
+ * g % nslots; any reader reads any batch into its place in its group's slot
+ * (the batches one after another), and the reader whose batch completes the
+ * group queues the group's copies: one per run that continues in the file,
+ * the slot and the device. A slot is filled again once its previous group's
+ * copies were queued and are done.
  * Readers then take one batch at a time, so each descriptor's reads are not
  * sequential: from the disk its readahead would read in small pieces (and
  * leave small folios in the page cache), hence only for files in memory. */
