@@ -136,5 +136,36 @@ gather2)  # gather cut to fit the session's last device minutes (run_loads and t
     --limit-gb 4 --rounds 1 --budget-seconds 85 --out "$OUT/cmp.json" 2>&1 | tail -8
   echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
   ;;
-*) echo "usage: $0 main|second|gather|gather2 OUT" >&2; exit 2 ;;
+gather3)  # the session's last ~3 device minutes: a quick 10.7 GB file (160 BF16 tensors of
+          # 64 MiB, one random 64 MiB block repeated), the gathered copies against one per buffer
+  G=/tmp/g18.safetensors
+  python3 - "$G" <<'PY'
+import json, os, struct, sys
+n, size = 160, 64 << 20
+hdr = {f"w{i}": {"dtype": "BF16", "shape": [32768, 1024], "data_offsets": [i * size, (i + 1) * size]} for i in range(n)}
+h = json.dumps(hdr).encode(); h += b" " * (-len(h) % 8)
+blk = os.urandom(size)
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<Q", len(h)) + h)
+    for i in range(n): f.write(blk)
+PY
+  echo "limit start: $(limit)" | tee "$OUT/limits.txt"
+  cat "$G" >/dev/null
+  echo "verify gathered: $(build-gpu/ferry load --verify "$G" 2>&1 | tail -2 | tr '\n' ' ')" | tee "$OUT/hot.txt"
+  for r in 1 2 3; do
+    echo "hot cli gathered r$r: $(cli "$G" --device cuda:0)"
+    echo "hot cli each r$r: $(cli "$G" --device cuda:0 --copy-each-buffer)"
+  done 2>&1 | tee -a "$OUT/hot.txt"
+  mkdir -p /dev/shm/f18
+  for r in 1 2; do
+    for v in "gathered:" "each:--copy-each-buffer"; do
+      cp "$G" /dev/shm/f18/x.safetensors
+      echo "tmpfs cli ${v%%:*} r$r: $(cli /dev/shm/f18/x.safetensors --device cuda:0 ${v#*:})"
+      rm -f /dev/shm/f18/x.safetensors
+    done
+  done 2>&1 | tee "$OUT/tmpfs.txt"
+  for r in 1 2; do echo "hot py r$r: $(py reserve "$G")"; done 2>&1 | tee -a "$OUT/hot.txt"
+  echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
+  ;;
+*) echo "usage: $0 main|second|gather|gather2|gather3 OUT" >&2; exit 2 ;;
 esac
