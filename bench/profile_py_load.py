@@ -21,7 +21,8 @@ before), owner_ferry (ferry allocates one block per shard, tensors imported
 through DLPack: the CLI's way). --repeat N loads N times in the process (each
 load's GB/s in "repeats"); --pread asks the ring to read a tmpfs file with
 pread (FERRY_LOAD_PREAD), as the binding did before the twelfth session,
-instead of copying it out of a mapping as the CLI and the binding do now."""
+instead of copying it out of a mapping as the CLI and the binding do now;
+--gather asks for gathered copies (FERRY_LOAD_GATHER_COPIES)."""
 import argparse
 import json
 import os
@@ -37,6 +38,7 @@ def main():
     ap.add_argument("--variant", default="reserve", choices=["reserve", "late", "noreserve", "owner_ferry"])
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--pread", action="store_true")
+    ap.add_argument("--gather", action="store_true", help="FERRY_LOAD_GATHER_COPIES on the load")
     a = ap.parse_args()
     import torch
     import ferry.torch as ft
@@ -101,10 +103,11 @@ def main():
     _torch_load._by_name = timed("by_name", _torch_load._by_name)
     _core.device = timed("device_open", _core.device)
     _core.load_into = timed("load_into", _core.load_into)
-    if a.pread:
+    if a.pread or a.gather:
         from ferry import _lib
         options = _core.LoadOptions
-        _core.LoadOptions = lambda *args, flags=0, **kw: options(*args, flags=flags | _lib.LOAD_PREAD, **kw)
+        more = (_lib.LOAD_PREAD if a.pread else 0) | (_lib.LOAD_GATHER_COPIES if a.gather else 0)
+        _core.LoadOptions = lambda *args, flags=0, **kw: options(*args, flags=flags | more, **kw)
     repeats = []
     for r in range(a.repeat):
         if r:

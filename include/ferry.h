@@ -516,12 +516,14 @@ enum ferry_load_flag {
      * all of it. A caller that cannot afford a truncation during a copy
      * faulting (README, "Truncated checkpoints") asks for pread. */
     FERRY_LOAD_PREAD = 1u << 1,
-    /* RING: one copy per ring buffer, as earlier versions made. By default a
-     * buffered ring load gathers four consecutive buffers' reads into one
-     * copy of up to 16 MiB (the copy engine's per-copy cost is what the
-     * smaller copies lose: bench/RESULTS.md, eighteenth session). For
-     * comparisons; O_DIRECT loads always copy per buffer. */
-    FERRY_LOAD_COPY_EACH_BUFFER = 1u << 2
+    /* RING, a file in memory (the page cache or tmpfs): gather four
+     * neighbouring buffers' reads into one copy of up to 16 MiB instead of
+     * one copy per buffer. The copy engine's per-copy cost is what 4 MiB
+     * copies lose: in bench_ring's steady state on the H200, 16 MiB copies out
+     * of the same 4 MiB reads ran 5-13 % faster (bench/RESULTS.md, eighteenth
+     * session). Opt-in until ferry's own loads are measured with it on a GPU;
+     * ignored for O_DIRECT loads and files read from the disk. */
+    FERRY_LOAD_GATHER_COPIES = 1u << 2
 };
 
 /* How a REGISTER load came by its registration (ferry_load_stats.registration). */

@@ -4,8 +4,8 @@
  * it back. One CPU copy and one DMA per byte; extra host memory is the ring.
  * A shard in tmpfs or ramfs is copied out of a mapping instead of read.
  *
- * Gathered copies (buffered loads of a file in memory, unless
- * FERRY_LOAD_COPY_EACH_BUFFER): the ring's buffers form slots of RING_GATHER
+ * Gathered copies (FERRY_LOAD_GATHER_COPIES, buffered loads of a file in
+ * memory): the ring's buffers form slots of RING_GATHER
  * neighbours, batch k belongs to group k / RING_GATHER and group g to slot
  * g % nslots; any reader reads any batch into its place in its group's slot
  * (the batches one after another), and the reader whose batch completes the
@@ -388,7 +388,7 @@ int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct
     int rc = 0;
     /* gathered copies for buffered reads of a file in memory, with at least
      * two slots */
-    j.gather = cached && !direct && !(o->flags & FERRY_LOAD_COPY_EACH_BUFFER) && nbuf <= d->nring &&
+    j.gather = cached && !direct && (o->flags & FERRY_LOAD_GATHER_COPIES) && nbuf <= d->nring &&
                        nbuf / RING_GATHER >= 2
                    ? RING_GATHER
                    : 0;

@@ -19,14 +19,15 @@
 /* O_DIRECT loads' default readers and read size (load.c, xf_ring_geometry) */
 #define DIRECT_THREADS 8u
 #define DIRECT_READ (1ull << 20)
-/* Buffered ring loads gather this many consecutive buffers' reads into one
- * copy (ring.c, gathered copies): the readers' pieces stay 4 MiB, the
- * size the page cache reads fastest at, and the copies grow to 16 MiB. On
- * the H200 bench_ring's steady state rose from 45.5-49.5 GB/s (one copy per
- * buffer) to 47.2-54.3 with the same 96 MiB of pinned buffers, ahead in each
- * of 4 rounds; the same pool in 2 MiB copies ran at 46.5-49.5: the copy's
- * size, not the pool's, made the difference (bench/RESULTS.md, eighteenth
- * session). */
+/* FERRY_LOAD_GATHER_COPIES: buffered ring loads gather this many
+ * consecutive buffers' reads into one copy (ring.c, gathered copies): the
+ * readers' pieces stay 4 MiB, the size the page cache reads fastest at, and
+ * the copies grow to 16 MiB. On the H200 bench_ring's steady state rose
+ * from 45.5-49.5 GB/s (one copy per buffer) to 47.2-54.3 with the same 96 MiB
+ * of pinned buffers, ahead in each of 4 rounds; the same pool in 2 MiB
+ * copies ran at 46.5-49.5: the copy's size, not the pool's, made the
+ * difference (bench/RESULTS.md, eighteenth session). ferry's own loads with
+ * it were not measured on a GPU yet, hence opt-in. */
 #define RING_GATHER 4u
 #define REG_CHUNK (256ull << 20) /* largest copy from a registered mapping */
 /* A shard's mapping is registered in pieces of this many bytes (the last one

@@ -225,9 +225,10 @@ static ferry_device *open_dev(ferry_ctx *ctx, const char *spec)
 /* The ring of opts o: its buffers and their O_DIRECT slack. */
 static uint64_t ring_pinned(uint32_t nbuf, uint64_t bytes) { return nbuf * (page_round(bytes) + 2 * PAGE); }
 
-/* The small ring's buffers: 2 (one copy per buffer), or 8 while the gathered
- * case runs its fault loops (two slots of RING_GATHER buffers). */
-static uint32_t small_bufs = 2;
+/* The small ring's buffers: 2 (one copy per buffer), or 8 with gathered
+ * copies while the gathered case runs its fault loops (two slots of
+ * RING_GATHER buffers). */
+static uint32_t small_bufs = 2, small_flags = 0;
 
 static ferry_load_opts small_opts(ferry_route p)
 {
@@ -238,6 +239,7 @@ static ferry_load_opts small_opts(ferry_route p)
     o.threads = 3;
     o.ring_buffers = small_bufs;
     o.ring_buffer_bytes = 4096;
+    o.flags = small_flags;
     return o;
 }
 #define SMALL_RING ring_pinned(small_bufs, 4096)
@@ -991,7 +993,7 @@ static void test_faults(ferry_ctx *ctx)
  * a buffered ring load reads each batch into its group's slot and copies a
  * group at once. Every layout (odd offsets, shards, tiny and empty tensors,
  * tensors cut into many batches) loads bit-exact with and without
- * FERRY_LOAD_COPY_EACH_BUFFER, from the page cache and out of a tmpfs
+ * FERRY_LOAD_GATHER_COPIES, from the page cache and out of a tmpfs
  * mapping alike; gathered makes fewer copies where tensors continue one
  * another (the sim counts them through its fault counter); and the fault
  * loops of the ring path pass on the gathered ring too. */
@@ -1007,7 +1009,7 @@ static void test_gathered(ferry_ctx *ctx)
         for (int each = 0; f && d && each < 2; each++) {
             ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
             o.ring_buffers = 8;
-            o.flags = each ? FERRY_LOAD_COPY_EACH_BUFFER : 0;
+            o.flags = each ? 0 : FERRY_LOAD_GATHER_COPIES;
             ferry_loaded *l = NULL;
             CHECK(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, many) >= 0);
             CHECK_EQ(ferry_load(d, f, &o, &l, NULL), 0);
@@ -1040,6 +1042,7 @@ static void test_gathered(ferry_ctx *ctx)
             if (f && xf_resident_sampled(f) < 0.99) {
                 ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
                 o.ring_buffers = 8;
+                o.flags = FERRY_LOAD_GATHER_COPIES;
                 ferry_loaded *l = NULL;
                 CHECK(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, many) >= 0);
                 CHECK_EQ(ferry_load(d, f, &o, &l, NULL), 0);
@@ -1068,8 +1071,13 @@ static void test_gathered(ferry_ctx *ctx)
             ferry_device *d = open_dev(ctx, "sim:256MiB");
             ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
             o.ring_buffers = 8;
+            o.flags = FERRY_LOAD_GATHER_COPIES;
             ferry_loaded *l = NULL;
+            long many_left = fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, many);
+            CHECK(many_left >= 0);
             CHECK_EQ(ferry_load(d, f, &o, &l, NULL), 0);
+            /* gathered out of the mapping too: at most a copy per group of four */
+            CHECK(many - fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, 0) <= 512 / 4);
             if (l) CHECK_EQ(verify_loaded(l, f, "tmpfs, gathered"), 0);
             ferry_loaded_free(l);
             ferry_device_close(d);
@@ -1079,7 +1087,7 @@ static void test_gathered(ferry_ctx *ctx)
         }
         unlink(p);
     }
-    small_bufs = 8;
+    small_bufs = 8, small_flags = FERRY_LOAD_GATHER_COPIES;
     static const char *const faulted[] = {"small.safetensors", "sh.safetensors.index.json"};
     for (size_t k = 0; k < 2; k++) {
         ferry_file *f = open_file(ctx, faulted[k]);
@@ -1090,7 +1098,7 @@ static void test_gathered(ferry_ctx *ctx)
         }
         ferry_file_close(f);
     }
-    small_bufs = 2;
+    small_bufs = 2, small_flags = 0;
 }
 
 /* ---- 3. pre-registration ---- */
