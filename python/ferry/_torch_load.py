@@ -107,11 +107,13 @@ def _reserve_early(nbytes, count, device):
     """_reserve's block, of nbytes (an upper bound of what _reserve takes:
     the file's tensor bytes plus 511 for each of its count tensors; more by
     the bytes of its tensors under 1 MiB, which stay cached), allocated on a thread
-    while the caller lists the tensors: the driver's cudaMalloc (6-9 ms for
-    10 GB on the H100 machine) then overlaps the tensor table's 2-5 ms
-    (bench/RESULTS.md, seventeenth session). The thread allocates on the
-    caller's current stream, so the block lands in the pool the tensors are
-    carved from. The thread, to join before allocating, or None."""
+    while the caller lists the tensors: the driver's cudaMalloc (about 1.7 ms
+    for 10 GB on the H100 machine) then overlaps the tensor table's 2-3 ms.
+    Measured against reserving after the table: 8.6 against 9.3 ms from the
+    table to the carved tensors, medians of 6 rounds (bench/RESULTS.md,
+    eighteenth session). The thread allocates on the caller's current stream,
+    so the block lands in the pool the tensors are carved from. The thread,
+    to join before allocating, or None."""
     if device.type != "cuda" or nbytes < 64 * _RESERVE_MIN or nbytes < count * _RESERVE_MIN:
         return None  # (tensors of under 1 MiB on average: mostly the small pool's, so _reserve's way)
     stream = torch.cuda.current_stream(device)

@@ -267,7 +267,7 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
              * readers take single batches, and buffered reads from the disk in
              * that order would defeat each descriptor's readahead */
             bool cached = false;
-            if (rc == 0 && st.route == FERRY_ROUTE_RING)
+            if (rc == 0 && st.route == FERRY_ROUTE_RING && (o.flags & FERRY_LOAD_GATHER_COPIES))
                 cached = (st.resident >= 0 ? st.resident : xf_resident_sampled(f)) >= 0.99;
             if (rc == 0)
                 rc = xf_run_ring(d, f, &p, st.route == FERRY_ROUTE_DIRECT, cached, &o, streams, nstreams, nthreads, nbuf);
