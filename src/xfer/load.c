@@ -266,11 +266,10 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
             /* gathered copies only for a file (nearly) all in memory: their
              * readers take single batches, and buffered reads from the disk in
              * that order would defeat each descriptor's readahead */
-            bool cached = false;
-            if (rc == 0 && st.route == FERRY_ROUTE_RING && (o.flags & FERRY_LOAD_GATHER_COPIES))
-                cached = (st.resident >= 0 ? st.resident : xf_resident_sampled(f)) >= 0.99;
+            bool gather = rc == 0 && st.route == FERRY_ROUTE_RING && (o.flags & FERRY_LOAD_GATHER_COPIES) &&
+                          (st.resident >= 0 ? st.resident : xf_resident_sampled(f)) >= 0.99;
             if (rc == 0)
-                rc = xf_run_ring(d, f, &p, st.route == FERRY_ROUTE_DIRECT, cached, &o, streams, nstreams, nthreads, nbuf);
+                rc = xf_run_ring(d, f, &p, st.route == FERRY_ROUTE_DIRECT, gather, &o, streams, nstreams, nthreads, nbuf);
             if (rc == -EINVAL && st.route == FERRY_ROUTE_DIRECT && o.route == FERRY_ROUTE_AUTO) {
                 /* auto chose O_DIRECT on a file system without it (tmpfs, some FUSE): buffered reads */
                 st.route = FERRY_ROUTE_RING;

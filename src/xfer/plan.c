@@ -32,12 +32,8 @@ void xf_piece_run(const plan *p, const batch *bt, int64_t *q, uint64_t *src, uin
     int64_t k = *q, end = bt->first + bt->count;
     *src = p->pc[k].off, *len = p->pc[k].len, *dst = p->pc[k].dst;
     fy_dptr aend = p->pc[k].aend;
-    /* a run stays inside the allocation of its first piece: the driver
-     * refuses one copy into two allocations, adjacent or not */
-    for (k++; k < end && p->pc[k].dst == *dst + *len && p->pc[k].off == *src + *len && aend &&
-              *dst + *len + p->pc[k].len <= aend;
-         k++)
-        *len += p->pc[k].len;
+    /* a run stays inside the allocation of its first piece */
+    for (k++; k < end && xf_piece_continues(&p->pc[k], *src, *len, *dst, aend); k++) *len += p->pc[k].len;
     *q = k;
 }
 

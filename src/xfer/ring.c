@@ -64,6 +64,15 @@ static void job_fail(job *j, int rc)
     atomic_compare_exchange_strong(&j->rc, &zero, rc);
 }
 
+/* Fail the job and wake every reader waiting on its condition, to see it. */
+static void fail_and_wake(job *j, int rc)
+{
+    job_fail(j, rc);
+    pthread_mutex_lock(&j->lock);
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->lock);
+}
+
 /* A free buffer: one never used, else the oldest in flight once its copies are done. */
 static int ring_acquire(job *j, uint32_t *out)
 {
@@ -97,10 +106,7 @@ static int ring_acquire(job *j, uint32_t *out)
                 /* b's copies may still be running (a failed sync says nothing
                  * about them): it is not free. Fail the job so no reader waits
                  * for it; run_ring syncs every stream before the ring goes. */
-                job_fail(j, rc);
-                pthread_mutex_lock(&j->lock);
-                pthread_cond_broadcast(&j->cv);
-                pthread_mutex_unlock(&j->lock);
+                fail_and_wake(j, rc);
                 return rc;
             }
             *out = b;
@@ -233,8 +239,7 @@ static int slot_copies(job *j, long long first, long long count, uint8_t *base, 
         for (int64_t q = bt->first; q < bt->first + bt->count; q++) {
             const piece *pc = &p->pc[q];
             uint8_t *h = base + pos + (pc->off - bt->off);
-            if (rlen && raend && pc->off == rsrc + rlen && h == rhost + rlen && pc->dst == rdst + rlen &&
-                rdst + rlen + pc->len <= raend) {
+            if (rlen && h == rhost + rlen && xf_piece_continues(pc, rsrc, rlen, rdst, raend)) {
                 rlen += pc->len;
                 continue;
             }
@@ -247,14 +252,6 @@ static int slot_copies(job *j, long long first, long long count, uint8_t *base, 
         pos += bt->len;
     }
     return rlen ? g->ops->copy_htod(g, rdst, rhost, (size_t)rlen, st) : 0;
-}
-
-static void fail_and_wake(job *j, int rc)
-{
-    job_fail(j, rc);
-    pthread_mutex_lock(&j->lock);
-    pthread_cond_broadcast(&j->cv);
-    pthread_mutex_unlock(&j->lock);
 }
 
 /* A reader of gathered copies (the comment at the top). */
@@ -380,18 +377,14 @@ static void *ring_worker(void *arg)
     return NULL;
 }
 
-int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, bool cached, const ferry_load_opts *o,
+int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, bool gather, const ferry_load_opts *o,
                 fy_stream **streams, uint32_t nstreams, uint32_t nthreads, uint32_t nbuf)
 {
     const ferry_allocator *m = &d->ctx->mem;
     job j = {.d = d, .f = f, .p = p, .direct = direct, .streams = streams, .nstreams = nstreams, .o = o};
     int rc = 0;
-    /* gathered copies for buffered reads of a file in memory, with at least
-     * two slots */
-    j.gather = cached && !direct && (o->flags & FERRY_LOAD_GATHER_COPIES) && nbuf <= d->nring &&
-                       nbuf / RING_GATHER >= 2
-                   ? RING_GATHER
-                   : 0;
+    /* gathered copies where the caller asks and the ring has two slots */
+    j.gather = gather && !direct && nbuf <= d->nring && nbuf / RING_GATHER >= 2 ? RING_GATHER : 0;
     j.nslots = j.gather ? nbuf / j.gather : 0;
     /* runs of up to 64 batches (256 MiB of the default ring) for buffered
      * reads; O_DIRECT reads leave the page cache alone and take one at a

@@ -186,6 +186,14 @@ double xf_resident_sampled(const ferry_file *f);
  * batches: contiguous file ranges of at most cap bytes in one shard. */
 int xf_plan_build(const ferry_allocator *m, const ferry_file *f, item *it, int64_t n, uint64_t cap, plan *p);
 void xf_plan_free(const ferry_allocator *m, plan *p);
+/* Whether piece pc continues a copy of len bytes from file offset src to
+ * dst, in the device allocation that ends at aend: adjacent in the file and
+ * on the device, and not past that allocation (the driver refuses one copy
+ * into two allocations, adjacent or not; aend 0, unknown: never). */
+static inline bool xf_piece_continues(const piece *pc, uint64_t src, uint64_t len, fy_dptr dst, fy_dptr aend)
+{
+    return aend && pc->off == src + len && pc->dst == dst + len && dst + len + pc->len <= aend;
+}
 /* From piece *q of batch bt on, the run of pieces adjacent both in the file
  * and on the device (ferry_load's blocks mirror the file): one copy of *len
  * bytes from file offset *src to *dst. *q moves past the run. */
@@ -204,10 +212,10 @@ int xf_read_failed(fy_err *err, int rc, const char *path, const batch *bt, bool 
 
 /* Readers fill nbuf buffers (at most d->nring: a larger ring serves a load
  * that asks for fewer) of the cached ring (O_DIRECT when direct), copies go
- * out on streams; waits until every copy landed. cached: the file is in
- * memory, so buffered reads may gather their copies (ring.c). Under
- * d->ring_lock. */
-int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, bool cached, const ferry_load_opts *o,
+ * out on streams; waits until every copy landed. gather: buffered reads
+ * gather their copies (ring.c; the caller asks only for a file in memory).
+ * Under d->ring_lock. */
+int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, bool gather, const ferry_load_opts *o,
                 fy_stream **streams, uint32_t nstreams, uint32_t nthreads, uint32_t nbuf);
 /* cpu device: readers pread straight into the destination. */
 int xf_run_host(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o, uint32_t nthreads);

@@ -186,6 +186,19 @@ static ferry_file *open_file(ferry_ctx *ctx, const char *name)
     return f;
 }
 
+/* Copy the test file named from (in the test directory) to the path to. */
+static bool copy_file(const char *from, const char *to)
+{
+    char src[512];
+    path_of(src, sizeof src, from);
+    FILE *in = fopen(src, "rb"), *out = in ? fopen(to, "wb") : NULL;
+    bool ok = in && out;
+    for (int c; ok && (c = fgetc(in)) != EOF;) ok = fputc(c, out) != EOF;
+    if (in) fclose(in);
+    if (out && fclose(out) != 0) ok = false;
+    return ok;
+}
+
 /* Does O_DIRECT work where the test files are? */
 static bool probe_direct(void)
 {
@@ -1058,16 +1071,11 @@ static void test_gathered(ferry_ctx *ctx)
     }
     { /* a tmpfs file, copied out of the load's mapping into the slots */
         struct statfs sf;
-        char src[512], p[256];
-        path_of(src, sizeof src, "edge.safetensors");
+        char p[256];
         snprintf(p, sizeof p, "/dev/shm/ferry-test-gathered-%d.safetensors", (int)getpid());
-        FILE *in = statfs("/dev/shm", &sf) == 0 && sf.f_type == 0x01021994 ? fopen(src, "rb") : NULL;
-        FILE *out = in ? fopen(p, "wb") : NULL;
-        for (int c; in && out && (c = fgetc(in)) != EOF;) fputc(c, out);
-        if (in) fclose(in);
-        if (out) fclose(out);
+        bool copied = statfs("/dev/shm", &sf) == 0 && sf.f_type == 0x01021994 && copy_file("edge.safetensors", p);
         ferry_file *f = NULL;
-        if (out && ferry_file_open(ctx, p, 0, &f) == 0) {
+        if (copied && ferry_file_open(ctx, p, 0, &f) == 0) {
             ferry_device *d = open_dev(ctx, "sim:256MiB");
             ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
             o.ring_buffers = 8;
@@ -2112,14 +2120,9 @@ static void test_tmpfs_ring(ferry_ctx *ctx)
     tdef *t = defs("shm", SMALL, 6);
     write_st("shm.safetensors", t, 6, 8, 0);
     free(t);
-    char src[512], p[256];
-    path_of(src, sizeof src, "shm.safetensors");
+    char p[256];
     snprintf(p, sizeof p, "/dev/shm/ferry-test-xfer-%d.safetensors", (int)getpid());
-    FILE *in = fopen(src, "rb"), *out = fopen(p, "wb");
-    CHECK(in && out);
-    for (int c; in && out && (c = fgetc(in)) != EOF;) fputc(c, out);
-    if (in) fclose(in);
-    if (out) fclose(out);
+    CHECK(copy_file("shm.safetensors", p));
     ferry_file *f = NULL;
     CHECK_EQ(ferry_file_open(ctx, p, 0, &f), 0);
     ferry_device *d = open_dev(ctx, "sim:256MiB");
