@@ -14,6 +14,8 @@ Methods (each run is a fresh child process):
   ferry_auto, ferry_ring, ferry_direct, ferry_register
                  FERRY load --device cuda:0 --path P --json [--verify] PATH (the CLI is
                  the child; its --verify checks the bytes); 'ferry_cli' names all four
+  ferry_gather   FERRY load --path auto --gather-copies (a ring load copies four
+                 buffers' reads at once when the file is in memory)
   ferry_py       ferry.torch.load_file(PATH, device="cuda:0") (FERRY_LIBRARY and
                  PYTHONPATH are passed to the child: --ferry-library, --ferry-python)
   st_cuda        safetensors.torch.load_file(FILE, device="cuda:0"), the installed one
@@ -108,15 +110,17 @@ import time
 T_PROC_START = time.perf_counter()
 
 FERRY_PATHS = {"ferry_auto": "auto", "ferry_ring": "ring", "ferry_direct": "direct",
-               "ferry_register": "register"}
+               "ferry_register": "register", "ferry_gather": "auto"}
+FERRY_EXTRA = {"ferry_gather": ["--gather-copies"]}  # method -> further `ferry load` options
 ST = {"safetensors"}
 BOTH = {"safetensors", "gguf"}
 # method -> the formats it loads
 METHODS = {"ferry_auto": BOTH, "ferry_ring": BOTH, "ferry_direct": BOTH, "ferry_register": BOTH,
+           "ferry_gather": BOTH,
            "ferry_py": BOTH, "st_cuda": ST, "st_cpu_to": ST, "st_pin": ST, "torch_mmap": ST,
            "st09": ST, "it": ST, "it_buffered": ST, "it_mmap": ST, "fsafe": ST, "fsafe_gds": ST,
            "runai": ST, "gguf_py": {"gguf"}}
-ALIASES = {"ferry_cli": list(FERRY_PATHS)}
+ALIASES = {"ferry_cli": ["ferry_auto", "ferry_ring", "ferry_direct", "ferry_register"]}
 DEFAULT_METHODS = ["ferry_auto", "ferry_py", "st_cuda", "st09", "it", "it_buffered", "it_mmap",
                    "fsafe", "fsafe_gds", "runai", "gguf_py"]
 # method -> the module its child imports (checked once before the runs)
@@ -1612,6 +1616,7 @@ class Bench:
     def run_ferry(self, wl, spec, method, run, timeout):
         a = self.a
         cmd = [a.ferry, "load", "--device", a.ferry_device or a.device, "--path", FERRY_PATHS[method], "--json"]
+        cmd += FERRY_EXTRA.get(method, [])
         if a.ferry_verify:
             cmd.append("--verify")
         cmd.append(spec["path"])

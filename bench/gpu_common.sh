@@ -7,7 +7,8 @@
 #   drop            empty the page cache (root on the GPU machine)
 #   cli FILE [ARGS] one fresh `ferry load --json`: each load's GB/s, ms, set-up
 #                   and allocation ms, the path, peak RSS
-#   py VARIANT FILE bench/profile_py_load.py in a fresh process: ferry.torch's
+#   py VARIANT FILE [ARGS]
+#                   bench/profile_py_load.py in a fresh process: ferry.torch's
 #                   load and its phases
 #   fsafe FILE      fastsafetensors (from /tmp/site) with nogds=True and its
 #                   defaults, timed from fastsafe_open to synchronised tensors
@@ -29,7 +30,7 @@ print(json.dumps({"gbps": [round(l["gbps"], 2) for l in L], "ms": r("seconds"), 
                   "alloc_ms": r("alloc_seconds"), "path": L[0]["path_used"], "rss_mib": d["peak_rss_bytes"] >> 20}))'
 }
 py() {
-  python3 bench/profile_py_load.py "$2" --variant "$1" | python3 -c '
+  python3 bench/profile_py_load.py "$2" --variant "$1" "${@:3}" | python3 -c '
 import json,sys
 d=json.load(sys.stdin)
 print(json.dumps({"gbps": round(d["gbps"], 2), "ms": round(d["seconds"]*1e3, 2), "route": d["route"],

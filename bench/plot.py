@@ -30,6 +30,7 @@ LABELS = {
     "ferry_ring": "ferry load\n--path ring",
     "ferry_direct": "ferry load\n--path direct",
     "ferry_register": "ferry load\n--path register",
+    "ferry_gather": "ferry load\n--gather-copies",
     "ferry_py": "ferry.torch\nload_file",
     "st09": "safetensors 0.9\nprefetch",
     "it": "InstantTensor",
