@@ -9,7 +9,9 @@
 #           default), everything in one call:
 #           - the GPU load tests (run_loads.py) and a verified gathered load;
 #           - 10 GB hot first loads in fresh processes, CLI and ferry.torch both
-#             ways, 5 rounds alternated;
+#             ways, and ferry.torch's probe with every tensor a view of one
+#             block laid out as the file (profile_py_load.py --variant
+#             oneblock: the CLI's copies), 5 rounds alternated;
 #           - fresh /dev/shm copies, CLI both ways, 3 rounds;
 #           - --repeat 3 (the steady rate in one process), 2 rounds;
 #           - compare_load's fresh /dev/shm copies: ferry auto, ferry gathered,
@@ -37,6 +39,7 @@ gather)
     echo "hot cli each r$r: $(cli "$F" --device cuda:0)"
     echo "hot py gathered r$r: $(py reserve "$F" --gather)"
     echo "hot py each r$r: $(py reserve "$F")"
+    echo "hot py oneblock r$r: $(py oneblock "$F")"
   done 2>&1 | tee -a "$OUT/hot.txt"
   mkdir -p /dev/shm/f19
   for r in 1 2 3; do

@@ -18,7 +18,11 @@ one cached block reserved first, on a thread while the tensor table is read),
 late (the same block reserved after the table, on the calling thread: the
 binding before the eighteenth session), noreserve (one torch.empty per tensor, as
 before), owner_ferry (ferry allocates one block per shard, tensors imported
-through DLPack: the CLI's way). --repeat N loads N times in the process (each
+through DLPack: the CLI's way), oneblock (a probe, not a binding: one
+torch.empty block per shard laid out as the file is, every tensor a view of it
+at its file offset, so ferry_load_into makes the copies the CLI's load makes:
+a small tensor between two large ones no longer breaks a copy run; does the
+binding's load_into trail the CLI's for its separate allocations?). --repeat N loads N times in the process (each
 load's GB/s in "repeats"); --pread asks the ring to read a tmpfs file with
 pread (FERRY_LOAD_PREAD), as the binding did before the twelfth session,
 instead of copying it out of a mapping as the CLI and the binding do now;
@@ -35,7 +39,7 @@ T0 = time.perf_counter()
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("file")
-    ap.add_argument("--variant", default="reserve", choices=["reserve", "late", "noreserve", "owner_ferry"])
+    ap.add_argument("--variant", default="reserve", choices=["reserve", "late", "noreserve", "owner_ferry", "oneblock"])
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--pread", action="store_true")
     ap.add_argument("--gather", action="store_true", help="FERRY_LOAD_GATHER_COPIES on the load")
@@ -77,6 +81,30 @@ def main():
         return None if th is None else Joined(th)
 
     _torch_load._reserve_early = reserve_marked
+    if a.variant == "oneblock":
+        _torch_load._reserve_early = lambda *args: None
+
+        def alloc_oneblock(infos, dts, device, reserved=False):
+            span = {}
+            for t in infos:
+                if t.nbytes:
+                    lo, hi = span.get(t.shard, (t.offset, t.offset + t.nbytes))
+                    span[t.shard] = (min(lo, t.offset), max(hi, t.offset + t.nbytes))
+            blocks = {s: torch.empty(hi - lo, dtype=torch.uint8, device=device) for s, (lo, hi) in span.items()}
+            out, idx, ptrs = {}, [], []
+            for t in infos:
+                dt = dts[t.index]
+                if not t.nbytes:
+                    out[t.name] = _torch_load._empty(t, dt, device)
+                    continue
+                off = t.offset - span[t.shard][0]
+                raw = blocks[t.shard][off:off + t.nbytes]
+                out[t.name] = raw if dt is None else _torch_load._shape_view(raw.view(dt), t, dt, 0)
+                idx.append(t.index)
+                ptrs.append(blocks[t.shard].data_ptr() + off)
+            return out, idx, ptrs
+
+        _torch_load._alloc = alloc_oneblock
     _torch_load._alloc = timed("alloc", _torch_load._alloc)
     marks = {}
     sync = timed("sync", _torch_load._sync)
