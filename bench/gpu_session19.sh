@@ -18,6 +18,11 @@
 #             InstantTensor MMAP, every tensor verified, 2 rounds;
 #           - the register path's first and kept loads (--repeat 2), 2 rounds;
 #           pinned copy limit at the start and the end
+#   ab      the Python call against the CLI, 10 GB hot, 8 rounds alternated:
+#           the CLI, ferry.torch (reserve), the oneblock probe, and the probe
+#           with gathered copies (does gathering's loss in the binding come
+#           from its separate allocations?); the 26 MB file, 3 rounds;
+#           pinned copy limit at the start and the end
 set -uo pipefail
 PART=$1
 OUT=${2:-/tmp/out19}
@@ -60,5 +65,22 @@ gather)
   done 2>&1 | tee "$OUT/register.txt"
   echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
   ;;
-*) echo "usage: $0 gather OUT" >&2; exit 2 ;;
+ab)
+  PYTHONPATH=/tmp/site $CMP --workloads w10g,small --make --make-only --out "$OUT/make.json" 2>&1 | tail -1
+  echo "limit start: $(limit)" | tee "$OUT/limits.txt"
+  cat "$F" $D/small.safetensors >/dev/null
+  for r in 1 2 3 4 5 6 7 8; do
+    echo "hot cli r$r: $(cli "$F" --device cuda:0)"
+    echo "hot py reserve r$r: $(py reserve "$F")"
+    echo "hot py oneblock r$r: $(py oneblock "$F")"
+    echo "hot py oneblock gathered r$r: $(py oneblock "$F" --gather)"
+  done 2>&1 | tee "$OUT/ab.txt"
+  for r in 1 2 3; do
+    echo "small cli r$r: $(cli $D/small.safetensors --device cuda:0)"
+    echo "small py r$r: $(py reserve $D/small.safetensors)"
+    echo "small py oneblock r$r: $(py oneblock $D/small.safetensors)"
+  done 2>&1 | tee "$OUT/small.txt"
+  echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
+  ;;
+*) echo "usage: $0 gather|ab OUT" >&2; exit 2 ;;
 esac
