@@ -521,8 +521,11 @@ enum ferry_load_flag {
      * one copy per buffer. The copy engine's per-copy cost is what 4 MiB
      * copies lose: in bench_ring's steady state on the H200, 16 MiB copies out
      * of the same 4 MiB reads ran 5-13 % faster (bench/RESULTS.md, eighteenth
-     * session). Opt-in until ferry's own loads are measured with it on a GPU;
-     * ignored for O_DIRECT loads and files read from the disk. */
+     * session). Inside ferry (nineteenth session, H100) it gained 1-6 % for
+     * loads of the file the process had loaded before, and lost first loads
+     * into many separate allocations (ferry.torch's: by a fifth) and from
+     * fresh tmpfs copies (by up to a half): opt-in. Ignored for O_DIRECT
+     * loads and files read from the disk. */
     FERRY_LOAD_GATHER_COPIES = 1u << 2
 };
 
