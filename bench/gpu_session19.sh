@@ -23,6 +23,9 @@
 #           with gathered copies (does gathering's loss in the binding come
 #           from its separate allocations?); the 26 MB file, 3 rounds;
 #           pinned copy limit at the start and the end
+#   store   the final tree's store cycles (bench_store: RAM cycles with the
+#           pool pinned on demand and pinned ahead) and model swaps (bench_swap,
+#           6 swaps, from the page cache and from pinned RAM)
 set -uo pipefail
 PART=$1
 OUT=${2:-/tmp/out19}
@@ -82,5 +85,13 @@ ab)
   done 2>&1 | tee "$OUT/small.txt"
   echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
   ;;
-*) echo "usage: $0 gather|ab OUT" >&2; exit 2 ;;
+store)
+  PYTHONPATH=/tmp/site $CMP --workloads w10g --make --make-only --out "$OUT/make.json" 2>&1 | tail -1
+  echo "limit start: $(limit)" | tee "$OUT/limits.txt"
+  mkdir -p /var/tmp/spill19
+  timeout 200 build-gpu/bench_store "$F" /var/tmp/spill19 cuda:0 2>&1 | tee "$OUT/store.jsonl" | cut -c1-220
+  timeout 120 build-gpu/bench_swap "$F" "$F" cuda:0 6 2>&1 | tee "$OUT/swap.jsonl" | cut -c1-220
+  echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
+  ;;
+*) echo "usage: $0 gather|ab|store OUT" >&2; exit 2 ;;
 esac
