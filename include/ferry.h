@@ -521,11 +521,12 @@ enum ferry_load_flag {
      * one copy per buffer. The copy engine's per-copy cost is what 4 MiB
      * copies lose: in bench_ring's steady state on the H200, 16 MiB copies out
      * of the same 4 MiB reads ran 5-13 % faster (bench/RESULTS.md, eighteenth
-     * session). Inside ferry (nineteenth session, H100) it gained 1-6 % for
-     * loads of the file the process had loaded before, and lost first loads
-     * into many separate allocations (ferry.torch's: by a fifth) and from
-     * fresh tmpfs copies (by up to a half): opt-in. Ignored for O_DIRECT
-     * loads and files read from the disk. */
+     * session). Inside ferry (nineteenth session, H100) it ran 1-6 % ahead in
+     * `ferry load --path ring --repeat 3` (first load included), tied the
+     * CLI's default first loads, and lost loads into many separate
+     * allocations (ferry.torch's: by a fifth) and from fresh tmpfs copies (by
+     * up to a half): opt-in. Ignored for O_DIRECT loads and files read from
+     * the disk. */
     FERRY_LOAD_GATHER_COPIES = 1u << 2
 };
 
