@@ -26,6 +26,11 @@
 #   store   the final tree's store cycles (bench_store: RAM cycles with the
 #           pool pinned on demand and pinned ahead) and model swaps (bench_swap,
 #           6 swaps, from the page cache and from pinned RAM)
+#   why     where gathered copies lose: the oneblock probe gathered against
+#           oneblock_small (tensors under 1 MiB from PyTorch's small pool)
+#           gathered and not, 4 rounds; fresh /dev/shm copies through the
+#           oneblock probe, per buffer / gathered, out of the mapping / with
+#           pread, 2 rounds
 set -uo pipefail
 PART=$1
 OUT=${2:-/tmp/out19}
@@ -93,5 +98,24 @@ store)
   timeout 120 build-gpu/bench_swap "$F" "$F" cuda:0 6 2>&1 | tee "$OUT/swap.jsonl" | cut -c1-220
   echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
   ;;
-*) echo "usage: $0 gather|ab|store OUT" >&2; exit 2 ;;
+why)
+  PYTHONPATH=/tmp/site $CMP --workloads w10g --make --make-only --out "$OUT/make.json" 2>&1 | tail -1
+  echo "limit start: $(limit)" | tee "$OUT/limits.txt"
+  cat "$F" >/dev/null
+  for r in 1 2 3 4; do
+    echo "hot oneblock gathered r$r: $(py oneblock "$F" --gather)"
+    echo "hot oneblock_small gathered r$r: $(py oneblock_small "$F" --gather)"
+    echo "hot oneblock_small r$r: $(py oneblock_small "$F")"
+  done 2>&1 | tee "$OUT/why-hot.txt"
+  mkdir -p /dev/shm/f19
+  for r in 1 2; do
+    for v in "each:" "gathered:--gather" "each_pread:--pread" "gathered_pread:--gather --pread"; do
+      cp "$F" /dev/shm/f19/x.safetensors
+      echo "tmpfs oneblock ${v%%:*} r$r: $(py oneblock /dev/shm/f19/x.safetensors ${v#*:})"
+      rm -f /dev/shm/f19/x.safetensors
+    done
+  done 2>&1 | tee "$OUT/why-tmpfs.txt"
+  echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
+  ;;
+*) echo "usage: $0 gather|ab|store|why OUT" >&2; exit 2 ;;
 esac

@@ -22,7 +22,9 @@ through DLPack: the CLI's way), oneblock (a probe, not a binding: one
 torch.empty block per shard laid out as the file is, every tensor a view of it
 at its file offset, so ferry_load_into makes the copies the CLI's load makes:
 a small tensor between two large ones no longer breaks a copy run; does the
-binding's load_into trail the CLI's for its separate allocations?). --repeat N loads N times in the process (each
+binding's load_into trail the CLI's for its separate allocations?),
+oneblock_small (the same, but tensors under 1 MiB allocated one by one from
+PyTorch's small pool, as the binding allocates them). --repeat N loads N times in the process (each
 load's GB/s in "repeats"); --pread asks the ring to read a tmpfs file with
 pread (FERRY_LOAD_PREAD), as the binding did before the twelfth session,
 instead of copying it out of a mapping as the CLI and the binding do now;
@@ -39,7 +41,7 @@ T0 = time.perf_counter()
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("file")
-    ap.add_argument("--variant", default="reserve", choices=["reserve", "late", "noreserve", "owner_ferry", "oneblock"])
+    ap.add_argument("--variant", default="reserve", choices=["reserve", "late", "noreserve", "owner_ferry", "oneblock", "oneblock_small"])
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--pread", action="store_true")
     ap.add_argument("--gather", action="store_true", help="FERRY_LOAD_GATHER_COPIES on the load")
@@ -81,7 +83,8 @@ def main():
         return None if th is None else Joined(th)
 
     _torch_load._reserve_early = reserve_marked
-    if a.variant == "oneblock":
+    if a.variant in ("oneblock", "oneblock_small"):
+        apart = (1 << 20) if a.variant == "oneblock_small" else 0  # tensors under it: torch.empty each
         _torch_load._reserve_early = lambda *args: None
 
         def alloc_oneblock(infos, dts, device, reserved=False):
@@ -96,6 +99,11 @@ def main():
                 dt = dts[t.index]
                 if not t.nbytes:
                     out[t.name] = _torch_load._empty(t, dt, device)
+                    continue
+                if t.nbytes < apart and dt is not None and t.strides is None:
+                    out[t.name] = torch.empty(t.shape, dtype=dt, device=device)
+                    idx.append(t.index)
+                    ptrs.append(out[t.name].data_ptr())
                     continue
                 off = t.offset - span[t.shard][0]
                 raw = blocks[t.shard][off:off + t.nbytes]
