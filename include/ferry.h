@@ -522,11 +522,11 @@ enum ferry_load_flag {
      * copies lose: in bench_ring's steady state on the H200, 16 MiB copies out
      * of the same 4 MiB reads ran 5-13 % faster (bench/RESULTS.md, eighteenth
      * session). Inside ferry (nineteenth session, H100) it ran 1-6 % ahead in
-     * `ferry load --path ring --repeat 3` (first load included), tied the
-     * CLI's default first loads, and lost loads into many separate
-     * allocations (ferry.torch's: by a fifth) and from fresh tmpfs copies (by
-     * up to a half): opt-in. Ignored for O_DIRECT loads and files read from
-     * the disk. */
+     * `ferry load --path ring --repeat 3` (first load included) and tied the
+     * CLI's default first loads, but lost a fifth to a half in other runs
+     * (ferry.torch's loads, fresh tmpfs copies, a slow host), not the same
+     * ones from machine to machine: opt-in. Ignored for O_DIRECT loads and
+     * files read from the disk. */
     FERRY_LOAD_GATHER_COPIES = 1u << 2
 };
 

@@ -50,7 +50,7 @@ const cli_cmd cmd_load = {
     "  --pinned-budget SIZE  most bytes a register load may page-lock (default: no limit)\n"
     "  --gather-copies     ring, a file in memory: four staging buffers' reads go\n"
     "                      out in one copy instead of one copy each (experimental:\n"
-    "                      faster for repeated loads, slower for fresh tmpfs copies)\n"
+    "                      faster in some runs, much slower in others)\n"
     "  --verify            copy every tensor back and compare its XXH3-64 with the file's\n"
     "  --json              print one JSON object\n"
     "  -h, --help          show this help\n",
