@@ -24,8 +24,8 @@ at its file offset, so ferry_load_into makes the copies the CLI's load makes:
 a small tensor between two large ones no longer breaks a copy run; does the
 binding's load_into trail the CLI's for its separate allocations?),
 oneblock_small (the same, but tensors under 1 MiB allocated one by one from
-PyTorch's small pool, as the binding allocates them). --repeat N loads N times in the process (each
-load's GB/s in "repeats"); --pread asks the ring to read a tmpfs file with
+PyTorch's small pool, as the binding allocates them). --repeat N loads N times
+in the process (each load's GB/s in "repeats"); --pread asks the ring to read a tmpfs file with
 pread (FERRY_LOAD_PREAD), as the binding did before the twelfth session,
 instead of copying it out of a mapping as the CLI and the binding do now;
 --gather asks for gathered copies (FERRY_LOAD_GATHER_COPIES)."""
