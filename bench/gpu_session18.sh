@@ -21,7 +21,8 @@
 #         CLI and ferry.torch hot, 4 rounds alternated; then compare_load's
 #         fresh /dev/shm copies, ferry CLI / ferry.torch / InstantTensor MMAP
 #         (every tensor verified), 2 rounds
-#   gather (not run yet) ferry's ring with gathered copies (--gather-copies:
+#   gather (not run in the eighteenth session; the nineteenth ran it as
+#         bench/gpu_session19.sh gather, with more beside it) ferry's ring with gathered copies (--gather-copies:
 #         four 4 MiB buffers' reads in one copy) against one copy per buffer
 #         (the default): the GPU tests (run_loads.py); a verified gathered load;
 #         10 GB hot first loads in fresh processes, CLI and ferry.torch both
@@ -84,8 +85,8 @@ second)
     --limit-gb 4 --rounds 2 --budget-seconds 190 --out "$OUT/cmp-tmpfs.json" 2>&1 | tail -12
   echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
   ;;
-gather)  # NOT RUN in the eighteenth session (its device time went to refused starts and a
-         # machine taken back mid-call): the next session's first measurement
+gather)  # not run in the eighteenth session (its device time went to refused starts and a
+         # machine taken back mid-call); the nineteenth ran gpu_session19.sh gather
   PYTHONPATH=/tmp/site $CMP --workloads w10g --make --make-only --out "$OUT/make.json" 2>&1 | tail -1
   { python3 tests/data/gen_golden.py /tmp/golden >/dev/null
     timeout 100 python3 tests/gpu/run_loads.py build-gpu/ferry /tmp/golden cuda:0 --paths auto,ring,direct | tail -2; } 2>&1 | tee "$OUT/tests.txt"
