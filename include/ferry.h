@@ -521,8 +521,8 @@ enum ferry_load_flag {
      * one copy per buffer. The copy engine's per-copy cost is what 4 MiB
      * copies lose: in bench_ring's steady state on the H200, 16 MiB copies out
      * of the same 4 MiB reads ran 5-13 % faster (bench/RESULTS.md, eighteenth
-     * session). Inside ferry (nineteenth session, H100) it ran 1-6 % ahead in
-     * `ferry load --path ring --repeat 3` (first load included) and tied the
+     * session). Inside ferry (nineteenth session, H100) it ran ahead in 5 of
+     * 6 loads of `ferry load --path ring --repeat 3` (1-6 %) and tied the
      * CLI's default first loads, but lost a fifth to a half in other runs
      * (ferry.torch's loads, fresh tmpfs copies, a slow host), not the same
      * ones from machine to machine: opt-in. Ignored for O_DIRECT loads and
