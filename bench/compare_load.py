@@ -120,7 +120,7 @@ METHODS = {"ferry_auto": BOTH, "ferry_ring": BOTH, "ferry_direct": BOTH, "ferry_
            "ferry_py": BOTH, "st_cuda": ST, "st_cpu_to": ST, "st_pin": ST, "torch_mmap": ST,
            "st09": ST, "it": ST, "it_buffered": ST, "it_mmap": ST, "fsafe": ST, "fsafe_gds": ST,
            "runai": ST, "gguf_py": {"gguf"}}
-ALIASES = {"ferry_cli": ["ferry_auto", "ferry_ring", "ferry_direct", "ferry_register"]}
+ALIASES = {"ferry_cli": [m for m in FERRY_PATHS if m not in FERRY_EXTRA]}  # one method per path
 DEFAULT_METHODS = ["ferry_auto", "ferry_py", "st_cuda", "st09", "it", "it_buffered", "it_mmap",
                    "fsafe", "fsafe_gds", "runai", "gguf_py"]
 # method -> the module its child imports (checked once before the runs)

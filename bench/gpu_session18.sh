@@ -21,13 +21,9 @@
 #         CLI and ferry.torch hot, 4 rounds alternated; then compare_load's
 #         fresh /dev/shm copies, ferry CLI / ferry.torch / InstantTensor MMAP
 #         (every tensor verified), 2 rounds
-#   gather (not run in the eighteenth session; the nineteenth ran it as
-#         bench/gpu_session19.sh gather, with more beside it) ferry's ring with gathered copies (--gather-copies:
-#         four 4 MiB buffers' reads in one copy) against one copy per buffer
-#         (the default): the GPU tests (run_loads.py); a verified gathered load;
-#         10 GB hot first loads in fresh processes, CLI and ferry.torch both
-#         ways, 5 rounds alternated; fresh /dev/shm copies, 3 rounds; --repeat 3
-#         (the steady rate in one process), 2 rounds
+#   (its gather part, written here but never run for want of device time, ran
+#   in the nineteenth session as bench/gpu_session19.sh gather, with more
+#   beside it)
 set -uo pipefail
 PART=$1
 OUT=${2:-/tmp/out18}
@@ -85,33 +81,5 @@ second)
     --limit-gb 4 --rounds 2 --budget-seconds 190 --out "$OUT/cmp-tmpfs.json" 2>&1 | tail -12
   echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
   ;;
-gather)  # not run in the eighteenth session (its device time went to refused starts and a
-         # machine taken back mid-call); the nineteenth ran gpu_session19.sh gather
-  PYTHONPATH=/tmp/site $CMP --workloads w10g --make --make-only --out "$OUT/make.json" 2>&1 | tail -1
-  { python3 tests/data/gen_golden.py /tmp/golden >/dev/null
-    timeout 100 python3 tests/gpu/run_loads.py build-gpu/ferry /tmp/golden cuda:0 --paths auto,ring,direct | tail -2; } 2>&1 | tee "$OUT/tests.txt"
-  echo "limit start: $(limit)" | tee "$OUT/limits.txt"
-  cat "$F" >/dev/null
-  echo "verify gathered: $(build-gpu/ferry load --gather-copies --verify "$F" 2>&1 | tail -2 | tr '\n' ' ')" | tee "$OUT/hot.txt"
-  for r in 1 2 3 4 5; do
-    echo "hot cli gathered r$r: $(cli "$F" --device cuda:0 --gather-copies)"
-    echo "hot cli each r$r: $(cli "$F" --device cuda:0)"
-    echo "hot py gathered r$r: $(python3 bench/profile_py_load.py "$F" --gather)"
-    echo "hot py each r$r: $(py reserve "$F")"
-  done 2>&1 | tee -a "$OUT/hot.txt"
-  mkdir -p /dev/shm/f18
-  for r in 1 2 3; do
-    for v in "gathered:--gather-copies" "each:"; do
-      cp "$F" /dev/shm/f18/x.safetensors
-      echo "tmpfs cli ${v%%:*} r$r: $(cli /dev/shm/f18/x.safetensors --device cuda:0 ${v#*:})"
-      rm -f /dev/shm/f18/x.safetensors
-    done
-  done 2>&1 | tee "$OUT/tmpfs.txt"
-  for r in 1 2; do
-    echo "repeat3 gathered r$r: $(cli "$F" --device cuda:0 --path ring --repeat 3 --gather-copies)"
-    echo "repeat3 each r$r: $(cli "$F" --device cuda:0 --path ring --repeat 3)"
-  done 2>&1 | tee -a "$OUT/hot.txt"
-  echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
-  ;;
-*) echo "usage: $0 main|second|gather OUT" >&2; exit 2 ;;
+*) echo "usage: $0 main|second OUT" >&2; exit 2 ;;
 esac
