@@ -440,6 +440,100 @@ def test_device_path_on_ferry_cpu_device(tmp_path):
     assert calls[-1][0] == calls[-1][1]
 
 
+def _pipeline_case(tmp_path):
+    """A torch.save checkpoint of many small tensors, views of one storage
+    and empty tensors among them, opened for _alloc_load on ferry's cpu device."""
+    from ferry import _core
+    x = rand(torch.float32, (6, 8), 1)
+    obj = {f"w{i}": rand(torch.bfloat16, (3 + i % 5, 7), 10 + i) for i in range(30)}
+    obj.update({"x": x, "t": x.t(), "sl": x[:, 2:5], "e": torch.empty(0, 2), "s": torch.tensor(3, dtype=torch.int16)})
+    p = tmp_path / "many.pt"
+    torch.save(obj, p)
+    h = _core._Handle(p)
+    infos = h.infos()
+    return flatten(torch.load(p)), h, infos, {t.index: ft.dtype_for(t, h.path) for t in infos}
+
+
+def test_pipelined_alloc_load(tmp_path):
+    """Many small tensors are allocated and loaded in runs, each loaded on a
+    thread while the next is allocated: the same tensors, views and bytes as
+    one load into everything allocated first, for every number of runs."""
+    from ferry import _core, _torch_load
+    ref, h, infos, dts = _pipeline_case(tmp_path)
+    dev = ferry.device("cpu")
+    _, idx, ptrs = _torch_load._alloc(infos, dts, torch.device("cpu"))
+    whole = _core.load_into(dev, h, idx, ptrs, _core.LoadOptions())
+    for pieces in (1, 2, 3, 8, 100):
+        out, st = _torch_load._alloc_load(infos, dts, torch.device("cpu"), dev, h, _core.LoadOptions(), pieces)
+        assert out.keys() == ref.keys()
+        for k, v in ref.items():
+            assert same(out[k], v), (pieces, k)
+            assert out[k].stride() == v.stride(), (pieces, k)
+        assert out["t"].data_ptr() == out["x"].data_ptr() and out["sl"].storage_offset() == 2
+        assert st["bytes"] == whole["bytes"] and st["path"] == whole["path"] and st["seconds"] > 0
+    # nothing but empty tensors: nothing loaded, the tensors still made
+    e = [t for t in infos if not t.nbytes]
+    out, st = _torch_load._alloc_load(e, dts, torch.device("cpu"), dev, h, _core.LoadOptions(), 3)
+    assert st["bytes"] == 0 and out["e"].shape == (0, 2)
+
+
+def test_pipeline_pieces():
+    """Which loads are pipelined: many tensors averaging under 4 MiB."""
+    from ferry import _torch_load
+    assert _torch_load._pipeline_pieces(40, 26_250_000) == 5  # the 25 MB file
+    assert _torch_load._pipeline_pieces(3000, 327_000_000) == 8  # LoRA-like
+    assert _torch_load._pipeline_pieces(540, 10_430_000_000) == 1  # the 10 GB file
+    assert _torch_load._pipeline_pieces(15, 1000) == 1
+    assert _torch_load._pipeline_pieces(16, 1000) == 2
+
+
+def test_pipelined_load_error_stops_the_runs(tmp_path, monkeypatch):
+    """A run whose load fails: the error is raised in the caller's thread,
+    the runs after it are not loaded, the loading thread has ended."""
+    import threading
+    from ferry import _core, _torch_load
+    _, h, infos, dts = _pipeline_case(tmp_path)
+    real, calls = _core.load_into, []
+
+    def failing(*a):
+        calls.append(len(a[2]))
+        if len(calls) == 2:
+            raise OSError(5, "injected")
+        return real(*a)
+
+    monkeypatch.setattr(_core, "load_into", failing)
+    with pytest.raises(OSError, match="injected"):
+        _torch_load._alloc_load(infos, dts, torch.device("cpu"), ferry.device("cpu"), h, _core.LoadOptions(), 4)
+    assert len(calls) == 2
+    assert not [t for t in threading.enumerate() if t.name == "ferry-load"]
+
+
+def test_pipelined_alloc_error_joins_the_loader(tmp_path, monkeypatch):
+    """An allocation that fails midway (out of memory): raised as it was,
+    the runs not yet loaded skipped, the loading thread ended."""
+    import threading
+    from ferry import _core, _torch_load
+    _, h, infos, dts = _pipeline_case(tmp_path)
+    real_empty, real_load, n, loaded = torch.empty, _core.load_into, [0], []
+
+    def empty(*a, **kw):
+        n[0] += 1
+        if n[0] == 20:
+            raise RuntimeError("CUDA out of memory (injected)")
+        return real_empty(*a, **kw)
+
+    def load(*a):
+        loaded.append(a[2])
+        return real_load(*a)
+
+    monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(_core, "load_into", load)
+    with pytest.raises(RuntimeError, match="injected"):
+        _torch_load._alloc_load(infos, dts, torch.device("cpu"), ferry.device("cpu"), h, _core.LoadOptions(), 8)
+    assert len(loaded) < 8 and n[0] == 20
+    assert not [t for t in threading.enumerate() if t.name == "ferry-load"]
+
+
 def test_views_copied_once(tmp_path):
     """Views of one storage land once where they overlap on the device (the
     shared bytes are copied with the storage, not once per view: two copies

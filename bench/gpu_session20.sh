@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The twentieth session's GPU measurements (bench/RESULTS.md, "Twentieth
+# session"), run on the GPU machine from the repository root:
+#   bench/gpu_session20.sh PART OUT
+# build-gpu is this tree's Release build, carried with the peers' wheels in
+# .whl; files are compare_load.py's, made in /tmp/cmp. Parts:
+#   pipe    ferry.torch's pipelined allocation (files of many small tensors
+#           allocated and loaded in runs, each loaded while the next is
+#           allocated) against the binding without it (profile_py_load.py
+#           --variant nopipe) and the CLI, in one call:
+#           - the binding's GPU tests (tests/gpu/test_torch_gpu.py);
+#           - the 25 MB file (40 tensors), 6 rounds alternated, hot;
+#           - the LoRA-like file (3000 tensors, 0.33 GB), 4 rounds, hot;
+#           - what a fresh process's first allocations cost (alloc_probe.py:
+#             cuMemAlloc, one torch.empty, the 25 MB file's 40, LoRA's 3000),
+#             3 rounds;
+#           - compare_load's verified runs of ferry's CLI and ferry.torch on
+#             both files, 2 rounds;
+#           - the 10 GB file (not pipelined: 19 MB a tensor on average), the
+#             CLI against ferry.torch, 10 rounds alternated;
+#           pinned copy limit at the start and the end
+set -uo pipefail
+PART=$1
+OUT=${2:-/tmp/out20}
+mkdir -p "$OUT"
+D=/tmp/cmp
+F=$D/w10g.safetensors
+. bench/gpu_common.sh  # setup, limit, drop, cli, py, fsafe
+setup
+case "$PART" in
+pipe)
+  PYTHONPATH=/tmp/site $CMP --workloads small,lora,w10g --make --make-only --out "$OUT/make.json" 2>&1 | tail -1
+  timeout 150 env PYTHONPATH=/tmp/site:$PWD/python python3 tests/gpu/test_torch_gpu.py 2>&1 | tail -25 | tee "$OUT/tests.txt"
+  echo "limit start: $(limit)" | tee "$OUT/limits.txt"
+  S=$D/small.safetensors L=$D/lora.safetensors
+  cat "$S" "$L" "$F" >/dev/null
+  for r in 1 2 3 4 5 6; do
+    echo "small cli r$r: $(cli "$S" --device cuda:0)"
+    echo "small py r$r: $(py reserve "$S")"
+    echo "small py nopipe r$r: $(py nopipe "$S")"
+  done 2>&1 | tee "$OUT/small.txt"
+  for r in 1 2 3 4; do
+    echo "lora cli r$r: $(cli "$L" --device cuda:0)"
+    echo "lora py r$r: $(py reserve "$L")"
+    echo "lora py nopipe r$r: $(py nopipe "$L")"
+  done 2>&1 | tee "$OUT/lora.txt"
+  for r in 1 2 3; do
+    for m in driver torch1 small40 lora3000; do
+      echo "alloc r$r: $(python3 bench/alloc_probe.py $m)"
+    done
+  done 2>&1 | tee "$OUT/alloc.txt"
+  PYTHONPATH=/tmp/site timeout 150 $CMP --workloads small,lora --plan 'small:hot;lora:hot' --methods ferry_auto,ferry_py \
+    --rounds 2 --budget-seconds 140 --out "$OUT/cmp.json" 2>&1 | tail -12 | tee "$OUT/cmp.txt"
+  for r in 1 2 3 4 5 6 7 8 9 10; do
+    echo "hot cli r$r: $(cli "$F" --device cuda:0)"
+    echo "hot py r$r: $(py reserve "$F")"
+  done 2>&1 | tee "$OUT/ab.txt"
+  echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
+  ;;
+*) echo "usage: $0 pipe OUT" >&2; exit 2 ;;
+esac
