@@ -9,8 +9,10 @@
 #           allocated) against the binding without it (profile_py_load.py
 #           --variant nopipe) and the CLI, in one call:
 #           - the binding's GPU tests (tests/gpu/test_torch_gpu.py);
-#           - the 25 MB file (40 tensors), 6 rounds alternated, hot;
-#           - the LoRA-like file (3000 tensors, 0.33 GB), 4 rounds, hot;
+#           - the 25 MB file (40 tensors), 6 rounds alternated, hot: the CLI,
+#             the binding (5 runs), in 2 and 3 runs (--pieces), not pipelined;
+#           - the LoRA-like file (3000 tensors, 0.33 GB), 4 rounds, hot: the
+#             CLI, the binding (8 runs), in 3 runs, not pipelined;
 #           - what a fresh process's first allocations cost (alloc_probe.py:
 #             cuMemAlloc, one torch.empty, the 25 MB file's 40, LoRA's 3000),
 #             3 rounds;
@@ -38,11 +40,14 @@ pipe)
     echo "small cli r$r: $(cli "$S" --device cuda:0)"
     echo "small py r$r: $(py reserve "$S")"
     echo "small py nopipe r$r: $(py nopipe "$S")"
+    echo "small py pieces2 r$r: $(py reserve "$S" --pieces 2)"
+    echo "small py pieces3 r$r: $(py reserve "$S" --pieces 3)"
   done 2>&1 | tee "$OUT/small.txt"
   for r in 1 2 3 4; do
     echo "lora cli r$r: $(cli "$L" --device cuda:0)"
     echo "lora py r$r: $(py reserve "$L")"
     echo "lora py nopipe r$r: $(py nopipe "$L")"
+    echo "lora py pieces3 r$r: $(py reserve "$L" --pieces 3)"
   done 2>&1 | tee "$OUT/lora.txt"
   for r in 1 2 3; do
     for m in driver torch1 small40 lora3000; do

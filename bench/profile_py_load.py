@@ -29,7 +29,7 @@ binding with its pipelined allocation off: every tensor allocated, then one
 ferry_load_into; the oneblock probes load that way too). A pipelined load
 (many small tensors: _torch_load._alloc_load) reports alloc_load, the whole
 allocate-and-load, and inside it sync and load_into (the runs' loads, on
-the loading thread, summed). --repeat N loads N times
+the loading thread, summed); --pieces N makes it N runs (1: not pipelined). --repeat N loads N times
 in the process (each load's GB/s in "repeats"); --pread asks the ring to read a tmpfs file with
 pread (FERRY_LOAD_PREAD), as the binding did before the twelfth session,
 instead of copying it out of a mapping as the CLI and the binding do now;
@@ -49,6 +49,7 @@ def main():
     ap.add_argument("--variant", default="reserve", choices=["reserve", "late", "noreserve", "owner_ferry", "oneblock", "oneblock_small", "nopipe"])
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--pread", action="store_true")
+    ap.add_argument("--pieces", type=int, help="pipelined runs, instead of the binding's choice (1: none)")
     ap.add_argument("--gather", action="store_true", help="FERRY_LOAD_GATHER_COPIES on the load")
     a = ap.parse_args()
     import torch
@@ -70,6 +71,8 @@ def main():
 
     if a.variant in ("nopipe", "oneblock", "oneblock_small"):  # every tensor allocated, then one load
         _torch_load._PIPELINE_MIN_TENSORS = 1 << 62
+    if a.pieces is not None:
+        _torch_load._pipeline_pieces = lambda ntensors, nbytes: a.pieces
     if a.variant == "noreserve":
         _torch_load._RESERVE_MIN = 1 << 62  # no tensor is large enough: nothing reserved
     if a.variant == "late":
