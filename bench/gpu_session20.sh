@@ -20,7 +20,16 @@
 #             both files, 2 rounds;
 #           - the 10 GB file (not pipelined: 19 MB a tensor on average), the
 #             CLI against ferry.torch, 10 rounds alternated;
-#           pinned copy limit at the start and the end
+#           pinned copy limit at the start and the end. It ran on the tree of
+#           commit 41b0f34 (the pipelined binding, reverted after it; its
+#           --variant nopipe and --pieces are gone from profile_py_load.py with
+#           it). Its 10 GB rounds were not hot: compare_load's limits had
+#           emptied the page cache, and auto read the file with O_DIRECT.
+#   final   the final tree: the binding's GPU tests and the GPU load tests;
+#           the 25 MB file, the CLI against ferry.torch, 8 rounds alternated;
+#           the 10 GB file hot (read into the page cache right before), the CLI
+#           against ferry.torch, 10 rounds alternated; everything in one log
+#           (final.txt) and the limits at the start and the end
 set -uo pipefail
 PART=$1
 OUT=${2:-/tmp/out20}
@@ -62,5 +71,26 @@ pipe)
   done 2>&1 | tee "$OUT/ab.txt"
   echo "limit end: $(limit)" | tee -a "$OUT/limits.txt"
   ;;
-*) echo "usage: $0 pipe OUT" >&2; exit 2 ;;
+final)
+  PYTHONPATH=/tmp/site $CMP --workloads small,w10g --make --make-only --out "$OUT/make.json" >/dev/null 2>&1
+  S=$D/small.safetensors
+  {
+    echo "limit start: $(limit)"
+    timeout 150 env PYTHONPATH=/tmp/site:$PWD/python python3 tests/gpu/test_torch_gpu.py 2>&1 | grep -E "FAIL|passed"
+    python3 tests/data/gen_golden.py /tmp/golden >/dev/null
+    timeout 100 python3 tests/gpu/run_loads.py build-gpu/ferry /tmp/golden cuda:0 --paths auto,ring,direct | tail -1
+    cat "$S" "$F" >/dev/null
+    for r in 1 2 3 4 5 6 7 8; do
+      echo "small cli r$r: $(cli "$S" --device cuda:0)"
+      echo "small py r$r: $(py reserve "$S")"
+    done
+    cat "$F" >/dev/null
+    for r in 1 2 3 4 5 6 7 8 9 10; do
+      echo "hot cli r$r: $(cli "$F" --device cuda:0)"
+      echo "hot py r$r: $(py reserve "$F")"
+    done
+    echo "limit end: $(limit)"
+  } 2>&1 | tee "$OUT/final.txt"
+  ;;
+*) echo "usage: $0 pipe|final OUT" >&2; exit 2 ;;
 esac

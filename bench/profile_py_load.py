@@ -24,12 +24,7 @@ at its file offset, so ferry_load_into makes the copies the CLI's load makes:
 a small tensor between two large ones no longer breaks a copy run; does the
 binding's load_into trail the CLI's for its separate allocations?),
 oneblock_small (the same, but tensors under 1 MiB allocated one by one from
-PyTorch's small pool, as the binding allocates them), nopipe (the default
-binding with its pipelined allocation off: every tensor allocated, then one
-ferry_load_into; the oneblock probes load that way too). A pipelined load
-(many small tensors: _torch_load._alloc_load) reports alloc_load, the whole
-allocate-and-load, and inside it sync and load_into (the runs' loads, on
-the loading thread, summed); --pieces N makes it N runs (1: not pipelined). --repeat N loads N times
+PyTorch's small pool, as the binding allocates them). --repeat N loads N times
 in the process (each load's GB/s in "repeats"); --pread asks the ring to read a tmpfs file with
 pread (FERRY_LOAD_PREAD), as the binding did before the twelfth session,
 instead of copying it out of a mapping as the CLI and the binding do now;
@@ -46,10 +41,9 @@ T0 = time.perf_counter()
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("file")
-    ap.add_argument("--variant", default="reserve", choices=["reserve", "late", "noreserve", "owner_ferry", "oneblock", "oneblock_small", "nopipe"])
+    ap.add_argument("--variant", default="reserve", choices=["reserve", "late", "noreserve", "owner_ferry", "oneblock", "oneblock_small"])
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--pread", action="store_true")
-    ap.add_argument("--pieces", type=int, help="pipelined runs, instead of the binding's choice (1: none)")
     ap.add_argument("--gather", action="store_true", help="FERRY_LOAD_GATHER_COPIES on the load")
     a = ap.parse_args()
     import torch
@@ -69,10 +63,6 @@ def main():
                 phases[name] = phases.get(name, 0.0) + time.perf_counter() - t
         return wrap
 
-    if a.variant in ("nopipe", "oneblock", "oneblock_small"):  # every tensor allocated, then one load
-        _torch_load._PIPELINE_MIN_TENSORS = 1 << 62
-    if a.pieces is not None:
-        _torch_load._pipeline_pieces = lambda ntensors, nbytes: a.pieces
     if a.variant == "noreserve":
         _torch_load._RESERVE_MIN = 1 << 62  # no tensor is large enough: nothing reserved
     if a.variant == "late":
@@ -124,7 +114,6 @@ def main():
 
         _torch_load._alloc = alloc_oneblock
     _torch_load._alloc = timed("alloc", _torch_load._alloc)
-    _torch_load._alloc_load = timed("alloc_load", _torch_load._alloc_load)
     marks = {}
     sync = timed("sync", _torch_load._sync)
 
@@ -169,8 +158,7 @@ def main():
             if "pin_end" in marks and "sync_end" in marks:  # the pinning thread outlasting the allocation
                 phases["pin"] = marks["pin_end"] - marks["pin_start"]
                 phases["pin_wait"] = max(0.0, marks["pin_end"] - marks["sync_end"])
-            inside = ("pin", "pin_wait", "reserve_wait") + (("load_into", "sync") if "alloc_load" in phases else ())
-            phases["other"] = sec - sum(v for k, v in phases.items() if k not in inside)
+            phases["other"] = sec - sum(v for k, v in phases.items() if k not in ("pin", "pin_wait", "reserve_wait"))
             first = (sec, dict(phases), stats.get("seconds"), {k: v for k, v in stats.items() if k != "why"})
         nbytes = sum(v.numel() * v.element_size() for v in out.values())
         repeats.append(round(nbytes / sec / 1e9, 2))

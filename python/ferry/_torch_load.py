@@ -4,7 +4,6 @@ memory (a file's mapping, a load's blocks), empty tensors for ferry to fill,
 and reading a device argument.
 """
 import os
-import queue
 import threading
 
 import torch
@@ -132,146 +131,36 @@ def _reserve_early(nbytes, count, device):
     return th
 
 
-def _alloc_plan(infos):
-    """plan_views(infos) and, per base, the tensors with bytes that live in it."""
-    bases, where = _core.plan_views(infos)
-    members = [[] for _ in bases]
-    for t in infos:
-        if t.nbytes:
-            members[where[t.index][0]].append(t)
-    return bases, where, members
-
-
-def _alloc_base(b, bases, where, members, dts, device, out, idx, ptrs):
-    """Allocate base b's memory and its tensors (out), appending the (index,
-    address) pairs ferry fills to idx and ptrs."""
-    shard, start, end, first = bases[b]
-    t = members[b][0]
-    dt = dts[t.index]
-    if (first == t.index and end - start == t.nbytes and t.strides is None and dt is not None
-            and not t.flags & _lib.TENSOR_SHARED_STORAGE):
-        # the common case, a tensor alone in its storage: allocate it as it is
-        x = out[t.name] = torch.empty(t.shape, dtype=dt, device=device)
-        idx.append(t.index)
-        ptrs.append(x.data_ptr())
-        return
-    bdt = dts[first] or torch.uint8
-    base = torch.empty((end - start) // _element_size(bdt), dtype=bdt, device=device)
-    for t in members[b]:
-        off = where[t.index][1]
-        out[t.name] = _shape_view(base, t, dts[t.index], off)
-        idx.append(t.index)
-        ptrs.append(base.data_ptr() + off)
-
-
 def _alloc(infos, dts, device, reserved=False):
     """Empty device tensors for infos, and the (index, address) pairs ferry
     fills: name -> tensor, [index], [address]. reserved: _reserve_early ran."""
     if not reserved:
         _reserve(infos, device)
-    bases, where, members = _alloc_plan(infos)
+    bases, where = _core.plan_views(infos)
+    base_tensors = [None] * len(bases)  # made on first use
     out, idx, ptrs = {}, [], []
     for t in infos:
+        dt = dts[t.index]
         if not t.nbytes:
-            out[t.name] = _empty(t, dts[t.index], device)
-    for b in sorted(range(len(bases)), key=lambda b: members[b][0].index):  # as the table lists them
-        _alloc_base(b, bases, where, members, dts, device, out, idx, ptrs)
+            out[t.name] = _empty(t, dt, device)
+            continue
+        b, off = where[t.index]
+        base = base_tensors[b]
+        if base is None:
+            shard, start, end, first = bases[b]
+            if (first == t.index and end - start == t.nbytes and t.strides is None and dt is not None
+                    and not t.flags & _lib.TENSOR_SHARED_STORAGE):
+                # the common case, a tensor alone in its storage: allocate it as it is
+                out[t.name] = torch.empty(t.shape, dtype=dt, device=device)
+                idx.append(t.index)
+                ptrs.append(out[t.name].data_ptr())
+                continue
+            bdt = dts[first] or torch.uint8
+            base = base_tensors[b] = torch.empty((end - start) // _element_size(bdt), dtype=bdt, device=device)
+        out[t.name] = _shape_view(base, t, dt, off)
+        idx.append(t.index)
+        ptrs.append(base.data_ptr() + off)
     return out, idx, ptrs
-
-
-# Pipelined allocation (_alloc_load): loads of many small tensors, where
-# PyTorch's allocation is a large part of the call (40 tensors of 26 MB: 1.1-2.4
-# ms of 6.3-8.3 on the H100; 3000 LoRA tensors), allocate and load in pieces.
-# Loads of larger tensors allocate everything first: splitting the 10 GB file's
-# load in two gained nothing (bench/RESULTS.md, fourteenth session).
-_PIPELINE_MEAN_MAX = 4 << 20  # pipelined when the tensors average less than this
-_PIPELINE_MIN_TENSORS = 16
-_PIPELINE_PIECES = 8  # at most; about one per 8 tensors, at least 2
-
-
-def _pipeline_pieces(ntensors, nbytes):
-    """How many pieces _alloc_load makes for a load of ntensors tensors of
-    nbytes in all; 1: allocate everything, then load (_alloc)."""
-    if ntensors < _PIPELINE_MIN_TENSORS or nbytes >= _PIPELINE_MEAN_MAX * ntensors:
-        return 1
-    return max(2, min(_PIPELINE_PIECES, ntensors // 8))
-
-
-def _alloc_load(infos, dts, device, fdev, h, opts, pieces, reserved=False, wait=None):
-    """Allocate infos' tensors (as _alloc does) and fill them with
-    ferry_load_into, in `pieces` runs of about equal bytes in file order: a
-    thread loads each run while this thread allocates the next, so the load
-    starts after the first run's torch.empty calls instead of the last's.
-    wait: a thread to join before the first load (the ring's pinning). Returns
-    (name -> tensor, the runs' statistics merged). An error of either side
-    stops the other after its current run and is raised here; the memory a
-    run is being loaded into stays referenced until that run has returned."""
-    runs, errors, stop, stats = queue.SimpleQueue(), [], threading.Event(), []
-
-    def loader():
-        try:
-            if wait is not None:
-                wait.join()
-            while True:
-                run = runs.get()
-                if run is None or stop.is_set():
-                    return
-                stats.append(_core.load_into(fdev, h, run[0], run[1], opts))
-        except BaseException as e:  # noqa: B902 - raised in the caller's thread
-            errors.append(e)
-            stop.set()
-
-    th = threading.Thread(target=loader, name="ferry-load", daemon=True)
-    th.start()
-    try:
-        if not reserved:
-            _reserve(infos, device)
-        bases, where, members = _alloc_plan(infos)
-        out = {}
-        for t in infos:
-            if not t.nbytes:
-                out[t.name] = _empty(t, dts[t.index], device)
-        order = sorted(range(len(bases)), key=lambda b: (bases[b][0], bases[b][1]))
-        total = sum(bases[b][2] - bases[b][1] for b in order)
-        k, done = 0, 0
-        for i in range(pieces):
-            idx, ptrs, k0 = [], [], k
-            goal = total * (i + 1) // pieces
-            while k < len(order) and (done < goal or not idx):
-                b = order[k]
-                _alloc_base(b, bases, where, members, dts, device, out, idx, ptrs)
-                done += bases[b][2] - bases[b][1]
-                k += 1
-            if not idx or stop.is_set():
-                break
-            if device.type == "cuda":
-                _sync(device)  # (as _load_file does after _alloc)
-            runs.put((idx, ptrs, [out[t.name] for b in order[k0:k] for t in members[b]]))
-    except BaseException:
-        stop.set()
-        raise
-    finally:
-        runs.put(None)
-        th.join()  # the runs queued hold their tensors until loaded
-    if errors:
-        raise errors[0]
-    if not stats:  # no tensor with bytes
-        return out, _core.load_into(fdev, h, [], [], opts)
-    return out, _merge_stats(stats)
-
-
-def _merge_stats(stats):
-    """One load's statistics from those of its runs, loaded one after another."""
-    m = dict(stats[0])
-    for s in stats[1:]:
-        for k in ("bytes", "seconds", "register_seconds", "setup_seconds", "alloc_seconds", "pin_seconds"):
-            m[k] += s[k]
-        if m["registration"] == "none":
-            m["registration"] = s["registration"]
-    nbytes = m["bytes"]
-    if nbytes and all(s["resident"] >= 0 for s in stats):
-        m["resident"] = sum(s["resident"] * s["bytes"] for s in stats) / nbytes
-    return m
 
 
 def _cuda_index(dev):
@@ -331,10 +220,9 @@ def load_file(path, device="cpu", *, path_kind="auto", ring_buffers=None, ring_b
     file. Nothing is read until touched; writing to a tensor changes only this
     process's copy, never the file. The file stays mapped while any tensor lives.
     device "cuda" / "cuda:N" / int N (plain "cuda": the current device): each
-    tensor is allocated with torch.empty (PyTorch's allocator owns it) and
-    ferry_load_into fills them through ferry's pinned ring (a file of many
-    small tensors in a few runs, each loaded while the next is allocated);
-    returns when the data is on the device. path_kind ("auto", "ring", "direct", "register",
+    tensor is allocated with torch.empty (PyTorch's allocator owns it) and one
+    ferry_load_into fills them all through ferry's pinned ring; returns when the
+    data is on the device. path_kind ("auto", "ring", "direct", "register",
     "pageable", "cufile"), ring_buffers, ring_buffer_bytes (int or "16MiB") and threads set
     ferry_load_opts; progress(done, total) is called from ferry's worker
     threads (an exception it raises is raised here after the load). On cpu
@@ -422,7 +310,7 @@ def _load_file(path, device, path_kind, ring_buffers, ring_buffer_bytes, threads
         pin = threading.Thread(target=_core.prepare, args=(fdev, opts, total), name="ferry-pin", daemon=True)
         pin.start()
     tdev = torch.device("cuda", index)
-    reserving, pieces = None, 1
+    reserving = None
     try:
         count = h.count()
         reserving = _reserve_early(total + 511 * count, count, tdev)
@@ -430,20 +318,14 @@ def _load_file(path, device, path_kind, ring_buffers, ring_buffer_bytes, threads
         dts = {t.index: dtype_for(t, h.path) for t in infos}
         if reserving is not None:
             reserving.join()
-        # (a progress callback's reports come from one ferry_load_into: not pipelined)
-        pieces = _pipeline_pieces(len(infos), total) if progress is None else 1
-        if pieces == 1:
-            out, idx, ptrs = _alloc(infos, dts, tdev, reserved=reserving is not None)
-            _sync(tdev)
+        out, idx, ptrs = _alloc(infos, dts, tdev, reserved=reserving is not None)
+        _sync(tdev)
     finally:
         if reserving is not None:
             reserving.join()  # (a listing that failed: the block is back in the cache)
-        if pin is not None and pieces == 1:
+        if pin is not None:
             pin.join()  # its failure, if any, is the load's to report: it pins again
-    if pieces > 1:
-        out, st = _alloc_load(infos, dts, tdev, fdev, h, opts, pieces, reserved=reserving is not None, wait=pin)
-    else:
-        st = _core.load_into(fdev, h, idx, ptrs, opts)
+    st = _core.load_into(fdev, h, idx, ptrs, opts)
     if stats is not None:
         stats.update(st)
     return _by_name(out)

@@ -299,34 +299,6 @@ def main():
             assert total <= grown < total + (16 << 20), (side, grown, total)
             del got
 
-    def t_pipelined():
-        # many small tensors (views of one storage among them): allocated and
-        # loaded in runs, each loaded while the next is allocated; the same
-        # bytes, views and statistics as the one-load way (progress= asks for
-        # it), on the current stream and on a side stream
-        from ferry import _torch_load
-        g = torch.Generator().manual_seed(2)
-        x = torch.randn(64, 48, generator=g)
-        obj = {f"layers.{i}.lora_{ab}": torch.randn(*((16, 320) if ab == "A" else (320, 16)), generator=g)
-               .to(torch.bfloat16) for i in range(150) for ab in "AB"}
-        obj.update({"x": x, "t": x.t(), "sl": x[:, 3:9], "e": torch.empty(0, 3)})
-        many = os.path.join(d, "many.pt")
-        torch.save(obj, many)
-        want = torch.load(many, map_location=dev)
-        infos = ferry.File(many).tensors
-        assert _torch_load._pipeline_pieces(len(infos), sum(t.nbytes for t in infos)) > 1
-        for side in (False, True):
-            s = torch.cuda.Stream(dev) if side else torch.cuda.current_stream(dev)
-            st, st1 = {}, {}
-            with torch.cuda.stream(s):
-                got = ft.load_file(many, device=dev, stats=st)
-                one = ft.load_file(many, device=dev, stats=st1, progress=lambda done, total: None)
-            for k, v in want.items():
-                same(got[k], v, k)
-                same(one[k], v, k)
-            assert got["t"].data_ptr() == got["x"].data_ptr() and got["sl"].storage_offset() == 3
-            assert st["bytes"] == st1["bytes"] and st["path"] == st1["path"], (st, st1)
-
     def t_load_into_cuda_in_place():
         m = DiT(device=dev, dtype=torch.bfloat16)
         ptrs = {k: v.data_ptr() for k, v in m.state_dict().items()}
@@ -441,7 +413,6 @@ def main():
 
     check("load_file(device=cuda) matches the reference, and the model's output", t_load_file)
     check("load_file of large tensors: one block reserved early, on the caller's stream", t_reserve_early)
-    check("load_file of many small tensors: allocated and loaded in runs", t_pipelined)
     check("load_into: a cuda module filled in place", t_load_into_cuda_in_place)
     check("load_into: meta module to cuda and to cpu", t_load_into_meta)
     check("load_file(owner='ferry'): DLPack export, freed with the last tensor", t_owner_ferry)
