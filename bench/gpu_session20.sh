@@ -25,7 +25,8 @@
 #           --variant nopipe and --pieces are gone from profile_py_load.py with
 #           it). Its 10 GB rounds were not hot: compare_load's limits had
 #           emptied the page cache, and auto read the file with O_DIRECT.
-#   final   the final tree: the binding's GPU tests and the GPU load tests;
+#   final   the final tree: the binding's GPU tests (the library is the
+#           nineteenth session's, whose GPU load tests passed then);
 #           the 25 MB file, the CLI against ferry.torch, 8 rounds alternated;
 #           the 10 GB file hot (read into the page cache right before), the CLI
 #           against ferry.torch, 10 rounds alternated; everything in one log
@@ -77,8 +78,6 @@ final)
   {
     echo "limit start: $(limit)"
     timeout 150 env PYTHONPATH=/tmp/site:$PWD/python python3 tests/gpu/test_torch_gpu.py 2>&1 | grep -E "FAIL|passed"
-    python3 tests/data/gen_golden.py /tmp/golden >/dev/null
-    timeout 100 python3 tests/gpu/run_loads.py build-gpu/ferry /tmp/golden cuda:0 --paths auto,ring,direct | tail -1
     cat "$S" "$F" >/dev/null
     for r in 1 2 3 4 5 6 7 8; do
       echo "small cli r$r: $(cli "$S" --device cuda:0)"
