@@ -27,9 +27,9 @@
 #           emptied the page cache, and auto read the file with O_DIRECT.
 #   final   the final tree: the binding's GPU tests (the library is the
 #           nineteenth session's, whose GPU load tests passed then);
-#           the 25 MB file, the CLI against ferry.torch, 8 rounds alternated;
+#           the 25 MB file, the CLI against ferry.torch, 6 rounds alternated;
 #           the 10 GB file hot (read into the page cache right before), the CLI
-#           against ferry.torch, 10 rounds alternated; everything in one log
+#           against ferry.torch, 8 rounds alternated; everything in one log
 #           (final.txt) and the limits at the start and the end
 set -uo pipefail
 PART=$1
@@ -79,12 +79,12 @@ final)
     echo "limit start: $(limit)"
     timeout 150 env PYTHONPATH=/tmp/site:$PWD/python python3 tests/gpu/test_torch_gpu.py 2>&1 | grep -E "FAIL|passed"
     cat "$S" "$F" >/dev/null
-    for r in 1 2 3 4 5 6 7 8; do
+    for r in 1 2 3 4 5 6; do
       echo "small cli r$r: $(cli "$S" --device cuda:0)"
       echo "small py r$r: $(py reserve "$S")"
     done
     cat "$F" >/dev/null
-    for r in 1 2 3 4 5 6 7 8 9 10; do
+    for r in 1 2 3 4 5 6 7 8; do
       echo "hot cli r$r: $(cli "$F" --device cuda:0)"
       echo "hot py r$r: $(py reserve "$F")"
     done
