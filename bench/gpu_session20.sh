@@ -2,8 +2,9 @@
 # The twentieth session's GPU measurements (bench/RESULTS.md, "Twentieth
 # session"), run on the GPU machine from the repository root:
 #   bench/gpu_session20.sh PART OUT
-# build-gpu is this tree's Release build, carried with the peers' wheels in
-# .whl; files are compare_load.py's, made in /tmp/cmp. Parts:
+# build-gpu is this tree's Release build, carried (no peer wheels: only
+# ferry runs here, and setup's pip finds no .whl and says so); files are
+# compare_load.py's, made in /tmp/cmp. Parts:
 #   pipe    ferry.torch's pipelined allocation (files of many small tensors
 #           allocated and loaded in runs, each loaded while the next is
 #           allocated) against the binding without it (profile_py_load.py
@@ -24,7 +25,9 @@
 #           commit 41b0f34 (the pipelined binding, reverted after it; its
 #           --variant nopipe and --pieces are gone from profile_py_load.py with
 #           it). Its 10 GB rounds were not hot: compare_load's limits had
-#           emptied the page cache, and auto read the file with O_DIRECT.
+#           emptied the page cache, and auto read the file with O_DIRECT; its
+#           small.txt and tests.txt did not come back (the device tool returns
+#           at most 8 files), hence final's single log.
 #   final   the final tree: the binding's GPU tests (the library is the
 #           nineteenth session's, whose GPU load tests passed then);
 #           the 25 MB file, the CLI against ferry.torch, 6 rounds alternated;
