@@ -41,14 +41,22 @@ def same_output(run_got, run_ref, tries=5):
     (seen with ferry not even imported: 1 process in 12 running side by side,
     on its 4th call), and now and then a finite output that differs from the
     same call's a moment before (`ctest -j8` beside another suite: 1 run in
-    6, the two modules' weights bit-identical). So a try passes when the
-    pair is finite and equal, and the check fails only when no try of
-    `tries` does: modules that differ fail every one."""
-    for _ in range(tries):
-        want, have = run_ref(), run_got()
-        if torch.isfinite(want).all() and torch.isfinite(have).all() and torch.equal(have, want):
-            return True
-    return False
+    6, the two modules' weights bit-identical; once all 5 tries of a pair, in
+    a fresh clone's CI on 2 CPUs). Both run on one thread, so that no
+    reduction's order depends on how many threads the math library takes
+    under load, and a try passes when the pair is finite and equal; the
+    check fails only when no try of `tries` does: modules that differ fail
+    every one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in range(tries):
+            want, have = run_ref(), run_got()
+            if torch.isfinite(want).all() and torch.isfinite(have).all() and torch.equal(have, want):
+                return True
+        return False
+    finally:
+        torch.set_num_threads(threads)
 
 
 def same_module(a, b):
