@@ -11,17 +11,16 @@ context torch made current), torch1 (one torch.empty of those bytes),
 small40 (torch.empty of the 25 MB file's 40 tensors: 32 BF16 [400, 1024], 8
 F32 [1024]), lora3000 (the LoRA workload's 3000 BF16 tensors). Prints one JSON
 line: milliseconds, and PyTorch's reserved bytes after."""
+import argparse
 import ctypes
 import json
-import sys
 import time
 
-import torch
+def small_shapes(torch):  # compare_load.plan_small's
+    return [((400, 1024), torch.bfloat16)] * 32 + [((1024,), torch.float32)] * 8
 
-SMALL = [((400, 1024), torch.bfloat16)] * 32 + [((1024,), torch.float32)] * 8
 
-
-def lora_shapes(n=3000):  # compare_load.plan_lora's shapes
+def lora_shapes(torch, n=3000):  # compare_load.plan_lora's shapes
     ranks = [16] * 7 + [32] + [16] * 7 + [64]
     hiddens = [2560, 3072, 2560]
     out = []
@@ -32,7 +31,11 @@ def lora_shapes(n=3000):  # compare_load.plan_lora's shapes
 
 
 def main():
-    mode = sys.argv[1]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("mode", choices=["driver", "torch1", "small40", "lora3000"])
+    mode = ap.parse_args().mode
+    import torch
+    SMALL = small_shapes(torch)
     torch.zeros(1, device="cuda:0")
     torch.cuda.synchronize()
     nbytes = sum(torch.Size(s).numel() * torch.empty((), dtype=d).element_size() for s, d in SMALL)
@@ -47,10 +50,8 @@ def main():
     elif mode == "torch1":
         keep.append(torch.empty(nbytes, dtype=torch.uint8, device="cuda:0"))
     elif mode in ("small40", "lora3000"):
-        for s, d in (SMALL if mode == "small40" else lora_shapes()):
+        for s, d in (SMALL if mode == "small40" else lora_shapes(torch)):
             keep.append(torch.empty(s, dtype=d, device="cuda:0"))
-    else:
-        raise SystemExit(f"unknown mode {mode}")
     ms = (time.perf_counter() - t) * 1e3
     print(json.dumps({"mode": mode, "ms": round(ms, 3), "tensors": len(keep),
                       "reserved_mib": round(torch.cuda.memory_reserved() / 2**20, 1)}))
