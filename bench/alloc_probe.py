@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What a fresh process's first device allocations cost, PyTorch's beside the
 driver's own (the binding's 26 MB question: its 40 torch.empty calls took
-1.1-2.4 ms on the H100, ferry's one cuMemAlloc for the same file 0.12-0.19 ms).
+1.4-2.4 ms on the H100, ferry's one cuMemAlloc for the same file 0.12-0.19 ms).
 One mode per process, right after CUDA is initialised (torch.zeros(1)):
 
     python3 bench/alloc_probe.py MODE
