@@ -16,6 +16,7 @@ import ctypes
 import json
 import time
 
+
 def small_shapes(torch):  # compare_load.plan_small's
     return [((400, 1024), torch.bfloat16)] * 32 + [((1024,), torch.float32)] * 8
 
@@ -35,10 +36,10 @@ def main():
     ap.add_argument("mode", choices=["driver", "torch1", "small40", "lora3000"])
     mode = ap.parse_args().mode
     import torch
-    SMALL = small_shapes(torch)
+    small = small_shapes(torch)
     torch.zeros(1, device="cuda:0")
     torch.cuda.synchronize()
-    nbytes = sum(torch.Size(s).numel() * torch.empty((), dtype=d).element_size() for s, d in SMALL)
+    nbytes = sum(torch.Size(s).numel() * torch.empty((), dtype=d).element_size() for s, d in small)
     keep = []
     t = time.perf_counter()
     if mode == "driver":
@@ -50,7 +51,7 @@ def main():
     elif mode == "torch1":
         keep.append(torch.empty(nbytes, dtype=torch.uint8, device="cuda:0"))
     elif mode in ("small40", "lora3000"):
-        for s, d in (SMALL if mode == "small40" else lora_shapes(torch)):
+        for s, d in (small if mode == "small40" else lora_shapes(torch)):
             keep.append(torch.empty(s, dtype=d, device="cuda:0"))
     ms = (time.perf_counter() - t) * 1e3
     print(json.dumps({"mode": mode, "ms": round(ms, 3), "tensors": len(keep),
