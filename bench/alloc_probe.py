@@ -16,19 +16,13 @@ import ctypes
 import json
 import time
 
-
-def small_shapes(torch):  # compare_load.plan_small's
-    return [((400, 1024), torch.bfloat16)] * 32 + [((1024,), torch.float32)] * 8
+import compare_load  # (beside this script) its workloads' tensors
 
 
-def lora_shapes(torch, n=3000):  # compare_load.plan_lora's shapes
-    ranks = [16] * 7 + [32] + [16] * 7 + [64]
-    hiddens = [2560, 3072, 2560]
-    out = []
-    for p in range(n // 2):
-        r, h = ranks[p % len(ranks)], hiddens[p % len(hiddens)]
-        out += [((r, h), torch.bfloat16), ((h, r), torch.bfloat16)]
-    return out
+def shapes(torch, plan):
+    """(shape, torch dtype) of each tensor of a compare_load workload plan."""
+    dt = {"BF16": torch.bfloat16, "F32": torch.float32}
+    return [(shape, dt[d]) for _, d, shape, _ in plan]
 
 
 def main():
@@ -36,10 +30,10 @@ def main():
     ap.add_argument("mode", choices=["driver", "torch1", "small40", "lora3000"])
     mode = ap.parse_args().mode
     import torch
-    small = small_shapes(torch)
+    plan = compare_load.plan_small()
+    nbytes = sum(nb for *_, nb in plan)
     torch.zeros(1, device="cuda:0")
     torch.cuda.synchronize()
-    nbytes = sum(torch.Size(s).numel() * torch.empty((), dtype=d).element_size() for s, d in small)
     keep = []
     t = time.perf_counter()
     if mode == "driver":
@@ -51,7 +45,7 @@ def main():
     elif mode == "torch1":
         keep.append(torch.empty(nbytes, dtype=torch.uint8, device="cuda:0"))
     elif mode in ("small40", "lora3000"):
-        for s, d in (small if mode == "small40" else lora_shapes(torch)):
+        for s, d in shapes(torch, plan if mode == "small40" else compare_load.plan_lora(3000)):
             keep.append(torch.empty(s, dtype=d, device="cuda:0"))
     ms = (time.perf_counter() - t) * 1e3
     print(json.dumps({"mode": mode, "ms": round(ms, 3), "tensors": len(keep),
