@@ -35,18 +35,39 @@ def vae():
     return diffusers.AutoencoderKL(block_out_channels=(8,), norm_num_groups=4, latent_channels=2)
 
 
-def same_output(run_got, run_ref, tries=5):
-    """run_got() equals run_ref(), bit for bit. Debian's torch 1.13 now and
-    then returns NaN on the CPU under load for the same module and input
-    (seen with ferry not even imported: 1 process in 12 running side by side,
-    on its 4th call), and now and then a finite output that differs from the
-    same call's a moment before (`ctest -j8` beside another suite: 1 run in
-    6, the two modules' weights bit-identical; once all 5 tries of a pair, in
-    a fresh clone's CI on 2 CPUs). Both run on one thread, so that no
-    reduction's order depends on how many threads the math library takes
-    under load, and a try passes when the pair is finite and equal; the
-    check fails only when no try of `tries` does: modules that differ fail
-    every one."""
+@pytest.fixture(autouse=True)
+def defined_attention_scores(monkeypatch):
+    """diffusers' attention without a mask (AttnProcessor, its path under
+    torch < 2) computes its scores as torch.baddbmm(torch.empty(...), q, k,
+    beta=0), and Debian's torch 1.13 lets a NaN in that uninitialised input
+    through beta=0 at small shapes: a NaN-filled input of the
+    cross-attention's shape, (2, 16, 3), gave NaN in the result in 1964 calls
+    of 2000 on one thread. So the same model on the same input now and then
+    returns all NaN, ferry not even imported (diffusers' own
+    UNet2DConditionModel: 1 to 17 calls in 300), whenever the allocator hands
+    that empty() a block that held a NaN; it failed a fresh clone's CI twice.
+    Here each such call gets a zero mask (what diffusers itself makes of a
+    mask of ones), so the scores are 0 + alpha * q @ k, the same numbers from
+    defined memory: 0 calls in 300 then differ. Both models, diffusers' and
+    ferry's, run through it."""
+    from diffusers.models.attention_processor import Attention
+    scores = Attention.get_attention_scores
+
+    def with_zero_mask(self, query, key, attention_mask=None):
+        if attention_mask is None:
+            attention_mask = torch.zeros(query.shape[0], query.shape[1], key.shape[1], dtype=query.dtype,
+                                         device=query.device)
+        return scores(self, query, key, attention_mask)
+
+    monkeypatch.setattr(Attention, "get_attention_scores", with_zero_mask)
+
+
+def same_output(run_got, run_ref, tries=3):
+    """run_got() equals run_ref(), bit for bit. Both run on one thread, so
+    that no reduction's order depends on how many threads the math library
+    takes under load, and a try passes when the pair is finite and equal: the
+    check fails only when no try of `tries` does, and modules that differ
+    fail every one."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
