@@ -839,6 +839,10 @@ typedef struct ferry_plan {
     uint64_t window_bytes;    /* device memory the window needs (its largest streamed blocks) */
     uint64_t streamed_bytes;  /* bytes moved to the device per pass */
     uint64_t budget;          /* the device bytes planned for (budget - reserve) */
+    int64_t window;           /* blocks the window holds: the one asked for, or fewer when the
+                                 budget holds no more beside the tensors outside the blocks */
+    uint64_t minimum_bytes;   /* the least budget that streams at all: the tensors outside the
+                                 blocks + the largest block + the reserve */
 } ferry_plan;
 
 /* Plan how model m runs pass after pass within its budget: chooses the
@@ -846,8 +850,10 @@ typedef struct ferry_plan {
  * the window; the streamed ones spread evenly over the pass so their copies
  * overlap the resident blocks' compute) and marks them. Nothing moves now:
  * moves and evictions follow the plan from the next call on. A model that
- * fits is planned with every block resident. FERRY_E_BUDGET when even the
- * fixed tensors and the window do not fit (the message has the figures);
+ * fits is planned with every block resident. A window that does not fit
+ * beside the fixed tensors shrinks (out->window says to what), down to one
+ * block. FERRY_E_BUDGET when even the fixed tensors, the largest block and the
+ * reserve do not fit (the message names that minimum and the budget);
  * FERRY_E_INVAL for a bad block list. A new plan replaces the old one;
  * nblocks 0 removes it. out may be NULL. */
 FERRY_API int ferry_model_plan(ferry_model *m, const ferry_plan_opts *o, ferry_plan *out);
@@ -865,6 +871,127 @@ FERRY_API int ferry_model_block_streams(ferry_model *m, int64_t k);
  * eviction fails (held tensors: FERRY_E_BUDGET; the rest leaves as soon as
  * it can). */
 FERRY_API int ferry_store_set_device_budget(ferry_store *s, uint64_t bytes);
+
+/* ---- the streaming engine: one pass after another over a model's blocks ----
+ * The caller runs the blocks (a framework's hooks, a C engine's loop) and
+ * says when each runs; the engine owns the rest of the pass: the plan
+ * (ferry_model_plan: resident set and window), the moves queued ahead
+ * (prefetch), ordering the caller's stream after each move
+ * (ferry_op_stream_wait: no host sync), releasing each block after that
+ * stream ran (ferry_model_release_after), retries, and statistics.
+ *
+ *   ferry_streamer_pass_begin(st, S);          the tensors outside the blocks
+ *   for each block k the pass runs:              come to the device and are held
+ *       ferry_streamer_block_begin(st, k, S);   k is on the device, S ordered after
+ *       ... kernels of block k on stream S ...  its copy; ferry_model_device_addrs
+ *       ferry_streamer_block_end(st, k, S);     gives its addresses
+ *   ferry_streamer_pass_end(st, S);
+ *
+ * S is a CUstream as an integer (0: the legacy default stream; on a sim
+ * device the caller's thread). The first pass learns the order the blocks
+ * really run in and plans with it after.
+ *
+ * A pass never fails for room while the minimum fits (the tensors outside the
+ * blocks + the largest block + the reserve): when a move fails for room
+ * (another model took it, the allocator is fragmented, the device is short),
+ * the engine cancels the moves queued ahead, then plans a smaller window,
+ * then a smaller resident set (releasing its blocks), makes room and tries
+ * again; below the minimum it fails with FERRY_E_BUDGET naming the minimum
+ * and the budget. Shrinking is counted in the statistics, and the plan grows
+ * back once passes have run without it (after 2 passes, then 4, 8, ... up to
+ * 64 while it keeps shrinking again).
+ *
+ * Not thread-safe per streamer: one thread (or the caller's lock) drives a
+ * pass. The model must outlive the streamer. */
+typedef struct ferry_streamer ferry_streamer;
+
+/* Where streamed blocks come from after the first pass. */
+typedef enum ferry_stream_copies {
+    FERRY_STREAM_COPIES_AUTO = 0,   /* pinned copies when every streamed block's copy fits the store's
+                                       pinned budget, host budget and the host's available memory
+                                       (less the spill threshold); else the checkpoint through the
+                                       ring. Decided at each plan */
+    FERRY_STREAM_COPIES_PINNED = 1, /* pinned copies for as many blocks as those budgets hold */
+    FERRY_STREAM_COPIES_RING = 2,   /* none: every pass reads the checkpoint through the pinned ring
+                                       (host memory: the ring alone) */
+} ferry_stream_copies;
+
+typedef struct ferry_streamer_opts {
+    uint32_t size;          /* sizeof(ferry_streamer_opts) */
+    const int64_t *blocks;  /* one tensor of each block (the block is that tensor's group:
+                               ferry_model_group), in the order the caller expects them to run;
+                               block k below is blocks[k]. Copied */
+    int64_t nblocks;
+    int64_t prefetch;       /* moves queued ahead of the block computing (the window holds
+                               prefetch + 1 blocks); 0 = 2; -1 = none (each block is moved
+                               when it is about to run) */
+    uint64_t budget;        /* device bytes to plan for; 0 = the store's device budget */
+    uint64_t reserve;       /* of them, left free for the caller (activations) */
+    int copies;             /* ferry_stream_copies */
+} ferry_streamer_opts;
+
+typedef struct ferry_streamer_stats {
+    uint32_t size;              /* sizeof(ferry_streamer_stats), set by the caller */
+    int64_t passes;             /* passes ended */
+    int64_t blocks;             /* blocks of the model */
+    int64_t resident_blocks;    /* of which the plan keeps on the device now */
+    int64_t streamed_blocks;    /* of which stream every pass */
+    int64_t prefetch;           /* moves queued ahead now (after shrinking) */
+    int64_t prefetch_asked;     /* what the options asked for */
+    uint64_t budget;            /* device bytes planned for now (after shrinking) */
+    uint64_t budget_asked;      /* what the options or ferry_streamer_set_budget asked for */
+    uint64_t minimum_bytes;     /* fixed + largest block + reserve: below it no pass runs */
+    uint64_t fixed_bytes, resident_bytes, window_bytes, streamed_bytes; /* as ferry_plan */
+    int pinned_copies;          /* 1 when streamed blocks keep pinned copies (see copies) */
+    uint64_t pass_htod;         /* bytes moved to the device by the last pass */
+    uint64_t pass_read;         /* of them, read from checkpoints and the spill file */
+    double pass_seconds;        /* host time from the last pass_begin to its pass_end */
+    uint64_t shrinks;           /* times a failed move shrank the window or the resident set */
+    uint64_t grows;             /* times the plan grew back to what was asked */
+    uint64_t retries;           /* moves tried again after a failure for room */
+    uint64_t prefetch_skipped;  /* moves ahead not queued for want of room (queued later, when
+                                   their block runs) */
+} ferry_streamer_stats;
+
+/* Make a streamer for model m and plan it (nothing moves yet). Groups each
+ * block's tensors are not made here: the blocks must be groups already
+ * (ferry_model_group). FERRY_E_INVAL for a bad block list; FERRY_E_BUDGET when
+ * the minimum does not fit the budget (the message names both). *out is freed
+ * with ferry_streamer_free. */
+FERRY_API int ferry_streamer_new(ferry_model *m, const ferry_streamer_opts *o, ferry_streamer **out);
+/* Land every queued move, drop every hold the streamer took and remove the
+ * model's plan. NULL: nothing. */
+FERRY_API void ferry_streamer_free(ferry_streamer *st);
+/* A pass starts: the tensors outside the blocks come to the device and are
+ * held until pass_end; after the first pass the resident blocks are held too
+ * and the first moves of the pass are queued. A pass not ended is ended
+ * first (its holds dropped at once: call it only after the stream ran). */
+FERRY_API int ferry_streamer_pass_begin(ferry_streamer *st, uint64_t cu_stream);
+/* Block k is about to run on cu_stream: its move is queued (unless a
+ * prefetch queued it), it is held, and cu_stream is ordered after the move.
+ * On return ferry_model_device_addrs gives its tensors' addresses. */
+FERRY_API int ferry_streamer_block_begin(ferry_streamer *st, int64_t k, uint64_t cu_stream);
+/* Block k's kernels are queued on cu_stream: it is released after them and
+ * the next blocks of the pass (cyclically) are queued ahead. */
+FERRY_API int ferry_streamer_block_end(ferry_streamer *st, int64_t k, uint64_t cu_stream);
+/* The pass's kernels are queued on cu_stream: the tensors outside the blocks
+ * and the resident blocks are released after them; after the first pass the
+ * plan is made again with the order the blocks ran in. */
+FERRY_API int ferry_streamer_pass_end(ferry_streamer *st, uint64_t cu_stream);
+/* Land every move queued ahead and drop its hold (before the caller moves,
+ * evicts or removes the model); blocks between block_begin and block_end
+ * keep theirs. */
+FERRY_API int ferry_streamer_drain(ferry_streamer *st);
+/* Plan for budget device bytes with reserve of them left free (budget 0: the
+ * store's device budget), e.g. once the caller measured what its own
+ * allocations need. Takes effect now when no pass runs, else at the next
+ * pass_begin. FERRY_E_BUDGET (nothing changes) below the minimum. */
+FERRY_API int ferry_streamer_set_budget(ferry_streamer *st, uint64_t budget, uint64_t reserve);
+/* Block k's place in the pass as learned (0 = runs first), or FERRY_E_INVAL. */
+FERRY_API int64_t ferry_streamer_block_position(ferry_streamer *st, int64_t k);
+/* 1 when block k streams under the current plan, 0 when it stays resident. */
+FERRY_API int ferry_streamer_block_streams(ferry_streamer *st, int64_t k);
+FERRY_API int ferry_streamer_get_stats(ferry_streamer *st, ferry_streamer_stats *out);
 
 /* Take tensors[0..n-1] (NULL: all) and their groups off the device: clean
  * ones are dropped (0 bytes written), dirty ones saved to PINNED, HOST or

@@ -162,7 +162,53 @@ class Plan(Struct):
         ("window_bytes", ctypes.c_uint64),
         ("streamed_bytes", ctypes.c_uint64),
         ("budget", ctypes.c_uint64),
+        ("window", ctypes.c_int64),
+        ("minimum_bytes", ctypes.c_uint64),
     ]
+
+
+class StreamerOpts(Struct):
+    _ferry_name_ = "ferry_streamer_opts"
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("blocks", ctypes.POINTER(ctypes.c_int64)),  # copied by ferry_streamer_new
+        ("nblocks", ctypes.c_int64),
+        ("prefetch", ctypes.c_int64),
+        ("budget", ctypes.c_uint64),
+        ("reserve", ctypes.c_uint64),
+        ("copies", ctypes.c_int),
+    ]
+
+
+class StreamerStats(Struct):
+    _ferry_name_ = "ferry_streamer_stats"
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("passes", ctypes.c_int64),
+        ("blocks", ctypes.c_int64),
+        ("resident_blocks", ctypes.c_int64),
+        ("streamed_blocks", ctypes.c_int64),
+        ("prefetch", ctypes.c_int64),
+        ("prefetch_asked", ctypes.c_int64),
+        ("budget", ctypes.c_uint64),
+        ("budget_asked", ctypes.c_uint64),
+        ("minimum_bytes", ctypes.c_uint64),
+        ("fixed_bytes", ctypes.c_uint64),
+        ("resident_bytes", ctypes.c_uint64),
+        ("window_bytes", ctypes.c_uint64),
+        ("streamed_bytes", ctypes.c_uint64),
+        ("pinned_copies", ctypes.c_int),
+        ("pass_htod", ctypes.c_uint64),
+        ("pass_read", ctypes.c_uint64),
+        ("pass_seconds", ctypes.c_double),
+        ("shrinks", ctypes.c_uint64),
+        ("grows", ctypes.c_uint64),
+        ("retries", ctypes.c_uint64),
+        ("prefetch_skipped", ctypes.c_uint64),
+    ]
+
+
+STREAM_COPIES = {"auto": 0, "pinned": 1, "ring": 2}
 
 
 class MemRange(Struct):
@@ -481,6 +527,17 @@ _bind({
     "ferry_model_get_plan": (_i32, [_vp, _P(Plan)]),
     "ferry_model_block_streams": (_i32, [_vp, _i64]),
     "ferry_store_set_device_budget": (_i32, [_vp, _u64]),
+    "ferry_streamer_new": (_i32, [_vp, _P(StreamerOpts), _P(_vp)]),
+    "ferry_streamer_free": (None, [_vp]),
+    "ferry_streamer_pass_begin": (_i32, [_vp, _u64]),
+    "ferry_streamer_block_begin": (_i32, [_vp, _i64, _u64]),
+    "ferry_streamer_block_end": (_i32, [_vp, _i64, _u64]),
+    "ferry_streamer_pass_end": (_i32, [_vp, _u64]),
+    "ferry_streamer_drain": (_i32, [_vp]),
+    "ferry_streamer_set_budget": (_i32, [_vp, _u64, _u64]),
+    "ferry_streamer_block_position": (_i64, [_vp, _i64]),
+    "ferry_streamer_block_streams": (_i32, [_vp, _i64]),
+    "ferry_streamer_get_stats": (_i32, [_vp, _P(StreamerStats)]),
     "ferry_model_evict": (_i32, [_vp, _P(_i64), _i64]),
     "ferry_model_mark_dirty": (_i32, [_vp, _i64]),
     "ferry_model_hold": (_i32, [_vp, _i64]),

@@ -100,6 +100,7 @@ class Model:
         for k, t in enumerate(infos):
             self.index.setdefault(t.name, k)  # the first file that has it, as ferry_model_find
         self.removed = False
+        self.streamers = []  # its Streamers: freed before the model is
 
     def __len__(self):
         return len(self.infos)
@@ -148,6 +149,75 @@ class Op:
             self._wait(op)  # errors were the caller's to collect with wait()
 
 
+class Streamer:
+    """A ferry_streamer: the C engine that runs a model's passes block by
+    block (see ferry.h); the caller reports each pass and each block."""
+
+    _free = lib.ferry_streamer_free
+
+    def __init__(self, core, m, blocks, prefetch, budget, reserve, copies):
+        self.core, self.m, self.st = core, m, None
+        if copies not in _lib.STREAM_COPIES:
+            raise ValueError(f"copies must be one of {sorted(_lib.STREAM_COPIES)}, not {copies!r}")
+        o = _lib.StreamerOpts()
+        arr = (ctypes.c_int64 * max(len(blocks), 1))(*blocks)
+        o.blocks = ctypes.cast(arr, ctypes.POINTER(ctypes.c_int64))
+        o.nblocks = len(blocks)
+        o.prefetch = int(prefetch)
+        o.budget = int(budget)
+        o.reserve = int(reserve)
+        o.copies = _lib.STREAM_COPIES[copies]
+        out = ctypes.c_void_p()
+        core.check_model(m, lib.ferry_streamer_new(m.m, ctypes.byref(o), ctypes.byref(out)))
+        self.st = out
+        m.streamers.append(self)
+        self._stats = _lib.StreamerStats()
+
+    def _check(self, rc):
+        return self.core.check_model(self.m, rc)
+
+    def pass_begin(self, stream):
+        self._check(lib.ferry_streamer_pass_begin(self.st, stream))
+
+    def block_begin(self, k, stream):
+        self._check(lib.ferry_streamer_block_begin(self.st, k, stream))
+
+    def block_end(self, k, stream):
+        self._check(lib.ferry_streamer_block_end(self.st, k, stream))
+
+    def pass_end(self, stream):
+        self._check(lib.ferry_streamer_pass_end(self.st, stream))
+
+    def drain(self):
+        self._check(lib.ferry_streamer_drain(self.st))
+
+    def set_budget(self, budget, reserve):
+        self._check(lib.ferry_streamer_set_budget(self.st, int(budget), int(reserve)))
+
+    def position(self, k):
+        return self._check(lib.ferry_streamer_block_position(self.st, k))
+
+    def streams(self, k):
+        return bool(self._check(lib.ferry_streamer_block_streams(self.st, k)))
+
+    def stats(self):
+        self._check(lib.ferry_streamer_get_stats(self.st, ctypes.byref(self._stats)))
+        d = _struct_dict(self._stats)
+        d["pinned_copies"] = bool(d["pinned_copies"])
+        return d
+
+    def close(self):
+        if self.st is not None:
+            st, self.st = self.st, None
+            self._free(st)
+            if self in self.m.streamers:
+                self.m.streamers.remove(self)
+
+    def __del__(self):
+        if getattr(self, "st", None) is not None:
+            self.close()
+
+
 class StoreCore:
     """A ferry_store on a ferry Device (which the process keeps open)."""
 
@@ -187,6 +257,9 @@ class StoreCore:
         return check_on(rc, _lib.model_errmsg, m.m, m.filename())
 
     def __del__(self):
+        for m in self.models.values():  # (their models go with the store)
+            for st in list(m.streamers):
+                st.close()
         if self.s is not None:
             self._store_free(self.s)
             self.s = None
@@ -228,6 +301,8 @@ class StoreCore:
         return m
 
     def remove(self, m):
+        for st in list(m.streamers):  # (their holds and plan go first)
+            st.close()
         self.check_model(m, lib.ferry_store_remove(m.m))
         m.removed = True
         del self.models[m.name]
@@ -325,6 +400,13 @@ class StoreCore:
 
     def set_device_budget(self, nbytes):
         self.check(lib.ferry_store_set_device_budget(self.s, int(nbytes)))
+
+    # ---- the streaming engine ----
+
+    def streamer(self, m, blocks, prefetch=0, budget=0, reserve=0, copies="auto"):
+        """ferry_streamer_new: blocks = one model index per block (each block
+        already one group), in the order they are expected to run."""
+        return Streamer(self, m, blocks, prefetch, budget, reserve, copies)
 
     def read(self, m, i, address):
         """Copy tensor i's bytes (from whichever tier holds them) to address."""

@@ -101,12 +101,25 @@ class Store:
     store gave to another tensor). With torch 2.3 and later re-pointing keeps
     the Parameter objects (their contents are swapped, requires_grad kept);
     with older torch it puts new ones in: look them up on the module after a
-    store call rather than keeping them."""
+    store call rather than keeping them.
+
+    stream_copies: where streamed blocks come from after the first step, for
+    models added with stream= (add's pinned_cache overrides it per model):
+    "auto" (the default) keeps a pinned copy of every streamed block when all
+    of them fit the pinned budget, the host budget and the host's available
+    memory (cgroup-aware), else reads them from the checkpoint through the
+    pinned ring every step; "pinned" keeps copies of as many as fit; "ring"
+    keeps none (host memory: the ring alone). stream_stats() says which
+    was used ("pinned_copies")."""
 
     def __init__(self, device="cuda", *, device_budget=None, device_reserve=None, host_budget=None,
                  pinned_budget=None, host_reserve=None, spill_below=None, spill_above=None, spill_dir=None,
-                 path_kind="auto", threads=None, ring_buffers=None, ring_buffer_bytes=None, pinned_reserve=None):
+                 path_kind="auto", threads=None, ring_buffers=None, ring_buffer_bytes=None, pinned_reserve=None,
+                 stream_copies="auto"):
         self._core = None
+        if stream_copies not in _lib.STREAM_COPIES:
+            raise ValueError(f"stream_copies must be one of {sorted(_lib.STREAM_COPIES)}, not {stream_copies!r}")
+        self._stream_copies = stream_copies
         self._lock = threading.RLock()
         self._tls = threading.local()  # the forward pre-hooks' pins, per thread
         self._attached = {}  # model name -> _Attached
@@ -321,12 +334,12 @@ class Store:
         store's budget (default: measured from PyTorch's peak in the first
         step, plus 512 MiB).
 
-        pinned_cache: None (the default) keeps streamed blocks' clean copies in
-        pinned RAM (within the store's pinned and host budgets) so a step after
-        the first costs only DMA; True keeps a pinned copy of every clean
-        tensor of the model as it is first read, so a model that left the
-        device comes back by one DMA (a model swap) instead of a read of its
-        checkpoint; False keeps none. The copies give way to modified tensors'
+        pinned_cache: None (the default) follows the store's stream_copies for
+        streamed blocks; True keeps a pinned copy of every clean tensor of the
+        model as it is first read (streamed blocks too, as many as the budgets
+        hold), so a model that left the device comes back by one DMA (a model
+        swap) instead of a read of its checkpoint; False keeps none (streamed
+        blocks come from the checkpoint through the ring every step). The copies give way to modified tensors'
         saves when the host is short (set_pinned_cache changes it later). While streaming, a block's parameters are
         valid inside its forward only (they are new Parameter objects each
         time the block lands; outside, they may show another block's memory
@@ -361,7 +374,8 @@ class Store:
                         a.streamer = _torch_stream.Streamer(self, name, a, stream, prefetch,
                                                             None if reserve is None else
                                                             _size_opt(reserve, "reserve"),
-                                                            pinned_cache is not False)
+                                                            self._stream_copies if pinned_cache is None else
+                                                            "pinned" if pinned_cache else "ring")
                     self._attached[name] = a
                     module._ferry_store_model = name
                     if a.streamer is not None:

@@ -58,7 +58,8 @@ static const field f_plan[] = {F(ferry_plan, size),           F(ferry_plan, bloc
                                F(ferry_plan, resident_blocks), F(ferry_plan, streamed_blocks),
                                F(ferry_plan, fixed_bytes),     F(ferry_plan, resident_bytes),
                                F(ferry_plan, window_bytes),    F(ferry_plan, streamed_bytes),
-                               F(ferry_plan, budget),          {NULL, 0}};
+                               F(ferry_plan, budget),          F(ferry_plan, window),
+                               F(ferry_plan, minimum_bytes),   {NULL, 0}};
 static const field f_store_stats[] = {
     F(ferry_store_stats, size),          F(ferry_store_stats, tier_bytes),     F(ferry_store_stats, device_budget),
     F(ferry_store_stats, pinned_budget), F(ferry_store_stats, host_budget),    F(ferry_store_stats, host_available),
@@ -82,6 +83,24 @@ static const field f_job_stats[] = {
     F(ferry_job_stats, seconds_dtoh), F(ferry_job_stats, evicted),       F(ferry_job_stats, dropped),
     {NULL, 0}};
 
+static const field f_streamer_opts[] = {F(ferry_streamer_opts, size),     F(ferry_streamer_opts, blocks),
+                                        F(ferry_streamer_opts, nblocks),  F(ferry_streamer_opts, prefetch),
+                                        F(ferry_streamer_opts, budget),   F(ferry_streamer_opts, reserve),
+                                        F(ferry_streamer_opts, copies),   {NULL, 0}};
+static const field f_streamer_stats[] = {
+    F(ferry_streamer_stats, size),          F(ferry_streamer_stats, passes),
+    F(ferry_streamer_stats, blocks),        F(ferry_streamer_stats, resident_blocks),
+    F(ferry_streamer_stats, streamed_blocks), F(ferry_streamer_stats, prefetch),
+    F(ferry_streamer_stats, prefetch_asked), F(ferry_streamer_stats, budget),
+    F(ferry_streamer_stats, budget_asked),  F(ferry_streamer_stats, minimum_bytes),
+    F(ferry_streamer_stats, fixed_bytes),   F(ferry_streamer_stats, resident_bytes),
+    F(ferry_streamer_stats, window_bytes),  F(ferry_streamer_stats, streamed_bytes),
+    F(ferry_streamer_stats, pinned_copies), F(ferry_streamer_stats, pass_htod),
+    F(ferry_streamer_stats, pass_read),     F(ferry_streamer_stats, pass_seconds),
+    F(ferry_streamer_stats, shrinks),       F(ferry_streamer_stats, grows),
+    F(ferry_streamer_stats, retries),       F(ferry_streamer_stats, prefetch_skipped),
+    {NULL, 0}};
+
 static const field f_convert_opts[] = {F(ferry_convert_opts, size), F(ferry_convert_opts, dtype),
                                        F(ferry_convert_opts, align), {NULL, 0}};
 
@@ -103,6 +122,8 @@ static const struct {
     {"ferry_mem_range", sizeof(ferry_mem_range), f_mem_range},
     {"ferry_job_stats", sizeof(ferry_job_stats), f_job_stats},
     {"ferry_convert_opts", sizeof(ferry_convert_opts), f_convert_opts},
+    {"ferry_streamer_opts", sizeof(ferry_streamer_opts), f_streamer_opts},
+    {"ferry_streamer_stats", sizeof(ferry_streamer_stats), f_streamer_stats},
 };
 
 static int find_struct(const char *type)
@@ -145,6 +166,7 @@ FERRY_API int ferry_abi_enum_count(const char *type)
                  {"ferry_route", FERRY_ROUTE_COUNT},
                  {"ferry_tier", FERRY_TIER_COUNT},
                  {"ferry_format", FERRY_FORMAT_PYTORCH + 1},
+                 {"ferry_stream_copies", FERRY_STREAM_COPIES_RING + 1},
                  {"ferry_error", FERRY_E_BASE - FERRY_E_LAST + 1}};
     for (size_t i = 0; type && i < sizeof enums / sizeof enums[0]; i++)
         if (strcmp(enums[i].name, type) == 0) return enums[i].count;

@@ -284,6 +284,16 @@ static void run_transfers(ferry_store *s, ferry_op *op)
     op_fail(op, s, fy_xfer_bind(s->dev)); /* (the mover's thread) */
     if (op->rc == 0) read_cached(op, s, m, idx, op->nc);
     uint64_t cached_read = op->read;
+    /* Streamed blocks are read with pread, never through a mapping of the
+     * load's own: a file in tmpfs is otherwise mapped and faulted in page by
+     * page on every move, every pass (a page table for each block's bytes,
+     * torn down after it), where pread copies the same pages straight out */
+    ferry_load_opts lo = s->load;
+    for (int64_t i = 0; i < m->n; i++)
+        if (sel[i] && m->t[i].streams) {
+            lo.flags |= FERRY_LOAD_PREAD;
+            break;
+        }
     for (int k = 0; k < m->nfiles && op->rc == 0; k++) { /* SOURCE: file by file, through the loader */
         int64_t cnt = 0;
         for (int64_t i = 0; i < m->n; i++) {
@@ -294,7 +304,7 @@ static void run_transfers(ferry_store *s, ferry_op *op)
                 op->moved += t->nbytes;
             }
         }
-        if (cnt) op_fail(op, s, ferry_load_into(s->dev, m->files[k], idx, dp, cnt, &s->load, NULL));
+        if (cnt) op_fail(op, s, ferry_load_into(s->dev, m->files[k], idx, dp, cnt, &lo, NULL));
     }
     op->read = op->moved + cached_read;
     if (op->rc == 0 && op->nf)

@@ -55,7 +55,10 @@ static int plan_compute(ferry_store *s, ferry_model *m, rs_plan *p, bool mark)
     uint64_t blocks = total - fixed;
     uint64_t budget = p->budget ? p->budget : s->o.device_budget;
     uint64_t avail = budget > p->reserve ? budget - p->reserve : 0;
-    ferry_plan g = {.size = sizeof g, .blocks = N, .fixed_bytes = fixed, .budget = avail};
+    uint64_t largest = 0;
+    for (int64_t k = 0; k < N; k++) largest = bb[k] > largest ? bb[k] : largest;
+    ferry_plan g = {.size = sizeof g, .blocks = N, .fixed_bytes = fixed, .budget = avail,
+                    .window = p->window < N ? p->window : N, .minimum_bytes = fixed + largest + p->reserve};
     for (int64_t k = 0; k < N; k++) p->streams[k] = false;
     if (fixed + blocks <= avail) { /* it fits: everything resident */
         g.resident_blocks = N;
@@ -63,9 +66,14 @@ static int plan_compute(ferry_store *s, ferry_model *m, rs_plan *p, bool mark)
     } else {
         memcpy(sorted, bb, (size_t)N * sizeof *bb);
         qsort(sorted, (size_t)N, sizeof *sorted, cmp_u64_desc);
+        /* the window asked for, or as many of the largest blocks as fit: a
+         * tight budget streams through a smaller window rather than failing,
+         * down to one block (the one computing) */
         int64_t w = p->window < N ? p->window : N;
         uint64_t window = 0;
         for (int64_t k = 0; k < w; k++) window += sorted[k];
+        while (w > 1 && fixed + window > avail) window -= sorted[--w];
+        g.window = w;
         if (fixed + window > avail) {
             for (int64_t k = 0; k < N; k++) p->streams[k] = true;
             g.streamed_blocks = N;
@@ -73,9 +81,9 @@ static int plan_compute(ferry_store *s, ferry_model *m, rs_plan *p, bool mark)
             g.window_bytes = window;
             g.streamed_bytes = blocks;
             rc = rs_merr(m, FERRY_E_BUDGET,
-                         "streaming needs %" PRIu64 " device bytes (%" PRIu64 " outside the blocks + a window of %" PRId64
-                         " blocks, %" PRIu64 ") but the plan has %" PRIu64 " (budget %" PRIu64 " - reserve %" PRIu64 ")",
-                         fixed + window, fixed, w, window, avail, budget, p->reserve);
+                         "streaming needs at least %" PRIu64 " device bytes (%" PRIu64 " outside the blocks + the largest"
+                         " block, %" PRIu64 ", + the reserve, %" PRIu64 ") but the budget is %" PRIu64,
+                         fixed + window + p->reserve, fixed, window, p->reserve, budget);
         } else {
             uint64_t room = avail - fixed - window; /* for resident blocks */
             int64_t K = (int64_t)(room / (blocks / (uint64_t)N ? blocks / (uint64_t)N : 1));

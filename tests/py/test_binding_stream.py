@@ -48,12 +48,7 @@ class DiT(nn.Module):
 
 
 def steady(st, first=1):
-    """bytes_per_step from step `first` on, or from the step after the
-    default prefetch's choice (the third step's start) where that choice
-    changed the plan: the step it changed at streams another set."""
-    ch = st.get("prefetch_choice")
-    if ch and ch["prefetch"] != ch["was"]:
-        first = max(first, 3)
+    """bytes_per_step from step `first` on (the first step learns the order)."""
     return st["bytes_per_step"][first:]
 
 
@@ -468,117 +463,6 @@ def test_errors(tmp_path, sim_free):
             store.stream_stats("dit")
 
 
-@pytest.mark.parametrize("prefetch", [1, 2, 3])
-def test_prefetch_keeps_window_full(tmp_path, sim_free, prefetch):
-    """After each block, `prefetch` streamed blocks (at least) are in flight;
-    at a step's start (no block running) prefetch + 1 (the window). (The
-    count once took a block already queued twice, in the sum over the ops
-    and again on the walk: fewer stayed in flight, and the step-start extra
-    block was never queued.)"""
-    from ferry import _torch_stream as ts
-    ref, path = model_and_file(tmp_path)
-    m = DiT()
-    budget = int(nbytes(ref) * 0.5)
-    seen = {"begin": [], "end": []}
-    orig_sb, orig_be = ts.Streamer.step_begin, ts.Streamer.block_end
-
-    def flying(self):
-        return sum(1 for b in self.ops if b in self.streamed)
-
-    def sb(self):
-        orig_sb(self)
-        if self.steps >= 2:
-            seen["begin"].append(flying(self))
-
-    def be(self, b):
-        orig_be(self, b)
-        if self.steps >= 2:
-            seen["end"].append(flying(self))
-
-    with ft.Store(SIM, device_budget=budget) as store:
-        store.add("dit", path, module=m, stream="auto", prefetch=prefetch)
-        st = store._attached["dit"].streamer
-        st.step_begin = sb.__get__(st)
-        st.block_end = be.__get__(st)
-        with torch.no_grad():
-            for _ in range(4):
-                m(x_for())
-        ss = store.stream_stats("dit")
-        assert ss["streamed_blocks"] > prefetch + 1
-        assert seen["begin"] and all(f == prefetch + 1 for f in seen["begin"]), seen
-        # (a resident block ending leaves the step-start window as it was)
-        assert all(prefetch <= f <= prefetch + 1 for f in seen["end"]), seen
-
-
-def test_predict_step_and_choose_prefetch():
-    """The model the default prefetch is chosen by (synthetic times, exact)."""
-    from ferry import _torch_stream as ts
-    # one streamed block, compute-bound: copies hide behind compute
-    assert ts.predict_step([1.0, 1.0], [0.5, 0.5], [False, True], 1) == pytest.approx(2.0)
-    # every block streams, transfer-bound: one copy after another
-    assert ts.predict_step([0.1] * 4, [1.0] * 4, [True] * 4, 2) == pytest.approx(4.0)
-    # a run of resident blocks with prefetch 1: the copy of the block after
-    # them waits for the streamed block before them, so their compute hides
-    # one copy only; prefetch 2 hides two
-    comp, copy = [0.1, 1.0, 1.0, 0.1, 0.1], [1.0, 0, 0, 1.0, 1.0]
-    streams = [True, False, False, True, True]
-    t1, t2 = (ts.predict_step(comp, copy, streams, p) for p in (1, 2))
-    assert t2 < t1
-    # the smallest prefetch within 1 % of the best: here the budget's windows
-    # leave the same blocks streamed, so the longest copy run decides
-    N = 12
-    p, pred = ts.choose_prefetch([0.05] * N, [100] * N, 100.0, {1: 6, 2: 6, 3: 6, 4: 6})
-    assert set(pred) == {1, 2, 3, 4} and p == 2  # 6.3 s with 1, 6.0 with 2-4
-    assert pred[1] == pytest.approx(6.3) and pred[2] == pytest.approx(6.0)
-    # runs of slow blocks: a deeper window pays
-    slow = [0.1, 0.1, 0.1, 0.8, 0.8, 0.8] * 2
-    assert ts.choose_prefetch(slow, [100] * N, 100.0, {1: 6, 2: 6, 3: 6, 4: 6})[0] == 3
-    # the current prefetch stays unless another is clearly (5 %) faster
-    assert ts.choose_prefetch(slow, [100] * N, 100.0, {1: 6, 2: 6, 3: 6, 4: 6}, current=4)[0] == 4
-    assert ts.choose_prefetch(slow, [100] * N, 100.0, {1: 6, 2: 6, 3: 6, 4: 6}, current=2)[0] == 3
-    assert ts.choose_prefetch([0.01] * N, [100] * N, 100.0, {1: 6, 2: 6}, current=1)[0] == 1  # 1 % slower: stays
-    assert ts.predict_step([0.1] * 4, [1.0] * 4, [True] * 4, 0) == pytest.approx(4.4)  # no overlap
-    # compute-bound: prefetch 1 is enough
-    p, _ = ts.choose_prefetch([1.0] * N, [100] * N, 1e6, {1: 6, 2: 5, 3: 4})
-    assert p == 1
-    assert [ts.spread(k, 3, 12) for k in range(12)].count(True) == 3
-
-
-def test_default_prefetch_is_measured(tmp_path, sim_free):
-    """Without a prefetch of the caller's, the second step measures each
-    block's compute and the device's copy rate and the third runs with the
-    prefetch predict_step chose (bit-identical throughout); with one, none
-    is measured."""
-    ref, path = model_and_file(tmp_path)
-    with torch.no_grad():
-        want = [ref(x_for(seed=s)) for s in range(4)]
-    budget = int(nbytes(ref) * 0.5)
-    for prefetch in (None, 2):
-        m = DiT()
-        with ft.Store(SIM, device_budget=budget) as store:
-            store.add("dit", path, module=m, stream="auto", prefetch=prefetch)
-            with torch.no_grad():
-                got = [m(x_for(seed=s)) for s in range(4)]
-            for a, b in zip(got, want):
-                assert torch.equal(a, b)
-            ss = store.stream_stats("dit")
-            ch = ss["prefetch_choice"]
-            if prefetch is not None:
-                assert ch is None and ss["prefetch"] == prefetch
-                continue
-            assert ch is not None, ss
-            assert ch["prefetch"] == ss["prefetch"] and 1 <= ss["prefetch"] <= 4
-            assert ch["was"] == 2 and 0.5 < ch["copy_gbps"] < 20  # SIM models 2 GB/s
-            assert ch["compute_s"] > 0 and set(ch["predicted_s"]) <= {1, 2, 3, 4}
-            # after the choice, every step still moves exactly the streamed blocks
-            assert ss["bytes_per_step"][3] == ss["planned_streamed_bytes"]
-    # the rate is probed when the model is added, not beside its own copies
-    m = DiT()
-    with ft.Store(SIM, device_budget=budget) as store:
-        store.add("dit", path, module=m, stream="auto")
-        assert 0.5e9 < store._attached["dit"].streamer.rate < 20e9
-
-
 def test_resident_blocks_are_held_for_the_step(tmp_path, sim_free):
     """After the first step, the plan's resident blocks are held from the
     step's start to its end (their hooks do nothing else); after a step only
@@ -594,7 +478,8 @@ def test_resident_blocks_are_held_for_the_step(tmp_path, sim_free):
 
         def look(mod, args):
             if st.steps >= 1:
-                seen.append({b.name: (b in st.streamed, core.state(model, b.leader).pins) for b in st.blocks})
+                seen.append({b.name: (st.engine.streams(st.k_of[b]), core.state(model, b.leader).pins)
+                             for b in st.blocks})
 
         h = m.blocks[0].register_forward_pre_hook(look)  # runs after ferry's own pre-hook
         with torch.no_grad():
@@ -605,7 +490,10 @@ def test_resident_blocks_are_held_for_the_step(tmp_path, sim_free):
         for snap in seen:
             res = [holds for streams, holds in snap.values() if not streams]
             assert res and all(h == 1 for h in res), snap
-        queued = {b.leader for b in st.ops}  # (a held leader keeps its group)
-        assert queued and all(b in st.streamed for b in st.ops)
+        # after the step only the moves queued ahead for the next one hold
+        # their blocks (a held leader keeps its group), and those stream
+        queued = {b.leader for b in st.blocks if core.state(model, b.leader).pins}
+        assert queued and all(st.engine.streams(st.k_of[b]) for b in st.blocks if b.leader in queued)
+        assert len(queued) == store.stream_stats("dit")["prefetch"]
         for i in range(len(model)):
             assert core.state(model, i).pins == (1 if i in queued else 0), core.state(model, i)

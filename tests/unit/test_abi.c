@@ -195,7 +195,9 @@ static void test_abi_tables(void)
                  {"ferry_load_stats", sizeof(ferry_load_stats)},     {"ferry_store_opts", sizeof(ferry_store_opts)},
                  {"ferry_tensor_state", sizeof(ferry_tensor_state)}, {"ferry_store_stats", sizeof(ferry_store_stats)},
                  {"ferry_mem_range", sizeof(ferry_mem_range)},       {"ferry_job_stats", sizeof(ferry_job_stats)},
-                 {"ferry_convert_opts", sizeof(ferry_convert_opts)}};
+                 {"ferry_convert_opts", sizeof(ferry_convert_opts)}, {"ferry_plan_opts", sizeof(ferry_plan_opts)},
+                 {"ferry_plan", sizeof(ferry_plan)},                 {"ferry_streamer_opts", sizeof(ferry_streamer_opts)},
+                 {"ferry_streamer_stats", sizeof(ferry_streamer_stats)}};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
         CHECK_EQ(ferry_abi_sizeof(known[i].name), (int64_t)known[i].size);
         /* fields in declaration order, inside the struct, none left out at the end */
@@ -212,6 +214,10 @@ static void test_abi_tables(void)
     CHECK_EQ(ferry_abi_offsetof("ferry_load_stats", "why"), (int64_t)offsetof(ferry_load_stats, why));
     CHECK_EQ(ferry_abi_offsetof("ferry_store_opts", "load"), (int64_t)offsetof(ferry_store_opts, load));
     CHECK_EQ(ferry_abi_offsetof("ferry_job_stats", "dropped"), (int64_t)offsetof(ferry_job_stats, dropped));
+    CHECK_EQ(ferry_abi_offsetof("ferry_plan", "minimum_bytes"), (int64_t)offsetof(ferry_plan, minimum_bytes));
+    CHECK_EQ(ferry_abi_offsetof("ferry_streamer_stats", "prefetch_skipped"),
+             (int64_t)offsetof(ferry_streamer_stats, prefetch_skipped));
+    CHECK_EQ(ferry_abi_enum_count("ferry_stream_copies"), FERRY_STREAM_COPIES_RING + 1);
     CHECK_EQ(ferry_abi_offsetof("ferry_tensor_state", "holds"), (int64_t)offsetof(ferry_tensor_state, holds));
     CHECK_EQ(ferry_abi_offsetof("ferry_store_stats", "pinned_pool_bytes"),
              (int64_t)offsetof(ferry_store_stats, pinned_pool_bytes));
