@@ -416,6 +416,17 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
         rtensor *t = &m->t[i];
         if (!sel[i] || t->tier == FERRY_TIER_DEVICE || t->nbytes == 0) continue;
         rc = rs_dev_alloc(s, t, true);
+        while (rc == -ENOMEM) {
+            /* the driver has no segment for it though the budget has room
+             * (the store's segments hold the device in scattered pieces, or
+             * memory went to others): evict more, so that whole segments
+             * come free and go back to the driver, until it gives one or
+             * nothing more can go (then the move fails, nothing lost) */
+            uint64_t room = s->o.device_budget > s->device_used ? s->o.device_budget - s->device_used : 0;
+            int64_t more = rs_make_room_ex(s, room + rs_dev_size(t->nbytes), m, sel, NULL, false);
+            if (more <= 0) break;
+            rc = rs_dev_alloc(s, t, true);
+        }
         while (rc == RS_FRAGMENTED) {
             /* t fits in no free piece and a new segment would take the store
              * more than 1/16 past its budget: evict more (never the plan's

@@ -44,6 +44,7 @@ struct ferry_streamer {
     uint64_t budget_asked, reserve;
     uint64_t cut;      /* bytes the resident set gave back (budget_asked less this) */
     bool budget_changed;
+    bool shrunk;       /* the window was shrunk for want of room (grows back) */
     int copies;
     bool pinned;       /* the plan keeps pinned copies */
     bool planned;      /* the model has this streamer's plan */
@@ -145,28 +146,31 @@ static int fail_minimum(ferry_streamer *st, int64_t k, int rc)
                    ss.tier_bytes[FERRY_TIER_DEVICE], msg);
 }
 
-/* Land a queued move of block k and drop its hold (it never ran). */
-static int cancel(ferry_streamer *st, int64_t k)
+/* Land a queued move of block k and drop its hold after what is queued on
+ * stream (the block may have run earlier in the pass: a move ahead for the
+ * next pass); stream NULL: at once. */
+static int cancel(ferry_streamer *st, int64_t k, const uint64_t *stream)
 {
     int rc = ferry_op_wait(st->ops[k]);
     st->ops[k] = NULL;
-    int r2 = ferry_model_release(st->m, st->lead[k]);
+    int r2 = stream ? ferry_model_release_after(st->m, st->lead[k], *stream) : ferry_model_release(st->m, st->lead[k]);
     return rc < 0 ? rc : r2;
 }
 
 /* One step back after a move found no room; 0 when something was given
  * back (try again), < 0 when nothing is left. *made: make_room was tried in
  * this round already. */
-static int shrink(ferry_streamer *st, int64_t k, uint64_t need, bool *made)
+static int shrink(ferry_streamer *st, int64_t k, uint64_t need, bool *made, uint64_t stream)
 {
     int n = 0;
     for (int64_t j = 0; j < st->nb; j++)
         if (j != k && st->ops[j] && !st->active[j]) {
-            (void)cancel(st, j); /* (a failed copy leaves the block where it was: nothing lost) */
+            (void)cancel(st, j, &stream); /* (a failed copy leaves the block where it was: nothing lost) */
             n++;
         }
     if (n || st->prefetch > 0) {
         if (st->prefetch > 0) st->prefetch--;
+        st->shrunk = true;
         st->st.shrinks++;
         st->clean = 0;
         if (n) return 0;
@@ -177,14 +181,15 @@ static int shrink(ferry_streamer *st, int64_t k, uint64_t need, bool *made)
         if (ferry_store_make_room(st->s, need, &could) >= 0) return 0;
     }
     /* the resident set gives back a block's worth, and its blocks that now
-     * stream stop being held (they are the first the store evicts) */
+     * stream stop being held (they are the first the store evicts) once the
+     * kernels queued so far ran: some of them ran earlier in this pass */
     if (st->plan.resident_blocks > 0) {
         st->cut += st->largest ? st->largest : 1;
         int rc = make_plan(st);
         if (rc < 0 && rc != FERRY_E_BUDGET) return rc;
         for (int64_t j = 0; j < st->nb; j++)
             if (st->held[j] && st->streams[j] && !st->active[j]) {
-                (void)ferry_model_release(st->m, st->lead[j]);
+                (void)ferry_model_release_after(st->m, st->lead[j], stream);
                 st->held[j] = false;
             }
         st->st.shrinks++;
@@ -211,7 +216,7 @@ static int hold_list(ferry_model *m, const int64_t *list, int64_t n)
 /* Queue block k's move and hold it. must: the block runs now, so a move that
  * finds no room shrinks the plan and tries again; else (a move ahead) it is
  * skipped. */
-static int queue(ferry_streamer *st, int64_t k, bool must)
+static int queue(ferry_streamer *st, int64_t k, bool must, uint64_t stream)
 {
     bool made = false;
     for (;;) {
@@ -231,13 +236,13 @@ static int queue(ferry_streamer *st, int64_t k, bool must)
             return rc;
         }
         st->st.retries++;
-        if (shrink(st, k, st->bytes[k], &made) < 0) return fail_minimum(st, k, rc);
+        if (shrink(st, k, st->bytes[k], &made, stream) < 0) return fail_minimum(st, k, rc);
     }
 }
 
 /* Synchronous move of tensors[0..n-1] that must succeed (the tensors outside
  * the blocks, a resident block), shrinking as queue() does. */
-static int bring(ferry_streamer *st, const int64_t *tensors, int64_t n, uint64_t need, int64_t k)
+static int bring(ferry_streamer *st, const int64_t *tensors, int64_t n, uint64_t need, int64_t k, uint64_t stream)
 {
     bool made = false;
     for (;;) {
@@ -245,21 +250,21 @@ static int bring(ferry_streamer *st, const int64_t *tensors, int64_t n, uint64_t
         if (rc == 0 || !room_error(rc)) return rc;
         st->st.retries++;
         if (k >= 0 && st->streams[k]) return 0; /* a shrink made it a streamed block: it comes when it runs */
-        if (shrink(st, k, need, &made) < 0) return fail_minimum(st, k, rc);
+        if (shrink(st, k, need, &made, stream) < 0) return fail_minimum(st, k, rc);
     }
 }
 
 /* Queue the streamed blocks after pass position p (cyclically) until limit
  * of them are in flight; resident blocks need no move, so they are not
  * counted (several in a row would leave the copies idle). */
-static void prefetch_after(ferry_streamer *st, int64_t p, int64_t limit, int64_t span)
+static void prefetch_after(ferry_streamer *st, int64_t p, int64_t limit, int64_t span, uint64_t stream)
 {
     int64_t flying = 0;
     for (int64_t j = 0; j < st->nb; j++) flying += st->ops[j] && st->streams[j] && !st->active[j];
     for (int64_t j = 1; j < span && flying < limit; j++) {
         int64_t b = st->order[(p + j) % st->nb];
         if (!st->streams[b] || st->ops[b] || st->active[b]) continue;
-        if (queue(st, b, false) < 0) return; /* no room ahead: it comes when it runs */
+        if (queue(st, b, false, stream) < 0) return; /* no room ahead: it comes when it runs */
         flying++;
     }
 }
@@ -359,7 +364,7 @@ FERRY_API void ferry_streamer_free(ferry_streamer *st)
     ferry_store *s = st->s;
     if (st->nb) {
         for (int64_t k = 0; k < st->nb; k++) {
-            if (st->ops[k]) (void)cancel(st, k);
+            if (st->ops[k]) (void)cancel(st, k, NULL);
             st->active[k] = false;
         }
         drop_pass_holds(st, false, 0);
@@ -384,25 +389,25 @@ FERRY_API void ferry_streamer_free(ferry_streamer *st)
 
 FERRY_API int ferry_streamer_pass_begin(ferry_streamer *st, uint64_t cu_stream)
 {
-    (void)cu_stream;
     if (!st) return FERRY_E_INVAL;
     if (st->in_pass) { /* a pass not ended (its caller raised): its holds go now */
         for (int64_t k = 0; k < st->nb; k++)
             if (st->active[k]) {
-                if (st->ops[k]) (void)cancel(st, k);
+                if (st->ops[k]) (void)cancel(st, k, NULL);
                 st->active[k] = false;
             }
         drop_pass_holds(st, false, 0);
     }
     st->in_pass = false;
     /* grow back to what was asked after passes without a shrink */
-    bool grow = (st->cut || st->prefetch < st->prefetch_asked) && st->clean >= st->grow_after;
+    bool grow = (st->cut || st->shrunk) && st->clean >= st->grow_after;
     if (grow || st->budget_changed) {
         if (grow) {
             if (st->last_grow >= 0 && st->st.passes - st->last_grow <= st->grow_after + 1)
                 st->grow_after = st->grow_after * 2 < GROW_MAX ? st->grow_after * 2 : GROW_MAX;
             st->last_grow = st->st.passes;
             st->cut = 0;
+            st->shrunk = false;
             st->prefetch = st->prefetch_asked;
             st->st.grows++;
         }
@@ -416,7 +421,7 @@ FERRY_API int ferry_streamer_pass_begin(ferry_streamer *st, uint64_t cu_stream)
     if (ferry_store_get_stats(st->s, &ss) == 0) st->h0 = ss.bytes_htod, st->r0 = ss.bytes_read;
     st->t0 = fy_now();
     if (st->nfixed) {
-        int rc = bring(st, st->fixed, st->nfixed, st->plan.fixed_bytes, -1);
+        int rc = bring(st, st->fixed, st->nfixed, st->plan.fixed_bytes, -1, cu_stream);
         if (rc == 0) rc = hold_list(st->m, st->fixed, st->nfixed);
         if (rc < 0) return rc;
         st->fixed_held = true;
@@ -429,14 +434,14 @@ FERRY_API int ferry_streamer_pass_begin(ferry_streamer *st, uint64_t cu_stream)
     for (int64_t p = 0; p < st->nb; p++) {
         int64_t k = st->order[p];
         if (st->streams[k] || st->ops[k]) continue;
-        int rc = bring(st, &st->lead[k], 1, st->bytes[k], k);
+        int rc = bring(st, &st->lead[k], 1, st->bytes[k], k, cu_stream);
         if (rc < 0) return rc;
         if (st->streams[k]) continue;
         if ((rc = ferry_model_hold(st->m, st->lead[k])) < 0) return rc;
         st->held[k] = true;
     }
     /* no block computes yet: the window has room for one more than the prefetch */
-    prefetch_after(st, st->nb - 1, st->prefetch + 1, st->nb + 1);
+    prefetch_after(st, st->nb - 1, st->prefetch + 1, st->nb + 1, cu_stream);
     return 0;
 }
 
@@ -447,7 +452,7 @@ FERRY_API int ferry_streamer_block_begin(ferry_streamer *st, int64_t k, uint64_t
     if (st->held[k]) return 0;
     if (st->active[k])
         return rs_merr(st->m, FERRY_E_INVAL, "ferry_streamer_block_begin: block %" PRId64 " runs already", k);
-    if (!st->ops[k]) FY_TRY(queue(st, k, true));
+    if (!st->ops[k]) FY_TRY(queue(st, k, true, cu_stream));
     st->active[k] = true;
     return ferry_op_stream_wait(st->ops[k], cu_stream);
 }
@@ -464,7 +469,7 @@ FERRY_API int ferry_streamer_block_end(ferry_streamer *st, int64_t k, uint64_t c
 {
     if (!st || k < 0 || k >= st->nb) return FERRY_E_INVAL;
     if (st->held[k]) {
-        prefetch_after(st, st->pos[k], st->prefetch, st->nb);
+        prefetch_after(st, st->pos[k], st->prefetch, st->nb, cu_stream);
         return 0;
     }
     if (!st->active[k]) return 0; /* its block_begin failed */
@@ -475,7 +480,7 @@ FERRY_API int ferry_streamer_block_end(ferry_streamer *st, int64_t k, uint64_t c
     int r2 = ferry_op_wait(op); /* lands it (its copy was queued a block or more ago) */
     if (rc == 0) rc = r2;
     if (st->st.passes == 0 && !rec_in_order(st)) return rc; /* no guessing the next block until the order is known */
-    prefetch_after(st, st->pos[k], st->prefetch, st->nb);
+    prefetch_after(st, st->pos[k], st->prefetch, st->nb, cu_stream);
     return rc;
 }
 
@@ -528,7 +533,7 @@ FERRY_API int ferry_streamer_drain(ferry_streamer *st)
     int rc = 0;
     for (int64_t k = 0; k < st->nb; k++)
         if (st->ops[k] && !st->active[k]) {
-            int r = cancel(st, k);
+            int r = cancel(st, k, NULL);
             if (rc == 0) rc = r;
         }
     return rc;
@@ -550,6 +555,8 @@ FERRY_API int ferry_streamer_set_budget(ferry_streamer *st, uint64_t budget, uin
     st->budget_asked = b;
     st->reserve = reserve;
     st->cut = 0;
+    st->shrunk = false;
+    st->prefetch = st->prefetch_asked; /* (make_plan takes it down to what the window holds) */
     if (st->in_pass) {
         st->budget_changed = true;
         return 0;

@@ -99,6 +99,8 @@ typedef struct run_result {
     int64_t nsteps; /* passes completed */
     uint64_t device_bytes; /* the model's bytes on the device after the passes */
     uint64_t pinned_cache_bytes;
+    uint64_t shrinks, grows, retries; /* the engine's: moves that found no room, and what it gave back */
+    int64_t prefetch_now;             /* the moves queued ahead at the end (after any shrinking) */
 } run_result;
 
 /* What one job did and what went wrong in it, for the report. */

@@ -137,6 +137,10 @@ static json_t *jrun(const scenario *sc, const sim_job *j, const run_result *rr)
     json_object_set_new(o, "bound_seconds", f.bound_s >= 0 ? json_real(f.bound_s) : json_null());
     json_object_set_new(o, "device_bytes", json_integer((json_int_t)rr->device_bytes));
     json_object_set_new(o, "pinned_cache_bytes", json_integer((json_int_t)rr->pinned_cache_bytes));
+    json_object_set_new(o, "shrinks", json_integer((json_int_t)rr->shrinks));
+    json_object_set_new(o, "grows", json_integer((json_int_t)rr->grows));
+    json_object_set_new(o, "retries", json_integer((json_int_t)rr->retries));
+    json_object_set_new(o, "prefetch_now", json_integer(rr->prefetch_now));
     return o;
 }
 
@@ -178,6 +182,9 @@ static void print_run(const scenario *sc, const sim_job *j, const run_result *rr
                f.steady.seconds, H(a, f.steady.htod), stall, f.steady.seconds > 0 ? 100 * stall / f.steady.seconds : 0.0);
         printf(" | predicted %.3f s a pass", f.predicted);
     }
+    if (rr->shrinks || rr->retries)
+        printf(" | %" PRIu64 " moves found no room: shrank %" PRIu64 " times, grew back %" PRIu64 ", prefetch now %" PRId64,
+               rr->retries, rr->shrinks, rr->grows, rr->prefetch_now);
     if (f.bound_s >= 0)
         printf("; bound %.3f s (compute %.3f s, copy %s at %.3g GB/s %.3f s)", f.bound_s, f.compute_s,
                H(a, rr->plan.streamed_bytes), sc->copy_rate / 1e9, f.copy_s);
