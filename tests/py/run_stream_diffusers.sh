@@ -16,14 +16,14 @@ if [ ! -x "$py" ]; then
     echo "stream_diffusers: no $py (scripts/deps.sh makes it; it could not, or was not run): skipped"
     exit 77
 fi
-if ! why=$("$py" -c '
-import pytest, safetensors, torch
+if ! got=$("$py" -c '
+import pytest, safetensors, torch, diffusers
 from diffusers import FluxTransformer2DModel, UNet2DConditionModel, WanTransformer3DModel
-' 2>&1); then
-    echo "stream_diffusers: $py cannot run the test: $(printf '%s\n' "$why" | tail -1): skipped"
+print("torch", torch.__version__, "diffusers", diffusers.__version__)' 2>&1); then
+    echo "stream_diffusers: $py cannot run the test: $(printf '%s\n' "$got" | tail -1): skipped"
     exit 77
 fi
-echo "stream_diffusers: $py ($("$py" -c 'import torch, diffusers; print("torch", torch.__version__, "diffusers", diffusers.__version__)'))"
+echo "stream_diffusers: $py ($got)"
 # no bytecode or pytest cache in the source tree; the library under test comes
 # from $FERRY_LIBRARY, the package from python/ of this checkout
 exec env PYTHONDONTWRITEBYTECODE=1 FERRY_LIBRARY="$lib" PYTHONPATH="$root/python" \
