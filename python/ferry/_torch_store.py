@@ -62,9 +62,12 @@ def _moved(t, device):
     return p
 
 
+@torch.inference_mode(False)
 def _move_extras(extras, device):
     """Move every tensor of extras (_module_extras' lists) to device and put
-    it back under each of its names."""
+    it back under each of its names. Out of inference mode even inside a
+    forward under it: the copies outlive that forward, and an inference
+    tensor could not take part in autograd later."""
     for owners in extras:
         done = {}  # id(tensor) -> its moved self (names the caller re-assigned may differ)
         for m, attr, is_param in owners:

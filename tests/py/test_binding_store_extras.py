@@ -19,6 +19,7 @@ import stwriter
 torch = pytest.importorskip("torch")
 import ferry.torch as ft  # noqa: E402
 from ferry import _torch_store  # noqa: E402
+from ferry._torch_match import _module_extras  # noqa: E402
 
 nn = torch.nn
 SIM = "sim:1GiB"
@@ -246,6 +247,21 @@ def test_moved_keeps_parameters_and_skips_meta():
     assert q.grad is not None and q.grad.is_meta
     frozen = nn.Parameter(torch.ones(2), requires_grad=False)
     assert not _torch_store._moved(frozen, META).requires_grad
+
+
+def test_moves_inside_inference_mode_make_normal_tensors():
+    """A move made by a forward pre-hook under inference_mode: the moved
+    tensors outlive that forward, so they are normal tensors, usable in
+    autograd afterwards."""
+    m = Net()
+    extras = _module_extras(m, [])
+    with torch.inference_mode():
+        _torch_store._move_extras(extras, META)
+    for k in EXTRAS:
+        t = get(m, k)
+        assert t.is_meta and not t.is_inference(), k
+    assert isinstance(m.gate, nn.Parameter) and m.gate.requires_grad
+    assert m.cos_alias is m.rope.cos
 
 
 def test_extras_moves_with_the_model(tmp_path, sim_free, moves):
