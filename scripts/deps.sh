@@ -232,4 +232,30 @@ if ! "$PY" -c "import diffusers" 2>/dev/null; then
     "$PY" -m pip install --quiet --disable-pip-version-check "diffusers==0.31.0" ||
         echo "deps: could not install diffusers from PyPI; the diffusers test will be skipped"
 fi
+# A second environment with PyPI's torch 2 and a diffusers that has
+# WanTransformer3DModel, for tests/py/test_stream_diffusers.py (ctest
+# stream_diffusers skips itself without it): Debian's torch 1.13 cannot build
+# that model, and diffusers past 0.31 does not import with it. Its own packages
+# only, so Debian's torch cannot shadow PyPI's. PyPI's torch for Linux is the
+# CUDA build and brings the nvidia-* libraries: torch 2.15.0 for Python 3.11
+# measured 3.0 GB to download (torch 539 MB, nvidia-cudnn 519 MB, nvidia-cublas
+# 405 MB, triton 286 MB, nvidia-cusolver, -cufft, -nccl, -cusparse, -cusparselt,
+# ...) and 5.5 GB installed (3.0 GB of it nvidia/), in 65 s with an empty pip
+# cache on a 2-core machine. PyTorch's CPU-only wheels are on
+# PyTorch's own index, which these machines cannot reach; without them the
+# CUDA wheel runs on the cpu. Versions pinned so that the test's models, and so
+# its results, stay the same. Optional: a failure leaves no environment and
+# only skips that test.
+VENV2=.deps/venv-torch2
+if ! "$VENV2/bin/python3" -c "import pytest, safetensors, accelerate, torch
+from diffusers import FluxTransformer2DModel, UNet2DConditionModel, WanTransformer3DModel" 2>/dev/null; then
+    echo "deps: creating $VENV2 (PyPI's torch and diffusers: about 3 GB to download)"
+    rm -rf "$VENV2"
+    if ! { "$base" -m venv "$VENV2" &&
+           "$VENV2/bin/python3" -m pip install --quiet --disable-pip-version-check \
+               "torch==2.15.0" "diffusers==0.42.1" accelerate safetensors numpy pytest; }; then
+        rm -rf "$VENV2"
+        echo "deps: could not install torch 2 and diffusers from PyPI; the diffusers streaming test will be skipped"
+    fi
+fi
 echo "deps: ready"

@@ -92,6 +92,26 @@ def _attach_plan(module, infos, handles, strict):
             for es, idx, info, dt in matched]
 
 
+def _module_extras(module, plan):
+    """The module's tensors that an attach plan leaves out (non-persistent
+    buffers, and parameters and buffers strict=False let stay): one list of
+    (owning module, attribute, is parameter) per tensor, a tied or shared
+    tensor's names together; no reference to the tensors themselves."""
+    planned = {e[0] for _, _, _, entries in plan for e in entries}
+    groups = collections.OrderedDict()  # id(tensor) -> (its keys, its owners)
+    for prefix, m in module.named_modules(remove_duplicate=False):
+        p = prefix + "." if prefix else ""
+        for is_param, table in ((True, m._parameters), (False, m._buffers)):
+            for name, t in table.items():
+                if t is None:
+                    continue
+                keys, owners = groups.setdefault(id(t), ([], []))
+                keys.append(p + name)
+                if (m, name, is_param) not in owners:  # (a shared submodule comes once per path)
+                    owners.append((m, name, is_param))
+    return [owners for keys, owners in groups.values() if not any(k in planned for k in keys)]
+
+
 def _assign(entries, new):
     """Put new in place of the tensor every entry names (a tied tensor's names
     all get the same new Parameter), keeping requires_grad."""

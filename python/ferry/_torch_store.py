@@ -11,10 +11,11 @@ import torch
 
 from . import _core, _dlpack, _lib, _store, _torch_stream, errors
 from ._torch_load import _cuda_index, _empty, _shape_view, _torch_device, dtype_for
-from ._torch_match import _attach_plan, _repoint
+from ._torch_match import _attach_plan, _module_extras, _repoint, _same_param
 from ._torch_stream import _HOOK_ALWAYS_CALL  # noqa: F401 - the tests read it here
 
 _UINT64_MAX = (1 << 64) - 1
+_HOME = torch.device("cpu")  # where a module's tensors outside the checkpoint wait off the device
 
 
 def _store_device(device):
@@ -39,13 +40,59 @@ def _size_opt(v, what):
         raise ValueError(f"ferry.torch.Store: {what}: {e}") from None
 
 
+def _moved(t, device):
+    """t on device, as Module.to moves it: t itself where it is there already
+    or is a meta tensor (no contents to copy); a Parameter keeps its object
+    (its data and gradient replaced) where torch allows, so that references
+    to it stay valid."""
+    if t.is_meta or t.device == device:
+        return t
+    data = t.detach().to(device)
+    if not isinstance(t, torch.nn.Parameter):
+        return data
+    grad = t.grad
+    compatible = getattr(torch, "_has_compatible_shallow_copy_type", None)
+    if compatible is not None and compatible(t, data):
+        t.data = data
+        p = t
+    else:
+        p = _same_param(t, data, t.requires_grad)
+    if grad is not None:
+        p.grad = grad.to(device)
+    return p
+
+
+@torch.inference_mode(False)
+def _move_extras(extras, device):
+    """Move every tensor of extras (_module_extras' lists) to device and put
+    it back under each of its names. Out of inference mode even inside a
+    forward under it: the copies outlive that forward, and an inference
+    tensor could not take part in autograd later."""
+    for owners in extras:
+        done = {}  # id(tensor) -> its moved self (names the caller re-assigned may differ)
+        for m, attr, is_param in owners:
+            table = m._parameters if is_param else m._buffers
+            t = table.get(attr)
+            if t is None:
+                continue
+            new = done.get(id(t))
+            if new is None:
+                new = done[id(t)] = _moved(t, device)
+            if new is not t:
+                table[attr] = new
+
+
 class _Attached:
     """A module attached to a model of a Store: which tensor of the model each
-    of its parameters and buffers shows, and what it shows now."""
+    of its parameters and buffers shows, and what it shows now; and the
+    module's tensors that the checkpoint lacks, which move with the model
+    instead of being placed by the store."""
 
-    def __init__(self, module, plan):
+    def __init__(self, module, plan, extras):
         self.module = module
         self.plan = plan  # [(model index, TensorInfo, torch dtype, module entries)]
+        self.extras = extras  # _module_extras(module, plan)
+        self.extras_dev = None  # the torch device extras are on (None: as the caller left them)
         self.shown = {}   # model index -> (tier, dptr) the module's tensor is a view of
         self.hooks = []
         self.hook_pins = 0  # pins the forward hooks hold now
@@ -126,6 +173,7 @@ class Store:
         self._states = {}    # model name -> [(tier, dptr)] of every tensor, as of the last call
         self._segs = {}      # (base, size) of a device block of the store's -> {dtype: 1-D view of it}
         spec, self._tdev, self._dl = _store_device(device)
+        self._extras_dev = self._tdev  # where a model's tensors outside the checkpoint go with it
         self.device = spec
         fdev = _core.device(spec)
         opts = _core.LoadOptions(path_kind, threads, ring_buffers, ring_buffer_bytes)
@@ -302,6 +350,31 @@ class Store:
                     new = self._placeholder(info, dt)
                 _repoint(entries, new, keep=a.streamer is None)
                 a.shown[idx] = now
+            if (a.extras_dev not in (None, _HOME) and st and a.hook_pins == 0
+                    and not getattr(a.streamer, "in_step", False)
+                    and not any(tier == _lib.TIER_DEVICE or dptr for tier, dptr in st)):
+                self._extras_to(name, _HOME)  # the model left the device: they go with it
+
+    def _extras_to(self, name, device=None):
+        """Move the tensors of model name's attached module that are not in
+        its checkpoint (non-persistent buffers such as rotary tables, and
+        parameters and buffers that strict=False left out) to device: None
+        for the store's own (where the model's views are), "cpu" to send them
+        back. The store calls it as the model comes to the device (forward
+        pre-hook, use(), to_device(name); a streamed model's step start) and
+        once it has left (offload, eviction, remove, close: _refresh sees no
+        tensor of the model on the device, outside a forward). A no-op when
+        they are there already (one comparison), without a module or such
+        tensors; meta tensors stay as they are. The store does not budget
+        these bytes."""
+        dev = self._extras_dev if device is None else torch.device(device)
+        with self._lock:
+            a = self._attached.get(name)
+            if a is None or not a.extras or a.extras_dev == dev:
+                return
+            a.extras_dev = None  # (until every one has moved)
+            _move_extras(a.extras, dev)
+            a.extras_dev = dev
 
     # ---- models ----
 
@@ -315,11 +388,14 @@ class Store:
         module: an nn.Module whose parameter and persistent buffer names are
         the checkpoint's tensor names. Keys, shapes and dtypes are checked
         first (RuntimeError worded as load_state_dict's; strict=False lets
-        module tensors missing from the file stay as they are and file tensors
-        the module lacks stay in the store only). Its tensors then become meta
-        placeholders (whatever memory they had is dropped) and follow the
-        store from then on; a forward pre-hook brings the model to the device
-        and pins it while forward runs.
+        module tensors missing from the file keep their values and file
+        tensors the module lacks stay in the store only). Its tensors then
+        become meta placeholders (whatever memory they had is dropped) and
+        follow the store from then on; a forward pre-hook brings the model to
+        the device and pins it while forward runs. The module's tensors that
+        the file lacks (non-persistent buffers, and what strict=False left
+        out) move with the model instead: to the device with it, back to the
+        cpu once it has left (_extras_to).
 
         stream="auto" (or a list of block module names, or of ModuleLists
         whose children are the blocks) runs the module block by block instead,
@@ -369,7 +445,7 @@ class Store:
                 if pinned_cache:
                     core.set_pinned_cache(core.models[name], True)
                 if module is not None:
-                    a = _Attached(module, plan)
+                    a = _Attached(module, plan, _module_extras(module, plan))
                     if stream is not None:
                         a.streamer = _torch_stream.Streamer(self, name, a, stream, prefetch,
                                                             None if reserve is None else
@@ -461,6 +537,7 @@ class Store:
             finally:
                 if moving:
                     self._refresh()
+            self._extras_to(name)
             self._core.pin(m, -1)
             if hook:
                 self._attached[name].hook_pins += 1
@@ -536,6 +613,8 @@ class Store:
             finally:
                 if moving:
                     self._refresh()
+            if idx is None:
+                self._extras_to(name)
 
     def offload(self, name, tensors=None):
         """Take a model (or some of its tensors) off the device: clean tensors
@@ -663,6 +742,7 @@ class Store:
         return Job(self, name)
 
     def _detach(self, name):
+        self._extras_to(name, _HOME)
         a = self._attached.pop(name, None)
         if a is None:
             return

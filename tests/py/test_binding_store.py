@@ -25,8 +25,8 @@ FERRY_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16
 
 
 class Net(nn.Module):
-    """Linear layers, a LayerNorm and a persistent buffer (a non-persistent
-    one, which the store leaves alone)."""
+    """Linear layers, a LayerNorm and a persistent buffer (and a non-persistent
+    one, which moves with the model: test_binding_store_extras.py)."""
 
     def __init__(self, dim=32, device=None, dtype=None):
         super().__init__()
@@ -144,7 +144,7 @@ def test_attached_module_computes_like_the_reference(tmp_path, sim_free):
         for k, t in managed(m).items():
             assert t.is_meta and t.shape == ref.state_dict()[k].shape and t.dtype == torch.float32, k
         assert set(tiers(store, "net").values()) == {"source"}
-        assert m.cache.device.type == "cpu"  # not in the checkpoint: left alone
+        assert m.cache.device.type == "cpu"  # not in the checkpoint: with the model (on sim, the cpu)
         same_output(m, ref)
         # the parameters are zero-copy views of the store's device memory
         states = store.tensor_states("net")

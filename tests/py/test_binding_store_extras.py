@@ -1,0 +1,350 @@
+"""ferry.torch.Store: an attached module's tensors that its checkpoint lacks
+(non-persistent buffers such as rotary tables, and parameters and buffers
+that strict=False leaves out) follow the model: to the store's device when
+the model comes there (forward pre-hook, use(), to_device, a streamed step),
+back to the cpu when it leaves (offload, eviction, remove, close).
+
+On ferry's simulated GPU the store's torch device is the cpu, so nothing
+actually moves there: the end-to-end tests check that outputs stay right, and
+the movement itself is checked by pointing the store's device for these
+tensors (Store._extras_dev) at the meta device and recording each move, with
+the copies made on the cpu so that forward still runs."""
+import gc
+
+import pytest
+
+import ferry
+import stwriter
+
+torch = pytest.importorskip("torch")
+import ferry.torch as ft  # noqa: E402
+from ferry import _torch_store  # noqa: E402
+from ferry._torch_match import _module_extras  # noqa: E402
+
+nn = torch.nn
+SIM = "sim:1GiB"
+META = torch.device("meta")
+CPU = torch.device("cpu")
+STREAMED = 0.75  # of the checkpoint's bytes: a budget that streams the blocks (each step moves them all)
+
+
+class Rotary(nn.Module):
+    """Rotary position tables, computed at construction and not saved
+    (persistent=False), as diffusers' rotary embeddings keep them."""
+
+    def __init__(self, dim, positions=16):
+        super().__init__()
+        inv = 1.0 / (100.0 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+        ang = torch.outer(torch.arange(positions, dtype=torch.float32), inv)
+        self.register_buffer("cos", ang.cos(), persistent=False)
+        self.register_buffer("sin", ang.sin(), persistent=False)
+
+    def forward(self, h):
+        a, b = h[..., 0::2], h[..., 1::2]
+        return torch.cat([a * self.cos - b * self.sin, a * self.sin + b * self.cos], dim=-1)
+
+
+class Block(nn.Module):
+    def __init__(self, dim, device=None):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim, device=device)
+        self.fc = nn.Linear(dim, dim, device=device)
+
+    def forward(self, h):
+        return h + torch.tanh(self.fc(self.norm(h)))
+
+
+class Net(nn.Module):
+    """Checkpoint tensors (inp, blocks, out) and four that the checkpoint
+    lacks: the rotary tables (also under a second name, cos_alias), a
+    parameter gate and a persistent buffer shift. device= places the
+    parameters only (buffers stay real, as accelerate's init_empty_weights
+    leaves them)."""
+
+    CHECKPOINT_LACKS = ("gate", "shift")
+
+    def __init__(self, dim=16, depth=4, device=None):
+        super().__init__()
+        self.inp = nn.Linear(8, dim, device=device)
+        self.rope = Rotary(dim)
+        self.blocks = nn.ModuleList([Block(dim, device) for _ in range(depth)])
+        self.out = nn.Linear(dim, 8, device=device)
+        self.gate = nn.Parameter(torch.linspace(0.5, 1.5, dim))
+        self.register_buffer("shift", torch.linspace(-0.1, 0.1, dim))
+        self.register_buffer("cos_alias", self.rope.cos, persistent=False)
+        self.seen = None
+
+    def forward(self, x):
+        self.seen = {"rope.cos": self.rope.cos, "rope.sin": self.rope.sin, "gate": self.gate,
+                     "shift": self.shift, "cos_alias": self.cos_alias}
+        h = self.rope(self.inp(x)) * self.gate + self.shift + self.cos_alias[0, 0]
+        for b in self.blocks:
+            h = b(h)
+        return self.out(h)
+
+
+EXTRAS = ("rope.cos", "rope.sin", "gate", "shift")  # cos_alias is rope.cos
+
+
+def get(m, key):
+    for part in key.split("."):
+        m = getattr(m, part)
+    return m
+
+
+def reference(seed=0):
+    torch.manual_seed(seed)
+    ref = Net()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.normal_(0, 0.3)
+        ref.gate.uniform_(0.5, 1.5)
+        ref.shift.uniform_(-0.2, 0.2)
+    return ref
+
+
+def tensor_bytes(t):
+    return bytes(t.detach().contiguous().reshape(-1).view(torch.uint8).tolist())
+
+
+def ref_and_file(tmp_path, seed=0, name="net"):
+    """A reference Net and a checkpoint of everything of it but gate and shift."""
+    ref = reference(seed)
+    path = tmp_path / f"{name}.safetensors"
+    stwriter.write(str(path), [(k, "F32", list(v.shape), tensor_bytes(v)) for k, v in ref.state_dict().items()
+                               if k not in Net.CHECKPOINT_LACKS])
+    return ref, path
+
+
+def fresh_like(ref):
+    """A Net built on meta, given ref's values of the tensors the checkpoint lacks."""
+    m = Net(device="meta")
+    with torch.no_grad():
+        m.gate.copy_(ref.gate)
+        m.shift.copy_(ref.shift)
+    return m
+
+
+def checkpoint_bytes(ref):
+    return sum(v.numel() * v.element_size() for k, v in ref.state_dict().items() if k not in Net.CHECKPOINT_LACKS)
+
+
+def x_for(seed=1):
+    return torch.randn(16, 8, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture
+def sim_free():
+    yield
+    gc.collect()
+    free, total = ferry.device(SIM).mem_info()
+    assert free == total, f"{total - free} bytes of the sim device still held"
+
+
+class MoveLog(list):
+    pass
+
+
+@pytest.fixture
+def moves(monkeypatch):
+    """Each move of a tensor outside the checkpoint as (name, device type),
+    the name being the key in EXTRAS whose tensor it was. The move itself
+    makes a cpu copy (a Parameter stays a Parameter) tagged with the device
+    it stands for, so that the module's identity changes are visible and its
+    forward still runs."""
+    log = MoveLog()
+    names = {}  # id(tensor) -> name, kept current as copies replace tensors
+
+    def fake(t, device):
+        if t.device == CPU and getattr(t, "_where", "cpu") == device.type:
+            return t
+        if isinstance(t, nn.Parameter):
+            new = nn.Parameter(t.detach().clone(), requires_grad=t.requires_grad)
+        else:
+            new = t.detach().clone()
+        new._where = device.type
+        log.append((names.get(id(t), "?"), device.type))
+        names[id(new)] = names.get(id(t), "?")
+        return new
+
+    def watch(m):
+        for k in EXTRAS:
+            names[id(get(m, k))] = k
+
+    monkeypatch.setattr(_torch_store, "_moved", fake)
+    log.watch = watch
+    return log
+
+
+def where(t):
+    return getattr(t, "_where", "cpu")
+
+
+def took(log, device_type):
+    """The names the log moved to device_type since it was last cleared."""
+    got = [n for n, d in log if d == device_type]
+    assert len(got) == len(set(got)), f"a tensor moved twice: {got}"
+    assert all(d == device_type for _, d in log), log
+    return sorted(got)
+
+
+def test_extras_follow_the_module_on_sim(tmp_path, sim_free):
+    """End to end on sim (device = cpu): the module with non-persistent
+    buffers and tensors strict=False left out computes what the resident
+    module computes, across offloads and a removal; the extras keep their
+    values and objects (a move to the device they are on is none)."""
+    ref, path = ref_and_file(tmp_path)
+    m = fresh_like(ref)
+    cos, gate = m.rope.cos, m.gate
+    with torch.no_grad():
+        want = ref(x_for())
+    with ft.Store(SIM) as store:
+        with pytest.raises(RuntimeError, match="Missing key"):
+            store.add("net", path, module=Net(device="meta"))
+        store.add("net", path, module=m, strict=False)
+        for _ in range(2):
+            with torch.no_grad():
+                assert torch.equal(m(x_for()), want)
+            store.offload("net")
+        assert m.rope.cos is cos and m.cos_alias is cos and m.gate is gate
+        assert isinstance(m.gate, nn.Parameter) and m.gate.requires_grad
+        store.remove("net")
+    for k in EXTRAS:
+        assert get(m, k).device == CPU and torch.equal(get(m, k), get(ref, k)), k
+
+
+@pytest.mark.parametrize("stream", [None, "auto"])
+def test_extras_outputs_on_sim_streamed_or_not(tmp_path, sim_free, stream):
+    ref, path = ref_and_file(tmp_path)
+    m = fresh_like(ref)
+    with torch.no_grad():
+        want = [ref(x_for(s)) for s in range(3)]
+    budget = checkpoint_bytes(ref) if stream is None else int(checkpoint_bytes(ref) * STREAMED)
+    with ft.Store(SIM, device_budget=budget) as store:
+        store.add("net", path, module=m, strict=False, stream=stream)
+        with torch.no_grad():
+            got = [m(x_for(s)) for s in range(3)]
+        if stream is not None:
+            assert store.stream_stats("net")["streamed_blocks"] > 0
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+def test_moved_keeps_parameters_and_skips_meta():
+    """_moved as Module.to moves a tensor: a buffer becomes a new tensor on the
+    device; a Parameter stays a Parameter with its requires_grad and its
+    gradient moved; a tensor already there, or a meta one (nothing to copy),
+    is returned as it is."""
+    buf = torch.arange(4.0)
+    assert _torch_store._moved(buf, CPU) is buf
+    moved = _torch_store._moved(buf, META)
+    assert moved.is_meta and moved.shape == buf.shape and not isinstance(moved, nn.Parameter)
+    assert _torch_store._moved(moved, CPU) is moved  # (meta: no contents to bring back)
+    p = nn.Parameter(torch.ones(3))
+    p.grad = torch.full((3,), 2.0)
+    q = _torch_store._moved(p, META)
+    assert isinstance(q, nn.Parameter) and q.requires_grad and q.is_meta
+    assert q.grad is not None and q.grad.is_meta
+    frozen = nn.Parameter(torch.ones(2), requires_grad=False)
+    assert not _torch_store._moved(frozen, META).requires_grad
+
+
+def test_moves_inside_inference_mode_make_normal_tensors():
+    """A move made by a forward pre-hook under inference_mode: the moved
+    tensors outlive that forward, so they are normal tensors, usable in
+    autograd afterwards."""
+    m = Net()
+    extras = _module_extras(m, [])
+    with torch.inference_mode():
+        _torch_store._move_extras(extras, META)
+    for k in EXTRAS:
+        t = get(m, k)
+        assert t.is_meta and not t.is_inference(), k
+    assert isinstance(m.gate, nn.Parameter) and m.gate.requires_grad
+    assert m.cos_alias is m.rope.cos
+
+
+def test_extras_moves_with_the_model(tmp_path, sim_free, moves):
+    """Where the store moves the extras, recorded: to the device at the first
+    forward (each tensor once, tied names together, seen by forward), not
+    again while it stays; back at offload; not for a partial to_device; to
+    the device at to_device(name) and use(); back when another model evicts
+    it all, and at remove."""
+    ref, path = ref_and_file(tmp_path)
+    _, other = ref_and_file(tmp_path, seed=5, name="other")
+    m = fresh_like(ref)
+    moves.watch(m)
+    with torch.no_grad():
+        want = ref(x_for())
+    with ft.Store(SIM, device_budget=checkpoint_bytes(ref)) as store:
+        store._extras_dev = META
+        store.add("net", path, module=m, strict=False)
+        store.add("other", other)
+        assert moves == [] and all(where(get(m, k)) == "cpu" for k in EXTRAS)
+        with torch.no_grad():
+            assert torch.equal(m(x_for()), want)
+        assert took(moves, "meta") == sorted(EXTRAS)
+        assert all(where(m.seen[k]) == "meta" for k in EXTRAS)
+        assert m.seen["cos_alias"] is m.seen["rope.cos"] and m.cos_alias is m.rope.cos
+        assert isinstance(m.gate, nn.Parameter) and m.gate.requires_grad
+        moves.clear()
+        with torch.no_grad():
+            assert torch.equal(m(x_for()), want)
+        assert moves == []  # still there
+
+        store.offload("net")
+        assert took(moves, "cpu") == sorted(EXTRAS)
+        assert all(where(get(m, k)) == "cpu" for k in EXTRAS)
+        for k in EXTRAS:
+            assert torch.equal(get(m, k), get(ref, k)), k
+        moves.clear()
+
+        store.to_device("net", ["inp.weight"])
+        assert moves == []  # part of the model: its forward brings the rest
+        store.to_device("net")
+        assert took(moves, "meta") == sorted(EXTRAS)
+        moves.clear()
+
+        store.to_device("other")  # the budget holds one model: net is evicted whole
+        assert all(s.tier != "device" for s in store.tensor_states("net").values())
+        assert took(moves, "cpu") == sorted(EXTRAS)
+        moves.clear()
+
+        with store.use("net"):
+            assert took(moves, "meta") == sorted(EXTRAS)
+            assert torch.equal(m(x_for()), want)
+        moves.clear()
+        store.remove("net")
+        assert took(moves, "cpu") == sorted(EXTRAS)
+        assert m.cos_alias is m.rope.cos
+    for k in EXTRAS:
+        assert torch.equal(get(m, k), get(ref, k)), k
+
+
+def test_extras_of_a_streamed_model_move_at_step_start(tmp_path, sim_free, moves):
+    """stream="auto": the streamer's step start brings the extras to the
+    device (Store._extras_to(name)); they stay across steps and go back when
+    the model is offloaded or the store closes."""
+    ref, path = ref_and_file(tmp_path)
+    m = fresh_like(ref)
+    moves.watch(m)
+    with torch.no_grad():
+        want = [ref(x_for(s)) for s in range(3)]
+    with ft.Store(SIM, device_budget=int(checkpoint_bytes(ref) * STREAMED)) as store:
+        store._extras_dev = META
+        store.add("net", path, module=m, strict=False, stream="auto")
+        for s in range(3):
+            with torch.no_grad():
+                assert torch.equal(m(x_for(s)), want[s])
+            assert all(where(m.seen[k]) == "meta" for k in EXTRAS), s
+        assert store.stream_stats("net")["streamed_blocks"] > 0
+        assert took(moves, "meta") == sorted(EXTRAS)
+        moves.clear()
+        store.offload("net")
+        assert took(moves, "cpu") == sorted(EXTRAS)
+        moves.clear()
+        with torch.no_grad():
+            assert torch.equal(m(x_for(0)), want[0])
+        assert took(moves, "meta") == sorted(EXTRAS)
+        moves.clear()
+    assert took(moves, "cpu") == sorted(EXTRAS)  # closed: detached, sent back
