@@ -235,9 +235,7 @@ class Streamer:
             self.in_step = True
             if self.fixed:
                 self.store._refresh([self.name], self.fixed)
-            extras = getattr(self.store, "_extras_to", None)
-            if extras is not None:
-                extras(self.name, self.store._tdev)
+            self.store._extras_to(self.name)  # the module's tensors outside the checkpoint follow it
 
     def step_end(self):
         with self.store._lock:

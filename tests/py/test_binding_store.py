@@ -632,8 +632,11 @@ def test_store_struct_layouts():
     assert ctypes.sizeof(_lib.JobStats) == 208
     assert ctypes.sizeof(_lib.TensorState) == 64
     assert ctypes.sizeof(_lib.PlanOpts) == 64
-    assert ctypes.sizeof(_lib.Plan) == 72
-    for cls in (_lib.StoreOpts, _lib.StoreStats, _lib.JobStats, _lib.TensorState, _lib.PlanOpts, _lib.Plan):
+    assert ctypes.sizeof(_lib.Plan) == 88
+    assert ctypes.sizeof(_lib.StreamerOpts) == 56
+    assert ctypes.sizeof(_lib.StreamerStats) == 176
+    for cls in (_lib.StoreOpts, _lib.StoreStats, _lib.JobStats, _lib.TensorState, _lib.PlanOpts, _lib.Plan,
+                _lib.StreamerOpts, _lib.StreamerStats):
         assert ctypes.sizeof(cls) == _lib.lib.ferry_abi_sizeof(cls._ferry_name_.encode()), cls
 
 
