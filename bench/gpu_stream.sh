@@ -45,7 +45,7 @@ echo "== $(date -u +%FT%TZ) bench/gpu_stream.sh $PART, tree $(git rev-parse --sh
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
 echo "cpus $(nproc); $(grep -E '^(MemTotal|MemAvailable)' /proc/meminfo | tr -s ' ' | paste -sd ';')"
 mkdir -p "$DISK" "$SHM"
-df -hT / "$DISK" "$SHM" /tmp | sort -u
+df -hT / "$DISK" "$SHM" /tmp | awk '!seen[$0]++'
 
 echo "== libferry ($((SECONDS - T0)) s)"
 if [ -f .deps/jansson/CMakeLists.txt ]; then
@@ -59,12 +59,17 @@ if [ -f .deps/jansson/CMakeLists.txt ]; then
   NETTLE=()
   [ -f /usr/include/nettle/sha2.h ] || NETTLE=(-DNETTLE_INCLUDE_DIR=/nonexistent
                                                -DNETTLE_STATIC_LIBRARY=/nonexistent/libnettle.a)
+  GEN=Ninja
+  command -v ninja >/dev/null || GEN="Unix Makefiles"
   rm -f build-gpu/CMakeCache.txt  # a cache carried from another tree would refuse this source dir
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_BUILD_TESTS=OFF \
-    -DFERRY_BUILD_BENCH=OFF -DFERRY_WERROR=OFF -DXXHASH_INCLUDE_DIR="$XX" "${NETTLE[@]}" >"$OUT/cmake$SUF.log" 2>&1 &&
+  # CMAKE_POLICY_VERSION_MINIMUM: the image's CMake 4 refuses jansson's cmake_minimum_required(3.1)
+  # without it (CMake 3 ignores it)
+  cmake -S . -B build-gpu -G "$GEN" -DCMAKE_BUILD_TYPE=Release -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+    -DFERRY_BUILD_TESTS=OFF -DFERRY_BUILD_BENCH=OFF -DFERRY_WERROR=OFF -DXXHASH_INCLUDE_DIR="$XX" "${NETTLE[@]}" \
+    >"$OUT/cmake$SUF.log" 2>&1 &&
     cmake --build build-gpu -j16 --target ferry_shared >>"$OUT/cmake$SUF.log" 2>&1 ||
     { tail -30 "$OUT/cmake$SUF.log"; echo "the build failed"; exit 1; }
-  echo "built build-gpu/libferry.so ($((SECONDS - T0)) s)"
+  echo "built build-gpu/libferry.so with $(cmake --version | head -1), $GEN ($((SECONDS - T0)) s)"
 elif [ -e build-gpu/libferry.so ]; then
   echo "no .deps/jansson: using the carried build-gpu/libferry.so"
 else
@@ -90,8 +95,8 @@ PYTHONUNBUFFERED=1 python3 bench/stream.py --model wan --ferry-lib build-gpu/lib
   --budget-seconds $((LEFT - 70)) --deadline-seconds $((LEFT - 15)) --out "$OUT/stream-wan$SUF.json" ${STREAM_ARGS:-}
 RC=$?
 echo "== done: stream.py rc $RC, $((SECONDS - T0)) s"
-grep -E '^(MemAvailable|Cached|Shmem)' /proc/meminfo | tr -s ' ' | paste -sd ';'
-df -h "$DISK" "$SHM" | sort -u
+grep -E '^(MemAvailable|Cached|Shmem):' /proc/meminfo | tr -s ' ' | paste -sd ';'
+df -h "$DISK" "$SHM" | awk '!seen[$0]++'
 return $RC
 }
 

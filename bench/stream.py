@@ -161,7 +161,9 @@ block_level every block each step, and the tensors outside the blocks twice
 per step in diffusers 0.42.1, as counted on the CPU; cpu_offload: the bytes of
 every CPU value accelerate's hooks give set_module_tensor_to_device for the
 execution device, i.e. every weight each step; comfy_aimdo: the bytes the glue
-copies); the physical bound
+copies); ferry's bytes read from the checkpoint per step (the delta of
+stats()["bytes_read"]: the ring mode re-reads every streamed block each step,
+the pinned mode nothing after the first); the physical bound
 max(resident steady step, bytes per step / pinned host->device rate measured in
 the same run, 1 GiB, torch, the best of its start and end) and the ratio to
 it, and "x own bound": the same with the rate each process measures right after
@@ -183,10 +185,11 @@ disk's write rate least of all) - and records it. The Wan run above, on an
 H100: probes 30 s, make 48 s, copy to disk 57 s at 0.5 GB/s, resident 24 s,
 group offloading 55 s, each ferry pinned child 28-32 s and ring child 25-29 s:
 443 s (a child's start, imports and model build, ~18 s, is most of each; a
-resident step at 14040 tokens ~1.3 s). A child starts only while --budget-seconds are not used up, and
-none (nor a copy) runs past --deadline-seconds (default budget + 60 s); the
-JSON and the .md table are rewritten after every child. Where it does not fit
-one call, split it by budget (the files stay while the machine is warm):
+resident step at 14040 tokens ~1.3 s). A child starts only while
+--budget-seconds are not used up, and none (nor a copy) runs past
+--deadline-seconds (default budget + 60 s); the JSON and the .md table are
+rewritten after every child. Where it does not fit one call, split it by
+budget (the files stay while the machine is warm):
     ... --skip ferry:25 --out $OUT/stream-wan-a.json    (group offloading, ferry 50 %)
     ... --only ferry:25 --out $OUT/stream-wan-b.json    (ferry 25 %)
 (bench/gpu_stream.sh OUT a|b).
@@ -1179,9 +1182,11 @@ def _child_run(spec, rep):
             hs0 = fr.htod_seconds() if fr else None
             if fr:
                 run["device_allocs"] = []
+                run["read_bytes"] = []  # read from the checkpoint per step (the ring mode: every streamed block)
                 run["fence_waits"], run["fence_orders"] = [], []
                 st0 = fr.stats()
                 da0 = st0.get("device_allocs")  # None before the library counted them
+                rd0 = st0.get("bytes_read")
                 fw0, fo0 = st0.get("fence_waits"), st0.get("fence_orders")
             if cuda:
                 torch.cuda.reset_peak_memory_stats(dev)
@@ -1210,6 +1215,9 @@ def _child_run(spec, rep):
                     fw, fo = st1.get("fence_waits"), st1.get("fence_orders")
                     run["fence_waits"].append(None if fw is None or fw0 is None else fw - fw0)
                     run["fence_orders"].append(None if fo is None or fo0 is None else fo - fo0)
+                    rd = st1.get("bytes_read")
+                    run["read_bytes"].append(None if rd is None or rd0 is None else rd - rd0)
+                    rd0 = rd
                     fw0, fo0 = fw, fo
                     da0 = da
                 meter.sample()
@@ -1235,6 +1243,9 @@ def _child_run(spec, rep):
             run["steady_seconds"] = statistics.mean(rest) if rest else None
             hb = [b for b in run["htod_bytes"][1:] if b is not None]
             run["htod_bytes_steady"] = statistics.mean(hb) if hb else None
+            rb = [b for b in run.get("read_bytes", [])[1:] if b is not None]
+            if rb:
+                run["read_bytes_steady"] = statistics.mean(rb)
             rep["runs"].append(run)
             del inp, x, out
     if "ferry" in extras:
@@ -1376,7 +1387,8 @@ def step_flops(kind, cfg, info, tokens, text_tokens):
 
 # What the time estimate assumes (GPU-machine rates; none is measured by the estimate itself).
 EST = {
-    "child_start_s": 18.0,      # interpreter, torch + diffusers imports, CUDA context, model on meta (FLUX runs: 17-20 s)
+    "child_start_s": 18.0,      # interpreter, torch + diffusers imports, CUDA context, model on meta
+                                # (FLUX runs: 17-20 s)
     "probe_s": 15.0,            # the probe child: imports and the 1 GiB pinned copy
     "make_gbps": 0.75,          # random weights on the GPU + the writer, to tmpfs (FLUX: 23.8 GB in 32 s)
     "copy_disk_gbps": 0.5,      # cp to a disk + fsync: a guess, not a reading
@@ -1541,7 +1553,8 @@ class Bench:
             self.out["limits"].append(dict(rep["limit"], when="start"))
         W = rep.get("why_not", {})
         self.log(f"packages: {rep.get('packages')}; ferry stream API: add(stream=) {rep.get('ferry_add_stream')}, "
-                 f"add(pinned_cache=) {rep.get('ferry_add_pinned_cache')}, stream_stats {rep.get('ferry_stream_stats')}")
+                 f"add(pinned_cache=) {rep.get('ferry_add_pinned_cache')}, "
+                 f"stream_stats {rep.get('ferry_stream_stats')}")
         for k, v in W.items():
             self.log(f"  {k}: {v}")
         if "model" in W:
@@ -1674,7 +1687,8 @@ class Bench:
         elif lc["fs"] in ("tmpfs", "ramfs"):
             avail = meminfo().get("MemAvailable") or 0
             if avail < nbytes + 8e9:
-                why = f"{lc['dir']} is {lc['fs']}: {avail / GB:.1f} GB of RAM available, {(nbytes + 8e9) / GB:.1f} needed"
+                why = (f"{lc['dir']} is {lc['fs']}: {avail / GB:.1f} GB of RAM available, "
+                       f"{(nbytes + 8e9) / GB:.1f} needed")
         if why:
             lc.update(state="unavailable", why=why)
             self.log(f"location {lc['name']}: {why}")
@@ -1948,10 +1962,12 @@ class Bench:
                 runs = [run for r in ok for run in r["runs"] if run["image_tokens"] == ntok]
                 steady = [x["steady_seconds"] for x in runs if x.get("steady_seconds") is not None]
                 hb = [x["htod_bytes_steady"] for x in runs if x.get("htod_bytes_steady") is not None]
+                rb = [x["read_bytes_steady"] for x in runs if x.get("read_bytes_steady") is not None]
                 row = dict(base, status="ok", image_tokens=ntok, latent_shape=runs[0].get("latent_shape"),
                            first_seconds=statistics.median(x["first_seconds"] for x in runs),
                            steady_seconds=statistics.median(steady) if steady else None,
                            htod_bytes_per_step=statistics.median(hb) if hb else None,
+                           read_bytes_per_step=statistics.median(rb) if rb else None,
                            peak_rss_bytes=max((r.get("peak_rss_bytes") or 0) for r in ok) or None,
                            uss_peak_bytes=max((r.get("uss_peak_bytes") or 0) for r in ok) or None,
                            device_used_peak_delta_bytes=max(max(x.get("device_used_peak_delta_bytes") or 0
@@ -2029,6 +2045,10 @@ class Bench:
                 notes.append(f"{fs['resident_blocks']} resident / {fs['streamed_blocks']} streamed blocks")
             if fs.get("error"):
                 notes.append("stream_stats: " + str(fs["error"])[:80])
+            if row.get("read_bytes_per_step") is not None:
+                rb = row["read_bytes_per_step"]
+                notes.append(f"read {rb / GB:.2f} GB/step from the file" if rb >= 1e8 or rb == 0 else
+                             f"read {rb / 1e6:.3f} MB/step from the file")
             if row.get("buffer_fix_applied"):
                 notes.append("buffers moved by hand")
             if row.get("page_cache_before") is not None:
@@ -2064,13 +2084,13 @@ class Bench:
         if self.out["meta"].get("nvidia_smi"):
             print(f"GPU: {self.out['meta']['nvidia_smi']}", flush=True)
         if len(self.locs) > 1:
-            print("files: " + "; ".join(f"{lc['name']} = {lc.get('path')} ({lc.get('fs')}"
-                                        + (f", {lc['state']}: {lc.get('why')}" if lc.get("state") == "unavailable" else "")
-                                        + ")" for lc in self.locs), flush=True)
+            def one(lc):
+                why = f", unavailable: {lc.get('why')}" if lc.get("state") == "unavailable" else ""
+                return f"{lc['name']} = {lc.get('path')} ({lc.get('fs')}{why})"
+            print("files: " + "; ".join(one(lc) for lc in self.locs), flush=True)
         if self.a.model == "wan":
-            print(f"non-checkpoint buffers moved by ferry's hand fix: "
-                  f"{'off (--no-buffer-fix)' if self.a.no_buffer_fix else 'on where Store.add left them off the device'}",
-                  flush=True)
+            how = "off (--no-buffer-fix)" if self.a.no_buffer_fix else "on where Store.add left them off the device"
+            print(f"the hand fix for the non-checkpoint buffers in ferry runs: {how}", flush=True)
         print(flush=True)
         print(self.table(), flush=True)
         if self.a.out:
