@@ -155,8 +155,7 @@ def main():
             assert st["bytes_per_step"][0] >= total - 1, st["bytes_per_step"]
             if frac < 1:
                 assert st["streamed_blocks"] > 0
-                ch = st.get("prefetch_choice")  # (a choice that changed the plan: the step after it)
-                later = st["bytes_per_step"][3 if ch and ch["prefetch"] != ch["was"] else 2:]
+                later = st["bytes_per_step"][2:]
                 assert all(b == st["planned_streamed_bytes"] for b in later), st
             else:
                 assert st["streamed_blocks"] == 0 and all(b == 0 for b in st["bytes_per_step"][1:]), st
