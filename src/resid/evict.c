@@ -219,7 +219,7 @@ out:
 }
 
 /* Room on the device: the budget's room, and the device's real free memory. */
-static uint64_t room_now(ferry_store *s)
+uint64_t rs_room_now(ferry_store *s)
 {
     uint64_t room = s->o.device_budget > s->device_used ? s->o.device_budget - s->device_used : 0;
     uint64_t fr = 0, tot = 0;
@@ -271,10 +271,13 @@ int64_t rs_hold_at_most(ferry_store *s, uint64_t held_max)
     int64_t got = 0;
     rs_cache_release(s, UINT64_MAX);
     while (s->device_used && s->device_used + s->cached > held_max) {
-        /* ask for the budget's room plus the excess: the policy evicts at
+        /* ask for the room there is plus the excess: the policy evicts at
          * least the excess more (whole groups), freeing pieces that merge
-         * into whole free segments, given back at once */
-        uint64_t room = s->o.device_budget > s->device_used ? s->o.device_budget - s->device_used : 0;
+         * into whole free segments, given back at once. (The room is the
+         * smaller of the budget's and the device's: with a budget past what
+         * the device has, the budget's room asked for more than could ever
+         * be freed, and nothing went.) */
+        uint64_t room = rs_room_now(s);
         uint64_t excess = s->device_used + s->cached - held_max;
         int64_t more = rs_make_room_locked(s, room + (excess < s->device_used ? excess : s->device_used), NULL, NULL, NULL);
         if (more <= 0) break; /* nothing more can go: the rest stays */
@@ -295,7 +298,7 @@ int rs_fit_budget(ferry_store *s)
 static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, bool spare,
                               uint64_t *could)
 {
-    uint64_t room = room_now(s);
+    uint64_t room = rs_room_now(s);
     uint64_t need = bytes == UINT64_MAX ? UINT64_MAX : (bytes > room ? bytes - room : 0);
     if (could) *could = 0;
     if (need == 0) return 0;

@@ -422,8 +422,7 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
              * memory went to others): evict more, so that whole segments
              * come free and go back to the driver, until it gives one or
              * nothing more can go (then the move fails, nothing lost) */
-            uint64_t room = s->o.device_budget > s->device_used ? s->o.device_budget - s->device_used : 0;
-            int64_t more = rs_make_room_ex(s, room + rs_dev_size(t->nbytes), m, sel, NULL, false);
+            int64_t more = rs_make_room_ex(s, rs_room_now(s) + rs_dev_size(t->nbytes), m, sel, NULL, false);
             if (more <= 0) break;
             rc = rs_dev_alloc(s, t, true);
         }

@@ -299,6 +299,9 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n);
 /* Free bytes on the device, evicting by policy, protecting prot[] of pm.
  * Bytes freed, or FERRY_E_BUDGET with *could = what could be made. */
 int64_t rs_make_room_locked(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, uint64_t *could);
+/* Room on the device now: the budget's, or the device's real free memory
+ * plus the store's free pieces, whichever is less. */
+uint64_t rs_room_now(ferry_store *s);
 /* Evict by policy and give whole free segments back until the store holds at
  * most held_max bytes of device memory (tensors + free pieces), or nothing
  * more can go. The tensor bytes evicted (>= 0). */

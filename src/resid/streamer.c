@@ -130,20 +130,21 @@ static void refresh_plan(ferry_streamer *st)
 
 static int fail_minimum(ferry_streamer *st, int64_t k, int rc)
 {
-    char q[256], what[96], msg[FY_ERRMSG_MAX];
+    char what[96], msg[FY_ERRMSG_MAX];
     if (k < 0) snprintf(what, sizeof what, "the tensors outside the blocks (%" PRIu64 " bytes)", st->plan.fixed_bytes);
     else snprintf(what, sizeof what, "block %" PRId64 " (%" PRIu64 " bytes)", k, st->bytes[k]);
     fy_err_copy(&st->m->err, msg, sizeof msg);
     ferry_store_stats ss = {.size = sizeof ss};
     (void)ferry_store_get_stats(st->s, &ss);
+    uint64_t fr = 0, tot = 0;
+    (void)ferry_device_mem_info(st->s->dev, &fr, &tot);
     return rs_merr(st->m, rc,
-                   "streaming model %s: no room for %s with nothing left to give"
-                   " back: the minimum is %" PRIu64 " device bytes (%" PRIu64 " outside the blocks + the largest"
-                   " block, %" PRIu64 ", + the reserve, %" PRIu64 "), the budget %" PRIu64 ", the store holds %" PRIu64
-                   " on the device (%s)",
-                   RS_Q(q, st->m->name), what, st->plan.fixed_bytes + st->largest + st->reserve,
-                   st->plan.fixed_bytes, st->largest, st->reserve, asked_budget(st),
-                   ss.tier_bytes[FERRY_TIER_DEVICE], msg);
+                   "streaming: no room for %s with nothing left to give back: the minimum is %" PRIu64
+                   " device bytes (%" PRIu64 " outside the blocks + the largest block, %" PRIu64 ", + the reserve, %" PRIu64
+                   "), the budget %" PRIu64 ", the store holds %" PRIu64 " on the device, which has %" PRIu64
+                   " free of %" PRIu64 " (%s)",
+                   what, st->plan.fixed_bytes + st->largest + st->reserve, st->plan.fixed_bytes, st->largest, st->reserve,
+                   asked_budget(st), ss.tier_bytes[FERRY_TIER_DEVICE], fr, tot, msg);
 }
 
 /* Land a queued move of block k and drop its hold after what is queued on
@@ -546,11 +547,10 @@ FERRY_API int ferry_streamer_set_budget(ferry_streamer *st, uint64_t budget, uin
     uint64_t eff = b ? b : asked_budget(st);
     uint64_t min = st->plan.fixed_bytes + st->largest + reserve;
     if (eff < min) {
-        char q[256];
         return rs_merr(st->m, FERRY_E_BUDGET,
-                       "streaming model %s: a budget of %" PRIu64 " device bytes is below the minimum, %" PRIu64
+                       "streaming: a budget of %" PRIu64 " device bytes is below the minimum, at least %" PRIu64
                        " (%" PRIu64 " outside the blocks + the largest block, %" PRIu64 ", + the reserve, %" PRIu64 ")",
-                       RS_Q(q, st->m->name), eff, min, st->plan.fixed_bytes, st->largest, reserve);
+                       eff, min, st->plan.fixed_bytes, st->largest, reserve);
     }
     st->budget_asked = b;
     st->reserve = reserve;
@@ -594,6 +594,6 @@ FERRY_API int ferry_streamer_get_stats(ferry_streamer *st, ferry_streamer_stats 
     r.resident_bytes = st->plan.resident_bytes;
     r.window_bytes = st->plan.window_bytes;
     r.streamed_bytes = st->plan.streamed_bytes;
-    r.pinned_copies = st->pinned;
+    r.pinned_copies = st->pinned && st->plan.streamed_blocks > 0;
     return fy_struct_out(out, &r, sizeof r);
 }
