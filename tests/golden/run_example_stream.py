@@ -6,8 +6,9 @@ asserted from its --json report and exit codes:
   1 a budget that holds the whole model: every block resident, nothing
     moves after the first pass; the report gives the minimum budget
   2 a budget of 40 % of the model: some blocks stream, the first pass moves
-    the whole model, each later pass the plan's streamed bytes, every block
-    read back in the first and the last pass matches the checkpoint
+    the whole model, each later pass the plan's streamed bytes (the second
+    may move less), every block read back in the first and the last pass
+    matches the checkpoint
   3 the exact minimum (the tensors outside the blocks + the largest block):
     it runs, one block at a time (no prefetch)
   4 one byte below the minimum: exit 1, the engine's message naming the
@@ -96,10 +97,13 @@ def main():
                    f"plan: blocks stream at budget {budget}: {plan}")
             expect(p, plan["resident_bytes"] + plan["window_bytes"] <= budget,
                    f"resident + window within the budget: {plan}")
-            expect(p, rep["per_pass"][0]["bytes_htod"] == total, f"the first pass moves the model: {rep['per_pass'][0]}")
+            expect(p, rep["per_pass"][0]["bytes_htod"] == total,
+                   f"the first pass moves the model: {rep['per_pass'][0]}")
+            # (the second pass may find a streamed block the first left on the device)
             if plan["shrinks"] == 0:
                 for k, s in enumerate(rep["per_pass"][1:], 2):
-                    expect(p, s["bytes_htod"] == plan["streamed_bytes"],
+                    want = plan["streamed_bytes"]
+                    expect(p, s["bytes_htod"] == want or k == 2 and s["bytes_htod"] < want,
                            f"pass {k} moves {s['bytes_htod']}, the plan's streamed bytes are {plan['streamed_bytes']}")
         checks.case("2 at 40 % of the model some blocks stream, each pass moves them, the bytes check", p)
 
@@ -141,7 +145,8 @@ def main():
             rc, _, out, err = run(*bad)
             expect(p, rc == 2 and bad[0] in err and not out, f"{bad}: exit {rc} (want 2): {err!r}")
         r = subprocess.run([stream, os.path.join(work, "none.safetensors")], capture_output=True, text=True, timeout=60)
-        expect(p, r.returncode == 1 and "none.safetensors" in r.stderr, f"missing file: exit {r.returncode} {r.stderr!r}")
+        expect(p, r.returncode == 1 and "none.safetensors" in r.stderr,
+               f"missing file: exit {r.returncode} {r.stderr!r}")
         r = subprocess.run([stream, "--help"], capture_output=True, text=True, timeout=60)
         expect(p, r.returncode == 0 and r.stdout.startswith("usage: stream CHECKPOINT"), f"--help: {r.returncode}")
         checks.case("6 the text report; bad command lines exit 2, a missing checkpoint 1", p)
