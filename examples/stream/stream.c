@@ -27,6 +27,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +63,18 @@ typedef struct pass_result {
     uint64_t htod, read;  /* bytes moved to the device, and of them read from the checkpoint */
 } pass_result;
 
+/* Print "stream: " and the message on stderr; returns ret (for `return fail(2, ...)`). */
+__attribute__((format(printf, 2, 3))) static int fail(int ret, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("stream: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return ret;
+}
+
 static void usage(FILE *out)
 {
     fprintf(out,
@@ -88,57 +101,40 @@ static int parse_args(int argc, char **argv, options *o, int *help)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         char *end = NULL;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            *help = 1;
-            return 0;
-        } else if (strcmp(a, "--json") == 0) {
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return *help = 1, 0;
+        if (strcmp(a, "--json") == 0) {
             o->json = 1;
             continue;
-        } else if (a[0] != '-') {
-            if (o->checkpoint) {
-                fprintf(stderr, "stream: one checkpoint only (%s and %s)\n", o->checkpoint, a);
-                return 2;
-            }
+        }
+        if (a[0] != '-') {
+            if (o->checkpoint) return fail(2, "one checkpoint only (%s and %s)", o->checkpoint, a);
             o->checkpoint = a;
             continue;
         }
-        if (!v) {
-            fprintf(stderr, "stream: %s needs a value (stream --help)\n", a);
-            return 2;
-        }
-        i++;
+        if (!v) return fail(2, "%s needs a value (stream --help)", a);
+        i++; /* the rest take a value: v */
         if (strcmp(a, "--device") == 0) {
             o->device = v;
         } else if (strcmp(a, "--budget") == 0) {
-            if (ferry_parse_size(v, &o->budget) < 0 || o->budget == 0) {
-                fprintf(stderr, "stream: --budget %s: expected a size above 0 (256MiB, 1.5GB, 1000000)\n", v);
-                return 2;
-            }
+            if (ferry_parse_size(v, &o->budget) < 0 || o->budget == 0)
+                return fail(2, "--budget %s: expected a size above 0 (256MiB, 1.5GB, 1000000)", v);
         } else if (strcmp(a, "--prefix") == 0) {
             o->prefix = v;
         } else if (strcmp(a, "--passes") == 0) {
             o->passes = strtol(v, &end, 10);
-            if (*v == '\0' || *end != '\0' || o->passes < 1 || o->passes > 1000000) {
-                fprintf(stderr, "stream: --passes %s: expected a whole number from 1\n", v);
-                return 2;
-            }
+            if (*v == '\0' || *end != '\0' || o->passes < 1 || o->passes > 1000000)
+                return fail(2, "--passes %s: expected a whole number from 1", v);
         } else if (strcmp(a, "--block-ms") == 0) {
             o->block_ms = strtod(v, &end);
-            if (*v == '\0' || *end != '\0' || !(o->block_ms >= 0 && o->block_ms <= 60000)) {
-                fprintf(stderr, "stream: --block-ms %s: expected milliseconds from 0 to 60000\n", v);
-                return 2;
-            }
+            if (*v == '\0' || *end != '\0' || !(o->block_ms >= 0 && o->block_ms <= 60000))
+                return fail(2, "--block-ms %s: expected milliseconds from 0 to 60000", v);
         } else if (strcmp(a, "--copies") == 0) {
             if (strcmp(v, "auto") == 0) o->copies = FERRY_STREAM_COPIES_AUTO;
             else if (strcmp(v, "pinned") == 0) o->copies = FERRY_STREAM_COPIES_PINNED;
             else if (strcmp(v, "ring") == 0) o->copies = FERRY_STREAM_COPIES_RING;
-            else {
-                fprintf(stderr, "stream: --copies %s: expected auto, pinned or ring\n", v);
-                return 2;
-            }
+            else return fail(2, "--copies %s: expected auto, pinned or ring", v);
         } else {
-            fprintf(stderr, "stream: unknown option %s (stream --help)\n", a);
-            return 2;
+            return fail(2, "unknown option %s (stream --help)", a);
         }
     }
     if (!o->checkpoint) {
@@ -200,9 +196,8 @@ static int find_blocks(ferry_model *m, const options *o, int64_t **idx, block **
     *idx = calloc((size_t)(nt > 0 ? nt : 1), sizeof **idx);
     *blocks = calloc((size_t)(nt > 0 ? nt : 1), sizeof **blocks);
     if (!e || !*idx || !*blocks) {
-        fprintf(stderr, "stream: %s: out of memory for %" PRId64 " tensors\n", o->checkpoint, nt);
         free(e);
-        return -1;
+        return fail(-1, "%s: out of memory for %" PRId64 " tensors", o->checkpoint, nt);
     }
     for (int64_t t = 0; t < nt; t++) {
         ferry_tensor_state ts = {.size = sizeof ts};
@@ -225,16 +220,13 @@ static int find_blocks(ferry_model *m, const options *o, int64_t **idx, block **
     free(e);
     *nblocks = nb;
     if (nb == 0) {
-        fprintf(stderr, "stream: %s: no tensor is named %s<N>.* (--prefix names the blocks)\n", o->checkpoint,
-                o->prefix);
-        return -1;
+        return fail(-1, "%s: no tensor is named %s<N>.* (--prefix names the blocks)", o->checkpoint, o->prefix);
     }
     for (int64_t k = 0; k < nb; k++) {
         int rc = ferry_model_group(m, (*blocks)[k].tensors, (*blocks)[k].n);
         if (rc < 0) {
-            fprintf(stderr, "stream: %s: grouping block %s%" PRIu64 ".: %s\n", o->checkpoint, o->prefix,
-                    (*blocks)[k].number, ferry_model_errmsg(m));
-            return -1;
+            return fail(-1, "%s: grouping block %s%" PRIu64 ".: %s", o->checkpoint, o->prefix, (*blocks)[k].number,
+                        ferry_model_errmsg(m));
         }
     }
     return 0;
@@ -252,14 +244,12 @@ static int compute(ferry_model *m, ferry_file *f, const options *o, const block 
     /* 3 figures a tensor: its address, and the base and size of the device
      * block of the store's that holds it */
     if (ferry_model_device_addrs(m, b->tensors, b->n, addrs) < 0) {
-        fprintf(stderr, "stream: %s: block %s%" PRIu64 ".: its tensors' device addresses: %s\n", o->checkpoint,
-                o->prefix, b->number, ferry_model_errmsg(m));
-        return -1;
+        return fail(-1, "%s: block %s%" PRIu64 ".: its tensors' device addresses: %s", o->checkpoint, o->prefix,
+                    b->number, ferry_model_errmsg(m));
     }
     if (b->check_bytes > 0 && addrs[3 * b->check] == 0) { /* after block_begin the block is on the device */
-        fprintf(stderr, "stream: %s: block %s%" PRIu64 ".: not on the device after ferry_streamer_block_begin\n",
-                o->checkpoint, o->prefix, b->number);
-        return -1;
+        return fail(-1, "%s: block %s%" PRIu64 ".: not on the device after ferry_streamer_block_begin",
+                    o->checkpoint, o->prefix, b->number);
     }
     if (o->block_ms > 0) sleep_ms(o->block_ms);
     if (!check) return 0;
@@ -267,29 +257,23 @@ static int compute(ferry_model *m, ferry_file *f, const options *o, const block 
     ferry_tensor_state ts = {.size = sizeof ts};
     const void *want = NULL;
     if (ferry_model_read(m, t, buf) < 0 || ferry_model_tensor_state(m, t, &ts) < 0) {
-        fprintf(stderr, "stream: %s: reading back a tensor of block %s%" PRIu64 ".: %s\n", o->checkpoint, o->prefix,
-                b->number, ferry_model_errmsg(m));
-        return -1;
+        return fail(-1, "%s: reading back a tensor of block %s%" PRIu64 ".: %s", o->checkpoint, o->prefix,
+                    b->number, ferry_model_errmsg(m));
     }
     if (ts.tier != FERRY_TIER_DEVICE) { /* (ferry_model_read reads whichever tier holds it) */
-        fprintf(stderr, "stream: %s: tensor %s: in tier %s, not on the device, while its block runs\n", o->checkpoint,
-                ts.name, ferry_tier_name(ts.tier));
-        return -1;
+        return fail(-1, "%s: tensor %s: in tier %s, not on the device, while its block runs", o->checkpoint,
+                    ts.name, ferry_tier_name(ts.tier));
     }
     /* the checkpoint's bytes: the model's tensors are this file's, so find it there by name */
     int64_t ft = ferry_file_find(f, ts.name);
     if (ft < 0 || ferry_file_tensor_data(f, ft, &want) < 0) {
-        fprintf(stderr, "stream: %s: tensor %s: not found in the file\n", o->checkpoint, ts.name);
-        return -1;
+        return fail(-1, "%s: tensor %s: not found in the file", o->checkpoint, ts.name);
     }
     if (memcmp(buf, want, (size_t)ts.nbytes) != 0) {
         uint64_t at = 0;
         while (((const unsigned char *)buf)[at] == ((const unsigned char *)want)[at]) at++;
-        fprintf(stderr,
-                "stream: %s: tensor %s (%" PRIu64 " bytes) read back from the device differs from the checkpoint,"
-                " first at byte %" PRIu64 "\n",
-                o->checkpoint, ts.name, ts.nbytes, at);
-        return -1;
+        return fail(-1, "%s: tensor %s (%" PRIu64 " bytes) read back from the device differs from the checkpoint,"
+                    " first at byte %" PRIu64, o->checkpoint, ts.name, ts.nbytes, at);
     }
     return 0;
 }
@@ -362,28 +346,28 @@ int main(int argc, char **argv)
     const uint64_t S = 0;  /* the stream the blocks run on (see the top of the file) */
 
     if ((rc = ferry_ctx_new(NULL, &ctx)) < 0) {
-        fprintf(stderr, "stream: %s\n", ferry_ctx_errmsg(NULL));
+        fail(1, "%s", ferry_ctx_errmsg(NULL));
         goto out;
     }
     if ((rc = ferry_device_open(ctx, o.device, &dev)) < 0) {
-        fprintf(stderr, "stream: device %s: %s\n", o.device, ferry_ctx_errmsg(ctx));
+        fail(1, "device %s: %s", o.device, ferry_ctx_errmsg(ctx));
         goto out;
     }
     if ((rc = ferry_file_open(ctx, o.checkpoint, 0, &f)) < 0) {
-        fprintf(stderr, "stream: %s\n", ferry_ctx_errmsg(ctx)); /* (the message names the file) */
+        fail(1, "%s", ferry_ctx_errmsg(ctx)); /* (the message names the file) */
         goto out;
     }
     /* The store owns the device memory: the budget caps it, and the streamer
      * plans for the store's budget (ferry_streamer_opts.budget 0). */
     ferry_store_opts so = {.size = sizeof so, .device_budget = o.budget};
     if ((rc = ferry_store_new(dev, &so, &store)) < 0) {
-        fprintf(stderr, "stream: a store on %s: %s\n", ferry_device_desc(dev), ferry_ctx_errmsg(ctx));
+        fail(1, "a store on %s: %s", ferry_device_desc(dev), ferry_ctx_errmsg(ctx));
         goto out;
     }
     /* the model is called by the checkpoint's file name (the library's messages name it) */
     const char *name = strrchr(o.checkpoint, '/') ? strrchr(o.checkpoint, '/') + 1 : o.checkpoint;
     if ((rc = ferry_store_add(store, name, &f, 1, 0, &m)) < 0) {
-        fprintf(stderr, "stream: %s: %s\n", o.checkpoint, ferry_store_errmsg(store));
+        fail(1, "%s: %s", o.checkpoint, ferry_store_errmsg(store));
         goto out;
     }
     if (find_blocks(m, &o, &idx, &blocks, &nb) < 0) goto out;
@@ -400,7 +384,7 @@ int main(int argc, char **argv)
     addrs = calloc((size_t)most * 3, sizeof *addrs);
     buf = malloc(largest ? (size_t)largest : 1);
     if (!leaders || !pr || !addrs || !buf) {
-        fprintf(stderr, "stream: %s: out of memory\n", o.checkpoint);
+        fail(1, "%s: out of memory", o.checkpoint);
         goto out;
     }
 
@@ -409,7 +393,7 @@ int main(int argc, char **argv)
      * largest block) this fails, and the message says both figures. */
     ferry_streamer_opts sopts = {.size = sizeof sopts, .blocks = leaders, .nblocks = nb, .copies = o.copies};
     if ((rc = ferry_streamer_new(m, &sopts, &st)) < 0) {
-        fprintf(stderr, "stream: %s: %s\n", o.checkpoint, ferry_model_errmsg(m));
+        fail(1, "%s: %s", o.checkpoint, ferry_model_errmsg(m));
         goto out;
     }
     if (!o.json) {
@@ -424,7 +408,7 @@ int main(int argc, char **argv)
         int check = p == 0 || p == o.passes - 1;
         double waited = 0, t;
         if ((rc = ferry_streamer_pass_begin(st, S)) < 0) {
-            fprintf(stderr, "stream: %s: pass %ld: %s\n", o.checkpoint, p + 1, ferry_model_errmsg(m));
+            fail(1, "%s: pass %ld: %s", o.checkpoint, p + 1, ferry_model_errmsg(m));
             goto out;
         }
         for (int64_t k = 0; k < nb; k++) {
@@ -432,7 +416,7 @@ int main(int argc, char **argv)
             rc = ferry_streamer_block_begin(st, k, S);
             waited += now() - t;
             if (rc < 0) {
-                fprintf(stderr, "stream: %s: pass %ld, block %s%" PRIu64 ".: %s\n", o.checkpoint, p + 1, o.prefix,
+                fail(1, "%s: pass %ld, block %s%" PRIu64 ".: %s", o.checkpoint, p + 1, o.prefix,
                         blocks[k].number, ferry_model_errmsg(m));
                 goto end_pass;
             }
@@ -446,7 +430,7 @@ int main(int argc, char **argv)
             rc = ferry_streamer_block_end(st, k, S);
             waited += now() - t;
             if (rc < 0) {
-                fprintf(stderr, "stream: %s: pass %ld, after block %s%" PRIu64 ".: %s\n", o.checkpoint, p + 1,
+                fail(1, "%s: pass %ld, after block %s%" PRIu64 ".: %s", o.checkpoint, p + 1,
                         o.prefix, blocks[k].number, ferry_model_errmsg(m));
                 goto end_pass;
             }
@@ -454,7 +438,7 @@ int main(int argc, char **argv)
     end_pass:
         /* (after a failure too: the pass's holds are given back) */
         if (ferry_streamer_pass_end(st, S) < 0 && rc == 0) {
-            fprintf(stderr, "stream: %s: ending pass %ld: %s\n", o.checkpoint, p + 1, ferry_model_errmsg(m));
+            fail(1, "%s: ending pass %ld: %s", o.checkpoint, p + 1, ferry_model_errmsg(m));
             rc = -1;
         }
         if (rc < 0) goto out;
