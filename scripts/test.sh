@@ -69,7 +69,7 @@ fi
 # is slow, and the single-threaded cases have nothing to show it.
 tsan_cases='^(test_xfer\.(paths|load_into|register_pieces|tmpfs_ring|ring_reuse|pageable|prepare|own_fds|progress|concurrent|faults|regressions|moves)'
 tsan_cases+='|test_store\.(tiers|spill|device_faults|jobs|kill9|threads|find_remove|review|async|pinned_cache)'
-tsan_cases+='|test_stream\.(cyclic|threads|faults|budget|lane_fault|stream_wait_while_landing|async_file_reads|async_file_read_fails)'
+tsan_cases+='|test_stream\.(cyclic|threads|faults|budget|lane_fault|stream_wait_while_landing|async_file_reads|async_file_read_fails|engine_cyclic|engine_squeeze)'
 tsan_cases+='|test_file\.(hash|allocator)|test_gpu\.threads|test_memstat\.(sampler_(fake|real)|v1_sampler)|test_soak\.short|load_sim_views)$'
 if targets="ferry test_xfer test_store test_stream test_file test_gpu test_memstat test_soak" \
     build tsan build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_TSAN=ON; then
