@@ -137,3 +137,16 @@ def write_reference(path, tensors, metadata=None):
 def lib_path():
     import ferry
     return ferry.library_path
+
+
+@pytest.fixture
+def sim_free(request):
+    """After the test, the module's sim device (its SIM spec) holds nothing:
+    every store, streamer and view the test made has let its memory go."""
+    yield
+    import gc
+
+    import ferry
+    gc.collect()
+    free, total = ferry.device(request.module.SIM).mem_info()
+    assert free == total, f"{total - free} bytes of the sim device still held"

@@ -9,11 +9,9 @@ actually moves there: the end-to-end tests check that outputs stay right, and
 the movement itself is checked by pointing the store's device for these
 tensors (Store._extras_dev) at the meta device and recording each move, with
 the copies made on the cpu so that forward still runs."""
-import gc
 
 import pytest
 
-import ferry
 import stwriter
 
 torch = pytest.importorskip("torch")
@@ -131,14 +129,6 @@ def checkpoint_bytes(ref):
 
 def x_for(seed=1):
     return torch.randn(16, 8, generator=torch.Generator().manual_seed(seed))
-
-
-@pytest.fixture
-def sim_free():
-    yield
-    gc.collect()
-    free, total = ferry.device(SIM).mem_info()
-    assert free == total, f"{total - free} bytes of the sim device still held"
 
 
 class MoveLog(list):

@@ -12,7 +12,6 @@ Needs torch >= 2.1 and a diffusers with these three classes: ctest runs it
 with scripts/deps.sh's second environment (.deps/venv-torch2,
 tests/py/run_stream_diffusers.sh), and it skips itself elsewhere."""
 import contextlib
-import gc
 
 import pytest
 
@@ -27,7 +26,6 @@ try:
 except ImportError as e:
     pytest.skip(f"diffusers {diffusers.__version__} lacks a model class: {e}", allow_module_level=True)
 
-import ferry  # noqa: E402
 import ferry.torch as ft  # noqa: E402
 
 SIM = "sim:256MiB"
@@ -142,14 +140,6 @@ def built_on_meta(name):
         model = cls(**cfg).eval()
     assert all(p.is_meta for p in model.parameters())
     return model
-
-
-@pytest.fixture
-def sim_free():
-    yield
-    gc.collect()
-    free, total = ferry.device(SIM).mem_info()
-    assert free == total, f"{total - free} bytes of the sim device still held"
 
 
 @pytest.mark.parametrize("name", list(MODELS))
