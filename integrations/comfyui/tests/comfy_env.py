@@ -23,7 +23,7 @@ def comfyui_dir():
     return d
 
 
-MODEL_FOLDERS = ("diffusion_models", "text_encoders", "vae", "checkpoints", "embeddings")
+MODEL_FOLDERS = ("diffusion_models", "text_encoders", "vae", "checkpoints", "embeddings", "loras")
 
 
 def start(base=None, flags=("--cpu",), load_pack=True):

@@ -352,6 +352,99 @@ def t_prompt_memory_line():
     assert FerrySmokeSink.got["model"] is not None
 
 
+class FerrySmokeCond:
+    """Wan-shaped conditioning (text_dim 4096) without a 11 GB text encoder."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {}}
+
+    RETURN_TYPES = ("CONDITIONING",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self):
+        return ([[torch.randn(1, 8, 4096, generator=torch.Generator().manual_seed(11)), {}]],)
+
+
+class FerrySmokeLatent:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {}}
+
+    RETURN_TYPES = ("LATENT",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self):
+        return ({"samples": torch.zeros(1, 16, 1, 8, 8)},)
+
+
+class FerrySmokeLatentSink:
+    got = {}
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"samples": ("LATENT",), "tag": ("STRING", {"default": ""})}}
+
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "testing"
+
+    def run(self, samples, tag):
+        FerrySmokeLatentSink.got[tag] = samples["samples"].clone()
+        return {}
+
+
+def _file_digest(path):
+    import hashlib
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def t_sampling_with_lora():
+    nodes.NODE_CLASS_MAPPINGS.update({"FerrySmokeCond": FerrySmokeCond, "FerrySmokeLatent": FerrySmokeLatent,
+                                      "FerrySmokeLatentSink": FerrySmokeLatentSink})
+    g = torch.Generator().manual_seed(3)
+    lora = {}
+    for k in ("blocks.0.self_attn.q", "blocks.1.ffn.0", "blocks.1.cross_attn.o"):
+        w = DIT[k + ".weight"]
+        lora[f"diffusion_model.{k}.lora_up.weight"] = torch.randn(w.shape[0], 4, generator=g) * 0.1
+        lora[f"diffusion_model.{k}.lora_down.weight"] = torch.randn(4, w.shape[1], generator=g) * 0.1
+    comfy_env.save(lora, os.path.join(M, "loras", "wan_tiny_lora.safetensors"))
+    before = _file_digest(DIT_PATH)
+    for tag, loader in (("stock", "UNETLoader"), ("ferry", "FerryUNETLoader")):
+        prompt = {
+            "1": {"class_type": loader, "inputs": {"unet_name": "wan_tiny.safetensors", "weight_dtype": "default"}},
+            "2": {"class_type": "LoraLoaderModelOnly",
+                  "inputs": {"model": ["1", 0], "lora_name": "wan_tiny_lora.safetensors", "strength_model": 0.8}},
+            "3": {"class_type": "FerrySmokeCond", "inputs": {}},
+            "4": {"class_type": "FerrySmokeLatent", "inputs": {}},
+            "5": {"class_type": "KSampler", "inputs": {
+                "model": ["2", 0], "seed": 1, "steps": 2, "cfg": 2.0, "sampler_name": "euler", "scheduler": "simple",
+                "positive": ["3", 0], "negative": ["3", 0], "latent_image": ["4", 0], "denoise": 1.0}},
+            "6": {"class_type": "FerrySmokeLatentSink", "inputs": {"samples": ["5", 0], "tag": tag}},
+        }
+        comfy_env.run_prompt(prompt, f"lora-{tag}")
+    got = FerrySmokeLatentSink.got
+    assert torch.isfinite(got["ferry"]).all()
+    assert torch.equal(got["stock"], got["ferry"]), "sampled latents differ"
+    assert _file_digest(DIT_PATH) == before, "the checkpoint file changed"
+    # patched while loaded, the file's views again once unloaded
+    import comfy.model_management as mm
+    import comfy.sd
+    base = LOADERS.FerryUNETLoader().load_unet("wan_tiny.safetensors", "default")[0]
+    ptrs = {k: v.data_ptr() for k, v in base.model.diffusion_model.state_dict().items()}
+    patched, _ = comfy.sd.load_lora_for_models(base, None, lora, 0.8, 0)
+    mm.load_models_gpu([patched])
+    q = "blocks.0.self_attn.q.weight"
+    assert not torch.equal(base.model.diffusion_model.state_dict()[q], DIT[q]), "the LoRA was not applied"
+    mm.unload_all_models()
+    sd = base.model.diffusion_model.state_dict()
+    same_bits(sd, DIT, "weights after the LoRA")
+    assert all(sd[k].data_ptr() == ptrs[k] for k in sd), "weights are no longer the file's views"
+
+
 CASES = [
     ("unet fp32 safetensors: views kept, same bits, same forward", t_unet_fp32),
     ("unet bf16 safetensors: same bits, same forward", t_unet_bf16),
@@ -368,6 +461,7 @@ CASES = [
     ("dual clip: as the stock node", t_dual_clip),
     ("checkpoint (model + vae): same bits", t_checkpoint),
     ("a prompt through ComfyUI's executor: memory line and JSON", t_prompt_memory_line),
+    ("KSampler with a LoRA: stock and ferry latents equal, the file untouched", t_sampling_with_lora),
 ]
 
 if __name__ == "__main__":
