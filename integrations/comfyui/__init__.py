@@ -4,7 +4,7 @@ copy them unchanged), falling back to ComfyUI's own loaders for what ferry
 cannot serve, and one memory line per prompt in ComfyUI's log. See README.md."""
 import logging
 
-from . import memstats, settings
+from . import keep_views, memstats, settings
 from .loaders import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS, ferry_status
 
 __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]
@@ -16,6 +16,8 @@ def _start():
     budget, source = settings.host_budget(ferry)
     if budget is not None:
         logging.info("ferry: host budget %s (%s)", memstats.fmt_bytes(budget), source)
+    if not keep_views.available():
+        logging.info("ferry: this torch has no module registration hooks: ComfyUI copies the weights it loads")
     if settings.disabled:
         logging.info("ferry: %s is set: the ferry nodes load with ComfyUI's loaders", settings.DISABLE_ENV)
     logging.info("ferry: %s", memstats.install())
