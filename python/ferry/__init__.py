@@ -17,7 +17,7 @@ ferry.torch and ferry.numpy are imported on demand, so `import ferry` needs
 neither torch nor numpy. See python/README.md.
 """
 from . import _lib
-from ._core import Device, File, TensorInfo, device, parse_size
+from ._core import Device, File, TensorInfo, device, host_available, parse_size
 from .errors import (BudgetError, BusyError, DeviceError, FerryError, FormatError, InternalError,
                      InvalidArgumentError, LimitError, NoDeviceError, NotFoundError, UnsupportedError)
 
@@ -30,7 +30,7 @@ library_version = _lib.version_string
 """Its version (ferry_version_string)."""
 
 __all__ = [
-    "File", "TensorInfo", "Device", "device", "parse_size", "library_path", "library_version",
+    "File", "TensorInfo", "Device", "device", "host_available", "parse_size", "library_path", "library_version",
     "FerryError", "FormatError", "UnsupportedError", "LimitError", "InvalidArgumentError",
     "NotFoundError", "BudgetError", "NoDeviceError", "DeviceError", "InternalError", "BusyError",
 ]

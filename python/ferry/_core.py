@@ -304,6 +304,18 @@ def device(spec, filename=None):
         return d
 
 
+def host_available():
+    """(bytes, source): the host memory available now, cgroup-aware (what a
+    Store's default host budget is taken from, ferry_host_available), and
+    where the figure came from ("cgroup /a/b: memory.max", "MemAvailable")."""
+    out = ctypes.c_uint64()
+    buf = ctypes.create_string_buffer(256)
+    rc = lib.ferry_host_available(ctypes.byref(out), buf, len(buf))
+    if rc < 0:
+        raise OSError(-rc, os.strerror(-rc))
+    return out.value, buf.value.decode("utf-8", "replace")
+
+
 def parse_size(s):
     """Bytes in "16MiB", "1.5GB", "4096" (ferry_parse_size); ints pass through."""
     if isinstance(s, int):

@@ -324,6 +324,12 @@ def test_prepare_pins_the_ring_on_a_thread():
     assert _core.prepare(d, opts, 1) < 0
 
 
+def test_host_available():
+    nbytes, source = ferry.host_available()
+    assert nbytes > 0
+    assert source  # "MemAvailable" or a cgroup's file
+
+
 def test_parse_size():
     assert ferry.parse_size("16MiB") == 16 << 20
     assert ferry.parse_size(4096) == 4096

@@ -1,0 +1,65 @@
+"""settings - the pack's options, read once from the environment at start-up
+(ComfyUI's own custom-node settings live in the frontend; an environment
+variable is what a server, a container or a test can set)."""
+import logging
+import os
+
+GIB = 1024 ** 3  # ComfyUI's "GB" flags (--reserve-vram, --cache-ram) count 1024**3 bytes
+
+HOST_LIMIT_ENV = "FERRY_HOST_LIMIT_GB"
+"""The most host RAM (GiB) ferry may budget for: a user's cap below what the
+machine or its container allows. Unset: ferry's own figure (the cgroup's
+memory.max or MemAvailable, ferry.host_available())."""
+
+STATS_ENV = "FERRY_COMFYUI_STATS"
+"""A file to append each prompt's memory figures to, one JSON object a line."""
+
+DISABLE_ENV = "FERRY_COMFYUI_DISABLE"
+"""1: every ferry node loads with ComfyUI's own loader (an A/B switch)."""
+
+USS_ENV = "FERRY_COMFYUI_USS"
+"""0: skip the USS figures (each read of /proc/self/smaps_rollup walks the
+process's page tables: 10-30 ms per resident GiB, twice a prompt)."""
+
+
+def _flag(name, default):
+    v = os.environ.get(name, "").strip().lower()
+    if not v:
+        return default
+    return v not in ("0", "false", "no", "off")
+
+
+def _host_limit():
+    text = os.environ.get(HOST_LIMIT_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        gb = float(text)
+        if gb <= 0:
+            raise ValueError
+    except ValueError:
+        logging.warning("ferry: %s=%r is not a positive number of GiB; ignored", HOST_LIMIT_ENV, text)
+        return None
+    return int(gb * GIB)
+
+
+disabled = _flag(DISABLE_ENV, False)
+read_uss = _flag(USS_ENV, True)
+stats_path = os.environ.get(STATS_ENV, "").strip() or None
+host_limit_user = _host_limit()
+
+
+def host_budget(ferry_module):
+    """(bytes, where the figure came from): the user's limit where it is
+    below what ferry finds available now, else ferry's figure; (limit, env)
+    when ferry cannot be asked."""
+    available, source = None, ""
+    fn = getattr(ferry_module, "host_available", None) if ferry_module is not None else None
+    if fn is not None:
+        try:
+            available, source = fn()
+        except OSError as e:
+            source = f"ferry.host_available failed: {e}"
+    if host_limit_user is not None and (available is None or host_limit_user < available):
+        return host_limit_user, HOST_LIMIT_ENV
+    return available, source
