@@ -258,4 +258,47 @@ from diffusers import FluxTransformer2DModel, UNet2DConditionModel, WanTransform
         echo "deps: could not install torch 2 and diffusers from PyPI; the diffusers streaming test will be skipped"
     fi
 fi
+# ComfyUI's packages in that environment, for running ComfyUI headless on the
+# CPU (tests/comfyui, ctest comfyui_stock; ComfyUI itself is not installed:
+# tests find it at $COMFYUI_DIR or ../shared/comfyui). What its start-up, its
+# built-in nodes and the tests' prompts import: torchvision and torchaudio
+# (imported by comfy.model_base and comfy.sd), torchsde (samplers), einops,
+# av (comfy_api), transformers and tokenizers (CLIP and T5 tokenizers),
+# sentencepiece (UMT5's), scipy, and ComfyUI's pins comfy-aimdo and
+# comfy-kitchen; Pillow, psutil, PyYAML and tqdm came with diffusers and
+# accelerate (listed, so a change there cannot drop them). Not the
+# HTTP server, frontend or database (aiohttp, comfyui-frontend-package,
+# SQLAlchemy, alembic), nor kornia, spandrel, simpleeval or comfy-angle: ten
+# comfy_extras node files that import them (image filters, upscalers, math,
+# GLSL, ...) fail to load and are reported, the rest run.
+# comfy-kitchen's pure-Python wheel (181 kB) rather than the compiled one pip
+# prefers (58.5 MB of CUDA kernels). torch stays as installed above (a
+# constraint); torchvision 0.29.2 and torchaudio 2.11.1 are the newest that
+# accept torch 2.15. Measured: 24 packages, 456 MB installed, 21 s with an
+# empty pip cache on a busy 2-core machine. Versions pinned, as above, so that the
+# tokenizers, and so the tests' results, stay the same. Optional: a failure
+# only skips those tests (their runner checks these imports).
+if [ -x "$VENV2/bin/python3" ] &&
+   ! "$VENV2/bin/python3" -c "import comfy_aimdo, comfy_kitchen, torchvision, torchaudio, torchsde, einops, av
+import transformers, tokenizers, sentencepiece, scipy, PIL, psutil, yaml, tqdm" 2>/dev/null; then
+    echo "deps: adding ComfyUI's packages to $VENV2 (about 0.5 GB)"
+    start=$(date +%s)
+    ck=$(mktemp -d)
+    py2=$VENV2/bin/python3
+    if torch_pin=$("$py2" -c "import importlib.metadata as m; print(m.version('torch'))") &&
+       echo "torch==$torch_pin" > "$ck/constraints.txt" &&
+       pyver=$("$py2" -c "import sys; print('%d.%d' % sys.version_info[:2])") &&
+       "$py2" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+           --platform any --implementation py --python-version "$pyver" -d "$ck" "comfy-kitchen==0.2.31" &&
+       "$py2" -m pip install --quiet --disable-pip-version-check -c "$ck/constraints.txt" \
+           "$ck"/comfy_kitchen-0.2.31-py3-none-any.whl "comfy-aimdo==0.4.13" \
+           "torchvision==0.29.2" "torchaudio==2.11.1" "torchsde==0.2.6" "einops==0.8.2" "av==18.1.0" \
+           "transformers==5.25.0" "tokenizers==0.23.3" "sentencepiece==0.2.3" "scipy==1.17.1" \
+           pillow psutil pyyaml tqdm; then
+        echo "deps: ComfyUI's packages added in $(( $(date +%s) - start )) s"
+    else
+        echo "deps: could not add ComfyUI's packages to $VENV2; the ComfyUI tests will be skipped"
+    fi
+    rm -rf "$ck"
+fi
 echo "deps: ready"
