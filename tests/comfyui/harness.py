@@ -6,8 +6,8 @@ Test side (any Python; imports nothing of ComfyUI):
 
     find_comfyui() -> (dir or None, reason)
     run(prompts, models_dir, custom_nodes=(), extra_args=(), overrides=None,
-        python=None, comfyui=None, workdir=None, timeout=600, cpu=True)
-        -> result dict
+        python=None, comfyui=None, workdir=None, timeout=600, cpu=True,
+        env=None) -> result dict
     describe_failure(result) -> str    # for assertion messages
 
 Process side, the interpreter that has ComfyUI's packages (run() starts it):
@@ -99,11 +99,13 @@ def find_comfyui():
 
 
 def run(prompts, models_dir, custom_nodes=(), extra_args=(), overrides=None, python=None,
-        comfyui=None, workdir=None, timeout=600, cpu=True):
+        comfyui=None, workdir=None, timeout=600, cpu=True, env=None):
     """Run `prompts` (one API-format prompt dict, or a list of them) through a
     fresh ComfyUI process and return its result (see the module's comment).
     workdir: where the prompt files, the base directory, the log and the
-    result go (a new temporary folder if None; it is kept)."""
+    result go (a new temporary folder if None; it is kept). env: variables
+    set for that process on top of this one's (a node pack's settings, the
+    library it loads); a value of None removes the variable."""
     if isinstance(prompts, dict):
         prompts = [prompts]
     if comfyui is None:
@@ -132,10 +134,15 @@ def run(prompts, models_dir, custom_nodes=(), extra_args=(), overrides=None, pyt
     if extra_args:
         cmd += ["--"] + list(extra_args)
     log_file = os.path.join(workdir, "comfyui.log")
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    child_env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    for k, v in (env or {}).items():
+        if v is None:
+            child_env.pop(k, None)
+        else:
+            child_env[k] = str(v)
     with open(log_file, "wb") as log:
         try:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, env=env).returncode
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, env=child_env).returncode
         except subprocess.TimeoutExpired:
             rc = None
     try:
