@@ -6,7 +6,8 @@ Node ids name their role, so that a test can swap a loader for another
 (SDXL), "pos", "neg" (CLIPTextEncode, or ConditioningZeroOut of "pos"),
 "latent", "sampler", "decode", "save" (SaveImage), "tensors"
 (FerryHarnessSaveTensor: the sampled latent and the decoded image, bit for
-bit), "guidance" (Flux). Loader outputs are referenced as [id, index]."""
+bit), "guidance" (Flux), "lora" (LoraLoader, with_lora). Loader outputs are
+referenced as [id, index]."""
 
 SIZE = 64       # pixels: an 8x8 latent
 STEPS = 2
@@ -74,6 +75,22 @@ def sdxl(files):
     p.update(_tail(["ckpt", 0], ["ckpt", 1], ["ckpt", 2],
                    {"class_type": "EmptyLatentImage", "inputs": {"width": SIZE, "height": SIZE, "batch_size": 1}},
                    name="sdxl"))
+    return p
+
+
+def with_lora(prompt, lora_name, strength_model=1.0, strength_clip=1.0):
+    """A copy of a prompt with a LoraLoader (id "lora") between its loaders
+    and their users: the sampler takes the patched model, the text encoders
+    the patched CLIP."""
+    p = {k: {"class_type": v["class_type"], "inputs": dict(v["inputs"])} for k, v in prompt.items()}
+    model, clip = p["sampler"]["inputs"]["model"], p["pos"]["inputs"]["clip"]
+    p["lora"] = {"class_type": "LoraLoader", "inputs": {
+        "model": model, "clip": clip, "lora_name": lora_name,
+        "strength_model": strength_model, "strength_clip": strength_clip}}
+    p["sampler"]["inputs"]["model"] = ["lora", 0]
+    for k, node in p.items():
+        if k != "lora" and node["inputs"].get("clip") == clip:
+            node["inputs"]["clip"] = ["lora", 1]
     return p
 
 

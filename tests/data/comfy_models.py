@@ -14,6 +14,7 @@ model class from the file alone (its detection reads keys and shapes):
     Flux autoencoder             (ae.safetensors layout, decoder only, see below)
     SDXL checkpoint              (Stability's single-file layout: UNet, CLIP-L,
                                   OpenCLIP bigG, VAE decoder; F16)
+    SDXL LoRA                    (Kohya layout: UNet and both text encoders, F16)
 
 What the shapes cannot say, and so what a test must hand ComfyUI besides the
 files (comfy_overrides() returns it, tests/comfyui/harness.py applies it):
@@ -524,6 +525,35 @@ def write_sdxl_checkpoint(path, seed=8):
     return write(path, sdxl_checkpoint_entries(), "F16", seed)
 
 
+# --- a LoRA for the tiny SDXL ---
+
+LORA_RANK = 4
+
+# (Kohya module name, out features, in features): layers of the tiny SDXL's
+# UNet (a self- and a cross-attention projection, a feed-forward) and of both
+# text encoders (CLIP-L's first layer, bigG's second: SDXL reads the
+# penultimate layer of each, so both change the conditioning)
+SDXL_LORA_MODULES = [
+    ("lora_unet_input_blocks_3_1_transformer_blocks_0_attn1_to_q", 2 * SDXL_CH, 2 * SDXL_CH),
+    ("lora_unet_middle_block_1_transformer_blocks_0_attn2_to_k", 2 * SDXL_CH, SDXL_CONTEXT),
+    ("lora_unet_middle_block_1_transformer_blocks_0_ff_net_2", 2 * SDXL_CH, 8 * SDXL_CH),
+    ("lora_te1_text_model_encoder_layers_0_self_attn_q_proj", CLIP_L_DIM, CLIP_L_DIM),
+    ("lora_te2_text_model_encoder_layers_1_mlp_fc1", CLIP_G_FF, CLIP_G_DIM),
+]
+
+
+def write_sdxl_lora(path, seed=9, rank=LORA_RANK):
+    """A LoRA for the tiny SDXL in Kohya's layout, as most SDXL LoRAs are
+    shipped (F16): per module lora_down [rank, in], lora_up [out, rank] and
+    alpha (= rank: scale 1). Values scaled by fan-in, so that up @ down is of
+    the size of the weight it is added to."""
+    entries, alphas = [], []
+    for name, n_out, n_in in SDXL_LORA_MODULES:
+        entries += [(name + ".lora_down.weight", (rank, n_in)), (name + ".lora_up.weight", (n_out, rank))]
+        alphas.append((name + ".alpha", "F16", [], _encode(np.array([rank], np.float32), "F16")))
+    return write(path, entries, "F16", seed, extra=alphas)
+
+
 # --- the whole set, in ComfyUI's models/ layout ---
 
 FILES = {
@@ -534,19 +564,20 @@ FILES = {
              "clip_l": "text_encoders/tiny_clip_l.safetensors",
              "t5": "text_encoders/tiny_t5xxl.safetensors",
              "vae": "vae/tiny_flux_ae.safetensors"},
-    "sdxl": {"ckpt": "checkpoints/tiny_sdxl.safetensors"},
+    "sdxl": {"ckpt": "checkpoints/tiny_sdxl.safetensors",
+             "lora": "loras/tiny_sdxl_lora.safetensors"},
 }
 
 _WRITERS = {
     "wan": {"unet": write_wan21_t2v, "clip": write_umt5_xxl, "vae": write_wan21_vae},
     "flux": {"unet": write_flux_dev, "clip_l": write_clip_l, "t5": write_t5_xxl, "vae": write_flux_vae},
-    "sdxl": {"ckpt": write_sdxl_checkpoint},
+    "sdxl": {"ckpt": write_sdxl_checkpoint, "lora": write_sdxl_lora},
 }
 
 
 def write_models(models_dir, archs=("wan", "flux", "sdxl")):
     """Write the tiny models of `archs` under models_dir (diffusion_models/,
-    text_encoders/, vae/, checkpoints/). Returns {arch: {role: file name as
+    text_encoders/, vae/, checkpoints/, loras/). Returns {arch: {role: file name as
     ComfyUI's loaders list it}}."""
     out = {}
     for a in archs:
