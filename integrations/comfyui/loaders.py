@@ -252,8 +252,9 @@ class FerryUNETLoader(nodes.UNETLoader):
 # --- text encoders -----------------------------------------------------------------
 
 def load_clip(paths, embedding_directory=None, clip_type=comfy.sd.CLIPType.STABLE_DIFFUSION, model_options={},
-              disable_dynamic=False):
-    """comfy.sd.load_clip through ferry."""
+              disable_dynamic=False, node="CLIPLoader"):
+    """comfy.sd.load_clip through ferry. node: the stock loader the
+    calling node stands for, as the log and the stats name the load."""
     def via_ferry():
         read = _read_all(paths)
         sds = []
@@ -265,7 +266,8 @@ def load_clip(paths, embedding_directory=None, clip_type=comfy.sd.CLIPType.STABL
             clip = comfy.sd.load_text_encoder_state_dicts(sds, embedding_directory=embedding_directory,
                                                           clip_type=clip_type, model_options=model_options,
                                                           disable_dynamic=disable_dynamic)
-        clip.patcher.cached_patcher_init = (clip_patcher, (paths, embedding_directory, clip_type, model_options))
+        clip.patcher.cached_patcher_init = (clip_patcher, (paths, embedding_directory, clip_type, model_options,
+                                                           node))
         return clip, _merge_info([i for _, _, i in read]), kv.stats()
 
     def via_comfyui():
@@ -281,12 +283,12 @@ def load_clip(paths, embedding_directory=None, clip_type=comfy.sd.CLIPType.STABL
         return comfy.sd.load_text_encoder_state_dicts(sds, embedding_directory=embedding_directory, clip_type=clip_type,
                                                       model_options=model_options, disable_dynamic=disable_dynamic)
 
-    return _run("CLIPLoader", list(paths), via_ferry, via_comfyui)
+    return _run(node, list(paths), via_ferry, via_comfyui)
 
 
 def clip_patcher(paths, embedding_directory=None, clip_type=comfy.sd.CLIPType.STABLE_DIFFUSION, model_options={},
-                 disable_dynamic=False):
-    return load_clip(paths, embedding_directory, clip_type, model_options, disable_dynamic).patcher
+                 node="CLIPLoader", disable_dynamic=False):
+    return load_clip(paths, embedding_directory, clip_type, model_options, disable_dynamic, node=node).patcher
 
 
 def _clip_options(device):
@@ -321,7 +323,8 @@ class FerryDualCLIPLoader(nodes.DualCLIPLoader):
 
     def load_clip(self, clip_name1, clip_name2, type, device="default"):
         paths = [folder_paths.get_full_path_or_raise("text_encoders", n) for n in (clip_name1, clip_name2)]
-        return (load_clip(paths, folder_paths.get_folder_paths("embeddings"), _clip_type(type), _clip_options(device)),)
+        return (load_clip(paths, folder_paths.get_folder_paths("embeddings"), _clip_type(type), _clip_options(device),
+                          node="DualCLIPLoader"),)
 
 
 # --- VAEs --------------------------------------------------------------------------
