@@ -1,0 +1,336 @@
+"""The node pack (integrations/comfyui) against stock ComfyUI, headless on the
+CPU, on the tiny models of tests/data/comfy_models.py.
+
+Three ComfyUI processes, side by side:
+  stock  no pack: the stock prompts of Wan 2.1 T2V, Flux.1-dev and SDXL, SDXL
+         with another text, with a LoRA (LoraLoader: UNet and both text
+         encoders), and SDXL from a legacy (non-zip) .pt checkpoint;
+  pack   the pack linked into custom_nodes/, ferry imported from this
+         checkout (python/ and $FERRY_LIBRARY): the same prompts with each
+         stock loader swapped for the pack's node standing for it (by node
+         id; the classes from the pack's NODE_CLASS_MAPPINGS), the LoRA
+         prompt before the other-text one, so that the latter runs on the
+         pack's weights after the LoRA was applied and taken off again;
+  host   the pack with FERRY_HOST_LIMIT_GB at 1 MiB: SDXL.
+Every prompt's outputs (latent and image, the harness's digest) must be
+bit-identical to stock's; the pack's loads must have gone through ferry (its
+stats JSON and its log line: weights as views of the file), except the
+legacy file, which ferry refuses: ComfyUI's loader then reads it, and the log
+names the file and the reason. The checkpoint the LoRA patched is unchanged on
+disk. Each prompt gets one memory line in the log and one JSON line in
+$FERRY_COMFYUI_STATS. A host limit far below what a prompt takes is only
+reported today: the prompt runs, the start-up log names the budget.
+
+Run with the interpreter of scripts/deps.sh's torch-2 environment
+(tests/comfyui/run_comfyui_pack.sh, ctest comfyui_pack); skips without
+ComfyUI, its packages or ferry's library."""
+import ast
+import concurrent.futures
+import copy
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "data"))
+
+import harness  # noqa: E402
+import prompts  # noqa: E402
+
+COMFYUI, WHY = harness.find_comfyui()
+if COMFYUI is None:
+    pytest.skip(WHY, allow_module_level=True)
+for mod in ("torch", "numpy", "safetensors", "comfy_aimdo", "comfy_kitchen", "torchsde", "einops", "av",
+            "transformers", "sentencepiece", "torchvision", "torchaudio", "scipy", "PIL", "yaml"):
+    pytest.importorskip(mod, reason=f"ComfyUI needs {mod} (scripts/deps.sh installs it)")
+LIBRARY = os.path.abspath(os.environ.get("FERRY_LIBRARY") or os.path.join(ROOT, "build", "libferry.so"))
+if not os.path.isfile(LIBRARY):
+    pytest.skip(f"no ferry library at {LIBRARY} (build ferry_shared, or set FERRY_LIBRARY)",
+                allow_module_level=True)
+
+import comfy_models  # noqa: E402
+
+PACK = os.path.join(ROOT, "integrations", "comfyui")
+PACK_NAME = os.path.basename(PACK)      # the harness links a pack under its folder's name
+HOST_LIMIT = 1 << 20                    # bytes: far below what any prompt takes
+# the pack's view of ferry: this checkout's package and library
+PACK_ENV = {"FERRY_LIBRARY": LIBRARY, "PYTHONPATH": os.path.join(ROOT, "python"),
+            "FERRY_COMFYUI_DISABLE": None, "FERRY_HOST_LIMIT_GB": None, "FERRY_COMFYUI_USS": None}
+# ComfyUI's messages on weights a loader did not place (test_stock.check_weight_messages)
+WEIGHT_MESSAGES = ("unet missing", "unet unexpected", "clip missing", "clip unexpected",
+                   "Missing VAE keys", "Leftover VAE keys", "left over keys")
+
+
+def pack_nodes():
+    """{stock class: the pack's class standing for it}, from the pack's
+    NODE_CLASS_MAPPINGS and each class's base (loaders.py, read as source:
+    it imports ComfyUI, which this process cannot)."""
+    with open(os.path.join(PACK, "loaders.py")) as f:
+        tree = ast.parse(f.read())
+    bases, mapping = {}, None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            bases[node.name] = [b.attr for b in node.bases
+                                if isinstance(b, ast.Attribute) and isinstance(b.value, ast.Name)
+                                and b.value.id == "nodes"]
+        elif isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "NODE_CLASS_MAPPINGS"
+                                                  for t in node.targets):
+            mapping = {k.value: v.id for k, v in zip(node.value.keys, node.value.values)}
+    assert mapping, "no NODE_CLASS_MAPPINGS in the pack's loaders.py"
+    out = {}
+    for name, cls in mapping.items():
+        assert len(bases.get(cls, [])) == 1, f"{name}: not a subclass of one stock node"
+        out[bases[cls][0]] = name
+    return out
+
+
+FERRY_NODES = pack_nodes()
+
+
+def with_pack(prompt):
+    """The prompt with every stock loader replaced by the pack's node (same
+    id, same inputs)."""
+    p = copy.deepcopy(prompt)
+    for node in p.values():
+        node["class_type"] = FERRY_NODES.get(node["class_type"], node["class_type"])
+    return p
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+class Proc:
+    """One ComfyUI process's result: prompt tags in order, its log (the
+    console at INFO), its stats JSON lines."""
+
+    def __init__(self, result, tags, stats_path=None):
+        self.result = result
+        self.tags = tags
+        with open(result["log_file"], errors="replace") as f:
+            self.log = f.read()
+        self.stats = []
+        if stats_path and os.path.exists(stats_path):
+            with open(stats_path) as f:
+                self.stats = [json.loads(line) for line in f]
+
+    def run(self, tag):
+        runs = self.result["runs"]
+        i = self.tags.index(tag)
+        assert i < len(runs), f"prompt {tag} did not run: " + harness.describe_failure(self.result)
+        assert runs[i]["ok"], f"prompt {tag}: " + harness.describe_failure(self.result)
+        return runs[i]
+
+    def rec(self, tag):
+        """The stats JSON line of prompt `tag`."""
+        pid = f"harness-{self.tags.index(tag)}"
+        found = [r for r in self.stats if r["prompt_id"] == pid]
+        assert len(found) == 1, f"{len(found)} stats lines for {pid}"
+        return found[0]
+
+    def ferry_lines(self):
+        """The pack's log messages (the text after the level and logger)."""
+        return [m.group(1) for m in re.finditer(r"^\w+ [\w.]+: (ferry: .*)$", self.log, re.M)]
+
+    def weight_messages(self):
+        return sorted(r["message"] for r in self.result["log"] if r["message"].startswith(WEIGHT_MESSAGES))
+
+
+@pytest.fixture(scope="module")
+def procs(tmp_path_factory):
+    top = tmp_path_factory.mktemp("pack")
+    models_dir = str(top / "models")
+    files = comfy_models.write_models(models_dir)
+    # the SDXL checkpoint as a legacy (pre-1.6, non-zip) torch.save file: ferry
+    # refuses it, ComfyUI's loader reads it
+    import safetensors.torch
+    import torch
+    ckpt = os.path.join(models_dir, comfy_models.FILES["sdxl"]["ckpt"])
+    legacy = os.path.join(os.path.dirname(ckpt), "tiny_sdxl_legacy.pt")
+    torch.save(safetensors.torch.load_file(ckpt), legacy, _use_new_zipfile_serialization=False)
+    before = sha256(ckpt)
+
+    sdxl = prompts.sdxl(files["sdxl"])
+    sdxl_b = copy.deepcopy(sdxl)
+    sdxl_b["pos"]["inputs"]["text"] = "a tiny owl on a branch"
+    lora = prompts.with_lora(sdxl, files["sdxl"]["lora"], strength_model=0.8, strength_clip=0.8)
+    legacy_p = copy.deepcopy(sdxl)
+    legacy_p["ckpt"]["inputs"]["ckpt_name"] = os.path.basename(legacy)
+    stock = {"wan": prompts.wan21_t2v(files["wan"]), "flux": prompts.flux_dev(files["flux"]), "sdxl": sdxl,
+             "sdxl_b": sdxl_b, "sdxl_lora": lora, "sdxl_legacy": legacy_p}
+    stock_order = ["wan", "flux", "sdxl", "sdxl_b", "sdxl_lora", "sdxl_legacy"]
+    pack_order = ["wan", "flux", "sdxl", "sdxl_lora", "sdxl_b", "sdxl_legacy"]
+    stats = {name: str(top / f"{name}_stats.jsonl") for name in ("pack", "host")}
+    jobs = {
+        "stock": ([stock[t] for t in stock_order], stock_order, (), {"FERRY_COMFYUI_STATS": None}),
+        "pack": ([with_pack(stock[t]) for t in pack_order], pack_order, (PACK,),
+                 dict(PACK_ENV, FERRY_COMFYUI_STATS=stats["pack"])),
+        "host": ([with_pack(sdxl)], ["sdxl"], (PACK,),
+                 dict(PACK_ENV, FERRY_COMFYUI_STATS=stats["host"], FERRY_HOST_LIMIT_GB=repr(HOST_LIMIT / 2 ** 30))),
+    }
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+        futs = {name: pool.submit(harness.run, ps, models_dir, custom_nodes=packs,
+                                  overrides=comfy_models.comfy_overrides(), comfyui=COMFYUI,
+                                  workdir=str(top / name), timeout=300, env=env)
+                for name, (ps, _, packs, env) in jobs.items()}
+        out = {name: Proc(f.result(), jobs[name][1], stats.get(name)) for name, f in futs.items()}
+    print(f"three ComfyUI processes side by side: {time.perf_counter() - t0:.1f} s")
+    for name, p in out.items():
+        r = p.result
+        print(f"  {name}: start-up {r.get('startup_s')} s, "
+              + ", ".join(f"{t} {run.get('execute_s')} s" for t, run in zip(p.tags, r["runs"])))
+    out["files"] = files
+    out["ckpt"] = (ckpt, before)
+    out["legacy"] = legacy
+    return out
+
+
+def test_pack_loads_with_ferry(procs):
+    """The pack's nodes are registered, ferry comes from this checkout, the
+    prompt hook is in."""
+    for name in ("pack", "host"):
+        p = procs[name]
+        assert p.result["ok"], f"{name}: " + harness.describe_failure(p.result)
+        pack = p.result["custom_nodes"][PACK_NAME]
+        assert pack["loaded"], pack
+        assert pack["nodes"] == sorted(FERRY_NODES.values()), pack
+        lines = p.ferry_lines()
+        lib = os.path.realpath(LIBRARY)
+        assert any(re.fullmatch(r"ferry: ferry \S+ \((.*)\)", l) and os.path.realpath(l[l.index("(") + 1:-1]) == lib
+                   for l in lines), f"no start-up line naming {lib}: {lines[:5]}"
+        assert "ferry: per-prompt memory line through ComfyUI's cache-provider prompt hooks" in lines, lines[:5]
+        assert not [l for l in lines if "not importable" in l or "no module registration hooks" in l], lines
+
+
+def _ferry_loads(p, tag, stock_classes):
+    """The pack's load events in prompt `tag`: one for each stock loader the
+    pack's nodes stand for, each through ferry, each with its log line."""
+    loads = p.rec(tag)["loads"]
+    want = sorted(c for c in stock_classes if c in FERRY_NODES)
+    assert sorted(e["node"] for e in loads) == want, loads
+    lines = p.ferry_lines()
+    for e in loads:
+        assert e["via"] == "ferry", f"{e['node']} fell back: {e.get('reason')}"
+        assert e["kept_tensors"] + e["copied_tensors"] + e["own_loading_tensors"] > 0, e
+        head = f"ferry: {', '.join(e['files'])}: {e['tensors']} tensors, "
+        line = [l for l in lines if l.startswith(head) and f"); {e['node']} built in " in l]
+        assert line, f"no log line for {e['node']} starting {head!r}"
+        assert "as views of the file" in line[0] and f"{e['kept_tensors']} views of the file" in line[0], line[0]
+    return loads
+
+
+@pytest.mark.parametrize("arch", ["wan", "flux", "sdxl"])
+def test_same_outputs(arch, procs):
+    """Each architecture's prompt through the pack's loaders: ferry's path,
+    weights kept as views of the file, outputs bit-identical to stock's."""
+    stock, pack = procs["stock"], procs["pack"]
+    a, b = stock.run(arch), pack.run(arch)
+    swapped = [k for k, n in b["nodes"].items() if n["class_type"] in FERRY_NODES.values()]
+    assert swapped and all(b["nodes"][k]["status"] == "executed" for k in swapped), b["nodes"]
+    assert {n["status"] for n in b["nodes"].values()} <= {"executed", "cached"}, b["nodes"]
+    loads = _ferry_loads(pack, arch, [n["class_type"] for n in a["nodes"].values()])
+    # the text encoders' F16 weights are what ComfyUI computes with on the
+    # CPU: kept as the file's views (BF16 diffusion models become FP32 copies)
+    assert sum(e["kept_tensors"] for e in loads) > 0, loads
+    assert sorted(map(json.dumps, a["loaded_models"])) == sorted(map(json.dumps, b["loaded_models"]))
+    assert a["tensors"] and [t["sha256"] for t in a["tensors"]] == [t["sha256"] for t in b["tensors"]], \
+        f"{arch}: the pack's loaders gave other outputs than stock's"
+    assert a["digest"] == b["digest"]
+
+
+def test_same_weight_messages(procs):
+    """Every weight a stock loader reports missing or left over, the pack's
+    reports too, and nothing more."""
+    assert procs["stock"].weight_messages() == procs["pack"].weight_messages()
+
+
+def test_lora(procs):
+    """LoraLoader (UNet and both text encoders) on the pack's SDXL: as on
+    stock's; the checkpoint file unchanged; once the LoRA is off again the
+    pack's weights give stock's outputs."""
+    stock, pack = procs["stock"], procs["pack"]
+    a, b = stock.run("sdxl_lora"), pack.run("sdxl_lora")
+    assert b["nodes"]["lora"]["status"] == "executed", b["nodes"]
+    for p in (stock, pack):
+        missed = [r["message"] for r in p.result["log"] if "lora key not loaded" in r["message"]]
+        assert not missed, missed
+    assert a["digest"] != stock.run("sdxl")["digest"], "the LoRA changed nothing"
+    assert a["digest"] == b["digest"], "the LoRA on the pack's model gave other outputs than on stock's"
+    # the checkpoint loaded by the pack (ferry's views of the file, which the
+    # LoRA patched while loaded) is unchanged on disk
+    ckpt, before = procs["ckpt"]
+    ck = [e for e in pack.rec("sdxl")["loads"] if e["node"] == "CheckpointLoaderSimple"]
+    assert ck and ck[0]["via"] == "ferry" and ck[0]["kept_tensors"] > 0, ck
+    assert sha256(ckpt) == before, f"{ckpt} changed"
+    # after the LoRA prompt: the checkpoint node cached, new text, the base
+    # model and CLIP again
+    after = pack.run("sdxl_b")
+    assert after["nodes"]["ckpt"]["status"] == "cached", after["nodes"]
+    assert after["digest"] == stock.run("sdxl_b")["digest"], "after the LoRA the pack's weights are not the file's"
+
+
+def test_unsupported_file_falls_back(procs):
+    """A legacy (non-zip) .pt in the pack's checkpoint loader: ComfyUI's
+    loader reads it, the outputs are stock's, the log says which file and
+    why."""
+    stock, pack = procs["stock"], procs["pack"]
+    a, b = stock.run("sdxl_legacy"), pack.run("sdxl_legacy")
+    assert b["nodes"]["ckpt"]["status"] == "executed", b["nodes"]
+    assert a["digest"] == b["digest"], "the fallback gave other outputs than stock's"
+    legacy = procs["legacy"]
+    (ev,) = pack.rec("sdxl_legacy")["loads"]
+    assert ev["node"] == "CheckpointLoaderSimple" and ev["via"] == "comfyui", ev
+    assert ev["files"] == [legacy] and "legacy (pre-1.6, non-zip)" in ev["reason"], ev
+    warned = [r["message"] for r in pack.result["log"]
+              if r["message"].startswith(f"ferry: {legacy}: ") and r["level"] == "WARNING"]
+    assert len(warned) == 1, warned
+    assert ev["reason"] in warned[0] and warned[0].endswith("; loading with ComfyUI's loader"), warned
+
+
+def test_memory_line_and_stats_per_prompt(procs):
+    """One memory line in the log and one JSON line in $FERRY_COMFYUI_STATS
+    for every prompt, in order, with the RSS, USS and anon figures."""
+    for name in ("pack", "host"):
+        p = procs[name]
+        n = len(p.tags)
+        assert len(p.result["runs"]) == n
+        lines = p.ferry_lines()
+        for i in range(n):
+            mine = [l for l in lines if re.match(rf"ferry: prompt harness-{i}: [0-9.]+ s \| ", l)]
+            assert len(mine) == 1, f"{name}: memory lines of prompt {i}: {mine}"
+            assert re.search(r" \| RSS start/end/peak .+ \| USS start/end .+ \| anon start/end/peak .+ \| ferry: ",
+                             mine[0]), mine[0]
+        assert [r["prompt_id"] for r in p.stats] == [f"harness-{i}" for i in range(n)], p.stats
+        for r in p.stats:
+            rss, uss, anon = r["rss"], r["uss"], r["anon"]
+            assert all(isinstance(rss[k], int) and rss[k] > 0 for k in ("start", "end", "peak")), r
+            assert rss["peak"] >= max(rss["start"], rss["end"]), r
+            assert all(isinstance(uss[k], int) and 0 < uss[k] <= rss[k] for k in ("start", "end")), r
+            assert all(isinstance(anon[k], int) for k in ("start", "end", "peak")), r
+            assert r["seconds"] > 0 and isinstance(r["loads"], list), r
+
+
+def test_host_limit_reported(procs):
+    """FERRY_HOST_LIMIT_GB far below what the prompt takes: the prompt runs
+    (and gives stock's outputs), the start-up log names the budget, the
+    prompt's private memory is reported over it."""
+    host, stock = procs["host"], procs["stock"]
+    run = host.run("sdxl")
+    assert run["digest"] == stock.run("sdxl")["digest"]
+    lines = host.ferry_lines()
+    assert "ferry: host budget 1.00 MiB (FERRY_HOST_LIMIT_GB)" in lines, [l for l in lines if "budget" in l]
+    over = [r["message"] for r in host.result["log"] if r["level"] == "WARNING"
+            and r["message"].startswith("ferry: prompt harness-0: private memory peaked at ")]
+    assert len(over) == 1 and over[0].endswith("over FERRY_HOST_LIMIT_GB=1.00 MiB"), over
+    rec = host.rec("sdxl")
+    assert rec["host_limit"] == HOST_LIMIT, rec
+    assert [e["via"] for e in rec["loads"]] == ["ferry"], rec["loads"]
