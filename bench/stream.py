@@ -912,16 +912,10 @@ ST_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "flo
              "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
 
 
-def load_flat_cpu(torch, path, threads=8, chunk=64 << 20):
-    """The checkpoint's data region read (pread, several threads) into one
-    anonymous CPU buffer, and a dict of views of it. Anonymous on purpose: the
-    buffer is page-locked next (cudaHostRegister), and registering a MAP_PRIVATE
-    file mapping - what safetensors' CPU tensors are views of - can hang
-    (DEVICE-FACTS.md)."""
-    hdr, _meta, base = read_header(path)
-    size = os.path.getsize(path) - base
-    flat = torch.empty(size, dtype=torch.uint8)
-    mv = memoryview(flat.numpy())
+def pread_striped(path, base, size, threads, chunk, into):
+    """Read bytes [base, base + size) of path with `threads` threads, thread k
+    taking chunks k, k + threads, ... of `chunk` bytes, each into the writable
+    memoryview into(k, off, n) returns (off from base). Seconds it took."""
     fd = os.open(path, os.O_RDONLY)
     errs = []
 
@@ -929,15 +923,17 @@ def load_flat_cpu(torch, path, threads=8, chunk=64 << 20):
         try:
             for off in range(k * chunk, size, threads * chunk):
                 want = min(chunk, size - off)
+                dst = into(k, off, want)
                 got = 0
                 while got < want:
-                    n = os.preadv(fd, [mv[off + got:off + want]], base + off + got)
+                    n = os.preadv(fd, [dst[got:want]], base + off + got)
                     if n <= 0:
                         raise OSError(f"{path}: short read at {base + off + got}")
                     got += n
         except OSError as e:
             errs.append(e)
 
+    t0 = time.perf_counter()
     try:
         ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
         for t in ts:
@@ -948,6 +944,20 @@ def load_flat_cpu(torch, path, threads=8, chunk=64 << 20):
         os.close(fd)
     if errs:
         raise errs[0]
+    return time.perf_counter() - t0
+
+
+def load_flat_cpu(torch, path, threads=8, chunk=64 << 20):
+    """The checkpoint's data region read (pread, several threads) into one
+    anonymous CPU buffer, and a dict of views of it. Anonymous on purpose: the
+    buffer is page-locked next (cudaHostRegister), and registering a MAP_PRIVATE
+    file mapping - what safetensors' CPU tensors are views of - can hang
+    (DEVICE-FACTS.md)."""
+    hdr, _meta, base = read_header(path)
+    size = os.path.getsize(path) - base
+    flat = torch.empty(size, dtype=torch.uint8)
+    mv = memoryview(flat.numpy())
+    pread_striped(path, base, size, threads, chunk, lambda k, off, n: mv[off:off + n])
     sd = {}
     for name, v in hdr.items():
         b, e = v["data_offsets"]
@@ -1351,36 +1361,8 @@ def page_cache_fraction(path, window=1 << 30):
 
 def warm_page_cache(path, threads=8, chunk=16 << 20):
     """Read path whole (threads x pread into small buffers), so that its pages are in the page cache."""
-    size = os.path.getsize(path)
-    fd = os.open(path, os.O_RDONLY)
-    errs = []
-
-    def work(k):
-        buf = bytearray(chunk)
-        try:
-            for off in range(k * chunk, size, threads * chunk):
-                got = 0
-                want = min(chunk, size - off)
-                while got < want:
-                    n = os.preadv(fd, [memoryview(buf)[got:want]], off + got)
-                    if n <= 0:
-                        raise OSError(f"{path}: short read at {off + got}")
-                    got += n
-        except OSError as e:
-            errs.append(e)
-
-    t0 = time.perf_counter()
-    try:
-        ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-    finally:
-        os.close(fd)
-    if errs:
-        raise errs[0]
-    return time.perf_counter() - t0
+    bufs = [memoryview(bytearray(chunk)) for _ in range(threads)]
+    return pread_striped(path, 0, os.path.getsize(path), threads, chunk, lambda k, off, n: bufs[k])
 
 
 def step_flops(kind, cfg, info, tokens, text_tokens):
