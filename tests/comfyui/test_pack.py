@@ -22,7 +22,7 @@ $FERRY_COMFYUI_STATS. A host limit far below what a prompt takes is only
 reported today: the prompt runs, the start-up log names the budget.
 
 Run with the interpreter of scripts/deps.sh's torch-2 environment
-(tests/comfyui/run_comfyui_pack.sh, ctest comfyui_pack); skips without
+(tests/comfyui/run_comfyui.sh pack, ctest comfyui_pack); skips without
 ComfyUI, its packages or ferry's library."""
 import ast
 import concurrent.futures

@@ -8,7 +8,7 @@ carries), and two runs in two fresh processes give bit-identical latents and
 images. The reference the node pack's loaders are compared against.
 
 Run with the interpreter of scripts/deps.sh's torch-2 environment
-(tests/comfyui/run_comfyui_stock.sh, ctest comfyui_stock); skips without
+(tests/comfyui/run_comfyui.sh stock, ctest comfyui_stock); skips without
 ComfyUI or its packages."""
 import ast
 import concurrent.futures
