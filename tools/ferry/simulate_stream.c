@@ -34,6 +34,17 @@ static const char *block_name(const sim_model *sm, int64_t k, char *buf, size_t 
     return buf;
 }
 
+/* A block's call failed: say which block, end the pass (its holds go), rc. */
+static int block_failed(ferry_ctx *ctx, ferry_streamer *st, const sim_model *sm, int64_t k, const char *when, int rc,
+                        job_result *r)
+{
+    char b[256];
+    sim_job_err(r, "run %s: %s %" PRId64 " (%s, ...): %s", sm->name, when, k, block_name(sm, k, b, sizeof b),
+                sim_errmsg(ctx, rc));
+    (void)ferry_streamer_pass_end(st, 0);
+    return rc;
+}
+
 /* One pass (step s): begin, every block in order, end. */
 static int run_pass(ferry_ctx *ctx, ferry_streamer *st, const sim_model *sm, const sim_run *run, step_result *sr,
                     job_result *r)
@@ -49,26 +60,14 @@ static int run_pass(ferry_ctx *ctx, ferry_streamer *st, const sim_model *sm, con
         double w0 = cli_now();
         rc = ferry_streamer_block_begin(st, k, 0);
         sr->wait += cli_now() - w0;
-        if (rc < 0) {
-            char b[256];
-            sim_job_err(r, "run %s: block %" PRId64 " (%s, ...): %s", sm->name, k, block_name(sm, k, b, sizeof b),
-                        sim_errmsg(ctx, rc));
-            (void)ferry_streamer_pass_end(st, 0);
-            return rc;
-        }
+        if (rc < 0) return block_failed(ctx, st, sm, k, "block", rc, r);
         double c0 = cli_now();
         if (run->block_ms > 0) sleep_until(c0 + run->block_ms / 1000);
         sr->compute += cli_now() - c0;
         double q0 = cli_now();
         rc = ferry_streamer_block_end(st, k, 0);
         sr->queue += cli_now() - q0;
-        if (rc < 0) {
-            char b[256];
-            sim_job_err(r, "run %s: after block %" PRId64 " (%s, ...): %s", sm->name, k, block_name(sm, k, b, sizeof b),
-                        sim_errmsg(ctx, rc));
-            (void)ferry_streamer_pass_end(st, 0);
-            return rc;
-        }
+        if (rc < 0) return block_failed(ctx, st, sm, k, "after block", rc, r);
     }
     if ((rc = ferry_streamer_pass_end(st, 0)) < 0) sim_job_err(r, "run %s: ending a pass: %s", sm->name, sim_errmsg(ctx, rc));
     return rc;
