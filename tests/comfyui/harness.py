@@ -98,6 +98,22 @@ def find_comfyui():
     return None, f"no ComfyUI: set COMFYUI_DIR, or put a checkout at {d}"
 
 
+# what ComfyUI imports to run the tests' prompts (scripts/deps.sh installs them)
+NEEDS = ("torch", "numpy", "safetensors", "comfy_aimdo", "comfy_kitchen", "torchsde", "einops", "av",
+         "transformers", "sentencepiece", "torchvision", "torchaudio", "scipy", "PIL", "yaml")
+
+
+def require_comfyui(pytest):
+    """For a test module: ComfyUI's directory, after skipping the module (with
+    the reason) where there is no ComfyUI or this Python lacks what it needs."""
+    comfyui, why = find_comfyui()
+    if comfyui is None:
+        pytest.skip(why, allow_module_level=True)
+    for mod in NEEDS:
+        pytest.importorskip(mod, reason=f"ComfyUI needs {mod} (scripts/deps.sh installs it)")
+    return comfyui
+
+
 def run(prompts, models_dir, custom_nodes=(), extra_args=(), overrides=None, python=None,
         comfyui=None, workdir=None, timeout=600, cpu=True, env=None):
     """Run `prompts` (one API-format prompt dict, or a list of them) through a

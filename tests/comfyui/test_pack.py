@@ -44,12 +44,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "data"))
 import harness  # noqa: E402
 import prompts  # noqa: E402
 
-COMFYUI, WHY = harness.find_comfyui()
-if COMFYUI is None:
-    pytest.skip(WHY, allow_module_level=True)
-for mod in ("torch", "numpy", "safetensors", "comfy_aimdo", "comfy_kitchen", "torchsde", "einops", "av",
-            "transformers", "sentencepiece", "torchvision", "torchaudio", "scipy", "PIL", "yaml"):
-    pytest.importorskip(mod, reason=f"ComfyUI needs {mod} (scripts/deps.sh installs it)")
+COMFYUI = harness.require_comfyui(pytest)
 LIBRARY = os.path.abspath(os.environ.get("FERRY_LIBRARY") or os.path.join(ROOT, "build", "libferry.so"))
 if not os.path.isfile(LIBRARY):
     pytest.skip(f"no ferry library at {LIBRARY} (build ferry_shared, or set FERRY_LIBRARY)",

@@ -24,12 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "data"))
 import harness  # noqa: E402
 import prompts  # noqa: E402
 
-COMFYUI, WHY = harness.find_comfyui()
-if COMFYUI is None:
-    pytest.skip(WHY, allow_module_level=True)
-for mod in ("torch", "numpy", "safetensors", "comfy_aimdo", "comfy_kitchen", "torchsde", "einops", "av",
-            "transformers", "sentencepiece", "torchvision", "torchaudio", "scipy", "PIL", "yaml"):
-    pytest.importorskip(mod, reason=f"ComfyUI needs {mod} (scripts/deps.sh installs it)")
+COMFYUI = harness.require_comfyui(pytest)
 
 import comfy_models  # noqa: E402
 
