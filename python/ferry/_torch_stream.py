@@ -224,10 +224,13 @@ class Streamer:
             self._t0 = time.perf_counter()
             if self.store._tdev.type == "cuda" and self.steps == 0:
                 torch.cuda.reset_peak_memory_stats(self.store._tdev)
-            if len(core.models) > 1 or not self.store._all_on_device(self.m, self.fixed):
-                # memory the pass's moves take from others may still be read
-                # by kernels queued before (those others were not released
-                # after a stream)
+            others_there = any(n != self.name and any(t == _lib.TIER_DEVICE for t, _ in st)
+                               for n, st in self.store._states.items())
+            if others_there or not self.store._all_on_device(self.m, self.fixed):
+                # memory the pass's moves take from other models may still be
+                # read by kernels queued before (they were not released after
+                # a stream); with none of theirs on the device, only this
+                # model's own releases are in play, and those are ordered
                 self.store._sync()
             self.active.clear()
             self.in_step = False
