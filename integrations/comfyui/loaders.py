@@ -24,7 +24,7 @@ import folder_paths
 import nodes
 from comfy.cli_args import args
 
-from . import keep_views, memstats, settings
+from . import keep_views, memstats, residency, settings
 
 CATEGORY = "loaders/ferry"
 
@@ -120,9 +120,57 @@ def _read_all(paths):
 
 
 def _merge_info(infos):
+    by_ptr = {}
+    for i in infos:
+        by_ptr.update(i["by_ptr"])
     return {"format": "+".join(sorted({i["format"] for i in infos})),
             "tensors": sum(i["tensors"] for i in infos), "bytes": sum(i["bytes"] for i in infos),
-            "files": [f for i in infos for f in i["files"]]}
+            "files": [f for i in infos for f in i["files"]], "paths": [i["path"] for i in infos],
+            "by_ptr": by_ptr, "names_overlap": _names_overlap(infos)}
+
+
+def _names_overlap(infos):
+    seen = set()
+    for i in infos:
+        names = {v[0] for v in i["by_ptr"].values()}
+        if names & seen:
+            return True
+        seen |= names
+    return False
+
+
+def _hold(patcher, module_attr, info, stream, label, kept):
+    """Hand patcher's model to ferry's store (residency.prepare), or leave it
+    to ComfyUI's residency with the reason in the log and the stats."""
+    if patcher is None or not settings.residency:
+        return
+    reason = None
+    if info.get("names_overlap"):
+        reason = "its files share tensor names, which one store model cannot tell apart"
+    else:
+        try:
+            held = residency.prepare(patcher, module_attr, info["by_ptr"], info.get("paths") or [info["path"]],
+                                     stream, label)
+        except residency.Unsupported as e:
+            reason = str(e)
+        except Exception as e:
+            reason = f"{type(e).__name__}: {e}"
+            logging.debug("ferry: %s", traceback.format_exc())
+        else:
+            kept["held_bytes"] = kept.get("held_bytes", 0) + held.bytes
+            return
+    logging.info("ferry: %s: ComfyUI moves its weights (%s)", label, reason)
+    kept.setdefault("residency", []).append({"model": label, "via": "comfyui", "reason": reason})
+
+
+def _label(paths, kind):
+    return f"{kind}:{os.path.basename(paths[0])}"
+
+
+def _dynamic_off(disable_dynamic):
+    """disable_dynamic for ComfyUI's builders: on where ferry's store will
+    hold the model (ComfyUI's dynamic VRAM would move it instead)."""
+    return disable_dynamic or (settings.residency and residency.wanted())
 
 
 def _sources(sds):
@@ -216,11 +264,13 @@ def load_diffusion_model(path, model_options={}, disable_dynamic=False):
         ((sd, metadata, info),) = _read_all([path])
         with keep_views.KeepViews(_sources([sd])) as kv:
             model = comfy.sd.load_diffusion_model_state_dict(sd, model_options=model_options, metadata=metadata,
-                                                             disable_dynamic=disable_dynamic)
+                                                             disable_dynamic=_dynamic_off(disable_dynamic))
         if model is None:
             raise _Fallback("ComfyUI did not recognise the model")
         model.cached_patcher_init = (load_diffusion_model, (path, model_options))
-        return model, info, kv.stats()
+        kept = kv.stats()
+        _hold(model, "diffusion_model", dict(info, paths=[path]), True, _label([path], "model"), kept)
+        return model, info, kept
 
     def via_comfyui():
         if not _only_ferry_reads(path):
@@ -265,10 +315,13 @@ def load_clip(paths, embedding_directory=None, clip_type=comfy.sd.CLIPType.STABL
         with keep_views.KeepViews(_sources(sds)) as kv:
             clip = comfy.sd.load_text_encoder_state_dicts(sds, embedding_directory=embedding_directory,
                                                           clip_type=clip_type, model_options=model_options,
-                                                          disable_dynamic=disable_dynamic)
+                                                          disable_dynamic=_dynamic_off(disable_dynamic))
         clip.patcher.cached_patcher_init = (clip_patcher, (paths, embedding_directory, clip_type, model_options,
                                                            node))
-        return clip, _merge_info([i for _, _, i in read]), kv.stats()
+        info = _merge_info([i for _, _, i in read])
+        kept = kv.stats()
+        _hold(clip.patcher, "", info, False, _label(paths, "text encoder"), kept)
+        return clip, info, kept
 
     def via_comfyui():
         if not any(_only_ferry_reads(p) for p in paths):
@@ -382,9 +435,14 @@ def load_checkpoint(path, output_vae=True, output_clip=True, output_clipvision=F
         with keep_views.KeepViews(_sources([sd])) as kv:
             out = comfy.sd.load_state_dict_guess_config(
                 sd, output_vae, output_clip, output_clipvision, embedding_directory, output_model, model_options,
-                te_model_options=te_model_options, metadata=metadata, disable_dynamic=disable_dynamic)
+                te_model_options=te_model_options, metadata=metadata, disable_dynamic=_dynamic_off(disable_dynamic))
         if out is None:
             raise _Fallback("ComfyUI did not recognise the model")
+        kept = kv.stats()
+        one = dict(info, paths=[path])
+        _hold(out[0], "diffusion_model", one, True, _label([path], "model"), kept)
+        if out[1] is not None:
+            _hold(getattr(out[1], "patcher", None), "", one, False, _label([path], "text encoder"), kept)
         rest = (embedding_directory, model_options, te_model_options)
         if out[0] is not None:
             out[0].cached_patcher_init = (load_checkpoint, (path, False, False, False, embedding_directory,
@@ -393,7 +451,7 @@ def load_checkpoint(path, output_vae=True, output_clip=True, output_clipvision=F
             out[1].patcher.cached_patcher_init = (checkpoint_clip_patcher, (path, *rest))
         if out[2] is not None and getattr(out[2], "patcher", None) is not None:
             out[2].patcher.cached_patcher_init = (checkpoint_vae_patcher, (path, *rest))
-        return out, info, kv.stats()
+        return out, info, kept
 
     def via_comfyui():
         if not _only_ferry_reads(path):

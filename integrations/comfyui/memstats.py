@@ -108,7 +108,8 @@ class Tracker:
         self._files = set()   # every checkpoint file ferry mapped in this process
         self._start = None
         self._sampler = None
-        self.store = None     # a ferry.torch.Store the pack uses, if any: its tiers go in the line
+        self.stores = None    # () -> {device: ferry.torch.Store.stats()} of the pack's stores
+        self.models = None    # () -> {model: its residency figures}
 
     def note_load(self, event):
         """A loader's record: {"node", "files", "via": "ferry"|"comfyui", ...}."""
@@ -160,17 +161,32 @@ class Tracker:
                       "store": store is not None},
             "loads": loads,
         }
+        if self.models is not None:
+            try:
+                rec["models"] = self.models()
+            except Exception:
+                rec["models"] = {}
         limit, _ = settings.host_budget(None)
         rec["host_limit"] = limit
         return rec
 
     def _store_stats(self):
-        if self.store is None:
+        """The pack's stores' figures, summed over devices (None: no store)."""
+        if self.stores is None:
             return None
         try:
-            return self.store.stats()
+            per = self.stores()
         except Exception:  # a closed store: no figures rather than a failed prompt
             return None
+        if not per:
+            return None
+        out = {"tier_bytes": {}}
+        for st in per.values():
+            for k, v in st.get("tier_bytes", {}).items():
+                out["tier_bytes"][k] = out["tier_bytes"].get(k, 0) + v
+            for k in ("bytes_htod", "bytes_dtoh", "bytes_read", "bytes_written"):
+                out[k] = out.get(k, 0) + st.get(k, 0)
+        return out
 
 
 def line(rec):

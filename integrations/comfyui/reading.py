@@ -76,7 +76,10 @@ def _gguf_shapes(path, sd):
 
 def read(path):
     """(state dict, metadata, info) for path; info: {"format", "tensors",
-    "bytes", "files"} (files: the path, or an index's shards). Raises Fallback
+    "bytes", "files" (the path, or an index's shards), "path", "by_ptr"
+    ({data_ptr: (the checkpoint's name, shape, dtype)} of every view, as ferry
+    names the file's tensors: what the residency pairs a module's tensors
+    with)}. Raises Fallback
     for what ComfyUI's core cannot use; ferry's own errors (FormatError,
     OSError, ...) pass through for the caller to log."""
     with ferry.File(path) as f:
@@ -91,11 +94,13 @@ def read(path):
         files = list(f.shards) if fmt == "safetensors-index" else [os.path.abspath(path)]
         total = f.total_bytes
     sd = ferry.torch.load_file(path)
+    by_ptr = {t.data_ptr(): (name, tuple(t.shape), t.dtype) for name, t in sd.items() if t.numel()}
     if fmt == "pytorch":
         sd = _unwrap_pickle(path, sd)
     elif fmt == "gguf":
         sd = _gguf_shapes(path, sd)
     if not sd:
         raise Fallback("ferry found no tensors in it")
-    info = {"format": fmt, "tensors": len(sd), "bytes": total, "files": files}
+    info = {"format": fmt, "tensors": len(sd), "bytes": total, "files": files, "path": os.path.abspath(path),
+            "by_ptr": by_ptr}
     return sd, metadata, info

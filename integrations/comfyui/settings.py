@@ -21,6 +21,22 @@ USS_ENV = "FERRY_COMFYUI_USS"
 """0: skip the USS figures (each read of /proc/self/smaps_rollup walks the
 process's page tables: 10-30 ms per resident GiB, twice a prompt)."""
 
+RESIDENCY_ENV = "FERRY_COMFYUI_RESIDENCY"
+"""0: the models the ferry nodes load are moved by ComfyUI (over ferry's
+views of the file) instead of by ferry's store."""
+
+DEVICE_ENV = "FERRY_COMFYUI_DEVICE"
+"""A ferry device for ComfyUI's CPU device (sim:SIZE, e.g. sim:64MiB): the
+store then holds the ferry nodes' models there, as it does on a GPU (tests
+and experiments on a machine without one). Unset: on the CPU nothing moves."""
+
+STREAM_COPIES_ENV = "FERRY_COMFYUI_STREAM_COPIES"
+"""Where a streamed diffusion model's blocks come from at each step: ring
+(the default: read from the checkpoint through ferry's pinned ring, so host
+memory stays at the ring's size), pinned (a pinned copy of each block as the
+host budget allows: faster steps, that much more host memory) or auto (pinned
+when all of them fit the host budget)."""
+
 
 def _flag(name, default):
     v = os.environ.get(name, "").strip().lower()
@@ -47,6 +63,15 @@ disabled = _flag(DISABLE_ENV, False)
 read_uss = _flag(USS_ENV, True)
 stats_path = os.environ.get(STATS_ENV, "").strip() or None
 host_limit_user = _host_limit()
+residency = _flag(RESIDENCY_ENV, True)
+sim_device = os.environ.get(DEVICE_ENV, "").strip() or None
+stream_copies = os.environ.get(STREAM_COPIES_ENV, "").strip().lower() or "ring"
+if stream_copies not in ("ring", "pinned", "auto"):
+    logging.warning("ferry: %s=%r is none of ring, pinned, auto; ring is used", STREAM_COPIES_ENV, stream_copies)
+    stream_copies = "ring"
+if sim_device is not None and not sim_device.startswith("sim:"):
+    logging.warning("ferry: %s=%r is not sim:SIZE; ignored", DEVICE_ENV, sim_device)
+    sim_device = None
 
 
 def host_budget(ferry_module):

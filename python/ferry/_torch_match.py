@@ -75,13 +75,22 @@ def _match_module(groups, lookup, path, verb, strict, what):
     return matched, missing, unexpected
 
 
-def _attach_plan(module, infos, handles, strict):
+def _attach_plan(module, infos, handles, strict, keys=None):
     """[(model index, TensorInfo, dtype, entries)] for the module's tensors
-    that the checkpoint has; raises RuntimeError as load_state_dict does."""
+    that the checkpoint has; raises RuntimeError as load_state_dict does.
+    keys: {module tensor name: checkpoint tensor name} pairs them instead of
+    equal names (a module tensor it leaves out is missing)."""
     fname = handles[0].path if len(handles) == 1 else ", ".join(h.path for h in handles)
     lookup = {}
     for k, t in enumerate(infos):
         lookup.setdefault(t.name, (k, t))
+    if keys is not None:
+        unknown = [f for f in keys.values() if f not in lookup]
+        if unknown:
+            raise RuntimeError(f"Error(s) in attaching {type(module).__name__} to {fname}:\n\tkeys names "
+                               f"{len(unknown)} tensor(s) the checkpoint lacks: "
+                               + ", ".join(f'"{f}"' for f in unknown[:5]))
+        lookup = {mk: lookup[f] for mk, f in keys.items()}
     groups = collections.OrderedDict()
     for e in _module_entries(module):
         groups.setdefault(id(e[4]), []).append(e)

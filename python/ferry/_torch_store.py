@@ -97,6 +97,7 @@ class _Attached:
         self.hooks = []
         self.hook_pins = 0  # pins the forward hooks hold now
         self.streamer = None  # a _torch_stream.Streamer when added with stream=
+        self.own = False  # Store._own's answer, once asked
 
 
 class Job:
@@ -379,7 +380,7 @@ class Store:
     # ---- models ----
 
     def add(self, name, path, *, module=None, priority=0, strict=True, stream=None, prefetch=None, reserve=None,
-            pinned_cache=None):
+            pinned_cache=None, keys=None):
         """Add a model called name holding every tensor of path (anything
         ferry reads; a list of paths makes one model of several files). Its
         tensors start in the checkpoint (tier "source"): nothing is read yet.
@@ -395,7 +396,11 @@ class Store:
         the device and pins it while forward runs. The module's tensors that
         the file lacks (non-persistent buffers, and what strict=False left
         out) move with the model instead: to the device with it, back to the
-        cpu once it has left (_extras_to).
+        cpu once it has left (_extras_to). keys: {module tensor name:
+        checkpoint tensor name} for a module whose names differ from the
+        file's (a prefix stripped, keys converted): its tensors are paired
+        through it instead of by equal names, and one it leaves out counts as
+        missing (so strict=False keeps it as the module's own).
 
         stream="auto" (or a list of block module names, or of ModuleLists
         whose children are the blocks) runs the module block by block instead,
@@ -439,7 +444,9 @@ class Store:
             if stream is not None and module is None:
                 raise ValueError(f"model \"{name}\": stream= needs module=")
             handles, infos = core.open_files(paths)
-            plan = _attach_plan(module, infos, handles, strict) if module is not None else None
+            if keys is not None and module is None:
+                raise ValueError(f"model \"{name}\": keys= needs module=")
+            plan = _attach_plan(module, infos, handles, strict, keys) if module is not None else None
             core.add(name, handles, infos, priority)
             try:
                 if pinned_cache:
@@ -525,15 +532,29 @@ class Store:
         a.hooks.append(a.module.register_forward_pre_hook(pre))
         a.hooks.append(_torch_stream.register_post(a.module, post))
 
+    def _own(self, name, m):
+        """The indices of the tensors an attached module has of model name,
+        when its files hold more (strict=False or keys= left some out: those
+        stay in the store only and never come to the device with it); None
+        for all of them."""
+        a = self._attached.get(name)
+        if a is None:
+            return None
+        if a.own is False:
+            idx = sorted(i for i, *_ in a.plan)
+            a.own = idx if len(idx) < len(m) else None
+        return a.own
+
     def _enter(self, name, hook=False):
         """to_device (which also marks the model used now) and pin it all."""
         with self._lock:
             m = self._model(name)
-            moving = not self._all_on_device(m)
+            own = self._own(name, m)
+            moving = not self._all_on_device(m, own)
             if moving:
                 self._sync()
             try:
-                self._to_device(m)
+                self._to_device(m, own)
             finally:
                 if moving:
                     self._refresh()
@@ -598,13 +619,14 @@ class Store:
 
     def to_device(self, name, tensors=None):
         """Bring a model (or tensors: names, indices or tensors of it, with
-        their groups) to the device, evicting others as the policy decides
+        their groups; a model with an attached module: the tensors the module
+        has) to the device, evicting others as the policy decides
         (least recently used, lowest priority first, never a pinned tensor).
         Marks the model used now. BudgetError when even that cannot make room
         (nothing evicted or moved then)."""
         with self._lock:
             m = self._model(name)
-            idx = self._indices(m, tensors)
+            idx = self._indices(m, tensors) if tensors is not None else self._own(name, m)
             moving = not self._all_on_device(m, idx)
             if moving:
                 self._sync()
@@ -613,7 +635,7 @@ class Store:
             finally:
                 if moving:
                     self._refresh()
-            if idx is None:
+            if tensors is None:
                 self._extras_to(name)
 
     def offload(self, name, tensors=None):

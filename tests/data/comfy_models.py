@@ -210,11 +210,13 @@ def wan21_t2v_entries(dim=WAN_DIM, ffn=WAN_FFN, blocks=WAN_BLOCKS, text_dim=UMT5
     return e
 
 
-def write_wan21_t2v(path, seed=1):
+def write_wan21_t2v(path, seed=1, dtype="BF16"):
     # ComfyUI reads the widths from the shapes, except the text width (fixed
-    # at UMT5-XXL's 4096 unless the file's "config" metadata says otherwise)
+    # at UMT5-XXL's 4096 unless the file's "config" metadata says otherwise).
+    # dtype F32: what ComfyUI computes with on the CPU, so that it keeps the
+    # file's tensors as they are (BF16 ones become FP32 copies there)
     meta = {"config": json.dumps({"transformer": {"text_dim": UMT5_DIM}})}
-    return write(path, wan21_t2v_entries(), "BF16", seed, metadata=meta)
+    return write(path, wan21_t2v_entries(), dtype, seed, metadata=meta)
 
 
 def _wan_residual(prefix, n_in, n_out):
