@@ -8,6 +8,9 @@ Node ids name their role, so that a test can swap a loader for another
 (FerryHarnessSaveTensor: the sampled latent and the decoded image, bit for
 bit), "guidance" (Flux), "lora" (LoraLoader, with_lora). Loader outputs are
 referenced as [id, index]."""
+import ast
+import copy
+import os
 
 SIZE = 64       # pixels: an 8x8 latent
 STEPS = 2
@@ -91,6 +94,40 @@ def with_lora(prompt, lora_name, strength_model=1.0, strength_clip=1.0):
     for k, node in p.items():
         if k != "lora" and node["inputs"].get("clip") == clip:
             node["inputs"]["clip"] = ["lora", 1]
+    return p
+
+
+def pack_nodes(pack_dir):
+    """{stock class: the node pack's class standing for it}, from the pack's
+    NODE_CLASS_MAPPINGS in loaders.py and each class's one stock base (read
+    as source: importing it needs ComfyUI)."""
+    with open(os.path.join(pack_dir, "loaders.py")) as f:
+        tree = ast.parse(f.read())
+    bases, mapping = {}, None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            bases[node.name] = [b.attr for b in node.bases
+                                if isinstance(b, ast.Attribute) and isinstance(b.value, ast.Name)
+                                and b.value.id == "nodes"]
+        elif isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "NODE_CLASS_MAPPINGS"
+                                                  for t in node.targets):
+            mapping = {k.value: v.id for k, v in zip(node.value.keys, node.value.values)}
+    if not mapping:
+        raise ValueError(f"no NODE_CLASS_MAPPINGS in {pack_dir}/loaders.py")
+    out = {}
+    for name, cls in mapping.items():
+        if len(bases.get(cls, [])) != 1:
+            raise ValueError(f"{name}: not a subclass of one stock node")
+        out[bases[cls][0]] = name
+    return out
+
+
+def with_pack(prompt, mapping):
+    """A copy of a prompt with every stock loader replaced by the pack's node
+    (same id, same inputs); mapping: pack_nodes()'s."""
+    p = copy.deepcopy(prompt)
+    for node in p.values():
+        node["class_type"] = mapping.get(node["class_type"], node["class_type"])
     return p
 
 

@@ -24,7 +24,6 @@ reported today: the prompt runs, the start-up log names the budget.
 Run with the interpreter of scripts/deps.sh's torch-2 environment
 (tests/comfyui/run_comfyui.sh pack, ctest comfyui_pack); skips without
 ComfyUI, its packages or ferry's library."""
-import ast
 import concurrent.futures
 import copy
 import hashlib
@@ -63,39 +62,12 @@ WEIGHT_MESSAGES = ("unet missing", "unet unexpected", "clip missing", "clip unex
                    "Missing VAE keys", "Leftover VAE keys", "left over keys")
 
 
-def pack_nodes():
-    """{stock class: the pack's class standing for it}, from the pack's
-    NODE_CLASS_MAPPINGS and each class's base (loaders.py, read as source:
-    it imports ComfyUI, which this process cannot)."""
-    with open(os.path.join(PACK, "loaders.py")) as f:
-        tree = ast.parse(f.read())
-    bases, mapping = {}, None
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef):
-            bases[node.name] = [b.attr for b in node.bases
-                                if isinstance(b, ast.Attribute) and isinstance(b.value, ast.Name)
-                                and b.value.id == "nodes"]
-        elif isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "NODE_CLASS_MAPPINGS"
-                                                  for t in node.targets):
-            mapping = {k.value: v.id for k, v in zip(node.value.keys, node.value.values)}
-    assert mapping, "no NODE_CLASS_MAPPINGS in the pack's loaders.py"
-    out = {}
-    for name, cls in mapping.items():
-        assert len(bases.get(cls, [])) == 1, f"{name}: not a subclass of one stock node"
-        out[bases[cls][0]] = name
-    return out
-
-
-FERRY_NODES = pack_nodes()
+FERRY_NODES = prompts.pack_nodes(PACK)
 
 
 def with_pack(prompt):
-    """The prompt with every stock loader replaced by the pack's node (same
-    id, same inputs)."""
-    p = copy.deepcopy(prompt)
-    for node in p.values():
-        node["class_type"] = FERRY_NODES.get(node["class_type"], node["class_type"])
-    return p
+    """The prompt with every stock loader replaced by the pack's node."""
+    return prompts.with_pack(prompt, FERRY_NODES)
 
 
 def sha256(path):

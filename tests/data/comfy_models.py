@@ -126,26 +126,41 @@ _EMBEDDINGS = ("token_embedding.weight", "position_embedding.weight", "positiona
                "shared.weight", "relative_attention_bias.weight")
 
 
-def _values(name, shape, seed):
-    """float32 values for one tensor, from its name and shape: norms near 1,
-    biases and embeddings small, matrices scaled by their fan-in so that
-    activations stay in range through the tiny networks."""
-    rng = np.random.Generator(np.random.PCG64([seed, zlib.crc32(name.encode())]))
-    n = int(np.prod(shape)) if shape else 1
-    x = rng.standard_normal(n, dtype=np.float32)
+def value_rule(name, shape):
+    """How a tensor's values derive from standard normal x, by its name and
+    shape: ("const", v), ("norm",) 1 + 0.02x (a norm's scale: every 1-D
+    weight is one), ("bias",) 0.02x, ("embed",) 0.5x, or ("fan_in", f) x/sqrt(f)
+    (matrices, so that activations stay in range)."""
     leaf = name.rsplit(".", 1)[-1]
     if leaf == "logit_scale":
-        return np.full(n, np.log(100.0), np.float32)
+        return ("const", float(np.log(100.0)))
     if leaf in ("weight", "gamma", "scale") and sum(d != 1 for d in shape) <= 1:
-        return 1.0 + 0.02 * x      # a norm's scale (every 1-D weight is one)
+        return ("norm",)
     if leaf == "bias":
-        return 0.02 * x
+        return ("bias",)
     if name.endswith(_EMBEDDINGS):
-        return 0.5 * x
+        return ("embed",)
     if leaf == "text_projection":          # OpenCLIP stores it as x @ P: fan-in first
-        return x / np.sqrt(shape[0])
-    fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
-    return x / np.sqrt(fan_in)
+        return ("fan_in", shape[0])
+    return ("fan_in", int(np.prod(shape[1:])) if len(shape) > 1 else shape[0])
+
+
+def _values(name, shape, seed):
+    """float32 values for one tensor (value_rule's), from a generator seeded
+    by the tensor's name."""
+    rng = np.random.Generator(np.random.PCG64([seed, zlib.crc32(name.encode())]))
+    n = int(np.prod(shape)) if shape else 1
+    rule = value_rule(name, shape)
+    if rule[0] == "const":
+        return np.full(n, rule[1], np.float32)
+    x = rng.standard_normal(n, dtype=np.float32)
+    if rule[0] == "norm":
+        return 1.0 + 0.02 * x
+    if rule[0] == "bias":
+        return 0.02 * x
+    if rule[0] == "embed":
+        return 0.5 * x
+    return x / np.sqrt(rule[1])
 
 
 def _encode(x, dtype):

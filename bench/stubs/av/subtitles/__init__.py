@@ -1,0 +1,1 @@
+"""av.subtitles stand-in (see av/__init__.py)."""

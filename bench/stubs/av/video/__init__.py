@@ -1,0 +1,1 @@
+"""av.video stand-in (see av/__init__.py)."""
