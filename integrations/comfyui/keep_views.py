@@ -66,7 +66,7 @@ class KeepViews:
     tensors (ferry's views): kept bytes are counted for these. After exit,
     stats() says what was kept and what was copied."""
 
-    def __init__(self, sources):
+    def __init__(self, sources, cast_at_use=False):
         self._thread = threading.get_ident()
         self._sources = {t.untyped_storage().data_ptr() for t in sources if t.numel()}
         self._hooked = weakref.WeakSet()
@@ -75,6 +75,12 @@ class KeepViews:
         self.kept = [0, 0]      # tensors, bytes: the module now holds ferry's view
         self.copied = [0, 0]    # tensors, bytes: copied (ComfyUI's dtype, device or layout differs)
         self.other = [0, 0]     # in modules with loading code of their own: left to it
+        # cast_at_use: a ComfyUI layer (comfy.ops) keeps the file's tensor in
+        # the file's dtype where ComfyUI wants another, and casts it as it runs
+        # (comfy_cast_weights), as ComfyUI's dynamic VRAM assigns the file's
+        # tensors and casts them at use; for models ferry's store holds
+        self.cast_at_use = cast_at_use
+        self.casting = []       # the layers that now cast at use
 
     def __enter__(self):
         api = _hook_api()
@@ -118,7 +124,9 @@ class KeepViews:
             v = state_dict.get(key)
             if not isinstance(v, torch.Tensor) or v.shape != cur.shape:
                 continue  # missing, or a mismatch load_state_dict reports itself
-            same = (v.dtype == cur.dtype and v.device.type == "cpu" and cur.device.type == "cpu"
+            dtype_ok = v.dtype == cur.dtype or (self.cast_at_use and hasattr(module, "comfy_cast_weights")
+                                                 and v.is_floating_point() and cur.is_floating_point())
+            same = (dtype_ok and v.device.type == "cpu" and cur.device.type == "cpu"
                     and v.stride() == cur.stride() and type(v) is torch.Tensor)
             if same and v.numel() and v.data_ptr() in self._kept_ptrs:
                 same = False  # already another weight's: a copy, so that they stay apart
@@ -140,3 +148,8 @@ class KeepViews:
                     self.kept[0] += 1
                     self.kept[1] += v.numel() * v.element_size()
         local_metadata["assign_to_params_buffers"] = True
+        cast = {key[len(prefix):]: cur.dtype for key, v, cur in keep if v.dtype != cur.dtype}
+        if cast:
+            module.comfy_cast_weights = True
+            module.ferry_built_dtypes = cast  # what ComfyUI made them: a patch is merged in that dtype
+            self.casting.append(module)

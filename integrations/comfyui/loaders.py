@@ -18,6 +18,7 @@ import traceback
 
 import torch
 
+import comfy.model_management
 import comfy.sd
 import comfy.utils
 import folder_paths
@@ -142,7 +143,7 @@ def _names_overlap(infos):
 def _hold(patcher, module_attr, info, stream, label, kept):
     """Hand patcher's model to ferry's store (residency.prepare), or leave it
     to ComfyUI's residency with the reason in the log and the stats."""
-    if patcher is None or not settings.residency:
+    if patcher is None or not settings.residency or not residency.wanted(patcher.load_device):
         return
     reason = None
     if info.get("names_overlap"):
@@ -165,6 +166,20 @@ def _hold(patcher, module_attr, info, stream, label, kept):
 
 def _label(paths, kind):
     return f"{kind}:{os.path.basename(paths[0])}"
+
+
+def _cast_at_use():
+    """Whether the models built now keep the file's tensors in the file's
+    dtype where ComfyUI wants another, casting them as each layer runs: where
+    ferry's store holds them on a GPU, in place of ComfyUI's dynamic VRAM,
+    which does the same (its builders assign the file's tensors). On the CPU
+    ComfyUI converts them at load, and so does the pack."""
+    if not (settings.residency and residency.wanted()):
+        return False
+    try:
+        return comfy.model_management.get_torch_device().type == "cuda"
+    except Exception:
+        return False
 
 
 def _dynamic_off(disable_dynamic):
@@ -262,7 +277,7 @@ def load_diffusion_model(path, model_options={}, disable_dynamic=False):
     ComfyUI calls for multi-GPU and non-dynamic clones)."""
     def via_ferry():
         ((sd, metadata, info),) = _read_all([path])
-        with keep_views.KeepViews(_sources([sd])) as kv:
+        with keep_views.KeepViews(_sources([sd]), cast_at_use=_cast_at_use()) as kv:
             model = comfy.sd.load_diffusion_model_state_dict(sd, model_options=model_options, metadata=metadata,
                                                              disable_dynamic=_dynamic_off(disable_dynamic))
         if model is None:
@@ -312,7 +327,7 @@ def load_clip(paths, embedding_directory=None, clip_type=comfy.sd.CLIPType.STABL
             if model_options.get("custom_operations", None) is None:
                 sd, metadata = comfy.utils.convert_old_quants(sd, model_prefix="", metadata=metadata)
             sds.append(sd)
-        with keep_views.KeepViews(_sources(sds)) as kv:
+        with keep_views.KeepViews(_sources(sds), cast_at_use=_cast_at_use()) as kv:
             clip = comfy.sd.load_text_encoder_state_dicts(sds, embedding_directory=embedding_directory,
                                                           clip_type=clip_type, model_options=model_options,
                                                           disable_dynamic=_dynamic_off(disable_dynamic))
@@ -432,7 +447,7 @@ def load_checkpoint(path, output_vae=True, output_clip=True, output_clipvision=F
     """comfy.sd.load_checkpoint_guess_config through ferry."""
     def via_ferry():
         ((sd, metadata, info),) = _read_all([path])
-        with keep_views.KeepViews(_sources([sd])) as kv:
+        with keep_views.KeepViews(_sources([sd]), cast_at_use=_cast_at_use()) as kv:
             out = comfy.sd.load_state_dict_guess_config(
                 sd, output_vae, output_clip, output_clipvision, embedding_directory, output_model, model_options,
                 te_model_options=te_model_options, metadata=metadata, disable_dynamic=_dynamic_off(disable_dynamic))

@@ -105,11 +105,17 @@ class Tracker:
     def __init__(self):
         self._lock = threading.Lock()
         self._loads = []
+        self._residency = []
         self._files = set()   # every checkpoint file ferry mapped in this process
         self._start = None
         self._sampler = None
         self.stores = None    # () -> {device: ferry.torch.Store.stats()} of the pack's stores
         self.models = None    # () -> {model: its residency figures}
+
+    def note_residency(self, event):
+        """A model ferry's store gave back to ComfyUI: {"model", "reason"}."""
+        with self._lock:
+            self._residency.append(event)
 
     def note_load(self, event):
         """A loader's record: {"node", "files", "via": "ferry"|"comfyui", ...}."""
@@ -124,6 +130,7 @@ class Tracker:
                        "uss": _uss(), "hwm": _hwm(), "store": self._store_stats()}
         with self._lock:
             self._loads = []
+            self._residency = []
         s = _Sampler()
         s.rss_peak, s.anon_peak = rss, anon
         s.start()
@@ -145,6 +152,7 @@ class Tracker:
         store = self._store_stats()
         with self._lock:
             loads, files = list(self._loads), set(self._files)
+            given_back = list(self._residency)
         moved = 0
         if store and st["store"]:
             moved = sum(store.get(k, 0) - st["store"].get(k, 0)
@@ -160,6 +168,7 @@ class Tracker:
                       "host": tiers.get("host", 0), "moved": moved, "mapped": _mapped(files),
                       "store": store is not None},
             "loads": loads,
+            "residency": given_back,
         }
         if self.models is not None:
             try:

@@ -234,16 +234,23 @@ class _Held:
             # each tensor object the loader left (a tied tensor's names share
             # one) holds its view of the file again: the store swapped its
             # contents for a placeholder of its own
-            back = {}
+            back, cast = {}, {}
             for key, (obj, data) in self.views.items():
+                owner, attr = _owner(self.module, key)
+                built = getattr(owner, "ferry_built_dtypes", {}).get(attr)
+                if built is not None:  # kept in the file's dtype for the store: as ComfyUI built it
+                    data = data.to(built)
+                    cast[id(owner)] = owner
                 t = back.get(id(obj))
                 if t is None:
                     t = back[id(obj)] = _restored(obj, data)
-                owner, attr = _owner(self.module, key)
                 if attr in owner._parameters:
                     owner._parameters[attr] = t
                 else:
                     owner._buffers[attr] = t
+            for owner in cast.values():
+                del owner.ferry_built_dtypes
+                owner.__dict__.pop("comfy_cast_weights", None)  # the layer's class default again
 
     # ---- device memory ----
 
@@ -326,8 +333,8 @@ class _Merged:
     """A patched weight (or bias) as ComfyUI's full load merges it into the
     model (ModelPatcher.patch_weight_to_device: the patches computed in
     lora_compute_dtype over the clean weight, rounded stochastically to the
-    stored dtype with the key's seed), computed from the clean weight the
-    store put on the device each time its layer runs: outputs are those of
+    dtype ComfyUI built the weight in with the key's seed), computed from the
+    clean weight the store put on the device each time its layer runs: outputs are those of
     the merged model, and the weights stay clean. ComfyUI's cast path hands
     the weight over in the compute dtype; the result goes back to it."""
 
@@ -383,7 +390,7 @@ class FerryModelPatcher(comfy.model_patcher.ModelPatcher):
 
     def _fallback(self, held, reason):
         logging.warning("ferry: %s goes back to ComfyUI's residency: %s", held.label, reason)
-        memstats.tracker.note_load({"node": "residency", "model": held.label, "via": "comfyui", "reason": reason})
+        memstats.tracker.note_residency({"model": held.label, "reason": reason})
         try:
             held.give_back()
         finally:
@@ -465,7 +472,8 @@ class FerryModelPatcher(comfy.model_patcher.ModelPatcher):
             weight, set_func, convert_func = comfy.model_patcher.get_key_weight(self.model, key)
             if set_func is not None:
                 raise Unsupported(f"a patch changes {key}, a quantized weight")
-            getattr(m, param + "_function").append(_Merged(key, self.patches, weight.dtype, convert_func))
+            dtype = getattr(m, "ferry_built_dtypes", {}).get(param, weight.dtype)
+            getattr(m, param + "_function").append(_Merged(key, self.patches, dtype, convert_func))
         for key, fns in self.weight_wrapper_patches.items():
             mod_name, _, param = key.rpartition(".")
             getattr(comfy.utils.get_attr(self.model, mod_name), param + "_function").extend(fns)

@@ -54,6 +54,7 @@ import comfy_models  # noqa: E402
 PACK = os.path.join(ROOT, "integrations", "comfyui")
 PACK_NAME = os.path.basename(PACK)      # the harness links a pack under its folder's name
 HOST_LIMIT = 1 << 20                    # bytes: far below what any prompt takes
+SIM_DEVICE = "sim:2MiB"                 # smaller than each FP32 Wan (2.2 MiB) and every text encoder
 # the pack's view of ferry: this checkout's package and library
 PACK_ENV = {"FERRY_LIBRARY": LIBRARY, "PYTHONPATH": os.path.join(ROOT, "python"),
             "FERRY_COMFYUI_DISABLE": None, "FERRY_HOST_LIMIT_GB": None, "FERRY_COMFYUI_USS": None}
@@ -133,13 +134,24 @@ def procs(tmp_path_factory):
     legacy_p["ckpt"]["inputs"]["ckpt_name"] = os.path.basename(legacy)
     stock = {"wan": prompts.wan21_t2v(files["wan"]), "flux": prompts.flux_dev(files["flux"]), "sdxl": sdxl,
              "sdxl_b": sdxl_b, "sdxl_lora": lora, "sdxl_legacy": legacy_p}
-    stock_order = ["wan", "flux", "sdxl", "sdxl_b", "sdxl_lora", "sdxl_legacy"]
+    # two Wan models in FP32 (what ComfyUI computes with on the CPU, so it
+    # keeps the file's tensors and ferry's store can hold them), each larger
+    # than the sim device the "sim" process gives the store
+    for name, seed in (("tiny_wan_f32_a.safetensors", 21), ("tiny_wan_f32_b.safetensors", 22)):
+        comfy_models.write_wan21_t2v(os.path.join(models_dir, "diffusion_models", name), seed=seed, dtype="F32")
+        p = copy.deepcopy(stock["wan"])
+        p["unet"]["inputs"]["unet_name"] = name
+        stock["wan_" + name[-13]] = p
+    stock_order = ["wan", "flux", "sdxl", "sdxl_b", "sdxl_lora", "sdxl_legacy", "wan_a", "wan_b"]
+    sim_order = ["wan_a", "wan_b", "wan_a", "sdxl_lora", "sdxl"]
     pack_order = ["wan", "flux", "sdxl", "sdxl_lora", "sdxl_b", "sdxl_legacy"]
-    stats = {name: str(top / f"{name}_stats.jsonl") for name in ("pack", "host")}
+    stats = {name: str(top / f"{name}_stats.jsonl") for name in ("pack", "host", "sim")}
     jobs = {
         "stock": ([stock[t] for t in stock_order], stock_order, (), {"FERRY_COMFYUI_STATS": None}),
         "pack": ([with_pack(stock[t]) for t in pack_order], pack_order, (PACK,),
                  dict(PACK_ENV, FERRY_COMFYUI_STATS=stats["pack"])),
+        "sim": ([with_pack(stock[t]) for t in sim_order], sim_order, (PACK,),
+                dict(PACK_ENV, FERRY_COMFYUI_STATS=stats["sim"], FERRY_COMFYUI_DEVICE=SIM_DEVICE)),
         "host": ([with_pack(sdxl)], ["sdxl"], (PACK,),
                  dict(PACK_ENV, FERRY_COMFYUI_STATS=stats["host"], FERRY_HOST_LIMIT_GB=repr(HOST_LIMIT / 2 ** 30))),
     }
@@ -301,3 +313,31 @@ def test_host_limit_reported(procs):
     rec = host.rec("sdxl")
     assert rec["host_limit"] == HOST_LIMIT, rec
     assert [e["via"] for e in rec["loads"]] == ["ferry"], rec["loads"]
+
+
+def test_residency_on_sim(procs):
+    """ferry's store holds the pack's models on a sim device smaller than
+    each of them (FERRY_COMFYUI_DEVICE): two Wan models, swapped twice,
+    stream block by block and give stock's outputs; the text encoders and
+    SDXL's UNet, which cannot fit, go back to ComfyUI's residency with the
+    reason, and their prompts (the LoRA one too) give stock's outputs."""
+    stock, sim = procs["stock"], procs["sim"]
+    for i, tag in enumerate(sim.tags):
+        run = sim.result["runs"][i] if i < len(sim.result["runs"]) else None
+        assert run is not None and run["ok"], f"sim prompt {i} ({tag}): " + harness.describe_failure(sim.result)
+        assert run["digest"] == stock.run(tag)["digest"], f"sim prompt {i} ({tag}): other outputs than stock's"
+    for i in range(3):  # wan_a, wan_b, wan_a
+        rec = sim.stats[i]
+        held = {k: v for k, v in rec["models"].items() if k.startswith("model:tiny_wan_f32_")}
+        assert held, rec["models"]
+        for name, m in held.items():
+            assert m["device"] == SIM_DEVICE and m["streamed"], (name, m)
+            assert m["bytes"] > 2 << 20 and m["steps"] > 0 and m["streamed_blocks"] > 0, (name, m)
+            assert m["streamed_bytes_per_step"] > 0, (name, m)
+        assert rec["ferry"]["device"] <= 2 << 20, rec["ferry"]
+    back = [e for r in sim.stats for e in r["residency"]]
+    assert any(e["model"].startswith("text encoder:") for e in back), back
+    assert all(e["reason"] for e in back), back
+    lines = sim.ferry_lines()
+    assert any(l.startswith("ferry: a store on sim:2MiB holds the ferry nodes' models") for l in lines), lines[:8]
+
