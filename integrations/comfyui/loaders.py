@@ -143,7 +143,7 @@ def _names_overlap(infos):
 def _hold(patcher, module_attr, info, stream, label, kept):
     """Hand patcher's model to ferry's store (residency.prepare), or leave it
     to ComfyUI's residency with the reason in the log and the stats."""
-    if patcher is None or not settings.residency or not residency.wanted(patcher.load_device):
+    if patcher is None or not residency.wanted(patcher.load_device):
         return
     reason = None
     if info.get("names_overlap"):
@@ -174,7 +174,7 @@ def _cast_at_use():
     ferry's store holds them on a GPU, in place of ComfyUI's dynamic VRAM,
     which does the same (its builders assign the file's tensors). On the CPU
     ComfyUI converts them at load, and so does the pack."""
-    if not (settings.residency and residency.wanted()):
+    if not residency.wanted():
         return False
     try:
         return comfy.model_management.get_torch_device().type == "cuda"
@@ -185,7 +185,7 @@ def _cast_at_use():
 def _dynamic_off(disable_dynamic):
     """disable_dynamic for ComfyUI's builders: on where ferry's store will
     hold the model (ComfyUI's dynamic VRAM would move it instead)."""
-    return disable_dynamic or (settings.residency and residency.wanted())
+    return disable_dynamic or residency.wanted()
 
 
 def _sources(sds):

@@ -71,9 +71,11 @@ def _spec(load_device):
     """The ferry device a model on load_device lives on, or None (ComfyUI's
     residency: the CPU without FERRY_COMFYUI_DEVICE, devices ferry lacks)."""
     dev = torch.device(load_device)
+    if settings.residency is False:
+        return None
     if dev.type == "cpu":
         return settings.sim_device
-    if dev.type == "cuda":
+    if dev.type == "cuda" and settings.residency:
         return f"cuda:{dev.index if dev.index is not None else torch.cuda.current_device()}"
     return None
 
@@ -82,8 +84,6 @@ def wanted(load_device=None):
     """Whether models for load_device (default: ComfyUI's torch device) would
     be held by ferry's store: the loaders then build them without dynamic
     VRAM, whose loading ferry replaces."""
-    if not settings.residency:
-        return False
     try:
         dev = load_device if load_device is not None else comfy.model_management.get_torch_device()
         return _spec(dev) is not None

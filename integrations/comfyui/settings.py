@@ -22,8 +22,11 @@ USS_ENV = "FERRY_COMFYUI_USS"
 process's page tables: 10-30 ms per resident GiB, twice a prompt)."""
 
 RESIDENCY_ENV = "FERRY_COMFYUI_RESIDENCY"
-"""0: the models the ferry nodes load are moved by ComfyUI (over ferry's
-views of the file) instead of by ferry's store."""
+"""1: ferry's store holds the models the ferry nodes load on a GPU (see
+residency.py); 0: never, not on FERRY_COMFYUI_DEVICE either. Unset: only on
+FERRY_COMFYUI_DEVICE, and on a GPU ComfyUI moves them (over ferry's views of
+the file): the GPU path's first measured run failed (a Half/BFloat16 mismatch
+with dynamic VRAM off) and is opt-in until it passes."""
 
 DEVICE_ENV = "FERRY_COMFYUI_DEVICE"
 """A ferry device for ComfyUI's CPU device (sim:SIZE, e.g. sim:64MiB): the
@@ -63,7 +66,7 @@ disabled = _flag(DISABLE_ENV, False)
 read_uss = _flag(USS_ENV, True)
 stats_path = os.environ.get(STATS_ENV, "").strip() or None
 host_limit_user = _host_limit()
-residency = _flag(RESIDENCY_ENV, True)
+residency = _flag(RESIDENCY_ENV, None)  # None: unset
 sim_device = os.environ.get(DEVICE_ENV, "").strip() or None
 stream_copies = os.environ.get(STREAM_COPIES_ENV, "").strip().lower() or "ring"
 if stream_copies not in ("ring", "pinned", "auto"):

@@ -229,7 +229,8 @@ def test_same_outputs(arch, procs):
 def test_same_weight_messages(procs):
     """Every weight a stock loader reports missing or left over, the pack's
     reports too, and nothing more."""
-    assert procs["stock"].weight_messages() == procs["pack"].weight_messages()
+    # (as sets: the stock process also runs the sim process's Wan prompts)
+    assert set(procs["stock"].weight_messages()) == set(procs["pack"].weight_messages())
 
 
 def test_lora(procs):
