@@ -81,6 +81,7 @@ class KeepViews:
         # tensors and casts them at use; for models ferry's store holds
         self.cast_at_use = cast_at_use
         self.casting = []       # the layers that now cast at use
+        self._wrapped = []      # layers whose loading runs with assign for the builder call
 
     def __enter__(self):
         api = _hook_api()
@@ -88,12 +89,67 @@ class KeepViews:
             reg_param, reg_buf = api
             self._handles.append(reg_param(self._on_register))
             self._handles.append(reg_buf(self._on_register))
+            reg_mod = getattr(_module, "register_module_module_registration_hook", None)
+            if self.cast_at_use and reg_mod is not None:
+                self._handles.append(reg_mod(self._on_child))
         return self
+
+    def _on_child(self, parent, name, sub):
+        """A layer ComfyUI makes without weights (comfy.ops while dynamic VRAM
+        is on) registers none, and its own loading puts a clone of the file's
+        tensor there, in the file's dtype, without running load_state_dict's
+        pre-hooks: for the builder call, its loading runs with
+        assign_to_params_buffers set instead (the view kept, cast as the layer
+        runs), where every tensor it takes is one to keep."""
+        if (threading.get_ident() != self._thread or "_load_from_state_dict" in sub.__dict__
+                or not any(hasattr(sub, n + "_comfy_model_dtype") for n in ("weight", "bias"))
+                or not _plain_loading(sub)):
+            return None
+        own = type(sub)._load_from_state_dict
+
+        def load(state_dict, prefix, local_metadata, *rest):
+            picks = []
+            for n in ("weight", "bias"):
+                v = state_dict.get(prefix + n)
+                if v is None or not hasattr(sub, n + "_comfy_model_dtype"):
+                    continue
+                if (type(v) is not torch.Tensor or v.device.type != "cpu" or not v.is_floating_point()
+                        or (v.numel() and v.data_ptr() in self._kept_ptrs)):
+                    picks = None
+                    break
+                picks.append((n, v, getattr(sub, n + "_comfy_model_dtype") or v.dtype))
+            if picks and threading.get_ident() == self._thread:
+                local_metadata = dict(local_metadata, assign_to_params_buffers=True)
+            else:
+                picks = []
+            own(sub, state_dict, prefix, local_metadata, *rest)
+            cast = {}
+            for n, v, built in picks:
+                if getattr(sub, n, None) is None or sub._parameters.get(n) is None:
+                    continue
+                if v.numel():
+                    self._kept_ptrs.add(v.data_ptr())
+                    if v.untyped_storage().data_ptr() in self._sources:
+                        self.kept[0] += 1
+                        self.kept[1] += v.numel() * v.element_size()
+                if v.dtype != built:
+                    cast[n] = built
+            if cast:
+                sub.comfy_cast_weights = True
+                sub.ferry_built_dtypes = cast
+                self.casting.append(sub)
+
+        sub._load_from_state_dict = load
+        self._wrapped.append(sub)
+        return None
 
     def __exit__(self, *exc):
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        for m in self._wrapped:
+            m.__dict__.pop("_load_from_state_dict", None)
+        self._wrapped.clear()
         return False
 
     def stats(self):
@@ -141,7 +197,7 @@ class KeepViews:
             out = torch.empty_strided(cur.size(), cur.stride(), dtype=cur.dtype, device=cur.device)
             out.copy_(v)  # what load_state_dict's param.copy_(v) would have made
             state_dict[key] = out
-        for key, v, cur in keep:
+        for key, v, _ in keep:
             if v.numel():
                 self._kept_ptrs.add(v.data_ptr())
                 if v.untyped_storage().data_ptr() in self._sources:
