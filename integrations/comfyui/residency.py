@@ -374,6 +374,7 @@ class FerryModelPatcher(comfy.model_patcher.ModelPatcher):
             return d
         return m
 
+    @torch.inference_mode(False)
     def _move_rest(self, held, device):
         """Move the model's tensors outside the held module (BaseModel's own
         beside its diffusion_model) to device, as ComfyUI moves a model."""

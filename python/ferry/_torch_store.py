@@ -315,9 +315,14 @@ class Store:
         ids = range(len(st)) if idx is None else idx
         return all(st[i][0] == _lib.TIER_DEVICE for i in ids)
 
+    @torch.inference_mode(False)
     def _refresh(self, names=None, idxs=None):
         """Read every tensor's tier and address (idxs: of those tensors only)
-        and re-point what changed in the attached modules."""
+        and re-point what changed in the attached modules. Out of inference
+        mode even when called inside it (a forward pre-hook under
+        torch.inference_mode): the views and Parameters made here outlive
+        that block, and an inference tensor cannot be swapped or wrapped
+        again later."""
         core = self._core
         raw = _lib.TensorState()
         for name, m in list(core.models.items()):

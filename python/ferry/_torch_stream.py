@@ -178,10 +178,12 @@ class Streamer:
             return torch.cuda.current_stream(self.store._tdev).cuda_stream
         return 0  # sim: the caller's thread
 
+    @torch.inference_mode(False)
     def _show(self, b):
         """Point block b's tensors at their device copies: their addresses in
         one call, and a view only for a tensor whose address changed (cached
-        per address; made from a view of the device block that holds it)."""
+        per address; made from a view of the device block that holds it).
+        Out of inference mode, as Store._refresh."""
         core = self.store._core
         out = core.device_addrs(self.m, b.c_idx, len(b.idx), b.c_out)
         shown = self.a.shown
