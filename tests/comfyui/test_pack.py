@@ -342,3 +342,25 @@ def test_residency_on_sim(procs):
     lines = sim.ferry_lines()
     assert any(l.startswith("ferry: a store on sim:2MiB holds the ferry nodes' models") for l in lines), lines[:8]
 
+
+def test_lazy_layers_keep_the_file_dtype(tmp_path):
+    """ComfyUI's layers made without weights (comfy.ops while its dynamic
+    VRAM is on) loaded from a BF16 file into an FP16 model with a patcher
+    that is not dynamic: ComfyUI's own loading leaves them BF16 and the
+    first forward fails; keep_views(cast_at_use=True), which the pack uses
+    where ferry's store holds the model, keeps the file's views and casts as
+    the layer runs, giving the converted model's output bit for bit."""
+    import subprocess
+    env = dict(os.environ, FERRY_LIBRARY=LIBRARY, PYTHONPATH=os.path.join(ROOT, "python"), PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "lazy_layers_probe.py"), COMFYUI, PACK, str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    stock, kept = r["stock"], r["kept"]
+    assert "Half and BFloat16" in stock.get("error", ""), stock
+    assert kept["is_file_view"] and kept["casts_at_use"] and kept["dtype"] == "torch.bfloat16", kept
+    assert kept["built_dtypes"] == {"weight": "torch.float16", "bias": "torch.float16"}, kept
+    assert "error" not in kept and kept["out_dtype"] == "torch.float16", kept
+    assert kept["out"] == r["converted_out"], r
+    assert r["kept_stats"]["kept_tensors"] == 2 and r["kept_stats"]["copied_tensors"] == 0, r
+

@@ -254,6 +254,30 @@ def test_moves_inside_inference_mode_make_normal_tensors():
     assert m.cos_alias is m.rope.cos
 
 
+@pytest.mark.parametrize("stream", [None, "auto"])
+def test_views_made_inside_inference_mode_are_normal(tmp_path, sim_free, stream):
+    """A forward under inference_mode (as ComfyUI runs every node) brings the
+    model in and re-points its tensors: the views and Parameters made then
+    are normal tensors (a later swap, wrap or autograd use of an inference
+    tensor fails), and the module still computes right outside it."""
+    ref, path = ref_and_file(tmp_path)
+    m = fresh_like(ref)
+    with torch.no_grad():
+        want = ref(x_for())
+    budget = checkpoint_bytes(ref) if stream is None else int(checkpoint_bytes(ref) * STREAMED)
+    with ft.Store(SIM, device_budget=budget) as store:
+        store.add("net", path, module=m, strict=False, stream=stream)
+        with torch.inference_mode():
+            got = m(x_for())
+        assert torch.equal(got, want)
+        inference = [k for k, t in list(m.named_parameters()) + list(m.named_buffers())
+                     if not t.is_meta and t.is_inference()]
+        assert not inference, inference
+        store.offload("net")
+        with torch.no_grad():
+            assert torch.equal(m(x_for()), want)
+
+
 def test_extras_moves_with_the_model(tmp_path, sim_free, moves):
     """Where the store moves the extras, recorded: to the device at the first
     forward (each tensor once, tied names together, seen by forward), not
