@@ -11,7 +11,10 @@ Three ComfyUI processes, side by side:
          id; the classes from the pack's NODE_CLASS_MAPPINGS), the LoRA
          prompt before the other-text one, so that the latter runs on the
          pack's weights after the LoRA was applied and taken off again;
-  host   the pack with FERRY_HOST_LIMIT_GB at 1 MiB: SDXL.
+  host   the pack with FERRY_HOST_LIMIT_GB at 1 MiB: SDXL, and a Wan model that
+         ferry's store streams on a sim device under that host budget;
+  sim    the pack with ferry's store on a sim device smaller than each model
+         (FERRY_COMFYUI_DEVICE): two Wan models swapped, SDXL with a LoRA.
 Every prompt's outputs (latent and image, the harness's digest) must be
 bit-identical to stock's; the pack's loads must have gone through ferry (its
 stats JSON and its log line: weights as views of the file), except the
@@ -152,8 +155,9 @@ def procs(tmp_path_factory):
                  dict(PACK_ENV, FERRY_COMFYUI_STATS=stats["pack"])),
         "sim": ([with_pack(stock[t]) for t in sim_order], sim_order, (PACK,),
                 dict(PACK_ENV, FERRY_COMFYUI_STATS=stats["sim"], FERRY_COMFYUI_DEVICE=SIM_DEVICE)),
-        "host": ([with_pack(sdxl)], ["sdxl"], (PACK,),
-                 dict(PACK_ENV, FERRY_COMFYUI_STATS=stats["host"], FERRY_HOST_LIMIT_GB=repr(HOST_LIMIT / 2 ** 30))),
+        "host": ([with_pack(sdxl), with_pack(stock["wan_a"])], ["sdxl", "wan_a"], (PACK,),
+                 dict(PACK_ENV, FERRY_COMFYUI_STATS=stats["host"], FERRY_HOST_LIMIT_GB=repr(HOST_LIMIT / 2 ** 30),
+                      FERRY_COMFYUI_DEVICE=SIM_DEVICE)),
     }
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
@@ -302,7 +306,8 @@ def test_memory_line_and_stats_per_prompt(procs):
 def test_host_limit_reported(procs):
     """FERRY_HOST_LIMIT_GB far below what the prompt takes: the prompt runs
     (and gives stock's outputs), the start-up log names the budget, the
-    prompt's private memory is reported over it."""
+    prompt's private memory is reported over it; ferry's store, whose host
+    budget it is, streams a model through the ring with no pinned copies."""
     host, stock = procs["host"], procs["stock"]
     run = host.run("sdxl")
     assert run["digest"] == stock.run("sdxl")["digest"]
@@ -314,6 +319,14 @@ def test_host_limit_reported(procs):
     rec = host.rec("sdxl")
     assert rec["host_limit"] == HOST_LIMIT, rec
     assert [e["via"] for e in rec["loads"]] == ["ferry"], rec["loads"]
+    # ferry's store under that host budget (on the sim device): the Wan model
+    # streams through the ring, keeps no pinned copies, gives stock's outputs
+    wan = host.run("wan_a")
+    assert wan["digest"] == stock.run("wan_a")["digest"]
+    rec = host.rec("wan_a")
+    held = [m for k, m in rec["models"].items() if k.startswith("model:tiny_wan_f32_a")]
+    assert held and held[0]["streamed"] and held[0]["steps"] > 0, rec["models"]
+    assert rec["ferry"]["pinned"] == 0 and rec["ferry"]["host"] == 0, rec["ferry"]
 
 
 def test_residency_on_sim(procs):
