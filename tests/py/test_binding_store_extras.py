@@ -362,3 +362,31 @@ def test_extras_of_a_streamed_model_move_at_step_start(tmp_path, sim_free, moves
         assert took(moves, "meta") == sorted(EXTRAS)
         moves.clear()
     assert took(moves, "cpu") == sorted(EXTRAS)  # closed: detached, sent back
+
+
+def test_keys_pair_differently_named_tensors(tmp_path, sim_free):
+    """add(keys=): a module whose names are the file's under a prefix (as
+    ComfyUI's model holds a diffusion model's file) is paired through the
+    map; the file's other tensors stay in the store only and never come to
+    the device with the module; a map naming a tensor the file lacks is an
+    error that names it."""
+    ref = reference(0)
+    sd = {k: v for k, v in ref.state_dict().items() if k not in Net.CHECKPOINT_LACKS}
+    path = tmp_path / "prefixed.safetensors"
+    entries = [("model." + k, "F32", list(v.shape), tensor_bytes(v)) for k, v in sd.items()]
+    unused = torch.arange(4096, dtype=torch.float32)
+    entries.append(("vae.unused", "F32", [4096], tensor_bytes(unused)))
+    stwriter.write(str(path), entries)
+    with torch.no_grad():
+        want = ref(x_for())
+    with ft.Store(SIM) as store:
+        with pytest.raises(RuntimeError, match='"model.nope"'):
+            store.add("bad", path, module=fresh_like(ref), strict=False, keys={"inp.weight": "model.nope"})
+        m = fresh_like(ref)
+        store.add("net", path, module=m, strict=False, keys={k: "model." + k for k in sd})
+        with torch.no_grad():
+            assert torch.equal(m(x_for()), want)
+        store.to_device("net")
+        states = store.tensor_states("net")
+        assert states["vae.unused"].tier != "device", states["vae.unused"]
+        assert all(states["model." + k].tier == "device" for k in sd)
