@@ -52,6 +52,8 @@ _MARGIN = 512 << 20        # device bytes the streaming engine keeps free beside
 _MIN_HELD = 0.5            # below this share of its bytes as the file's, a model is left to ComfyUI
 
 _lock = threading.Lock()
+_gone = []                 # models whose last patcher was collected: handled at the next store call
+# (a finalizer may run inside any allocation, _lock held or not: it only appends here)
 _stores = {}               # store device spec -> ferry.torch.Store
 _held = {}                 # store device spec -> {model name: _Held}
 _names = itertools.count(1)
@@ -105,8 +107,14 @@ def _store(spec):
         return st
 
 
+def _drop_gone():
+    while _gone:
+        _gone.pop().drop_if_unused()
+
+
 def stores_stats():
     """{device: ferry.torch.Store.stats()} of the stores made so far."""
+    _drop_gone()
     with _lock:
         items = list(_stores.items())
     out = {}
@@ -164,26 +172,25 @@ class _Held:
 
     def track(self, patcher):
         self.patchers.add(patcher)
-        weakref.finalize(patcher, self._patcher_gone)
+        weakref.finalize(patcher, _gone.append, self)
 
-    def _patcher_gone(self):
-        """The last patcher of the model went (ComfyUI dropped the node's
-        output): what the store holds of it goes too."""
+    def drop_if_unused(self):
+        """After the last patcher of the model went (ComfyUI dropped the
+        node's output): the store lets it go, and the module holds its views
+        of the file again (anything still holding the module keeps working)."""
         if len(self.patchers) or self.store is None:
             return
+        spec = self.spec
         try:
-            self.release()
-            self.store.remove(self.name)
-        except Exception as e:  # (a finalizer: nothing to raise to)
+            self.give_back()
+        except Exception as e:
             logging.warning("ferry: %s: could not leave the store: %s", self.label, e)
             return
-        with _lock:
-            _held[self.spec].pop(self.name, None)
-            others = sum(h.allowance for h in _held[self.spec].values())
-        store, self.store = self.store, None
         self.module._ferry_held = None
+        with _lock:
+            others = sum(h.allowance for h in _held[spec].values())
         try:
-            store.set_device_budget(max(others, 1))
+            _stores[spec].set_device_budget(max(others, 1))
         except Exception:
             pass
 
@@ -400,6 +407,7 @@ class FerryModelPatcher(comfy.model_patcher.ModelPatcher):
     # ---- loading ----
 
     def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
+        _drop_gone()
         held = self._ferry()
         if held is None:
             return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load)
