@@ -349,6 +349,9 @@ def test_residency_on_sim(procs):
             assert m["bytes"] > 2 << 20 and m["steps"] > 0 and m["streamed_blocks"] > 0, (name, m)
             assert m["streamed_bytes_per_step"] > 0, (name, m)
         assert rec["ferry"]["device"] <= 2 << 20, rec["ferry"]
+        # a model whose node output ComfyUI dropped left the store: only this
+        # prompt's Wan is there
+        assert len(held) == 1, rec["models"]
     back = [e for r in sim.stats for e in r["residency"]]
     assert any(e["model"].startswith("text encoder:") for e in back), back
     assert all(e["reason"] for e in back), back
