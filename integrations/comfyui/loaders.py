@@ -6,9 +6,11 @@ ferry into a state dict of zero-copy views of the file, and handed to
 ComfyUI's own builder for state dicts (comfy.sd.load_diffusion_model_state_dict,
 load_text_encoder_state_dicts, VAE(sd=...), load_state_dict_guess_config),
 with keep_views keeping the views as the model's weights where ComfyUI would
-have copied them unchanged. Whatever ferry cannot serve (ferry missing, a file
-it cannot read, GGUF block-quantized tensors, any exception on its path) is
-loaded by ComfyUI's own loader, with one log line naming the file and why."""
+have copied them unchanged; GGUF block-quantized diffusion models are built
+with gguf_ops (dequantized as each layer runs). Whatever ferry cannot serve
+(ferry missing, a file it cannot read, block-quantized text encoders, any
+exception on its path) is loaded by ComfyUI's own loader, with one log line
+naming the file and why."""
 import gc
 import json
 import logging
@@ -25,7 +27,7 @@ import folder_paths
 import nodes
 from comfy.cli_args import args
 
-from . import keep_views, memstats, residency, settings
+from . import gguf_ops, keep_views, memstats, residency, settings
 
 CATEGORY = "loaders/ferry"
 
@@ -112,12 +114,21 @@ def _log_ferry(node, paths, info, kept, seconds):
            f" ({b(kept['copied_bytes'])}: ComfyUI's dtype, device or layout)")
     if kept.get("own_loading_tensors"):
         msg += f", {kept['own_loading_tensors']} loaded by layers with their own loading code"
+    if kept.get("dequantized_at_use"):
+        msg += (f", {kept['dequantized_at_use']} block-quantized ({', '.join(kept['qtypes'])}) dequantized as"
+                " their layers run")
     logging.info(msg)
 
 
-def _read_all(paths):
-    """[(sd, metadata, info)] for paths, through ferry."""
-    return [_reading.read(p) for p in paths]
+def _read_all(paths, quantized_ok=False):
+    """[(sd, metadata, info)] for paths, through ferry; block-quantized GGUF
+    only where quantized_ok (diffusion models: gguf_ops)."""
+    out = [_reading.read(p) for p in paths]
+    for p, (_, _, info) in zip(paths, out):
+        if info["quantized"] and not quantized_ok:
+            raise _Fallback(f"its GGUF tensors are block-quantized ({', '.join(info['qtypes'])}): the pack "
+                            "dequantizes those in diffusion models only")
+    return out
 
 
 def _merge_info(infos):
@@ -276,15 +287,32 @@ def load_diffusion_model(path, model_options={}, disable_dynamic=False):
     """comfy.sd.load_diffusion_model through ferry (also the reload factory
     ComfyUI calls for multi-GPU and non-dynamic clones)."""
     def via_ferry():
-        ((sd, metadata, info),) = _read_all([path])
-        with keep_views.KeepViews(_sources([sd]), cast_at_use=_cast_at_use()) as kv:
-            model = comfy.sd.load_diffusion_model_state_dict(sd, model_options=model_options, metadata=metadata,
-                                                             disable_dynamic=_dynamic_off(disable_dynamic))
+        ((sd, metadata, info),) = _read_all([path], quantized_ok=True)
+        quantized = dict(info["quantized"])
+        opts = model_options
+        if quantized:
+            if model_options.get("custom_operations") is not None:
+                raise _Fallback("block-quantized GGUF with another pack's operations")
+            opts = dict(model_options, custom_operations=gguf_ops.Ops)
+        with keep_views.KeepViews(_sources([sd]), cast_at_use=_cast_at_use() and not quantized) as kv, \
+                gguf_ops.pending(quantized):
+            model = comfy.sd.load_diffusion_model_state_dict(sd, model_options=opts, metadata=metadata,
+                                                             disable_dynamic=_dynamic_off(disable_dynamic) or
+                                                             bool(quantized))
         if model is None:
             raise _Fallback("ComfyUI did not recognise the model")
+        if quantized:
+            raise _Fallback(f"{len(quantized)} block-quantized tensors are in layers the pack's GGUF operations "
+                            "do not dequantize (only Linear weights)")
         model.cached_patcher_init = (load_diffusion_model, (path, model_options))
         kept = kv.stats()
-        _hold(model, "diffusion_model", dict(info, paths=[path]), True, _label([path], "model"), kept)
+        if info["quantized"]:
+            kept["dequantized_at_use"] = len(info["quantized"])
+            kept["qtypes"] = info["qtypes"]
+            kept.setdefault("residency", []).append({"model": _label([path], "model"), "via": "comfyui",
+                                                     "reason": "block-quantized weights stay ComfyUI's to move"})
+        else:
+            _hold(model, "diffusion_model", dict(info, paths=[path]), True, _label([path], "model"), kept)
         return model, info, kept
 
     def via_comfyui():

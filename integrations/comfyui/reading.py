@@ -5,8 +5,12 @@ saying why ComfyUI's own reader should do it. Importing it imports ferry:
 an ImportError here means ferry (or its library) is missing."""
 import os
 
+import torch
+
 import ferry
 import ferry.torch
+
+from . import gguf_quants
 
 class Fallback(Exception):
     """ferry cannot serve this file: str(exception) is the reason, for the log."""
@@ -19,6 +23,8 @@ def _metadata(f):
     fmt = f.format
     if fmt == "safetensors":
         return dict(f.metadata) or None
+    if fmt == "gguf":  # its string values, in the role of safetensors' (e.g. ComfyUI's "config")
+        return {k: v for k, v in f.typed_metadata.items() if isinstance(v, str)} or None
     if fmt == "safetensors-index":
         merged = {}
         for shard in f.shards:
@@ -49,14 +55,22 @@ def _unwrap_pickle(path, sd):
     return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
 
 
+def gguf_ops_stand_in(shape):
+    """A block-quantized tensor in the state dict ComfyUI detects the model
+    from: its shape, an F16 dtype, no data (gguf_ops takes the bytes)."""
+    return torch.empty(tuple(shape), dtype=torch.float16, device="meta")
+
+
 ORIG_SHAPE = "comfy.gguf.orig_shape."
 
 
-def _gguf_shapes(path, sd):
+def _gguf_shapes(path, sd, quantized):
     """GGUF holds at most 4 dimensions, so diffusion-model converters (the
     ComfyUI-GGUF pack's) store some tensors reshaped (a Conv3d's 5-D weight
     flattened) with the real shape under "comfy.gguf.orig_shape.<name>":
-    the tensors here get that shape back (a view: the data is row-major)."""
+    the tensors here get that shape back (a view: the data is row-major);
+    for a block-quantized one (quantized: {name: [ggml type, shape]}) the
+    shape it is dequantized to changes."""
     with ferry.File(path) as f:
         shapes = {k[len(ORIG_SHAPE):]: v for k, v in f.typed_metadata.items() if k.startswith(ORIG_SHAPE)}
     for name, shape in shapes.items():
@@ -68,9 +82,17 @@ def _gguf_shapes(path, sd):
         n = 1
         for d in shape:
             n *= d
-        if n != t.numel():
-            raise Fallback(f"tensor '{name}' has {t.numel()} elements, its {ORIG_SHAPE}{name} {shape} wants {n}")
-        sd[name] = t.reshape(shape)
+        have = t.numel()
+        if name in quantized:
+            have = 1
+            for d in quantized[name][1]:
+                have *= d
+        if n != have:
+            raise Fallback(f"tensor '{name}' has {have} elements, its {ORIG_SHAPE}{name} {shape} wants {n}")
+        if name in quantized:
+            quantized[name][1] = tuple(shape)
+        else:
+            sd[name] = t.reshape(shape)
     return sd
 
 
@@ -79,17 +101,21 @@ def read(path):
     "bytes", "files" (the path, or an index's shards), "path", "by_ptr"
     ({data_ptr: (the checkpoint's name, shape, dtype)} of every view, as ferry
     names the file's tensors: what the residency pairs a module's tensors
-    with)}. Raises Fallback
+    with), "quantized" ({id(stand-in): (bytes, ggml type, shape)} of GGUF
+    block-quantized tensors, each a stand-in in the state dict: gguf_ops),
+    "qtypes"}. Raises Fallback
     for what ComfyUI's core cannot use; ferry's own errors (FormatError,
     OSError, ...) pass through for the caller to log."""
     with ferry.File(path) as f:
         fmt = f.format
         infos = f.tensors
         blocks = sorted({t.dtype for t in infos if ferry.torch.dtype_for(t, path) is None})
-        if blocks:
-            n = sum(1 for t in infos if t.dtype in blocks)
-            raise Fallback(f"{n} of {len(infos)} tensors are GGUF block-quantized ({', '.join(blocks)}), "
-                           "which ComfyUI's core cannot compute with (the ComfyUI-GGUF pack's loaders can)")
+        odd = [b for b in blocks if not gguf_quants.supported(b)]
+        if odd:
+            n = sum(1 for t in infos if t.dtype in odd)
+            raise Fallback(f"{n} of {len(infos)} tensors are GGUF block-quantized as {', '.join(odd)}, which the "
+                           f"pack does not dequantize (it does {', '.join(gguf_quants.SIZES)})")
+        qtypes = {t.name: [t.dtype, tuple(t.shape)] for t in infos if t.dtype in blocks}
         metadata = _metadata(f)
         files = list(f.shards) if fmt == "safetensors-index" else [os.path.abspath(path)]
         total = f.total_bytes
@@ -98,9 +124,15 @@ def read(path):
     if fmt == "pytorch":
         sd = _unwrap_pickle(path, sd)
     elif fmt == "gguf":
-        sd = _gguf_shapes(path, sd)
+        sd = _gguf_shapes(path, sd, qtypes)
+    quantized = {}  # id(stand-in) -> (the bytes, ggml type, shape): see gguf_ops
+    for name, (qtype, shape) in qtypes.items():
+        raw = sd[name]
+        sd[name] = gguf_ops_stand_in(shape)
+        quantized[id(sd[name])] = (raw, qtype, tuple(shape))
     if not sd:
         raise Fallback("ferry found no tensors in it")
     info = {"format": fmt, "tensors": len(sd), "bytes": total, "files": files, "path": os.path.abspath(path),
-            "by_ptr": by_ptr}
+            "by_ptr": by_ptr, "quantized": quantized,
+            "qtypes": sorted({q for q, _ in qtypes.values()})}
     return sd, metadata, info

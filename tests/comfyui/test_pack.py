@@ -145,13 +145,21 @@ def procs(tmp_path_factory):
         p = copy.deepcopy(stock["wan"])
         p["unet"]["inputs"]["unet_name"] = name
         stock["wan_" + name[-13]] = p
-    stock_order = ["wan", "flux", "sdxl", "sdxl_b", "sdxl_lora", "sdxl_legacy", "wan_a", "wan_b"]
+    # a Wan whose Linear weights are GGUF block-quantized (every type the pack
+    # dequantizes), and the same values as an F32 safetensors file for stock
+    qtypes = comfy_models.write_wan21_t2v_gguf(
+        os.path.join(models_dir, "diffusion_models", "tiny_wan_q.gguf"),
+        os.path.join(models_dir, "diffusion_models", "tiny_wan_q_ref.safetensors"), _dequantize)
+    stock["wan_q"] = copy.deepcopy(stock["wan"])
+    stock["wan_q"]["unet"]["inputs"]["unet_name"] = "tiny_wan_q_ref.safetensors"
+    stock_order = ["wan", "flux", "sdxl", "sdxl_b", "sdxl_lora", "sdxl_legacy", "wan_a", "wan_b", "wan_q"]
     sim_order = ["wan_a", "wan_b", "wan_a", "sdxl_lora", "sdxl"]
-    pack_order = ["wan", "flux", "sdxl", "sdxl_lora", "sdxl_b", "sdxl_legacy"]
+    pack_order = ["wan", "flux", "sdxl", "sdxl_lora", "sdxl_b", "sdxl_legacy", "wan_q"]
     stats = {name: str(top / f"{name}_stats.jsonl") for name in ("pack", "host", "sim")}
     jobs = {
         "stock": ([stock[t] for t in stock_order], stock_order, (), {"FERRY_COMFYUI_STATS": None}),
-        "pack": ([with_pack(stock[t]) for t in pack_order], pack_order, (PACK,),
+        "pack": ([with_pack(stock[t]) if t != "wan_q" else with_pack(_gguf_prompt(stock["wan_q"]))
+                  for t in pack_order], pack_order, (PACK,),
                  dict(PACK_ENV, FERRY_COMFYUI_STATS=stats["pack"])),
         "sim": ([with_pack(stock[t]) for t in sim_order], sim_order, (PACK,),
                 dict(PACK_ENV, FERRY_COMFYUI_STATS=stats["sim"], FERRY_COMFYUI_DEVICE=SIM_DEVICE)),
@@ -172,9 +180,44 @@ def procs(tmp_path_factory):
         print(f"  {name}: start-up {r.get('startup_s')} s, "
               + ", ".join(f"{t} {run.get('execute_s')} s" for t, run in zip(p.tags, r["runs"])))
     out["files"] = files
+    out["qtypes"] = qtypes
     out["ckpt"] = (ckpt, before)
     out["legacy"] = legacy
     return out
+
+
+def _dequantize(data, qtype, shape):
+    """gguf_quants.dequantize (the pack's, read as a file: it needs only torch)
+    for comfy_models' GGUF writer."""
+    import importlib.util
+    import torch
+    spec = importlib.util.spec_from_file_location("gguf_quants", os.path.join(PACK, "gguf_quants.py"))
+    gq = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gq)
+    return gq.dequantize(torch.frombuffer(bytearray(data), dtype=torch.uint8), qtype, shape).numpy()
+
+
+def _gguf_prompt(p):
+    p = copy.deepcopy(p)
+    p["unet"]["inputs"]["unet_name"] = "tiny_wan_q.gguf"
+    return p
+
+
+def test_gguf_block_quantized(procs):
+    """A Wan 2.1 DiT from a GGUF file whose Linear weights are block-quantized
+    in every type the pack reads (Q8_0 ... Q6_K): the pack's loader builds it
+    with its GGUF operations (the bytes are the weights, dequantized as each
+    layer runs) and the outputs are stock ComfyUI's on the same values stored
+    as F32 safetensors, bit for bit."""
+    stock, pack = procs["stock"], procs["pack"]
+    a, b = stock.run("wan_q"), pack.run("wan_q")
+    assert a["digest"] == b["digest"], "the GGUF model gave other outputs than its F32 values on stock"
+    (ev,) = [e for e in pack.rec("wan_q")["loads"] if e["node"] == "UNETLoader"]
+    assert ev["via"] == "ferry" and ev["format"] == "gguf", ev
+    assert ev["qtypes"] == procs["qtypes"] and len(ev["qtypes"]) == 10, ev
+    assert ev["dequantized_at_use"] > 0, ev
+    line = [l for l in pack.ferry_lines() if "tiny_wan_q.gguf" in l and "dequantized as their layers run" in l]
+    assert line, [l for l in pack.ferry_lines() if "gguf" in l]
 
 
 def test_pack_loads_with_ferry(procs):

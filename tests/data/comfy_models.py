@@ -234,6 +234,67 @@ def write_wan21_t2v(path, seed=1, dtype="BF16"):
     return write(path, wan21_t2v_entries(), dtype, seed, metadata=meta)
 
 
+# GGUF block types for the quantized tiny Wan: rows of 128 take the 32-value
+# types, rows of 256 (ffn.2) the 256-value K types; each block's f16 fields
+# (offset, scale of the values it gives) drawn sane, the rest random bytes
+_GGUF_LEGACY = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
+_GGUF_K = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+_GGUF_F16 = {"Q8_0": ((0, 2e-4),), "Q4_0": ((0, 3e-3),), "Q4_1": ((0, 3e-3), (2, 1e-2)),
+             "Q5_0": ((0, 1.5e-3),), "Q5_1": ((0, 1.5e-3), (2, 1e-2)), "Q2_K": ((80, 1e-3), (82, 1e-3)),
+             "Q3_K": ((108, 2e-4),), "Q4_K": ((0, 2e-4), (2, 2e-4)), "Q5_K": ((0, 1e-4), (2, 2e-4)),
+             "Q6_K": ((208, 2e-5),)}
+
+
+def _gguf_blocks(qtype, n_blocks, rng):
+    size = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q2_K": 84, "Q3_K": 110,
+            "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[qtype]
+    raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
+    for off, scale in _GGUF_F16[qtype]:
+        raw[:, off:off + 2] = (rng.uniform(0.5, 1.5, n_blocks) * scale).astype("<f2").view(np.uint8).reshape(-1, 2)
+    return raw.tobytes()
+
+
+def write_wan21_t2v_gguf(path, ref_path, dequantize, seed=31, blocks=5):
+    """A tiny Wan 2.1 T2V as a GGUF file whose blocks' Linear weights are
+    block-quantized (every type of _GGUF_LEGACY and _GGUF_K, in turn) and the
+    rest F32, and the same model as an F32 safetensors file at ref_path with
+    the quantized weights' values: dequantize(bytes, type, shape) -> float32
+    numpy array (the dequantizer under test gives them; a GGUF cross-check
+    tests it against the reference implementation)."""
+    import gguf_writer
+    rng = np.random.default_rng(seed)
+    entries = wan21_t2v_entries(blocks=blocks)
+    meta = {"config": json.dumps({"transformer": {"text_dim": UMT5_DIM}})}
+    legacy, k = 0, 0
+    tensors, ref = [], []
+    kvs = [("general.architecture", gguf_writer.STRING, "wan"), ("config", gguf_writer.STRING, meta["config"])]
+    for name, shape in entries:
+        quant = name.startswith("blocks.") and name.endswith(".weight") and len(shape) == 2 and \
+            any(p in name for p in (".q.", ".k.", ".v.", ".o.", ".ffn."))
+        if quant and shape[-1] % 256 == 0:
+            qtype, k = _GGUF_K[k % len(_GGUF_K)], k + 1
+        elif quant:
+            qtype, legacy = _GGUF_LEGACY[legacy % len(_GGUF_LEGACY)], legacy + 1
+        else:
+            data = _encode(_values(name, shape, seed), "F32")
+            stored = list(shape)
+            if len(shape) > 4:  # GGUF holds 4 dimensions: the real shape goes in the metadata, as converters do
+                stored = [int(np.prod(shape[:-3]))] + list(shape[-3:])
+                kvs.append(("comfy.gguf.orig_shape." + name, gguf_writer.ARRAY, (gguf_writer.INT32, list(shape))))
+            tensors.append((name, "F32", stored, data))
+            ref.append((name, "F32", list(shape), data))
+            continue
+        n = int(np.prod(shape))
+        block = 256 if qtype.endswith("_K") else 32
+        data = _gguf_blocks(qtype, n // block, rng)
+        tensors.append((name, qtype, list(shape), data))
+        ref.append((name, "F32", list(shape), np.asarray(dequantize(data, qtype, shape), dtype="<f4").tobytes()))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    gguf_writer.write(path, tensors, kvs=kvs)
+    stwriter.write(ref_path, ref, metadata=meta)
+    return sorted({t[1] for t in tensors if t[1] != "F32"})
+
+
 def _wan_residual(prefix, n_in, n_out):
     e = [(prefix + "residual.0.gamma", (n_in, 1, 1, 1))]
     e += _conv(prefix + "residual.2", n_out, n_in, 3, 3, 3)

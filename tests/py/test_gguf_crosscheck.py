@@ -179,8 +179,42 @@ def main():
         r = ferry("inspect", p)
         check(r.returncode == 1 and b"big-endian" in r.stderr and r.stderr.count(b"\n") == 1,
               f"big-endian file: exit {r.returncode}, stderr {r.stderr[:200]!r}")
+    check_pack_dequantizers()
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
+
+
+def check_pack_dequantizers():
+    """The ComfyUI node pack's dequantizers (integrations/comfyui/gguf_quants.py,
+    torch) against gguf-py's, bit for bit, on random blocks of every type the
+    pack reads: random bytes with the f16 fields drawn sane (random bytes there
+    give infinities and NaNs). Skipped where torch cannot be imported."""
+    try:
+        import importlib.util
+        import torch
+    except ImportError as e:
+        print(f"pack dequantizers: skipped ({e})")
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location(
+        "gguf_quants", os.path.join(here, "..", "..", "integrations", "comfyui", "gguf_quants.py"))
+    gq = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gq)
+    f16_fields = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q2_K": [80, 82],
+                  "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+    check(sorted(f16_fields) == sorted(gq.SIZES), f"pack types {sorted(gq.SIZES)}")
+    rng = np.random.default_rng(11)
+    for name, (block, size) in gq.SIZES.items():
+        qt = getattr(gguf.GGMLQuantizationType, name)
+        check(gguf.GGML_QUANT_SIZES[qt] == (block, size), f"{name}: block {(block, size)}")
+        n = 61
+        raw = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
+        for off in f16_fields[name]:
+            raw[:, off:off + 2] = rng.uniform(-1, 1, n).astype("<f2").view(np.uint8).reshape(n, 2)
+        want = gguf.quants.dequantize(raw.reshape(-1), qt).reshape(n, block).astype(np.float32)
+        got = gq.dequantize(torch.from_numpy(raw.reshape(-1).copy()), name, (n, block)).numpy()
+        check(np.array_equal(want, got), f"{name}: the pack's dequantized values differ from gguf-py's "
+                                         f"(max {np.abs(want - got).max()})")
 
 
 if __name__ == "__main__":
