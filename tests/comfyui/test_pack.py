@@ -152,13 +152,17 @@ def procs(tmp_path_factory):
         os.path.join(models_dir, "diffusion_models", "tiny_wan_q_ref.safetensors"), _dequantize)
     stock["wan_q"] = copy.deepcopy(stock["wan"])
     stock["wan_q"]["unet"]["inputs"]["unet_name"] = "tiny_wan_q_ref.safetensors"
-    stock_order = ["wan", "flux", "sdxl", "sdxl_b", "sdxl_lora", "sdxl_legacy", "wan_a", "wan_b", "wan_q"]
+    _write_wan_lora(os.path.join(models_dir, "loras", "tiny_wan_lora.safetensors"))
+    stock["wan_q_lora"] = prompts.with_lora(stock["wan_q"], "tiny_wan_lora.safetensors", strength_model=0.8,
+                                            strength_clip=0.0)
+    stock_order = ["wan", "flux", "sdxl", "sdxl_b", "sdxl_lora", "sdxl_legacy", "wan_a", "wan_b", "wan_q",
+                   "wan_q_lora"]
     sim_order = ["wan_a", "wan_b", "wan_a", "sdxl_lora", "sdxl"]
-    pack_order = ["wan", "flux", "sdxl", "sdxl_lora", "sdxl_b", "sdxl_legacy", "wan_q"]
+    pack_order = ["wan", "flux", "sdxl", "sdxl_lora", "sdxl_b", "sdxl_legacy", "wan_q_lora", "wan_q"]
     stats = {name: str(top / f"{name}_stats.jsonl") for name in ("pack", "host", "sim")}
     jobs = {
         "stock": ([stock[t] for t in stock_order], stock_order, (), {"FERRY_COMFYUI_STATS": None}),
-        "pack": ([with_pack(stock[t]) if t != "wan_q" else with_pack(_gguf_prompt(stock["wan_q"]))
+        "pack": ([with_pack(_gguf_prompt(stock[t]) if t.startswith("wan_q") else stock[t])
                   for t in pack_order], pack_order, (PACK,),
                  dict(PACK_ENV, FERRY_COMFYUI_STATS=stats["pack"])),
         "sim": ([with_pack(stock[t]) for t in sim_order], sim_order, (PACK,),
@@ -197,6 +201,21 @@ def _dequantize(data, qtype, shape):
     return gq.dequantize(torch.frombuffer(bytearray(data), dtype=torch.uint8), qtype, shape).numpy()
 
 
+def _write_wan_lora(path):
+    """A LoRA for the tiny Wan (rank 4) on blocks' q, ffn.2 and cross-attention
+    o: quantized layers of the GGUF model in 32- and 256-value types."""
+    import safetensors.torch
+    import torch
+    g = torch.Generator().manual_seed(3)
+    sd = {}
+    for b in range(2):
+        for p, n_in in (("self_attn.q", 128), ("ffn.2", 256), ("cross_attn.o", 128)):
+            sd[f"diffusion_model.blocks.{b}.{p}.lora_up.weight"] = torch.randn(128, 4, generator=g) * 0.05
+            sd[f"diffusion_model.blocks.{b}.{p}.lora_down.weight"] = torch.randn(4, n_in, generator=g) * 0.05
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    safetensors.torch.save_file(sd, path)
+
+
 def _gguf_prompt(p):
     p = copy.deepcopy(p)
     p["unet"]["inputs"]["unet_name"] = "tiny_wan_q.gguf"
@@ -208,16 +227,24 @@ def test_gguf_block_quantized(procs):
     in every type the pack reads (Q8_0 ... Q6_K): the pack's loader builds it
     with its GGUF operations (the bytes are the weights, dequantized as each
     layer runs) and the outputs are stock ComfyUI's on the same values stored
-    as F32 safetensors, bit for bit."""
+    as F32 safetensors, bit for bit; with a LoRA too."""
     stock, pack = procs["stock"], procs["pack"]
     a, b = stock.run("wan_q"), pack.run("wan_q")
     assert a["digest"] == b["digest"], "the GGUF model gave other outputs than its F32 values on stock"
-    (ev,) = [e for e in pack.rec("wan_q")["loads"] if e["node"] == "UNETLoader"]
+    (ev,) = [e for e in pack.rec("wan_q_lora")["loads"] if e["node"] == "UNETLoader"]  # (wan_q: cached)
     assert ev["via"] == "ferry" and ev["format"] == "gguf", ev
     assert ev["qtypes"] == procs["qtypes"] and len(ev["qtypes"]) == 10, ev
     assert ev["dequantized_at_use"] > 0, ev
     line = [l for l in pack.ferry_lines() if "tiny_wan_q.gguf" in l and "dequantized as their layers run" in l]
     assert line, [l for l in pack.ferry_lines() if "gguf" in l]
+    # a LoRA on the quantized layers (ComfyUI's convert/set hooks), as stock's
+    # on the F32 values; the pack's prompt after it, without the LoRA, is
+    # the plain model's again
+    assert pack.run("wan_q_lora")["nodes"]["lora"]["status"] == "executed"
+    assert stock.run("wan_q_lora")["digest"] != a["digest"], "the LoRA changed nothing"
+    assert pack.run("wan_q_lora")["digest"] == stock.run("wan_q_lora")["digest"]
+    missed = [r["message"] for r in pack.result["log"] if "lora key not loaded" in r["message"]]
+    assert not missed, missed
 
 
 def test_pack_loads_with_ferry(procs):
