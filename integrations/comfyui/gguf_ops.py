@@ -65,6 +65,9 @@ class Ops(comfy.ops.manual_cast):
                 if k.startswith(prefix) and k[len(prefix):] not in ("weight", "bias") and "." not in k[len(prefix):]:
                     unexpected_keys.append(k)
 
+        # (keep_views: what it does not take itself, ComfyUI's manual_cast loading does)
+        _load_from_state_dict.ferry_plain = True
+
         def ferry_weight(self, device, dtype):
             """The weight's values on device in dtype: the patched ones while a
             patch is set on these bytes, else the bytes dequantized."""

@@ -30,10 +30,12 @@ def _plain_loading(module):
     """True where the module loads through nn.Module._load_from_state_dict
     with nothing of its own around it: PyTorch's modules, and comfy.ops'
     plain layers (whose override only changes things under dynamic VRAM,
-    where ComfyUI assigns anyway). Modules with other loading code (ComfyUI's
-    quantized layers, ...) are left to copy as they always did."""
+    where ComfyUI assigns anyway), and the pack's own that defer to those for
+    what they do not take themselves (marked ferry_plain). Modules with other
+    loading code (ComfyUI's quantized layers, ...) are left to copy as they
+    always did."""
     fn = type(module)._load_from_state_dict
-    if fn is _NN_LOAD:
+    if fn is _NN_LOAD or getattr(fn, "ferry_plain", False):
         return True
     mod = getattr(fn, "__module__", "") or ""
     if mod.startswith("torch.nn."):

@@ -309,10 +309,7 @@ def load_diffusion_model(path, model_options={}, disable_dynamic=False):
         if info["quantized"]:
             kept["dequantized_at_use"] = len(info["quantized"])
             kept["qtypes"] = info["qtypes"]
-            kept.setdefault("residency", []).append({"model": _label([path], "model"), "via": "comfyui",
-                                                     "reason": "block-quantized weights stay ComfyUI's to move"})
-        else:
-            _hold(model, "diffusion_model", dict(info, paths=[path]), True, _label([path], "model"), kept)
+        _hold(model, "diffusion_model", dict(info, paths=[path]), True, _label([path], "model"), kept)
         return model, info, kept
 
     def via_comfyui():

@@ -343,7 +343,9 @@ class _Merged:
     dtype ComfyUI built the weight in with the key's seed), computed from the
     clean weight the store put on the device each time its layer runs: outputs are those of
     the merged model, and the weights stay clean. ComfyUI's cast path hands
-    the weight over in the compute dtype; the result goes back to it."""
+    the weight over in the compute dtype; the result goes back to it.
+    stored_dtype None: no rounding (a GGUF layer's patched values are kept as
+    computed)."""
 
     def __init__(self, key, patches, stored_dtype, convert_func):
         self.key, self.patches, self.dtype, self.convert_func = key, patches, stored_dtype, convert_func
@@ -353,7 +355,8 @@ class _Merged:
         if self.convert_func is not None:
             temp = self.convert_func(temp, inplace=True)
         out = comfy.lora.calculate_weight(self.patches[self.key], temp, self.key)
-        out = comfy.float.stochastic_rounding(out, self.dtype, seed=comfy.utils.string_to_seed(self.key))
+        if self.dtype is not None:
+            out = comfy.float.stochastic_rounding(out, self.dtype, seed=comfy.utils.string_to_seed(self.key))
         return out.to(weight.dtype)
 
 
@@ -478,6 +481,11 @@ class FerryModelPatcher(comfy.model_patcher.ModelPatcher):
         for key in self.patches:
             mod_name, _, param = key.rpartition(".")
             m = comfy.utils.get_attr(self.model, mod_name)
+            if getattr(m, "ferry_qtype", None) is not None and param == "weight":
+                # a GGUF layer (gguf_ops): its functions get the dequantized weight,
+                # and a full load keeps the patched values as they come (set_weight)
+                getattr(m, param + "_function").append(_Merged(key, self.patches, None, None))
+                continue
             weight, set_func, convert_func = comfy.model_patcher.get_key_weight(self.model, key)
             if set_func is not None:
                 raise Unsupported(f"a patch changes {key}, a quantized weight")

@@ -35,7 +35,8 @@ def _match_module(groups, lookup, path, verb, strict, what):
     dtype)], missing keys, unexpected keys); raises RuntimeError("Error(s) in
     <what>: ...") for shape or dtype mismatches, dtypes this torch lacks, and
     with strict for missing or unexpected keys. ferry moves bytes, it does not
-    convert: a block-quantized tensor (dtype None) is a dtype mismatch."""
+    convert: a block-quantized tensor (dtype None) pairs with a uint8 tensor
+    of its bytes (shape [nbytes]) only."""
     matched, missing, used, error_msgs = [], [], set(), []
     for es in groups.values():
         keys = [e[0] for e in es]
@@ -51,7 +52,15 @@ def _match_module(groups, lookup, path, verb, strict, what):
         except errors.UnsupportedError as e:
             error_msgs.append(f"cannot {verb} {present[0]}: {e.message}")
             continue
-        if tuple(cur.shape) != tuple(info.shape) and dt is not None:
+        if dt is None:  # block-quantized: the module holds its raw bytes, as load_file gives them
+            if cur.dtype != torch.uint8 or tuple(cur.shape) != (info.nbytes,):
+                error_msgs.append(f"dtype mismatch for {present[0]}: a {info.dtype} (block-quantized) tensor "
+                                  f"goes to a uint8 tensor of its {info.nbytes} bytes, the current model has "
+                                  f"{cur.dtype} {tuple(cur.shape)}.")
+                continue
+            matched.append((es, val, info, dt))
+            continue
+        if tuple(cur.shape) != tuple(info.shape):
             error_msgs.append(f"size mismatch for {present[0]}: copying a param with shape "
                               f"{torch.Size(info.shape)} from checkpoint, the shape in current model is "
                               f"{cur.shape}.")

@@ -157,7 +157,7 @@ def procs(tmp_path_factory):
                                             strength_clip=0.0)
     stock_order = ["wan", "flux", "sdxl", "sdxl_b", "sdxl_lora", "sdxl_legacy", "wan_a", "wan_b", "wan_q",
                    "wan_q_lora"]
-    sim_order = ["wan_a", "wan_b", "wan_a", "sdxl_lora", "sdxl"]
+    sim_order = ["wan_a", "wan_b", "wan_a", "sdxl_lora", "sdxl", "wan_q_lora", "wan_q"]
     pack_order = ["wan", "flux", "sdxl", "sdxl_lora", "sdxl_b", "sdxl_legacy", "wan_q_lora", "wan_q"]
     stats = {name: str(top / f"{name}_stats.jsonl") for name in ("pack", "host", "sim")}
     jobs = {
@@ -165,7 +165,8 @@ def procs(tmp_path_factory):
         "pack": ([with_pack(_gguf_prompt(stock[t]) if t.startswith("wan_q") else stock[t])
                   for t in pack_order], pack_order, (PACK,),
                  dict(PACK_ENV, FERRY_COMFYUI_STATS=stats["pack"])),
-        "sim": ([with_pack(stock[t]) for t in sim_order], sim_order, (PACK,),
+        "sim": ([with_pack(_gguf_prompt(stock[t]) if t.startswith("wan_q") else stock[t]) for t in sim_order],
+                sim_order, (PACK,),
                 dict(PACK_ENV, FERRY_COMFYUI_STATS=stats["sim"], FERRY_COMFYUI_DEVICE=SIM_DEVICE)),
         "host": ([with_pack(sdxl), with_pack(stock["wan_a"])], ["sdxl", "wan_a"], (PACK,),
                  dict(PACK_ENV, FERRY_COMFYUI_STATS=stats["host"], FERRY_HOST_LIMIT_GB=repr(HOST_LIMIT / 2 ** 30),
@@ -404,7 +405,8 @@ def test_residency_on_sim(procs):
     each of them (FERRY_COMFYUI_DEVICE): two Wan models, swapped twice,
     stream block by block and give stock's outputs; the text encoders and
     SDXL's UNet, which cannot fit, go back to ComfyUI's residency with the
-    reason, and their prompts (the LoRA one too) give stock's outputs."""
+    reason, and their prompts (the LoRA one too) give stock's outputs; the
+    block-quantized GGUF Wan, with and without a LoRA, streams as well."""
     stock, sim = procs["stock"], procs["sim"]
     for i, tag in enumerate(sim.tags):
         run = sim.result["runs"][i] if i < len(sim.result["runs"]) else None
@@ -422,6 +424,11 @@ def test_residency_on_sim(procs):
         # a model whose node output ComfyUI dropped left the store: only this
         # prompt's Wan is there
         assert len(held) == 1, rec["models"]
+    # the GGUF model (block-quantized bytes) is held and streamed too
+    for i in (5, 6):
+        rec = sim.stats[i]
+        held = [m for k, m in rec["models"].items() if k.startswith("model:tiny_wan_q.gguf")]
+        assert held and held[0]["streamed"] and held[0]["steps"] > 0, (sim.tags[i], rec["models"])
     back = [e for r in sim.stats for e in r["residency"]]
     assert any(e["model"].startswith("text encoder:") for e in back), back
     assert all(e["reason"] for e in back), back
