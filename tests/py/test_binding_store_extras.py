@@ -390,3 +390,27 @@ def test_keys_pair_differently_named_tensors(tmp_path, sim_free):
         states = store.tensor_states("net")
         assert states["vae.unused"].tier != "device", states["vae.unused"]
         assert all(states["model." + k].tier == "device" for k in sd)
+
+
+def test_block_quantized_pairs_with_its_bytes(tmp_path, sim_free):
+    """A GGUF block-quantized tensor pairs with a uint8 module tensor of its
+    bytes (as load_file gives it) and comes to the device as those bytes; a
+    float module tensor is a dtype mismatch that names it."""
+    import gguf_writer
+    raw = bytes(range(256)) * (34 * 8 // 256) + bytes(34 * 8 % 256)
+    path = tmp_path / "q.gguf"
+    gguf_writer.write(str(path), [("w", "Q8_0", [8, 32], raw), ("b", "F32", [8], bytes(32))])
+
+    class Q(nn.Module):
+        def __init__(self, dtype, shape):
+            super().__init__()
+            self.w = nn.Parameter(torch.empty(shape, dtype=dtype, device="meta"), requires_grad=False)
+            self.b = nn.Parameter(torch.empty(8, device="meta"))
+
+    with ft.Store(SIM) as store:
+        with pytest.raises(RuntimeError, match=r"dtype mismatch for w: a Q8_0 \(block-quantized\) tensor"):
+            store.add("f", path, module=Q(torch.float32, (8, 32)))
+        m = Q(torch.uint8, (len(raw),))
+        store.add("q", path, module=m)
+        store.to_device("q")
+        assert m.w.dtype == torch.uint8 and bytes(m.w.tolist()) == raw
