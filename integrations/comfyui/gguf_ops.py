@@ -59,8 +59,8 @@ class Ops(comfy.ops.manual_cast):
                     error_msgs.append(f"{prefix}bias: a block-quantized bias")
                 else:
                     self.bias = torch.nn.Parameter(b, requires_grad=False)
-            elif getattr(self, "bias", None) is not None and self.bias.is_meta:
-                self.bias = None
+            elif getattr(self, "bias", None) is not None:
+                missing_keys.append(prefix + "bias")  # (as load_state_dict reports it)
             for k in state_dict:
                 if k.startswith(prefix) and k[len(prefix):] not in ("weight", "bias") and "." not in k[len(prefix):]:
                     unexpected_keys.append(k)
