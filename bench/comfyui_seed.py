@@ -61,6 +61,7 @@ import mmap
 import os
 import re
 import signal
+import shutil
 import struct
 import subprocess
 import sys
@@ -652,6 +653,13 @@ def run_one(opts, manifest, setting, method, workdir, timeout):
     if os.path.exists(stats):
         with open(stats) as f:
             rec["pack_stats"] = [json.loads(ln) for ln in f if ln.strip()]
+    # each process's ComfyUI log, flat beside the result (the work folders nest
+    # ComfyUI's own tree: too deep for a copy that keeps only shallow files)
+    logs = os.path.splitext(opts.out)[0] + "-logs"
+    if rec.get("log_file") and os.path.exists(rec["log_file"]):
+        os.makedirs(logs, exist_ok=True)
+        shutil.copyfile(rec["log_file"], os.path.join(logs, f"{setting}-{method}.log"))
+        rec["log_copy"] = os.path.join(logs, f"{setting}-{method}.log")
     return rec
 
 

@@ -5,7 +5,8 @@
 # device call of at most 10 minutes, from the repository root. Leaves in OUT:
 #   comfyui-PART.json / .md   comfyui_seed.py's result and table (rewritten after every process)
 #   gpu_comfyui-PART.log      everything printed, machine facts first
-#   comfyui-PART-work/        each process's ComfyUI log, prompts, pack stats
+#   comfyui-PART-work/        each process's ComfyUI base folder, prompts, pack stats
+#   comfyui-PART-logs/        each process's ComfyUI log, as SETTING-METHOD.log
 #
 # PART: a: settings none, avail32; b: cg32, cg16, cg8; all: the five (two calls' worth; the
 # models stay on the machine while it is warm, so b reuses a's). Always --vram-gib 24.
