@@ -289,6 +289,21 @@ def _restored(obj, data):
     return fresh
 
 
+def _tensors(module):
+    """(key, tensor) of the module's parameters and persistent buffers as the
+    store attaches them (the modules' own tables: a layer's state_dict may
+    say otherwise, e.g. ComfyUI's quantized layers)."""
+    for prefix, m in module.named_modules(remove_duplicate=False):
+        p = prefix + "." if prefix else ""
+        for name, t in m._parameters.items():
+            if t is not None:
+                yield p + name, t
+        skip = m._non_persistent_buffers_set
+        for name, t in m._buffers.items():
+            if t is not None and name not in skip:
+                yield p + name, t
+
+
 def _owner(module, key):
     path, _, attr = key.rpartition(".")
     return (module.get_submodule(path) if path else module), attr
@@ -309,13 +324,14 @@ def prepare(patcher, module_attr, raw_names, files, stream, label):
         raise Unsupported("its module is already held")
     keys, views, total = {}, {}, 0
     seen = set()
-    for key, t in module.state_dict(keep_vars=True).items():
+    for key, t in _tensors(module):
         n = t.numel() * t.element_size()
         if id(t) not in seen:
             seen.add(id(t))
             total += n
-        if not n or t.device.type != "cpu" or not t.is_contiguous():
-            continue
+        if not n or t.device.type != "cpu" or not t.is_contiguous() or type(t) not in (torch.Tensor,
+                                                                                        torch.nn.Parameter):
+            continue  # (a tensor subclass, e.g. ComfyUI's quantized weights, stays ComfyUI's to move)
         hit = raw_names.get(t.data_ptr())
         if hit is None or tuple(hit[1]) != tuple(t.shape) or hit[2] != t.dtype:
             continue

@@ -155,10 +155,14 @@ def procs(tmp_path_factory):
     _write_wan_lora(os.path.join(models_dir, "loras", "tiny_wan_lora.safetensors"))
     stock["wan_q_lora"] = prompts.with_lora(stock["wan_q"], "tiny_wan_lora.safetensors", strength_model=0.8,
                                             strength_clip=0.0)
+    # a Wan in ComfyUI's scaled-FP8 form (F8_E4M3 matrices, .scale_weight, the marker)
+    comfy_models.write_wan21_t2v_fp8_scaled(os.path.join(models_dir, "diffusion_models", "tiny_wan_fp8s.safetensors"))
+    stock["wan_fp8"] = copy.deepcopy(stock["wan"])
+    stock["wan_fp8"]["unet"]["inputs"]["unet_name"] = "tiny_wan_fp8s.safetensors"
     stock_order = ["wan", "flux", "sdxl", "sdxl_b", "sdxl_lora", "sdxl_legacy", "wan_a", "wan_b", "wan_q",
-                   "wan_q_lora"]
+                   "wan_q_lora", "wan_fp8"]
     sim_order = ["wan_a", "wan_b", "wan_a", "sdxl_lora", "sdxl", "wan_q_lora", "wan_q"]
-    pack_order = ["wan", "flux", "sdxl", "sdxl_lora", "sdxl_b", "sdxl_legacy", "wan_q_lora", "wan_q"]
+    pack_order = ["wan", "flux", "sdxl", "sdxl_lora", "sdxl_b", "sdxl_legacy", "wan_q_lora", "wan_q", "wan_fp8"]
     stats = {name: str(top / f"{name}_stats.jsonl") for name in ("pack", "host", "sim")}
     jobs = {
         "stock": ([stock[t] for t in stock_order], stock_order, (), {"FERRY_COMFYUI_STATS": None}),
@@ -246,6 +250,16 @@ def test_gguf_block_quantized(procs):
     assert pack.run("wan_q_lora")["digest"] == stock.run("wan_q_lora")["digest"]
     missed = [r["message"] for r in pack.result["log"] if "lora key not loaded" in r["message"]]
     assert not missed, missed
+
+
+def test_scaled_fp8(procs):
+    """A Wan in ComfyUI's scaled-FP8 form through the pack's loader: read by
+    ferry, its FP8 layers loaded by ComfyUI's own quantized operations,
+    outputs stock's."""
+    stock, pack = procs["stock"], procs["pack"]
+    assert pack.run("wan_fp8")["digest"] == stock.run("wan_fp8")["digest"]
+    (ev,) = [e for e in pack.rec("wan_fp8")["loads"] if e["node"] == "UNETLoader"]
+    assert ev["via"] == "ferry" and ev["own_loading_tensors"] > 0, ev
 
 
 def test_pack_loads_with_ferry(procs):

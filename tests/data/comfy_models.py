@@ -295,6 +295,27 @@ def write_wan21_t2v_gguf(path, ref_path, dequantize, seed=31, blocks=5):
     return sorted({t[1] for t in tensors if t[1] != "F32"})
 
 
+def write_wan21_t2v_fp8_scaled(path, seed=41):
+    """A tiny Wan 2.1 T2V in ComfyUI's scaled-FP8 form: the blocks' Linear
+    weights F8_E4M3 (random finite values up to 1.875), each with a
+    ".scale_weight" (F32 scalar), the "scaled_fp8" marker (an empty F8_E4M3
+    tensor), everything else F32."""
+    rng = np.random.default_rng(seed)
+    plain, extra = [], []
+    for name, shape in wan21_t2v_entries():
+        if name.startswith("blocks.") and name.endswith(".weight") and len(shape) == 2:
+            n = int(np.prod(shape))
+            b = (rng.integers(0, 2, n) << 7) | (rng.integers(0, 8, n) << 3) | rng.integers(0, 8, n)
+            extra.append((name, "F8_E4M3", list(shape), b.astype(np.uint8).tobytes()))
+            scale = np.float32(rng.uniform(0.01, 0.03))
+            extra.append((name[:-len(".weight")] + ".scale_weight", "F32", [], scale.tobytes()))
+        else:
+            plain.append((name, shape))
+    extra.append(("scaled_fp8", "F8_E4M3", [0], b""))
+    meta = {"config": json.dumps({"transformer": {"text_dim": UMT5_DIM}})}
+    return write(path, plain, "F32", seed, metadata=meta, extra=extra)
+
+
 def _wan_residual(prefix, n_in, n_out):
     e = [(prefix + "residual.0.gamma", (n_in, 1, 1, 1))]
     e += _conv(prefix + "residual.2", n_out, n_in, 3, 3, 3)
