@@ -130,13 +130,19 @@ def _q6_k(b):
     return (_f16(d).unsqueeze(2) * sc.unsqueeze(2) * vals).reshape(n, 256)
 
 
+def _two_bits(q):
+    """Q2_K/Q3_K: [n, 64] uint8 -> [n, 2, 4, 2, 16]: per half of 128 values
+    (32 bytes), bits 2k..2k+1 (k = 0..3) of its first and second 16 bytes:
+    sub-blocks of 16 values in that order."""
+    q = q.reshape(q.shape[0], 2, 1, 2, 16)
+    shifts = torch.tensor([0, 2, 4, 6], device=q.device, dtype=torch.uint8).view(1, 1, 4, 1, 1)
+    return (q >> shifts) & 3
+
+
 def _q2_k(b):
     s, q, d, dmin = _split(b, 16, 64, 2, 2)
     n = b.shape[0]
-    # per half of 128 values: 4 shifts x 2 groups of 16 bytes -> sub-blocks in that order
-    q = q.reshape(n, 2, 1, 2, 16)
-    shifts = torch.tensor([0, 2, 4, 6], device=b.device, dtype=torch.uint8).view(1, 1, 4, 1, 1)
-    vals = ((q >> shifts) & 3).reshape(n, 16, 16).float()
+    vals = _two_bits(q).reshape(n, 16, 16).float()
     sc = (s & 0x0F).float()
     mn = (s >> 4).float()
     return (_f16(d).unsqueeze(2) * sc.unsqueeze(2) * vals - _f16(dmin).unsqueeze(2) * mn.unsqueeze(2)).reshape(n, 256)
@@ -157,9 +163,7 @@ def _q3_k(b):
     hm, q, s, d = _split(b, 32, 64, 12, 2)
     n = b.shape[0]
     sc = _q3_k_scales(s)
-    q = q.reshape(n, 2, 1, 2, 16)
-    shifts = torch.tensor([0, 2, 4, 6], device=b.device, dtype=torch.uint8).view(1, 1, 4, 1, 1)
-    low = ((q >> shifts) & 3).reshape(n, 2, 4, 2, 16)
+    low = _two_bits(q)
     # the high bit of value l of sub-group j (of 8: half h, shift k) is bit h*4+k of hmask[l]
     hbits = _bits(hm, 1, 8).reshape(n, 2, 4, 2, 16)   # [n, bit 0..7 -> (half, shift), 32 -> (group, l)]
     vals = (low.to(torch.int16) - torch.where(hbits.bool(), 0, 4)).float().reshape(n, 16, 16)

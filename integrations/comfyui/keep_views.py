@@ -129,11 +129,7 @@ class KeepViews:
             for n, v, built in picks:
                 if getattr(sub, n, None) is None or sub._parameters.get(n) is None:
                     continue
-                if v.numel():
-                    self._kept_ptrs.add(v.data_ptr())
-                    if v.untyped_storage().data_ptr() in self._sources:
-                        self.kept[0] += 1
-                        self.kept[1] += v.numel() * v.element_size()
+                self._note_kept(v)
                 if v.dtype != built:
                     cast[n] = built
             if cast:
@@ -170,6 +166,15 @@ class KeepViews:
             self._handles.append(module._register_load_state_dict_pre_hook(self._pre_hook, with_module=True))
         return None
 
+    def _note_kept(self, v):
+        """v is now a module's tensor: no other takes it, and a view of the
+        sources counts as kept."""
+        if v.numel():
+            self._kept_ptrs.add(v.data_ptr())
+            if v.untyped_storage().data_ptr() in self._sources:
+                self.kept[0] += 1
+                self.kept[1] += v.numel() * v.element_size()
+
     def _pre_hook(self, module, state_dict, prefix, local_metadata, *rest):
         if threading.get_ident() != self._thread or local_metadata.get("assign_to_params_buffers"):
             return
@@ -200,11 +205,7 @@ class KeepViews:
             out.copy_(v)  # what load_state_dict's param.copy_(v) would have made
             state_dict[key] = out
         for key, v, _ in keep:
-            if v.numel():
-                self._kept_ptrs.add(v.data_ptr())
-                if v.untyped_storage().data_ptr() in self._sources:
-                    self.kept[0] += 1
-                    self.kept[1] += v.numel() * v.element_size()
+            self._note_kept(v)
         local_metadata["assign_to_params_buffers"] = True
         cast = {key[len(prefix):]: cur.dtype for key, v, cur in keep if v.dtype != cur.dtype}
         if cast:

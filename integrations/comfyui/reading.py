@@ -55,7 +55,7 @@ def _unwrap_pickle(path, sd):
     return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
 
 
-def gguf_ops_stand_in(shape):
+def _stand_in(shape):
     """A block-quantized tensor in the state dict ComfyUI detects the model
     from: its shape, an F16 dtype, no data (gguf_ops takes the bytes)."""
     return torch.empty(tuple(shape), dtype=torch.float16, device="meta")
@@ -128,7 +128,7 @@ def read(path):
     quantized = {}  # id(stand-in) -> (the bytes, ggml type, shape): see gguf_ops
     for name, (qtype, shape) in qtypes.items():
         raw = sd[name]
-        sd[name] = gguf_ops_stand_in(shape)
+        sd[name] = _stand_in(shape)
         quantized[id(sd[name])] = (raw, qtype, tuple(shape))
     if not sd:
         raise Fallback("ferry found no tensors in it")

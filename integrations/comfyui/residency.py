@@ -151,6 +151,12 @@ memstats.tracker.stores = stores_stats
 memstats.tracker.models = models_stats
 
 
+def _granted(spec):
+    """What ComfyUI granted the models of the store on spec, together."""
+    with _lock:
+        return sum(h.allowance for h in _held[spec].values())
+
+
 class _Held:
     """One model's place in a store, shared by all of its patcher's clones
     (they share the module). views: {module key: (the tensor object the
@@ -187,10 +193,8 @@ class _Held:
             logging.warning("ferry: %s: could not leave the store: %s", self.label, e)
             return
         self.module._ferry_held = None
-        with _lock:
-            others = sum(h.allowance for h in _held[spec].values())
         try:
-            _stores[spec].set_device_budget(max(others, 1))
+            _stores[spec].set_device_budget(max(_granted(spec), 1))
         except Exception:
             pass
 
@@ -204,9 +208,8 @@ class _Held:
             raise Unsupported(f"ferry has no device for {device}")
         store = _store(spec)
         name = f"{self.label}-{next(_names)}"
-        with _lock:  # the budget with this model's grant in it, as the engine plans at once
-            others = sum(h.allowance for h in _held[spec].values())
-        store.set_device_budget(max(others + self.allowance, 1))
+        # the budget with this model's grant in it, as the engine plans at once
+        store.set_device_budget(max(_granted(spec) + self.allowance, 1))
         kw = {}
         if self.stream:
             # (on a GPU the engine keeps this free beside what PyTorch holds;
@@ -263,9 +266,7 @@ class _Held:
 
     def set_budget(self):
         """The store's device budget: what ComfyUI granted its loaded models."""
-        with _lock:
-            total = sum(h.allowance for h in _held[self.spec].values())
-        self.store.set_device_budget(max(total, 1))
+        self.store.set_device_budget(max(_granted(self.spec), 1))
 
     def release(self):
         if self.hold is not None:
@@ -275,33 +276,12 @@ class _Held:
 
 def _restored(obj, data):
     """obj (a Parameter or buffer the loader made) holding data again: obj
-    itself where torch can swap contents, else a new Parameter (or data)."""
+    itself where torch can swap contents (ferry.torch's own re-pointing),
+    else a new Parameter (or data)."""
     if not isinstance(obj, torch.nn.Parameter):
         return data
-    fresh = torch.nn.Parameter(data, requires_grad=False)
-    swap = getattr(torch.utils, "swap_tensors", None)
-    if swap is not None and type(obj) is type(fresh):
-        try:
-            swap(obj, fresh)
-            return obj
-        except RuntimeError:
-            pass
-    return fresh
-
-
-def _tensors(module):
-    """(key, tensor) of the module's parameters and persistent buffers as the
-    store attaches them (the modules' own tables: a layer's state_dict may
-    say otherwise, e.g. ComfyUI's quantized layers)."""
-    for prefix, m in module.named_modules(remove_duplicate=False):
-        p = prefix + "." if prefix else ""
-        for name, t in m._parameters.items():
-            if t is not None:
-                yield p + name, t
-        skip = m._non_persistent_buffers_set
-        for name, t in m._buffers.items():
-            if t is not None and name not in skip:
-                yield p + name, t
+    from ferry._torch_match import _same_param
+    return _same_param(obj, data, False)
 
 
 def _owner(module, key):
@@ -324,7 +304,8 @@ def prepare(patcher, module_attr, raw_names, files, stream, label):
         raise Unsupported("its module is already held")
     keys, views, total = {}, {}, 0
     seen = set()
-    for key, t in _tensors(module):
+    from ferry._torch_match import _module_entries  # (key, owner, attribute, is parameter, tensor), as attached
+    for key, _, _, _, t in _module_entries(module):
         n = t.numel() * t.element_size()
         if id(t) not in seen:
             seen.add(id(t))
