@@ -42,23 +42,30 @@ def _size_opt(v, what):
 
 def _moved(t, device):
     """t on device, as Module.to moves it: t itself where it is there already
-    or is a meta tensor (no contents to copy); a Parameter keeps its object
-    (its data and gradient replaced) where torch allows, so that references
-    to it stay valid."""
+    or is a meta tensor (no contents to copy); else _rehomed."""
     if t.is_meta or t.device == device:
         return t
-    data = t.detach().to(device)
+    return _rehomed(t, t.detach().to(device))
+
+
+def _rehomed(t, data):
+    """data in t's place: a Parameter keeps its object (its data and gradient
+    replaced) where torch allows, so that references to it stay valid. An
+    inference tensor (made under torch.inference_mode, as ComfyUI builds
+    its models) is swapped whole, never given new .data: set_data keeps the
+    old version counter, which an inference tensor lacks, and the first view
+    of the result fails ("Inference tensors do not track version counter")."""
     if not isinstance(t, torch.nn.Parameter):
         return data
     grad = t.grad
     compatible = getattr(torch, "_has_compatible_shallow_copy_type", None)
-    if compatible is not None and compatible(t, data):
+    if compatible is not None and not t.is_inference() and compatible(t, data):
         t.data = data
         p = t
     else:
         p = _same_param(t, data, t.requires_grad)
     if grad is not None:
-        p.grad = grad.to(device)
+        p.grad = grad.to(data.device)
     return p
 
 

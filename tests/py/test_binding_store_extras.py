@@ -254,6 +254,28 @@ def test_moves_inside_inference_mode_make_normal_tensors():
     assert m.cos_alias is m.rope.cos
 
 
+def test_rehomed_inference_parameter_takes_views():
+    """A Parameter made under inference_mode (ComfyUI builds its models so)
+    and moved out of it, as a store moves a module's extras to the GPU: the
+    result takes views and ops inside inference_mode again. (Given new .data,
+    it keeps the inference tensor's missing version counter beside normal
+    contents, and its first view raises "Inference tensors do not track
+    version counter"; set_data needs a second device to reach from _moved.)"""
+    with torch.inference_mode():
+        p = nn.Parameter(torch.zeros(2, 3), requires_grad=False)
+    held = {"modulation": p}
+    with torch.inference_mode(False):
+        q = _torch_store._rehomed(p, torch.ones(2, 3))
+    held["modulation"] = q
+    assert isinstance(q, nn.Parameter) and not q.requires_grad and not q.is_inference()
+    with torch.inference_mode():
+        out = (held["modulation"].unsqueeze(0) + torch.zeros(1, 2, 3)).unbind(2)
+    assert torch.equal(torch.stack(out, 2)[0], torch.ones(2, 3))
+    # a normal Parameter keeps its object
+    r = nn.Parameter(torch.zeros(2))
+    assert _torch_store._rehomed(r, torch.ones(2)) is r and torch.equal(r.detach(), torch.ones(2))
+
+
 @pytest.mark.parametrize("stream", [None, "auto"])
 def test_views_made_inside_inference_mode_are_normal(tmp_path, sim_free, stream):
     """A forward under inference_mode (as ComfyUI runs every node) brings the
