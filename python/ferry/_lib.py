@@ -283,7 +283,26 @@ lib, path = _load()
 path = os.path.abspath(path)
 
 
+# every function this binding declares: name -> (restype, argtypes);
+# tests/py/test_binding_signatures.py checks each against include/ferry.h
+SIGNATURES = {}
+
+# functions of ferry.h this binding leaves out, and why (the same test checks
+# that every other exported function is in SIGNATURES)
+UNBOUND = {
+    "ferry_file_tensor_gathered_bytes": "strided PyTorch views: the CLI's cat and hash (torch reads them itself)",
+    "ferry_file_tensor_gather": "strided PyTorch views: the CLI's cat and hash (torch reads them itself)",
+    "ferry_file_convert": "file conversion: the CLI's `ferry convert`",
+    "ferry_file_convert_with": "file conversion: the CLI's `ferry convert`",
+    "ferry_file_hash": "checkpoint hashes: the CLI's `ferry hash` and `ferry load --verify`",
+    "ferry_xxh3": "checkpoint hashes: the CLI's `ferry hash` and `ferry load --verify`",
+    "ferry_device_register_file": "cuFile registration: the CLI's load and bench commands",
+    "ferry_device_unregister_file": "cuFile registration: the CLI's load and bench commands",
+}
+
+
 def _bind(signatures):
+    SIGNATURES.update(signatures)
     for name, (res, args) in signatures.items():
         try:
             fn = getattr(lib, name)
