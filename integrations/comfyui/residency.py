@@ -48,7 +48,6 @@ from comfy.patcher_extension import CallbacksMP
 
 from . import memstats, settings
 
-_MARGIN = 512 << 20        # device bytes the streaming engine keeps free beside PyTorch's
 _MIN_HELD = 0.5            # below this share of its bytes as the file's, a model is left to ComfyUI
 
 _lock = threading.Lock()
@@ -212,9 +211,10 @@ class _Held:
         store.set_device_budget(max(_granted(spec) + self.allowance, 1))
         kw = {}
         if self.stream:
-            # (on a GPU the engine keeps this free beside what PyTorch holds;
+            # (on a GPU the engine measures what PyTorch needs beside it: 2 GiB
+            # left free until a step ran, then that step's peak and a margin;
             # a sim device has no PyTorch allocations)
-            kw = {"stream": "auto", "reserve": _MARGIN if spec.startswith("cuda") else 0}
+            kw = {"stream": "auto", "reserve": None if spec.startswith("cuda") else 0}
         try:
             store.add(name, self.files, module=self.module, strict=False, keys=self.keys, **kw)
         except ValueError as e:
@@ -442,6 +442,11 @@ class FerryModelPatcher(comfy.model_patcher.ModelPatcher):
         held.attach(device_to)
         held.allowance = min(want, held.bytes)  # (now the store's count)
         held.set_budget()
+        if held.stream:
+            # PyTorch's needs measured again at the first step: ComfyUI emptied
+            # PyTorch's cache since the last prompt, and a model under dynamic
+            # VRAM (a VAE) may hold device memory beyond what ComfyUI counts
+            held.store.remeasure(held.name)
         self._set_patch_functions(held)
         self._move_rest(held, device_to)
         if not held.stream and held.hold is None:

@@ -509,6 +509,23 @@ class Store:
                 raise ValueError(f"model \"{name}\" was not added with stream=")
             return a.streamer.stats()
 
+    def remeasure(self, name=None):
+        """PyTorch's working memory is measured again at the next step of each
+        streaming model (name: that model's only): that step plans with 2 GiB
+        of the device left free (or the model's reserve=), and the plan after
+        it leaves what the step took plus a margin. For a caller that released
+        PyTorch's cached memory (torch.cuda.empty_cache) or whose inputs or
+        other users of the device changed since the last measure."""
+        with self._lock:
+            self._live()
+            names = list(self._attached) if name is None else [name]
+            for n in names:
+                if name is not None:
+                    self._model(n)
+                a = self._attached.get(n)
+                if a is not None and a.streamer is not None:
+                    a.streamer.remeasure()
+
     def set_device_budget(self, nbytes):
         """Change the store's device budget now (int or "12GiB"): what the
         store holds beyond it is evicted at once (dirty tensors saved), and

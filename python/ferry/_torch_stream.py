@@ -14,8 +14,9 @@ here is what only PyTorch knows:
   the current stream; the module's forward hook ends the pass;
 - re-pointing: before a block runs, its parameters become views of the
   device memory the engine put it in;
-- PyTorch's own allocations: after the first step the engine plans again for
-  the device memory PyTorch's allocator left free.
+- PyTorch's own allocations: after the first step (and the first after
+  remeasure()) the engine plans again for the device memory PyTorch's
+  allocator left free.
 """
 import ctypes
 import inspect
@@ -129,6 +130,7 @@ class Streamer:
         self.copies = copies
         self.k_of = {b: k for k, b in enumerate(blocks)}
         self.steps = 0
+        self.measured = False          # a step ran since PyTorch's needs were last to be measured
         self.active = set()            # blocks whose forward runs now
         self.params = {}               # (model index, dptr) -> Parameter / buffer view
         self.step_htod = []            # bytes moved to the device per step
@@ -136,7 +138,7 @@ class Streamer:
         self._t0 = None
         self.in_step = False
         self.replan_wanted = False
-        budget, reserve = self._budget(first=True)
+        budget, reserve = self._budget()
         self.engine = core.streamer(self.m, [b.leader for b in blocks], prefetch=self.prefetch, budget=budget,
                                     reserve=reserve, copies=copies)
 
@@ -147,24 +149,25 @@ class Streamer:
 
     # ---- the budget ----
 
-    def _budget(self, first):
+    def _budget(self):
         """(budget, reserve) for the engine: the store's budget, and on a GPU
         no more than what the device has beside PyTorch's needs (the reserve:
-        the caller's, else 2 GiB before the first step and a margin after it,
-        when PyTorch's allocator holds what the step needed, so the device's
-        free memory is already net of it)."""
+        the caller's, else 2 GiB until a step has run since the needs were
+        last to be measured (the first step, or after remeasure()) and a
+        margin after it, when PyTorch's allocator holds what the step needed,
+        so the device's free memory is already net of it)."""
         st = self.store._core.stats()
         budget = st["device_budget"]
         if self.store._tdev.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.store._tdev)
             have = st["tier_bytes"]["device"] + st["device_cached"] + free
-            reserve = self.user_reserve if self.user_reserve is not None else (2 << 30) if first else _MARGIN
+            reserve = self.user_reserve if self.user_reserve is not None else _MARGIN if self.measured else 2 << 30
             # (never 0: the engine reads a budget of 0 as "the store's")
             return min(budget, max(have - reserve, 1)), 0
         return budget, self.user_reserve or 0
 
     def _replan(self):
-        budget, reserve = self._budget(first=False)
+        budget, reserve = self._budget()
         try:
             self.engine.set_budget(budget, reserve)
         except errors.BudgetError:
@@ -248,9 +251,9 @@ class Streamer:
             if core is None or not self.in_step:
                 return
             self.in_step = False
-            first = self.steps == 0
             self.engine.pass_end(self._stream())
-            if first:
+            if not self.measured:
+                self.measured = True
                 self._replan()  # with PyTorch's measured needs
             if len(core.models) > 1:
                 # other models' tensors the step's moves evicted: their modules
@@ -275,6 +278,13 @@ class Streamer:
                 return  # removed meanwhile, or its pre-hook failed
             self.active.discard(b)
             self.engine.block_end(self.k_of[b], self._stream())
+
+    def remeasure(self):
+        """Measure PyTorch's needs again: the next step keeps 2 GiB free (or
+        the caller's reserve) and the plan after it leaves what that step
+        took."""
+        self.measured = False
+        self.replan_wanted = True
 
     def drain(self):
         """Land every move queued ahead and drop its hold (before the model is

@@ -488,3 +488,37 @@ def test_resident_blocks_are_held_for_the_step(tmp_path, sim_free):
         assert len(queued) == store.stream_stats("dit")["prefetch"]
         for i in range(len(model)):
             assert core.state(model, i).pins == (1 if i in queued else 0), core.state(model, i)
+
+
+def test_remeasure_keeps_room_for_pytorch_until_a_step_ran(tmp_path, sim_free, monkeypatch):
+    """On a GPU the plan leaves PyTorch 2 GiB until a step has run, then that
+    step's measured needs and a margin; Store.remeasure() (a caller that
+    emptied PyTorch's cache, or whose device neighbours changed) brings the
+    2 GiB back until the next step. The GPU's free memory is faked here
+    (the budget's arithmetic is the GPU path's; sim has no PyTorch
+    allocations)."""
+    from ferry import _torch_stream
+    ref, path = model_and_file(tmp_path)
+    m = DiT()
+    gib = 1 << 30
+    with ft.Store(SIM, device_budget=nbytes(ref)) as store:
+        store.add("dit", path, module=m, stream="auto")
+        s = store._attached["dit"].streamer
+        big = 64 * gib  # the store's budget, far above what the fake device has
+        monkeypatch.setattr(store._core, "stats", lambda: {"device_budget": big, "device_cached": 0,
+                                                            "tier_bytes": {"device": 0}})
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (10 * gib, 80 * gib))
+        monkeypatch.setattr(store, "_tdev", torch.device("cuda", 0))
+        assert not s.measured and s._budget() == (8 * gib, 0)
+        s.measured = True  # as step_end leaves it
+        assert s._budget() == (10 * gib - _torch_stream._MARGIN, 0)
+        monkeypatch.undo()
+        store.remeasure("dit")
+        assert not s.measured and s.replan_wanted
+        with torch.no_grad():
+            m(x_for())
+        assert s.measured and not s.replan_wanted
+        store.remeasure()  # every streaming model
+        assert not s.measured
+        with pytest.raises(ferry.errors.NotFoundError, match="nope"):
+            store.remeasure("nope")
