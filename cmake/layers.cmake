@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # layers.cmake - each folder of src/ is an object library that sees only the
 # headers its layer may use (DESIGN.md §3, docs/ARCHITECTURE.md):
 #

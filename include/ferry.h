@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ferry.h - the one public header of libferry.
  *
  * ferry moves model weights between disk, host RAM and GPU memory and keeps

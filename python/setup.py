@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Build hook of the ferry binding: bundle libferry.so and tag the wheel for it.
 
 setuptools reads the project's metadata from pyproject.toml; this file adds:

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Install everything ferry needs to build and test on a fresh Debian machine,
 # and fetch the source of the libraries it links statically.
 #

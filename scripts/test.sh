@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ferry's whole test suite on a fresh Debian machine (this is what CI runs):
 #   1. plain build (gcc, warnings as errors) + ctest
 #   2. the same suite under AddressSanitizer + UndefinedBehaviorSanitizer

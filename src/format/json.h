@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* json.h - a strict JSON reader that builds no tree: fy_json_check validates a
  * document once (grammar, nesting depth, number ranges, escapes, duplicate
  * keys in every object), then the fy_json_* cursor calls walk the checked

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cuda.c - the CUDA backend: the driver API reached through
  * dlopen("libcuda.so.1"), so libferry builds without a CUDA toolkit and loads
  * on machines without a GPU. It works in the device's primary context, the one

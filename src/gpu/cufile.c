@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cufile.c - the GPUDirect Storage probe: libcufile is loaded with dlopen at
  * run time (never linked), its driver opened and a handle registered for the
  * file to load. Only gpu/ knows CUDA. On the H200 machine of DEVICE-FACTS.md

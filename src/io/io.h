@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.h - files and mappings. Every system call of io/, file/ and the spill
  * file goes through one table of function pointers (SQLite's aSyscall[]), so
  * that tests can replace any call by name, or make the Nth call fail. */

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """golden_pt - the PyTorch zip checkpoint cases of gen_golden.py.
 
 Written by hand with ptwriter (zip and pickle bytes from the formats'

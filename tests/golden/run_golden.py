@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """run_golden - check the ferry CLI against the golden corpus of gen_golden.py.
 
     python3 run_golden.py [--generate] FERRY GOLDEN_DIR

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ferry.torch.Store(..., stream=...) on ferry's simulated GPU: a module larger
 than the device budget runs block by block, its outputs bit-identical to the
 resident module's, under no_grad and inference_mode; the plan keeps a stable

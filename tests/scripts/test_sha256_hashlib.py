@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """ferry hash --sha256 against Python's hashlib: random files of random odd sizes
 (up to a few read buffers), and the same bytes through standard input written
 in random pieces, so that the hash is updated with pieces of any length.

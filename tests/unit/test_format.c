@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_format.c - the safetensors and index parsers on in-memory buffers. */
 #include <errno.h>
 #include <stdint.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_sha256.c - the CLI's SHA-256 (tools/ferry/sha256.c): the FIPS 180-4
  * example messages, the same digest whatever the pieces update is given, and
  * the SHA-extension block function equal to the portable one where the CPU

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_store.c - the residency store on the sim device: the policy's tables,
  * tiers and budgets, clean drops and dirty saves (pinned, host, spill), make
  * room (possible, impossible, free all), groups, pins, faults (device

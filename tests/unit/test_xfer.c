@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_xfer.c - the transfer engine through a sim device: every path (ring,
  * direct, register, auto) on odd sizes, unaligned offsets, empty and tiny
  * tensors and a sharded checkpoint; caller-owned destinations; fault loops

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cmd_hash.c - `ferry hash`: XXH3-64 checksums per tensor and for the model,
  * or (--sha256) each file's SHA-256, the digest model hubs publish. */
 #define _GNU_SOURCE

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sha256.c - SHA-256 as FIPS 180-4 specifies it (sections 4.1.2, 4.2.2, 5.1.1,
  * 5.3.3, 6.2). The block function is portable C, or on x86-64 the SHA
  * extensions' sha256rnds2/sha256msg1/sha256msg2 where CPUID reports them: on a

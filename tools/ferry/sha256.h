@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sha256.h - SHA-256 (FIPS 180-4) for `ferry hash --sha256`: a portable
  * implementation, and on x86-64 CPUs with the SHA extensions one that uses
  * them, picked at run time. */
