@@ -273,7 +273,7 @@ static void test_helpers(void)
 }
 
 
-/* ---- header memory (issue 15.4) ---- */
+/* ---- header memory ---- */
 
 /* An allocator that knows the bytes it has handed out now and at most. */
 typedef struct {
