@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # check_layers.cmake - run by the build (cmake -P): every #include "..." in
 # src/ names a header of the file's own folder, or "layer/header.h" of a layer
 # it may use (layer_rules.cmake). Fails the build naming the file, the include

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # layer_rules.cmake - which layers of src/ each layer may include (read by
 # layers.cmake, which builds them, and check_layers.cmake, which checks them).
 # An entry with a "/" is one header of a layer rather than the whole layer.

@@ -1,5 +1,6 @@
+# SPDX-License-Identifier: Apache-2.0
 # layers.cmake - each folder of src/ is an object library that sees only the
-# headers its layer may use (DESIGN.md §3, docs/ARCHITECTURE.md):
+# headers its layer may use (docs/ARCHITECTURE.md):
 #
 #   common   nothing (ferry.h only)
 #   format   common                 (parsers: bytes -> tensor table, no I/O)

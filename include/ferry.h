@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ferry.h - the one public header of libferry.
  *
  * ferry moves model weights between disk, host RAM and GPU memory and keeps
@@ -102,7 +103,8 @@ typedef struct ferry_ctx_opts {
      * memory is spent where the format says its size up front, the message
      * naming the file, the figure and the cap. Without caps a 100 MB header
      * of zero-size tensors (1.5 M of them) opens in about 320 MiB of peak RSS,
-     * header included (bench/RESULTS.md, "Header memory (issue 15.4)"). */
+     * header included (`bench/header_mem.py build/ferry FILE` under
+     * /usr/bin/time -v; bench/RESULTS.md, "Header memory"). */
     uint64_t max_header_bytes; /* headers read into memory (a safetensors header, an index file)
                                   plus the tensor table kept (entries, names, shapes, strides,
                                   metadata, in bytes asked of the allocator) */
@@ -468,8 +470,9 @@ typedef enum ferry_route {
                              sixth of the ring) but nothing is pinned first. auto takes it for a
                              cached load of at most FERRY_PAGEABLE_MAX bytes while the device
                              has no ring pinned: pinning one for a 26 MB file cost 5-6 ms, more
-                             than its whole pageable copy (3.5-5 ms; bench/RESULTS.md, twelfth
-                             session) */
+                             than its whole pageable copy (3.5-5 ms; first loads of
+                             `ferry load` with auto against --path ring on an H200,
+                             bench/RESULTS.md) */
     FERRY_ROUTE_COUNT
 } ferry_route;
 
@@ -519,9 +522,9 @@ enum ferry_load_flag {
     /* RING, a file in memory (the page cache or tmpfs): gather four
      * neighbouring buffers' reads into one copy of up to 16 MiB instead of
      * one copy per buffer. The copy engine's per-copy cost is what 4 MiB
-     * copies lose: in bench_ring's steady state on the H200, 16 MiB copies out
-     * of the same 4 MiB reads ran 5-13 % faster (bench/RESULTS.md, eighteenth
-     * session). Inside ferry (nineteenth session, H100) it ran ahead in 5 of
+     * copies lose: in bench_ring's gang mode (steady state, H200), 16 MiB copies
+     * out of the same 4 MiB reads ran 5-13 % faster (bench/RESULTS.md, "Larger
+     * copies out of the ring"). Inside ferry on an H100 it ran ahead in 5 of
      * 6 loads of `ferry load --path ring --repeat 3` (1-6 %) and tied the
      * CLI's default first loads, but lost a fifth to a half in other runs
      * (ferry.torch's loads, fresh tmpfs copies, a slow host), not the same
@@ -634,7 +637,7 @@ FERRY_API double ferry_file_resident(const ferry_file *f);
 /* ---- residency store ------------------------------------------------------
  * Keeps several models in play across the tiers of one device under budgets.
  * A model is a group of tensors (every tensor of one or more checkpoints).
- * Each tensor's bytes live in one tier at a time (DESIGN.md §2):
+ * Each tensor's bytes live in one tier at a time:
  *   DEVICE  device memory (its source or saved copy may also remain)
  *   PINNED  page-locked host RAM (a dirty tensor evicted from the device)
  *   HOST    pageable host RAM (the same, when the pinned budget is spent)

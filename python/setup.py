@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Build hook of the ferry binding: bundle libferry.so and tag the wheel for it.
 
 setuptools reads the project's metadata from pyproject.toml; this file adds:
@@ -6,7 +7,8 @@ setuptools reads the project's metadata from pyproject.toml; this file adds:
   (the one place it is set; an sdist carries it in PKG-INFO; a copy of python/
   alone takes the bundled library's ferry_version_string);
 - one step to build_py: copy the shared library into the built package as
-  ferry/libferry.so. Which library, in this order:
+  ferry/libferry.so (with the repository's LICENSE and THIRD_PARTY_NOTICES
+  beside it, where this is a checkout). Which library, in this order:
     $FERRY_LIBRARY          a prebuilt one (the file, or a folder holding libferry.so);
     ../build/libferry.so    the repository's default build folder, if built
                             (unless FERRY_CMAKE=1);
@@ -208,6 +210,10 @@ if __name__ == "__main__":  # setuptools runs this file as __main__; tests impor
             shutil.copyfile(src, dst)
             os.chmod(dst, 0o755)
             print(f"ferry: bundled {src} as {dst}")
+            # the licence, and the notices of what libferry.so carries (jansson, xxHash)
+            for name in ("LICENSE", "THIRD_PARTY_NOTICES"):
+                if os.path.isfile(os.path.join(ROOT, name)):
+                    shutil.copyfile(os.path.join(ROOT, name), os.path.join(self.build_lib, "ferry", name))
 
     cmdclass = {"build_py": BuildPyWithLibrary}
     try:  # setuptools >= 70.1 has bdist_wheel; older ones take it from wheel

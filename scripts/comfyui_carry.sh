@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # scripts/comfyui_carry.sh - what bench/gpu_comfyui.sh needs on the GPU machine, in ignored
 # folders of this checkout, for the device call's carry (64 MiB in all):
 #   .carry/comfyui   a copy of ComfyUI ($COMFYUI_DIR, else ../shared/comfyui beside the repository)

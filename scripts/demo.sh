@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ferry's main job on a fresh Debian machine: install what is needed, build,
 # then inspect, hash and load a checkpoint, and replay a multi-model workflow on
 # the residency store (ferry simulate). With no argument it first writes a sample

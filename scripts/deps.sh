@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Install everything ferry needs to build and test on a fresh Debian machine,
 # and fetch the source of the libraries it links statically.
 #
 # jansson: Debian's libjansson.a is not position-independent, so it cannot go
 # into libferry.so. We take jansson's source from Debian's own source package
 # (signature and checksums verified by apt) and build it with -fPIC as part of
-# ferry's build. xxhash is used header-only from libxxhash-dev. Nettle
-# (nettle-dev), for `ferry hash --sha256`, is linked into the CLI from Debian's
-# libnettle.a as it is: its objects are position-independent.
+# ferry's build. xxhash is used header-only from libxxhash-dev.
 #
 # The test tools' Python packages from PyPI go into a virtual environment,
 # .deps/venv (Debian's python3 refuses pip installs, PEP 668); it sees the
@@ -153,7 +152,7 @@ SUDO=""
 export DEBIAN_FRONTEND=noninteractive
 
 need=""
-for p in build-essential cmake ninja-build clang llvm libclang-rt-dev libxxhash-dev xxhash nettle-dev python3-pytest \
+for p in build-essential cmake ninja-build clang llvm libclang-rt-dev libxxhash-dev xxhash python3-pytest \
          python3 python3-venv pkgconf ca-certificates dpkg-dev; do
     [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || need="$need $p"
 done

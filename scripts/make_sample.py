@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Write a sample diffusion-transformer-like checkpoint with ferry's own test
 data writer (tests/data/stwriter.py): patch embedding, N transformer blocks
 (attention + MLP in BF16, norms in F32, some FP8 E4M3 weights with F32 scales),

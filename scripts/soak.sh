@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # soak.sh - the long soak of the residency store under faults (tests/unit/test_soak.c):
 # seeded runs of many jobs over several models on the sim device, faults injected
 # at every fault point in turn, every byte checked after every job.

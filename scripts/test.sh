@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ferry's whole test suite on a fresh Debian machine (this is what CI runs):
 #   1. plain build (gcc, warnings as errors) + ctest
 #   2. the same suite under AddressSanitizer + UndefinedBehaviorSanitizer
@@ -63,14 +64,10 @@ if build sanitize build-asan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=ON; then
         run_ctest sanitize build-asan
 fi
 
-# ThreadSanitizer: the cases whose code runs on several threads (the ring
-# readers and sim streams of xfer, the store under concurrent callers,
-# ferry_file_hash's workers, the memstat sampler), not the whole suite: TSan
-# is slow, and the single-threaded cases have nothing to show it.
-tsan_cases='^(test_xfer\.(paths|load_into|register_pieces|tmpfs_ring|ring_reuse|pageable|prepare|own_fds|progress|concurrent|faults|regressions|moves)'
-tsan_cases+='|test_store\.(tiers|spill|device_faults|jobs|kill9|threads|find_remove|review|async|pinned_cache)'
-tsan_cases+='|test_stream\.(cyclic|threads|faults|budget|lane_fault|stream_wait_while_landing|async_file_reads|async_file_read_fails|engine_cyclic|engine_squeeze)'
-tsan_cases+='|test_file\.(hash|allocator)|test_gpu\.threads|test_memstat\.(sampler_(fake|real)|v1_sampler)|test_soak\.short|load_sim_views)$'
+# ThreadSanitizer: the tests labelled threads (tests/labels.cmake: the cases
+# whose code runs on several threads), not the whole suite: TSan is slow, and
+# the single-threaded cases have nothing to show it. The targets built are the
+# ones those tests run: a threads label on a test of another binary needs it added.
 if targets="ferry test_xfer test_store test_stream test_file test_gpu test_memstat test_soak" \
     build tsan build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_TSAN=ON; then
     echo "== [tsan] threaded cases under ThreadSanitizer"
@@ -79,7 +76,7 @@ if targets="ferry test_xfer test_store test_stream test_file test_gpu test_memst
     if ! build-tsan/tests/unit/test_gpu --list >/dev/null 2>&1 && setarch "$(uname -m)" -R true 2>/dev/null; then
         ctest_wrap=(setarch "$(uname -m)" -R)
     fi
-    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest tsan build-tsan -R "$tsan_cases"
+    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest tsan build-tsan -L threads
     ctest_wrap=()
 fi
 

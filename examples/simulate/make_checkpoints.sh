@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Write the two checkpoints scenario.json names, next to it, with ferry's
 # deterministic sample writer: unet.safetensors (8 blocks, hidden 768: 116
 # tensors, 153.5 MiB) and te.safetensors (4 blocks, hidden 512: 64 tensors,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* stream.c - run a model whose weights do not fit a device budget, block by
  * block, with ferry's streaming engine (ferry_streamer_*).
  *

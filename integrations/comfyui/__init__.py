@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """ferry's ComfyUI node pack: loader nodes that read checkpoints with ferry
 (zero-copy views of the file, kept as the model's weights where ComfyUI would
 copy them unchanged), falling back to ComfyUI's own loaders for what ferry

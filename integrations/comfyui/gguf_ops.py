@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """gguf_ops - ComfyUI operations for a diffusion model whose GGUF file holds
 block-quantized weights (Q8_0, Q4_K, ...: gguf_quants.SIZES).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """gguf_quants - ggml's block-quantized tensor types, dequantized with torch
 (on whichever device the bytes are: a layer dequantizes its weight on the GPU
 as it runs).

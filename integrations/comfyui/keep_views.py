@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """keep_views - keep a state dict's tensors as the model's weights instead of
 copies of them, while one of ComfyUI's builders runs.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """loaders - ComfyUI's loader nodes, with their files read by ferry.
 
 Each node has the inputs and outputs of the ComfyUI node it stands for (it

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """memstats - one memory line per prompt in ComfyUI's log, and the same as one
 JSON line in $FERRY_COMFYUI_STATS.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """reading - a checkpoint read with ferry into what ComfyUI's builders take: a
 state dict of zero-copy CPU views of the file (copy-on-write: a write changes
 this process's pages, never the file) and the file's metadata; or Fallback

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """residency - ferry's store holds the weights of the models the ferry nodes
 load, while ComfyUI's model management decides when each model is needed.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """settings - the pack's options, read once from the environment at start-up
 (ComfyUI's own custom-node settings live in the frontend; an environment
 variable is what a server, a container or a test can set)."""

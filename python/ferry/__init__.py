@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ferry - move model weights between disk, host RAM and GPU memory.
 
 A thin ctypes binding of libferry (include/ferry.h): no logic the C API lacks.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """_core - handles over ferry's C objects: open files, devices, loads.
 
 Lifetimes: a _Handle owns one ferry_ctx and one ferry_file and closes them

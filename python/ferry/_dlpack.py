@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """_dlpack - export memory ferry owns (a ferry_load's device blocks) as DLPack
 capsules, so that frameworks wrap it without a copy.
 

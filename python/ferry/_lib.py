@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """_lib - ctypes declarations of include/ferry.h and the search for libferry.so.
 
 The structs are transcriptions of the C header (ctypes needs them), checked at

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """_store - the residency store's C objects (ferry_store, ferry_model), with no
 framework in sight: ferry.torch.Store is built on this.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """_torch_dist - ferry.torch.load_file(..., process_group=pg): the ranks of a
 torch.distributed group each read about 1/N of a checkpoint's bytes from
 storage and broadcast their share to the others over the group's own

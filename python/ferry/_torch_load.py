@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """_torch_load - ferry.torch.load_file, and the tensor plumbing every part of
 ferry.torch shares: ferry dtypes as torch dtypes, zero-copy views of ferry
 memory (a file's mapping, a load's blocks), empty tensors for ferry to fill,
@@ -110,8 +111,9 @@ def _reserve_early(nbytes, count, device):
     while the caller lists the tensors: the driver's cudaMalloc (about 1.7 ms
     for 10 GB on the H100 machine) then overlaps the tensor table's 2-3 ms.
     Measured against reserving after the table: 8.6 against 9.3 ms from the
-    table to the carved tensors, medians of 6 rounds (bench/RESULTS.md,
-    eighteenth session). The thread allocates on the caller's current stream,
+    table to the carved tensors, medians of 6 rounds of a 10 GB file from the
+    page cache (bench/profile_py_load.py against its --variant late; bench/RESULTS.md).
+    The thread allocates on the caller's current stream,
     so the block lands in the pool the tensors are carved from. The thread,
     to join before allocating, or None."""
     if device.type != "cuda" or nbytes < 64 * _RESERVE_MIN or nbytes < count * _RESERVE_MIN:
@@ -281,7 +283,8 @@ def _load_file(path, device, path_kind, ring_buffers, ring_buffer_bytes, threads
     # A file in tmpfs is copied out of a mapping (the library's default): on
     # the H200 a fresh /dev/shm copy loaded at 45.4-45.5 GB/s that way against
     # 21.8-23.9 with pread, now that the mapping is unmapped in pieces and no
-    # longer stalls the allocations after it (bench/RESULTS.md, twelfth session)
+    # longer stalls the allocations after it (ferry.torch.load_file with each
+    # path, a fresh process per load; bench/RESULTS.md)
     opts = _core.LoadOptions(path_kind, threads, ring_buffers, ring_buffer_bytes, progress)
     if owner == "ferry":
         return _load_owned(path, device, opts, stats)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """_torch_load_into - ferry.torch.load_into: fill an existing nn.Module in
 place (or replace its meta tensors), one ferry load per device.
 """

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """_torch_match - an nn.Module's parameters and buffers paired with a
 checkpoint's tensors the way load_state_dict pairs them (tied names together,
 keys, shapes and dtypes checked), and new tensors put in their place: used by

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """_torch_store - ferry.torch.Store: the residency store (the C objects are
 _store.StoreCore's) with nn.Modules attached, whose tensors are re-pointed at
 the store's device memory as it moves them, and their forward hooks; Job.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """_torch_stream - running an attached module larger than its device budget
 block by block (Store.add(..., stream="auto")), through the library's
 streaming engine (ferry_streamer_*, see ferry.h).

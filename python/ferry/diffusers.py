@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ferry.diffusers - diffusers models filled through ferry.
 
     from diffusers import UNet2DConditionModel

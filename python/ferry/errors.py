@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """errors - ferry's error codes as Python exceptions.
 
 System errors (the library's -errno codes) become OSError with that errno (so

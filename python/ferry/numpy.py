@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ferry.numpy - checkpoints as numpy arrays through libferry.
 
 load_file(path) is safetensors.numpy.load_file for every format ferry reads:

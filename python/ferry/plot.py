@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """python -m ferry.plot SIMULATE.json -o timeline.png: a picture of a
 `ferry simulate --json` run, one column per job: the bytes in each tier at
 its end (stacked), the process's RSS (start, end, peak), the bytes moved and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ferry.torch - checkpoints to PyTorch tensors through libferry.
 
 load_file(path, device="cpu", ...)   like safetensors.torch.load_file, for every format ferry reads

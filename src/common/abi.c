@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* abi.c - the public structs' layouts and the enums' extents, by name, so a
  * binding (python/ferry) checks its mirror of ferry.h against the library it
  * loaded instead of trusting a copy. One table per struct; the test in

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* common.c - errors, allocator, UTF-8 check, message quoting, version. */
 #define _GNU_SOURCE
 #include "common.h"

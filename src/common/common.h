@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* common.h - internal helpers shared by every module: error reporting, the
  * context's allocator, overflow-checked arithmetic. Depends on nothing else. */
 #ifndef FERRY_COMMON_H

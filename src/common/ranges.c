@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ranges.c - see ranges.h. */
 #include "ranges.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ranges.h - a list of free ranges, sorted by offset, never adjacent (merged)
  * and never empty: the bookkeeping behind the spill file (resid/spill.c) and
  * the store's pinned pool (resid/store.c). Depends on common/ only. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* convert.c - write any readable checkpoint as a safetensors file, streaming:
  * at most one 8 MiB buffer of tensor data is in memory. The layout and the
  * header come from format/st_write.c; this file moves the bytes, through io/,

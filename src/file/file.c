@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* file.c - ferry_file: a checkpoint (one file or a set of shards) opened as a
  * validated tensor table over read-only MAP_SHARED mappings. Glue between
  * format/ (what the bytes mean) and io/ (getting them). */

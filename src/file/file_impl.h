@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* file_impl.h - the inside of ferry_file, shared with xfer/ (which reads the
  * shards' descriptors and mappings). */
 #ifndef FERRY_FILE_IMPL_H

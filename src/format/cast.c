@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cast.c - floating-point dtype casts for `ferry convert --dtype`: F16, BF16,
  * F32 and F64 elements to F16, BF16 or F32, bit by bit (no dependence on the
  * FPU's rounding mode or on the compiler's float conversions). Rounding is

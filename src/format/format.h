@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* format.h - parsers turn bytes into a tensor table. They read from memory
  * buffers only (no I/O, no policy), so fuzzers can drive them directly.
  * Depends on common/ only. */

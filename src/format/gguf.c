@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gguf.c - a strict GGUF reader (versions 2 and 3, little-endian), written
  * from the GGUF specification (ggml's docs/gguf.md).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* index.c - a sharded safetensors checkpoint's *.safetensors.index.json:
  * {"metadata": {...}, "weight_map": {"tensor name": "shard file", ...}}. */
 #include "format.h"

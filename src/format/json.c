@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* json.c - the strict JSON checker and in-place cursor of json.h. */
 #include "json.h"
 

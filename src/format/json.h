@@ -1,8 +1,9 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* json.h - a strict JSON reader that builds no tree: fy_json_check validates a
  * document once (grammar, nesting depth, number ranges, escapes, duplicate
  * keys in every object), then the fy_json_* cursor calls walk the checked
- * text in place. A DOM took about 21 bytes a header byte (bench/RESULTS.md,
- * "Header memory (issue 15.4)"); this keeps one 8-byte slot a key of the
+ * text in place. A DOM took about 21 bytes a header byte (bench/header_mem.py;
+ * bench/RESULTS.md, "Header memory"); this keeps one 8-byte slot a key of the
  * objects open at the time. Internal to format/ (and its tests and fuzzers). */
 #ifndef FERRY_FORMAT_JSON_H
 #define FERRY_FORMAT_JSON_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pickle.c - a restricted unpickler for torch.save's data.pkl (see pickle.h).
  *
  * Written from the opcode descriptions in CPython's pickletools and PyTorch's

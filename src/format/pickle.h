@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pickle.h - a restricted unpickler for the data.pkl of torch.save checkpoints.
  * It builds plain values from the opcodes tensor checkpoints use, resolves
  * globals against a fixed allow-list (it never imports, looks up or calls

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pytorch.c - PyTorch zip checkpoints (torch.save since 1.6): the archive's
  * directory (zip.c), its <archive>/data.pkl (pickle.c), and a tensor table of
  * views into the stored <archive>/data/<key> entries, each checked to lie

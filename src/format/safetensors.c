@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* safetensors.c - a strict safetensors header reader.
  *
  * Layout: 8-byte little-endian header length N, N bytes of UTF-8 JSON (an

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* st_write.c - the safetensors writer's layout, in memory: which tensor goes
  * where and the header that says so (file/convert.c streams the bytes). The
  * output stays a valid safetensors file (tensors tile the data section);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* table.c - the tensor table every parser fills, and the dtype catalogue. */
 #include "format.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* zip.c - a strict ZIP directory reader over a buffer (see zip.h).
  *
  * Written from PKWARE's APPNOTE (4.3.7 local header, 4.3.12 central directory

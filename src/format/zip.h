@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* zip.h - a strict reader of a ZIP archive held in memory, for PyTorch
  * checkpoints: the directory is validated completely and each entry's data is
  * located through its local header; nothing is decompressed. Internal to

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cuda.c - the CUDA backend: the driver API reached through
  * dlopen("libcuda.so.1"), so libferry builds without a CUDA toolkit and loads
  * on machines without a GPU. It works in the device's primary context, the one
@@ -283,7 +284,8 @@ static int cu_mem_range(fy_gpu *g, fy_dptr p, fy_dptr *base, size_t *size)
 
 /* Pinned memory is anonymous memory, populated, then registered: on the H200
  * host cuMemHostAlloc took 1.7-2.1 s for 4 GiB where registering touched
- * memory took 0.17-0.21 s (DEVICE-FACTS.md). Allocations of 2 MiB or more are
+ * memory took 0.17-0.21 s (bench_pinrate times both ways of making pinned
+ * memory). Allocations of 2 MiB or more are
  * 2 MiB-aligned and asked to use transparent huge pages, so faulting them in
  * and pinning them takes a few hundred page operations instead of 4 KiB each.
  * The page before the data holds the mapping's start and length. */
@@ -371,7 +373,7 @@ static int cu_host_free(fy_gpu *g, void *p)
 }
 
 /* READ_ONLY is what lets a MAP_SHARED, PROT_READ file mapping be registered at
- * all (default flags fail there: DEVICE-FACTS.md). The caller must never pass
+ * all (with the default flags the driver refuses it). The caller must never pass
  * a MAP_PRIVATE mapping: registering one hung the process on the H200 host. */
 static int cu_host_register(fy_gpu *g, void *p, size_t n, bool read_only)
 {

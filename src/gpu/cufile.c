@@ -1,7 +1,9 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cufile.c - the GPUDirect Storage probe: libcufile is loaded with dlopen at
  * run time (never linked), its driver opened and a handle registered for the
- * file to load. Only gpu/ knows CUDA. On the H200 machine of DEVICE-FACTS.md
- * the handle registration is refused (no nvidia-fs), so this says why. */
+ * file to load. Only gpu/ knows CUDA. Without the nvidia-fs kernel module
+ * (as on the H200 host it was tried on) the handle registration is refused,
+ * so this says why. */
 #define _GNU_SOURCE
 #include "gpu.h"
 

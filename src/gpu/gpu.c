@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gpu.c - device specs ("cuda", "cuda:N", "sim:SIZE") to backends, and the
  * size parser that the CLI and the sim spec share. */
 #include "gpu.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gpu.h - device backends behind one ops table. Only gpu/ knows CUDA: the
  * cuda backend reaches the driver API through dlopen("libcuda.so.1"); the sim
  * backend emulates a GPU on host memory (capacity, asynchronous copies on

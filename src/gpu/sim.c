@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sim.c - a GPU emulated on host memory, for tests, CI and capacity planning
  * (--device sim:24GiB). It is stricter than a real device so that transfer
  * bugs show up here first: allocation tables catch double frees, foreign

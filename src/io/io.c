@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.c - the system-call table, its counted fault injection, and the calls
  * built on them. Nothing here calls the C library's system calls directly:
  * every one goes through sys[] below. */

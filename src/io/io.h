@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.h - files and mappings. Every system call of io/, file/ and the spill
  * file goes through one table of function pointers (SQLite's aSyscall[]), so
  * that tests can replace any call by name, or make the Nth call fail. */
@@ -87,7 +88,8 @@ int fy_reopen_ro(int fd, const char *path);
 int fy_map_ro(int fd, uint64_t size, void **out);
 /* A private, writable mapping of the file (copy-on-write: writes land in
  * private anonymous pages, the file never changes). Never register one with
- * the device (DESIGN.md §7). Size 0 gives NULL. */
+ * the device: registering a MAP_PRIVATE mapping hung the process on an H200
+ * host (gpu/cuda.c, cu_host_register). Size 0 gives NULL. */
 int fy_map_private(int fd, uint64_t size, void **out);
 /* munmap; p NULL or size 0: nothing. Not a fault point. */
 void fy_unmap(void *p, uint64_t size);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* memstat.c - see memstat.h. Every file is read through a fixed buffer and
  * parsed line by line, so an odd file costs a clean error, never a crash. */
 #define _GNU_SOURCE

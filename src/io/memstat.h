@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* memstat.h - what the host really allows, and what this process uses.
  * Reads /proc and cgroup (v2, or v1's memory controller) files through io.c's
  * system-call table ("open", "read", "close": replaceable, not counted fault

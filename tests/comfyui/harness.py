@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Run the real ComfyUI headless and in-process on API-format prompts, one
 ComfyUI per process (it keeps global state: the node registry, loaded models,
 caches), and report what each node did and digests of what came out.

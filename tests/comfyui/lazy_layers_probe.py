@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Loading a BF16 file into a model ComfyUI builds in FP16, the way ComfyUI
 does it when its dynamic VRAM is on in the process (comfy.ops layers made
 without weights, "lazy init") but the model's patcher is not dynamic: what

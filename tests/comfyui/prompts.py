@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """API-format prompts for the tiny models of tests/data/comfy_models.py: the
 smallest stock workflow of each architecture, text to image on the CPU.
 

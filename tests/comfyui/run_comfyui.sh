@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Run one of the ComfyUI tests (ComfyUI headless on the CPU, on tiny models)
 # with the interpreter of scripts/deps.sh's torch-2 environment:
 #

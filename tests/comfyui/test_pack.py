@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The node pack (integrations/comfyui) against stock ComfyUI, headless on the
 CPU, on the tiny models of tests/data/comfy_models.py.
 

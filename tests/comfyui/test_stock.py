@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Stock ComfyUI, headless on the CPU, on the tiny models of
 tests/data/comfy_models.py: for Wan 2.1 T2V, Flux.1-dev and SDXL, the
 smallest text-to-image prompt (tests/comfyui/prompts.py) runs through every

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """comfy_models - tiny random-weight checkpoints with the key names and shape
 patterns of real releases, for running ComfyUI on the CPU in tests.
 

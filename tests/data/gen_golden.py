@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """gen_golden - write ferry's golden test corpus (standard library only).
 
     python3 gen_golden.py OUTDIR

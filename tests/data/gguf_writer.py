@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """gguf_writer - ferry's own GGUF test-data writer (standard library only).
 
 Written from the GGUF specification (ggml's docs/gguf.md), independently of

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """golden_pt - the PyTorch zip checkpoint cases of gen_golden.py.
 
 Written by hand with ptwriter (zip and pickle bytes from the formats'
@@ -122,7 +123,7 @@ class PtGen:
         ])
         self.valid("pt/views.pt", "PyTorch: strided views, shared storages, scalars, empty tensors", obj)
 
-        # Issue 16: a transposed weight and a strided column of a 50 x 32 float32
+        # A transposed weight and a strided column of a 50 x 32 float32
         # weight. Their bytes are their elements in row-major order (the column:
         # 50 x 4 = 200, not its 6,276-byte span), so W.t() hashes unlike W and the
         # file hashes as its `ferry convert` copy does (tests/golden/run_convert.py).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ptwriter - ferry's own writer of PyTorch zip checkpoints (standard library only).
 
 Written from the formats' descriptions (PKWARE's APPNOTE for the zip archive,

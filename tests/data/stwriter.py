@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """stwriter - ferry's own safetensors test-data writer (standard library only).
 
 Written from the format specification, independently of ferry's C reader, so

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # campaign.sh - a long fuzzing campaign whose corpora accumulate: each target
 # runs until RUNS executions (or SECONDS), growing a corpus kept in WORKDIR,
 # whose new coverage is then merged (libFuzzer -merge=1: the fewest inputs

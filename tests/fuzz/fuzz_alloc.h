@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_alloc.h - allocation-failure injection shared by the fuzz targets:
  * ferry's allocator (through a ferry_allocator) and the jansson calls ferry
  * makes outside jansson's parser. Included by one .c file per executable,

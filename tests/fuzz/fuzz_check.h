@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_check.h - invariant helpers shared by the fuzz targets: unique names,
  * valid UTF-8, metadata kinds, FERRY_FUZZ_SKIP, a hash for choosing the
  * failing allocation.

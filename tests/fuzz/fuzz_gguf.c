@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_gguf.c - libFuzzer target for the GGUF reader.
  *
  * Feeds the input, taken as a whole .gguf file, to fy_gguf_parse() and checks

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_index.c - libFuzzer target for the sharded-checkpoint index reader.
  *
  * Feeds the input, taken as a *.safetensors.index.json, to fy_index_parse()

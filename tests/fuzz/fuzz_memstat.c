@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_memstat.c - libFuzzer target for the /proc and cgroup (v2 and v1)
  * parsers of src/io/memstat.c, driven through a fake tree held in memory.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_pickle.c - libFuzzer target for the restricted unpickler and, with the
  * storages it names, the PyTorch table builder.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_pt_check.h - what a PyTorch checkpoint table must satisfy, checked by
  * fuzz_zip.c and fuzz_pickle.c after fy_pt_parse(). Needs CHECK() and
  * g_err_shown from the including file, and fuzz_alloc.h before it. Written from the contract in

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_safetensors.c - libFuzzer target for the safetensors reader.
  *
  * Feeds the input, taken as a whole .safetensors file, to fy_st_parse_buffer()

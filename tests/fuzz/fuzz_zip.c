@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_zip.c - libFuzzer target for the ZIP reader, and through it the whole
  * PyTorch checkpoint reader.
  *

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """make_corpus.py - writes the fuzzers' seed corpus (standard library only).
 
     python3 tests/fuzz/make_corpus.py [OUTDIR]     (default: tests/fuzz/corpus)

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """make_pt_corpus.py - writes the seed corpora of fuzz_zip and fuzz_pickle
 (standard library only).
 

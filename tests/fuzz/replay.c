@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* replay.c - runs a libFuzzer target over saved inputs, for builds without
  * libFuzzer (gcc, or clang without -fsanitize=fuzzer).
  *

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # run_fuzz.sh - run ferry's libFuzzer targets for a while, one after the other.
 #
 #     tests/fuzz/run_fuzz.sh BUILD_DIR SECONDS [TARGET...]

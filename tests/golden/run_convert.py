@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """`ferry convert` on every valid golden checkpoint: the output must open, hold
 the same tensors (equal model and tensor hashes: names, dtypes, shapes and
 bytes; a PyTorch strided view's bytes, in the source as in the output, are

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """`ferry convert --dtype` against torch's casts on edge values (zeros,
 subnormals, ties, max, Inf, NaN payloads) and 20000 random bit patterns.
 F64 -> F16 is checked against numpy (one rounding): torch casts a double to

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """examples/stream (the C streaming example) end to end on a sim device,
 over a small sample DiT (scripts/make_sample.py: 8 blocks, 4.5 MiB),
 asserted from its --json report and exit codes:

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """run_golden - check the ferry CLI against the golden corpus of gen_golden.py.
 
     python3 run_golden.py [--generate] FERRY GOLDEN_DIR
@@ -256,7 +257,7 @@ class Runner:
         r, good = self.run_checked("inspect ''", ["inspect", ""], 1)
         if good:
             self.check(r[2].startswith(b"ferry: ") and r[2].count(b"\n") == 1, "inspect ''", f"stderr: {short(r[2])}")
-        # Issue 16: device specs that name no device, and a device with a route it
+        # Device specs that name no device, and a device with a route it
         # cannot take, are usage errors like a bad --path, whatever the PATH; no
         # load starts. Several PATHs: all must open before the first is loaded.
         for args in (["load", "--device", "gpu", any_file], ["load", "--device", "sim:banana", any_file],

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """`ferry inspect`: element counts per tensor and in total, --filter GLOB
 (the listing and the totals are the matching tensors'; '*' crosses dots), and
 the types of metadata values in --json (GGUF numbers, booleans and short

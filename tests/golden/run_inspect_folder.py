@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """`ferry inspect DIR`: a diffusers model folder (model_index.json naming its
 component subfolders) or a folder of one checkpoint opens as its components,
 in text and in --json; which file a component's checkpoint is (the plain one

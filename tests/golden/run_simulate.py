@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """`ferry simulate` end to end on sim devices: small checkpoints written with
 scripts/make_sample.py, scenarios written here, `ferry simulate --json` run on
 them, and the outcomes asserted from its per-job JSON lines:

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """`ferry simulate`'s "run" jobs end to end on sim devices with a modelled copy
 rate: passes over a sample DiT's blocks under a budget that holds only part
 of it, asserted from the --json report:

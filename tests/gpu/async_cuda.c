@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* async_cuda.c - queued moves on a real GPU: a dirty model sent to pinned RAM,
  * brought back with ferry_model_to_device_async, a CUDA stream of the
  * caller's ordered after the move with ferry_op_stream_wait (no host wait),

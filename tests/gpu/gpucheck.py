@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The GPU scripts' check(): run one named check, print PASS/FAIL (with the
 traceback) and count it in results, keeping going after a failure."""
 import sys

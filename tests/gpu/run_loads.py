@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Load every valid golden checkpoint (odd sizes and alignments, every dtype,
 empty tensors, thousands of tiny tensors, sharded checkpoints) through every
 transfer path onto a device, copy each tensor back and compare checksums

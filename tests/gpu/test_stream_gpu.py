@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Block streaming on a real GPU (not run by ctest: CI has no GPU; the same
 code paths run on sim in tests/py/test_binding_stream.py).
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The Python binding on a real GPU (not run by ctest: CI has no GPU).
 
     tests/gpu/test_torch_gpu.py [--big PATH --ferry build/ferry] [--device cuda:0]

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The binding's wheel on the GPU machine (its Python, its torch): install a
 built wheel into a fresh target folder, and from outside the source tree,
 with FERRY_LIBRARY unset, import ferry from there (its bundled libferry.so)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* consumer.c - a user's program built against an installed libferry
  * (tests/install/run_install_test.sh): prints the version its header says and
  * the one the library it runs with reports, and fails when they differ. */

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Install a built ferry into a scratch prefix the way a user would
 # (cmake --install BUILD --prefix P), then build and run a program against it
 # with pkg-config and with find_package(ferry) (shared and static), and check

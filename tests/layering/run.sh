@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # tests/layering/run.sh SRC BUILD CC - the layering of src/ holds, and breaking
 # it fails: (1) the check passes on the real tree; (2) a resid/ file that
 # includes the GPU backend does not compile with resid's include path; (3) nor

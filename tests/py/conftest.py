@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared helpers of the Python binding's tests (tests/py/test_binding*.py).
 
 The package is imported from python/ of this checkout (put first on sys.path

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Run the Python binding's tests (tests/py/test_binding*.py) with pytest under
 # every interpreter here that has pytest: Debian's /usr/bin/python3 (numpy,
 # torch 1.13 from apt), python3 and python on PATH, and any listed in

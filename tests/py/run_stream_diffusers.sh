@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Run tests/py/test_stream_diffusers.py with the interpreter of scripts/deps.sh's
 # second environment (PyPI's torch 2 and a diffusers with WanTransformer3DModel).
 #

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The ferry package without a framework: File (tensor table, metadata,
 shards), errors as exceptions, the library search, packaging; and
 ferry.numpy.load_file against files written by the reference safetensors

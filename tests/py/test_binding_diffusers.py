@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ferry.diffusers.from_pretrained against diffusers' own from_pretrained, on
 real diffusers models written by save_pretrained (small configs). CI's
 diffusers is 0.31.0: the newest that imports with Debian's torch 1.13 (0.32

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ferry.torch.load_file(..., process_group=pg) across processes: gloo on
 cpu, several worker processes on this machine (file:// rendezvous in a temp
 folder), as CI can run it.

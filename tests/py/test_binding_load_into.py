@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ferry.torch.load_into: in-place loads into materialised modules, meta
 modules materialised as zero-copy views, key / shape / dtype reports as
 load_state_dict gives them, tied weights, progress."""

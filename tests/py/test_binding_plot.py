@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """python -m ferry.plot: the report is read without matplotlib; the picture
 is drawn only where matplotlib is installed."""
 import json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """load_file(progress=True): a tqdm bar in bytes, tqdm imported only then
 (a fake tqdm module here, so the test needs no tqdm); without tqdm one line
 on stderr."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ferry.torch.Store on ferry's simulated GPU ("sim:1GiB", whose device memory
 is host memory, so the attached modules' parameters are cpu views of it): an
 attached module computes what the same module loaded normally computes,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ferry.torch.Store: an attached module's tensors that its checkpoint lacks
 (non-persistent buffers such as rotary tables, and parameters and buffers
 that strict=False leaves out) follow the model: to the store's device when

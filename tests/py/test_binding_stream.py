@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ferry.torch.Store(..., stream=...) on ferry's simulated GPU: a module larger
 than the device budget runs block by block, its outputs bit-identical to the
 resident module's, under no_grad and inference_mode; the plan keeps a stable
@@ -329,12 +330,11 @@ def test_store_calls_never_swap_cached_views(tmp_path, sim_free, monkeypatch):
     """With torch 2.3+ the Store re-points a module by swapping the contents
     of the Parameter it holds (torch.utils.swap_tensors); a streaming model's
     Parameters are views cached per device address, so swapping one into a
-    meta placeholder poisons the cache (found on the H200: "Tensor on device
-    meta" after a budget change with a second model). torch 1.13 lacks
+    meta placeholder poisons the cache (on a GPU: "Tensor on device meta"
+    after a budget change with a second model). torch 1.13 lacks
     swap_tensors, so it is emulated here as far as 1.13 can (same-device
-    contents only): this runs the Store's swap path beside streaming, but it
-    did not reproduce the H200 failure without the fix; tests/gpu/
-    test_stream_gpu.py does."""
+    contents only): this runs the Store's swap path beside streaming, but
+    cannot reach that failure on the CPU; tests/gpu/test_stream_gpu.py does."""
     def fake_swap(a, b):  # what torch 1.13 can do of it: same-device contents
         if a.device != b.device:
             raise RuntimeError("emulated swap_tensors: devices differ")

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ferry.torch.load_file against independent writers: real torch.save (views,
 shared storages, nested dicts), the reference safetensors package, ferry's
 own safetensors and GGUF writers. Zero-copy and copy-on-write behaviour, the

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """test_gguf_crosscheck - ferry's GGUF reader against the reference `gguf`
 package (llama.cpp's gguf-py, from PyPI).
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """test_pytorch_crosscheck - ferry's PyTorch zip reader against real torch.
 
     test_pytorch_crosscheck.py FERRY [--seeds DIR]

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Files written by the reference `safetensors` package (numpy API) read by
 ferry: names, dtypes, shapes, metadata and every tensor's bytes must match.
 Exit 77 (skipped) when the package or numpy is missing.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Tiny diffusers models streamed through a ferry.torch.Store on ferry's
 simulated GPU: FluxTransformer2DModel, WanTransformer3DModel (whose rotary
 tables are non-persistent buffers, outside the checkpoint) and

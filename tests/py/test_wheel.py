@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """ctest python_wheel: build the binding's wheel around a built libferry.so,
 install it into a fresh venv (offline: --no-index --no-deps, the system's
 setuptools and wheel, --system-site-packages) and, with FERRY_LIBRARY unset

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Run every command and snippet of README.md as a new user would, and fail
 naming the README line of the first block that fails.
 

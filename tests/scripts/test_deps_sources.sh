@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # scripts/deps.sh's choice of the deb-src line (from the machine's apt sources,
 # one-line and deb822, a local mirror, disabled entries; deb.debian.org only
 # when nothing fits) and its wait for another apt's lists lock, on fake trees.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """ferry hash --sha256 against sha256sum: the same lines, byte for byte, on sizes
 around the read buffer and SHA-256's 64-byte block; a sharded checkpoint's shards;
 --json; standard input; names sha256sum escapes; and the errors (a missing file, a

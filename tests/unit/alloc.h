@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* alloc.h - a counting allocator for the unit tests: the blocks ferry holds
  * now (live: every one it allocates it must free), the calls since the last
  * alloc_arm(), and the nth of them (1 = the next; 0 = none) failing. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* check.h - a minimal test harness: CHECK counts, never aborts, summary at the end;
  * a table of named cases so that one can run alone. */
 #ifndef FERRY_CHECK_H

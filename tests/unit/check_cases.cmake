@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # check_cases.cmake - does `BIN --list` print exactly CASES (the names
 # tests/unit/CMakeLists.txt read from the source), in that order?
 execute_process(COMMAND ${BIN} --list OUTPUT_VARIABLE out RESULT_VARIABLE rc)

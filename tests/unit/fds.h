@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fds.h - the unit tests' descriptor count, for "nothing left open" checks:
  * the entries of /proc/self/fd, less the one the count itself opens; -1 when
  * /proc cannot be read. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_abi.c - the ABI can grow: structs of an older (smaller) size still
  * work and are never written past their size, every size is checked, the
  * library's own description of its structs (ferry_abi_*) matches the header,

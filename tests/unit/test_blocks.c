@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_blocks.c - the segment arena of
  * src/resid/blocks.c against what ferry.h promises: make_room's room is real,
  * a budget shrink gives the memory back. White-box: the store's segments

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_cuda_nodev.c - the CUDA backend. Without a driver or a GPU it must fail
  * cleanly with FERRY_E_NODEV and say why; with a GPU it opens cuda:0 and moves
  * a pattern host -> device -> host through pinned and registered memory, from

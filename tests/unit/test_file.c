@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_file.c - ferry_file over real files: open, zero-copy views, shards,
  * hashing, custom allocators, and a fault loop over every system call. */
 #define _GNU_SOURCE

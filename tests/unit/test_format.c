@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_format.c - the safetensors and index parsers on in-memory buffers. */
 #include <errno.h>
 #include <stdint.h>
@@ -272,7 +273,7 @@ static void test_helpers(void)
 }
 
 
-/* ---- header memory (issue 15.4) ---- */
+/* ---- header memory ---- */
 
 /* An allocator that knows the bytes it has handed out now and at most. */
 typedef struct {

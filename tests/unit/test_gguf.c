@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_gguf.c - the GGUF reader on in-memory buffers (every value type, every
  * ggml type, the error classes, truncation and bit-flip sweeps, allocation
  * failures), the dtype catalogue's block sizes, and a GGUF file through the

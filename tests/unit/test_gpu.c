@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_gpu.c - the sim device through its ops table (capacity, allocation
  * tables, registration, truly asynchronous streams and events, bounds checks,
  * threads, fault loops) plus fy_parse_size and fy_gpu_open's spec errors. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_io.c - io/'s system-call table: entries replaced one at a time (a
  * failing fsync, mincore or cgroup read, short reads and writes, a tmpfs seen
  * where there is none) must give clean errors with nothing leaked, counted

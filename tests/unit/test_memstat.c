@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_memstat.c - memstat against fake /proc and cgroup v2 and v1 trees
  * (limits, ancestors, page cache, mounts, malformed files) and against this
  * process (smaps_rollup, its real cgroup, the sampler catching a peak that is

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_pytorch.c - the PyTorch zip checkpoint reader: the ZIP directory reader,
  * the restricted unpickler, the tensor table, the public API on a real file,
  * and an allocation-failure loop. Archives and pickles are assembled here byte

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_soak.c - a seeded, bounded soak of the residency store on sim: many
  * jobs over several models (use, modify, evict, hold, queued moves, make room,
  * remove and add again, device budget changes), in rounds that alternate

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_spill.c - the spill file on a real disk: reservation, best-fit reuse,
  * merging, tail truncation, hole punching, tmpfs refusal, free-space checks
  * (one range, and a whole batch's), a failed batch taken back exactly,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_store.c - the residency store on the sim device: the policy's tables,
  * tiers and budgets, clean drops and dirty saves (pinned, host, spill), make
  * room (possible, impossible, free all), groups, pins, faults (device
@@ -413,8 +414,8 @@ static void test_spill(ferry_ctx *ctx)
         CHECK_EQ(w.tier, FERRY_TIER_DEVICE);
         CHECK_EQ(verify(ma, fa, 2, 0x33), 0);
     }
-    /* regression: a failed reservation for one tensor must not release another
-     * tensor's spilled range (found by the simulate tests) */
+    /* a failed reservation for one tensor must not release another tensor's
+     * spilled range (the simulate scenarios reach this too) */
     {
         CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
         CHECK_EQ(ferry_store_make_room(s, 0, NULL), 0);
@@ -554,7 +555,7 @@ out:
     ferry_device_close(d);
 }
 
-/* ---- a spill batch that fails for space (issue 15) ---- */
+/* ---- a spill batch that fails for space ---- */
 
 /* The store's spill file: this process's descriptor whose link is in sd (an
  * O_TMPFILE shows as "sd/#ino (deleted)"), or -1. */
@@ -1006,7 +1007,7 @@ out:
     ferry_device_close(d);
 }
 
-/* ferry_store_find takes a reference (issue 15): a model that other threads
+/* ferry_store_find takes a reference: a model that other threads
  * found and are using is never freed under them; its owner's remove fails
  * with FERRY_E_BUSY until every reference is put back. Run under TSan/ASan:
  * a model freed while a finder is inside a call on it is reported there. */

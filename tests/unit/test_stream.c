@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_stream.c - a model larger than its budget, pass after pass, on the sim
  * device with modelled copy bandwidth: the plan, the stable resident set, the
  * window, pinned copies of streamed blocks, dirty blocks, faults in the middle

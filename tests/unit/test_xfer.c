@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_xfer.c - the transfer engine through a sim device: every path (ring,
  * direct, register, auto) on odd sizes, unaligned offsets, empty and tiny
  * tensors and a sharded checkpoint; caller-owned destinations; fault loops
@@ -1124,7 +1125,7 @@ static uint64_t file_pages(const ferry_file *f)
 static void test_register(ferry_ctx *ctx)
 {
     /* a copy-on-write (FERRY_OPEN_PRIVATE) mapping is never page-locked
-     * (DESIGN.md §7); auto and ring still load it */
+     * (see fy_map_private); auto and ring still load it */
     {
         char p[512];
         snprintf(p, sizeof p, "%s/odd.safetensors", dir);
@@ -1411,7 +1412,7 @@ static void test_register_pieces(ferry_ctx *ctx)
     }
 }
 
-/* A file closed while still registered (issue 15): the close drops the
+/* A file closed while still registered: the close drops the
  * registration on every device that holds one, so nothing stays page-locked
  * and a later file, even one allocated at the freed file's address, is not
  * taken for registered. A device closed first, or a file unregistered first,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cli.c - helpers shared by the ferry subcommands. */
 #define _GNU_SOURCE
 #include "cli.h"

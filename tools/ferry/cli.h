@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cli.h - shared pieces of the ferry command-line tool. */
 #ifndef FERRY_CLI_H
 #define FERRY_CLI_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cmd_bench.c - `ferry bench`: the raw limits and every transfer path, each
  * figure as a ratio of its limit, in one run. */
 #define _GNU_SOURCE

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cmd_cat.c - `ferry cat`: one tensor's raw bytes to stdout. */
 #include <errno.h>
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cmd_convert.c - `ferry convert`: any readable checkpoint to safetensors. */
 #include <stdlib.h>
 #include <string.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cmd_hash.c - `ferry hash`: XXH3-64 checksums per tensor and for the model,
  * or (--sha256) each file's SHA-256, the digest model hubs publish. */
 #define _GNU_SOURCE
@@ -5,13 +6,13 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <nettle/sha2.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "sha256.h"
 
 static int run(int argc, char **argv);
 
@@ -101,7 +102,7 @@ static int sha256_file(const char *path, uint8_t *buf, char hex[65], uint64_t *b
     /* the kernel reads further ahead of a file read front to back */
     if (S_ISREG(st.st_mode)) (void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     uint64_t total = S_ISREG(st.st_mode) ? (uint64_t)st.st_size : 0, done = 0;
-    struct sha256_ctx h;
+    sha256_ctx h;
     sha256_init(&h);
     cli_progress p;
     cli_progress_start(&p, "sha256");
@@ -114,13 +115,13 @@ static int sha256_file(const char *path, uint8_t *buf, char hex[65], uint64_t *b
             goto out;
         }
         if (n == 0) break;
-        sha256_update(&h, (size_t)n, buf);
+        sha256_update(&h, buf, (size_t)n);
         done += (uint64_t)n;
         if (total) cli_progress_update(&p, done < total ? done : total, total);
     }
     cli_progress_end(&p);
     uint8_t d[SHA256_DIGEST_SIZE];
-    sha256_digest(&h, sizeof d, d);
+    sha256_final(&h, d);
     for (int i = 0; i < SHA256_DIGEST_SIZE; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
     *bytes = done;
 out:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cmd_inspect.c - `ferry inspect`: what a checkpoint holds. */
 #include <fnmatch.h>
 #include <inttypes.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cmd_load.c - `ferry load`: bring checkpoints to a device and report the speed. */
 #include <inttypes.h>
 #include <jansson.h>

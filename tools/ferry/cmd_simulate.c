@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cmd_simulate.c - `ferry simulate`: run a scenario of jobs (use, reserve,
  * modify, run, evict, verify) against a residency store and report, per job,
  * the memory the process used and where every byte went, and for a run the

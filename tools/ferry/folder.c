@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* folder.c - a Hugging Face / diffusers model folder as the checkpoints in it
  * (which file of a component folder is its checkpoint; see folder.h). */
 #define _GNU_SOURCE

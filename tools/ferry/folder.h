@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* folder.h - a Hugging Face / diffusers model folder as the checkpoints in it,
  * for the commands that take a folder where they take a checkpoint. */
 #ifndef FERRY_CLI_FOLDER_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* main.c - the ferry command-line tool: dispatch to subcommands. */
 #include <errno.h>
 #include <stdbool.h>

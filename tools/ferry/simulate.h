@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* simulate.h - private to `ferry simulate`: the scenario read from its JSON
  * file (simulate_scenario.c), a model's repeated blocks found by their names
  * (simulate_blocks.c), its jobs run against the residency store

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* simulate_blocks.c - a model's repeated blocks found by its tensors' names,
  * for `ferry simulate`'s "run": tensors called PREFIX.N.rest ("blocks.3.",
  * "transformer_blocks.3.", "model.layers.3.") form block N of PREFIX. "auto"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* simulate_report.c - `ferry simulate`'s report: a line of text per job and
  * one for the store's totals, or the same as one JSON object per line
  * (--json). */

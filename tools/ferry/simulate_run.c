@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* simulate_run.c - `ferry simulate`'s jobs run against the residency store:
  * use (to the device, pinned), reserve, modify (XOR and write back, the
  * expected bytes' hash remembered), run (simulate_stream.c), evict, and

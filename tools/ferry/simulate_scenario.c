@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* simulate_scenario.c - `ferry simulate`'s scenario file: its JSON read and
  * every key checked into the scenario structs, with one-line messages that
  * name the file and the key; then the checkpoints opened, "modify"'s tensor

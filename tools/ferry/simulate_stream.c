@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* simulate_stream.c - a "run" job of `ferry simulate`: passes over a model
  * that may not fit its budget, driven through the library's streaming engine
  * (ferry_streamer_*), as a framework's hooks drive it: each pass begins,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """comfy_env - ComfyUI in this process, headless, for the pack's scripts: what
 main.py does at start-up (flags, folders, the pack loaded as a custom node)
 and what its prompt worker does per prompt, without the server; and tiny

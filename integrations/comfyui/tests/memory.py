@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """memory - the private memory a loader node adds, stock against ferry, each
 load in a fresh process (ComfyUI on the CPU, the pack loaded as a custom node).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """smoke - the pack's loader nodes against ComfyUI's own, in one process on the
 CPU: tiny models with real key names (Wan 2.1 DiT and VAE, SD1 CLIP-L) in
 every format ferry reads, each loaded by the stock node and by the ferry node;

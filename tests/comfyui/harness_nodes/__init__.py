@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Nodes the ComfyUI test harness adds to every run (tests/comfyui/harness.py
 links this directory into the run's custom_nodes/ as ferry_harness_nodes).
 
