@@ -382,19 +382,35 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
     fy_fdrange *fr = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *fr);
     int rc = 0;
     bool yielding = false; /* rs_pin_yield(+1) taken: run_transfers gives it back */
+    bool marked = false;   /* op is in s->ops, its tensors marked moving */
     pthread_mutex_lock(&s->lock);
     if (!op || !sel || !idx || !dp || !hr || !fr) {
         rc = rs_merr(m, -ENOMEM, "ferry_model_to_device: out of memory for the lists of %" PRId64 " tensors", m->n);
         goto fail;
     }
     if ((rc = rs_select_groups(m, tensors, n, sel)) < 0) goto fail;
-    rs_land_moving(s, m, sel, 0); /* an earlier move of any of them lands first */
-    uint64_t need = 0;
-    for (int64_t i = 0; i < m->n; i++)
-        if (sel[i] && m->t[i].tier != FERRY_TIER_DEVICE) need += m->t[i].nbytes;
+    /* an earlier move of any of them lands first, an eviction of any of them
+     * commits, a read of one ends */
+    rs_settle(s, m, sel, 0, true);
     m->last_use = ++s->clock;
     for (int64_t i = 0; i < m->n; i++)
         if (sel[i]) m->t[i].use = s->clock; /* the groups asked for: used now */
+    /* from here the tensors off the device are the op's: nobody evicts,
+     * reads or moves them, while the room is made (evictions drop the lock)
+     * and the transfers run */
+    op->m = m;
+    op->sel = sel;
+    op->state = OP_MOVING;
+    op->t0 = fy_now();
+    uint64_t need = 0;
+    for (int64_t i = 0; i < m->n; i++)
+        if (sel[i] && m->t[i].tier != FERRY_TIER_DEVICE) {
+            m->t[i].moving = op;
+            need += m->t[i].nbytes;
+        }
+    op->next = s->ops;
+    s->ops = op;
+    marked = true;
     int64_t mr = need ? rs_make_room_locked(s, need, m, sel, NULL) : 0; /* empty tensors need no room */
     if (mr < 0) {
         rc = (int)mr;
@@ -414,7 +430,7 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
     /* allocate; on failure free what this call allocated */
     for (int64_t i = 0; i < m->n && rc == 0; i++) {
         rtensor *t = &m->t[i];
-        if (!sel[i] || t->tier == FERRY_TIER_DEVICE || t->nbytes == 0) continue;
+        if (t->moving != op || t->nbytes == 0) continue;
         rc = rs_dev_alloc(s, t, true);
         while (rc == -ENOMEM) {
             /* the driver has no segment for it though the budget has room
@@ -440,18 +456,9 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
     }
     if (rc < 0) {
         rs_device_failed(s, m, rc);
-        for (int64_t i = 0; i < m->n; i++)
-            if (sel[i] && m->t[i].tier != FERRY_TIER_DEVICE && m->t[i].dptr) rs_dev_free(s, &m->t[i]);
         goto fail;
     }
-    /* from here the tensors are the op's: nobody evicts, reads or moves them */
-    op->m = m;
-    op->sel = sel;
-    op->state = OP_MOVING;
-    op->t0 = fy_now();
-    for (int64_t i = 0; i < m->n; i++)
-        if (sel[i] && m->t[i].tier != FERRY_TIER_DEVICE) m->t[i].moving = op;
-        else sel[i] = false; /* what is on the device already is not this op's */
+    for (int64_t i = 0; i < m->n; i++) sel[i] = m->t[i].moving == op; /* what is on the device already is not this op's */
     /* tensors read from the checkpoint that keep a pinned copy (streamed
      * blocks, a model with pinned_cache on) are kept in the pinned pool as
      * room allows (read there first, then copied like any pinned copy) */
@@ -459,11 +466,16 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
     for (int64_t i = 0; i < m->n && !want_cache; i++)
         want_cache = sel[i] && rs_wants_cache(m, &m->t[i]) && m->t[i].tier == FERRY_TIER_SOURCE && m->t[i].nbytes;
     uint64_t avail = 0;
-    if (want_cache && fy_host_available(&avail, NULL, 0) < 0) want_cache = false;
+    if (want_cache) { /* (a cgroup read: with the lock dropped, the tensors marked) */
+        pthread_mutex_unlock(&s->lock);
+        if (fy_host_available(&avail, NULL, 0) < 0) want_cache = false;
+        pthread_mutex_lock(&s->lock);
+    }
     int64_t nh = 0, nf = 0, nc = 0;
     for (int64_t i = 0; i < m->n; i++) {
         rtensor *t = &m->t[i];
         if (!sel[i] || !t->nbytes) continue;
+        /* (rs_pool_alloc may pin with the lock dropped: the op's tensors stay its own) */
         if (want_cache && rs_wants_cache(m, t) && t->tier == FERRY_TIER_SOURCE && rs_cache_admits(s, t->nbytes, avail) &&
             rs_pool_alloc(s, t->nbytes, &t->host) == 0) {
             t->caching = true;
@@ -488,8 +500,6 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
     op->spill_fd = s->spill ? fy_spill_fd(s->spill) : -1;
     op->idx = idx, op->dp = dp, op->hr = hr, op->fr = fr;
     op->nh = nh, op->nf = nf, op->nc = nc;
-    op->next = s->ops;
-    s->ops = op;
     *out = op;
     bool files = nc || nf;
     for (int64_t i = 0; i < m->n && !files; i++)
@@ -502,6 +512,21 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
     run_transfers(s, op);
     return 0;
 fail:
+    if (marked) { /* nothing was moved: unmark, and wake whoever waits for the op */
+        for (int64_t i = 0; i < m->n; i++) {
+            rtensor *t = &m->t[i];
+            if (t->moving != op) continue;
+            t->moving = NULL;
+            if (t->dptr) rs_dev_free(s, t);
+        }
+        for (ferry_op **p = &s->ops; *p; p = &(*p)->next)
+            if (*p == op) {
+                *p = op->next;
+                break;
+            }
+        op->state = OP_LANDED;
+        pthread_cond_broadcast(&s->landed);
+    }
     pthread_mutex_unlock(&s->lock);
     if (yielding) rs_pin_yield(s, -1);
     fy_free(s->m, op);

@@ -178,6 +178,7 @@ FERRY_API int ferry_store_remove(ferry_model *m)
     if (!m) return FERRY_E_INVAL;
     ferry_store *s = m->s;
     pthread_mutex_lock(&s->lock);
+    rs_settle(s, m, NULL, -1, true); /* no copy of its tensors runs with the lock dropped any more */
     rs_reap_releases(s, false);
     if (m->refs > 0) {
         /* another thread found it and may be inside a call on it right now */
@@ -251,6 +252,7 @@ FERRY_API int ferry_model_group(ferry_model *m, const int64_t *tensors, int64_t 
         if (tensors[k] < 0 || tensors[k] >= m->n) return FERRY_E_INVAL;
     if (n < 2) return 0;
     pthread_mutex_lock(&m->s->lock);
+    rs_settle(m->s, m, NULL, -1, false); /* an eviction decides by groups: not while one copies */
     /* the groups joined must all be in one tier: refuse mixing device and not */
     bool on = m->t[tensors[0]].tier == FERRY_TIER_DEVICE;
     for (int64_t k = 1; k < n; k++)
@@ -286,12 +288,16 @@ FERRY_API int ferry_model_set_pinned_cache(ferry_model *m, int on)
     ferry_store *s = m->s;
     pthread_mutex_lock(&s->lock);
     m->pinned_cache = on;
+    pchunk *idle = NULL;
+    int nidle = 0;
     if (!on) { /* the copies no longer wanted go (a moving one's when it lands) */
         for (int64_t i = 0; i < m->n; i++)
-            if (m->t[i].cached && !m->t[i].moving && !rs_wants_cache(m, &m->t[i])) rs_uncache(s, &m->t[i]);
-        rs_pool_trim(s);
+            if (m->t[i].cached && !m->t[i].moving && !m->t[i].busy && !rs_wants_cache(m, &m->t[i]))
+                rs_uncache(s, &m->t[i]);
+        nidle = rs_pool_trim_take(s, &idle);
     }
     pthread_mutex_unlock(&s->lock);
+    rs_chunks_drop(s, idle, nidle); /* (unpinned with the lock dropped) */
     return 0;
 }
 

@@ -44,6 +44,10 @@ typedef struct rtensor {
                        PINNED); mark_dirty/write drop it, so it is never dirty (rs_uncache
                        still keeps a dirty tensor's only copy, should one ever be cached) */
     bool caching;   /* host is a pinned buffer a queued move is filling for the cache */
+    bool evicting;  /* an eviction copies it off the device with the lock dropped: nothing
+                       else moves, frees or evicts it until that eviction commits (rs_settle) */
+    int busy;       /* reads or writes of its bytes running with the lock dropped: its copies
+                       stay where they are (no move, eviction or uncaching) until 0 */
 } rtensor;
 
 /* A model's streaming plan (ferry_model_plan): the caller's request, kept so
@@ -115,8 +119,10 @@ struct ferry_store {
     pchunk *chunks;
     int nchunks;
     uint64_t pool_bytes;
+    uint64_t pool_growing; /* being pinned for the pool with the lock dropped (rs_pool_alloc) */
     fy_spill *spill;
     bool spilling;
+    int64_t evicting; /* tensors marked evicting (their copies run with the lock dropped) */
     /* device memory: segments from the driver, carved into tensors and kept
      * when they leave, for reuse (no driver call, and memory the copy engine
      * has written before: bench_alloc) until ferry_store_make_room gives the
@@ -233,14 +239,24 @@ int rs_model_failed(ferry_model *m, int rc);
  * store (and m, when not NULL) the same message. Returns rc. */
 int rs_device_failed(ferry_store *s, ferry_model *m, int rc);
 
-/* Every function below runs under s->lock. */
+/* Every function below is called with s->lock held. Those that copy, pin,
+ * punch or wait (rs_pool_alloc, rs_evict_tensors and the make-room family
+ * that calls it, rs_settle, rs_land_moving, rs_spill_flush) drop it for a
+ * while, after marking what they work on; their callers look at the store
+ * again afterwards rather than trusting what they saw before. */
 
 /* ---- pool.c: the pinned pool and tensors' host copies ---- */
+/* n bytes of the pool. Where no free range fits, it waits for the pinner's
+ * next piece or pins a new chunk, with s->lock dropped meanwhile: the caller
+ * has marked what it works on (moving, evicting) before calling. */
 int rs_pool_alloc(ferry_store *s, uint64_t n, void **out);
 /* Never fails: a range the free list cannot take is lost to fragmentation. */
 void rs_pool_free(ferry_store *s, void *p, uint64_t n);
-/* Unpin and free the pool's chunks that hold nothing (not the reserve's). */
-void rs_pool_trim(ferry_store *s);
+/* Take the pool's chunks that hold nothing (not the reserve's) out of it:
+ * their count, the list in *out (NULL when none); rs_chunks_drop unpins and
+ * frees them, with the lock dropped. */
+int rs_pool_trim_take(ferry_store *s, pchunk **out);
+void rs_chunks_drop(ferry_store *s, pchunk *v, int n);
 /* Unpin c and free its free list (c itself is the caller's). */
 void rs_chunk_drop(ferry_store *s, pchunk *c);
 /* Move the pieces the pinner has pinned into the pool; false when one could
@@ -294,8 +310,18 @@ int rs_select_groups(ferry_model *m, const int64_t *tensors, int64_t n, bool *se
 /* ---- evict.c: eviction ---- */
 /* Take the listed device tensors off the device: clean ones dropped, dirty
  * ones saved by the host policy; a group whose dirty member could not be
- * saved stays. 0 or the first error. */
+ * saved stays. 0 or the first error. The tensors (on the device, none
+ * moving, evicting, held or busy) are marked evicting, and while their
+ * copies run (device to host, the spill file's writes) and the pool grows,
+ * s->lock is dropped; the new tiers are committed under it again. */
 int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n);
+/* Wait (lock dropped) until no selected tensor of m (sel NULL: tensor i) is
+ * moving (its move is landed), evicting or, with readers, busy. sel NULL
+ * and i < 0: every tensor of m, evicting or busy (moves are not landed). */
+void rs_settle(ferry_store *s, ferry_model *m, const bool *sel, int64_t i, bool readers);
+/* Flush the spill file (see fy_spill_flush_take): the punching runs with
+ * s->lock dropped. */
+void rs_spill_flush(ferry_store *s);
 /* Free bytes on the device, evicting by policy, protecting prot[] of pm.
  * Bytes freed, or FERRY_E_BUDGET with *could = what could be made. */
 int64_t rs_make_room_locked(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, uint64_t *could);
