@@ -74,14 +74,15 @@ static void save_undo(ferry_store *s, save *v)
     v->host = NULL;
 }
 
-void rs_settle(ferry_store *s, ferry_model *m, const bool *sel, int64_t i, bool readers)
+void rs_settle(ferry_store *s, ferry_model *m, const int64_t *ti, int64_t nt, bool readers)
 {
-    bool all = !sel && i < 0;
     for (bool again = true; again;) {
-        if (!all) rs_land_moving(s, m, sel, i);
+        if (ti) rs_land_moving(s, m, ti, nt);
         again = false;
-        for (int64_t k = sel || all ? 0 : i; k < (sel || all ? m->n : i + 1) && !again; k++)
-            again = (!sel || sel[k]) && (m->t[k].evicting || (readers && m->t[k].busy));
+        for (int64_t k = 0; k < (ti ? nt : m->n) && !again; k++) {
+            const rtensor *t = &m->t[ti ? ti[k] : k];
+            again = t->evicting || (readers && t->busy);
+        }
         if (again) pthread_cond_wait(&s->landed, &s->lock); /* (broadcast when an eviction commits, a read ends) */
     }
 }
@@ -433,7 +434,8 @@ static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, c
             int64_t lo = cof[u->group]; /* a group id is its leader's index, which has a candidate */
             if (u->tier == FERRY_TIER_DEVICE) c[lo].bytes += u->nbytes;
             /* a group with a member still landing stays whole: not a candidate */
-            if (u->holds || u->moving || u->evicting || u->busy || (m == pm && prot && prot[q])) c[lo].protect = true;
+            if (u->holds || u->moving || u->evicting || u->busy || u->wanted || (m == pm && prot && prot[q]))
+                c[lo].protect = true;
             if (spare && m == pm && !u->streams) c[lo].protect = true;
         }
     }
@@ -511,19 +513,20 @@ FERRY_API int ferry_model_evict(ferry_model *m, const int64_t *tensors, int64_t 
     if (!m || n < 0) return FERRY_E_INVAL;
     ferry_store *s = m->s;
     pthread_mutex_lock(&s->lock);
-    bool *sel = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *sel);
-    rtensor **ts = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *ts);
-    int rc = 0;
-    if (!sel || !ts) {
-        rc = rs_merr(m, -ENOMEM, "ferry_model_evict: out of memory for the lists of %" PRId64 " tensors", m->n);
+    int64_t *sel = NULL, nsel = 0;
+    rtensor **ts = NULL;
+    int rc = rs_select(m, tensors, n, &sel, &nsel);
+    if (rc < 0) goto out;
+    if (!(ts = fy_calloc(s->m, (size_t)(nsel ? nsel : 1), sizeof *ts))) {
+        rc = rs_merr(m, -ENOMEM, "ferry_model_evict: out of memory for the lists of %" PRId64 " tensors", nsel);
         goto out;
     }
-    if ((rc = rs_select_groups(m, tensors, n, sel)) < 0) goto out;
-    rs_settle(s, m, sel, 0, true); /* a queued move of any of them lands first, an eviction commits, a read ends */
+    rs_settle(s, m, sel, nsel, true); /* a queued move of any of them lands first, an eviction commits, a read ends */
     rs_reap_releases(s, false);
     int64_t nt = 0;
-    for (int64_t i = 0; i < m->n; i++) {
-        if (!sel[i] || m->t[i].tier != FERRY_TIER_DEVICE) continue;
+    for (int64_t k = 0; k < nsel; k++) {
+        int64_t i = sel[k];
+        if (m->t[i].tier != FERRY_TIER_DEVICE) continue;
         if (m->t[i].holds) {
             char q[256];
             rc = rs_merr(m, FERRY_E_BUSY, "tensor %s is in use: release it before evicting", RS_Q(q, m->t[i].name));

@@ -108,9 +108,9 @@ static void op_commit(ferry_store *s, ferry_op *op)
 {
     ferry_model *m = op->m;
     if (op->rc == 0) fy_spill_hold(s->spill); /* freed ranges stay for the next spill (see below) */
-    for (int64_t i = 0; i < m->n; i++) {
-        rtensor *t = &m->t[i];
-        if (!op->sel[i] || t->moving != op) continue;
+    for (int64_t k = 0; k < op->nt; k++) {
+        rtensor *t = &m->t[op->ti[k]];
+        if (t->moving != op) continue;
         t->moving = NULL;
         if (op->rc < 0) {
             if (t->dptr) rs_dev_free(s, t);
@@ -169,7 +169,7 @@ void rs_op_land(ferry_store *s, ferry_op *op)
     if (op->state == OP_QUEUED) land_now(s, op);
 }
 
-void rs_land_moving(ferry_store *s, ferry_model *m, const bool *sel, int64_t i)
+void rs_land_moving(ferry_store *s, ferry_model *m, const int64_t *ti, int64_t nt)
 {
     /* Another thread's op may be freed by its owner the moment it has landed,
      * so after any wait only the tensors are looked at again, never the op;
@@ -177,8 +177,8 @@ void rs_land_moving(ferry_store *s, ferry_model *m, const bool *sel, int64_t i)
      * queued: start over until one pass finds none. */
     for (bool again = true; again;) {
         again = false;
-        for (int64_t k = sel ? 0 : i; k < (sel ? m->n : i + 1) && !again; k++) {
-            ferry_op *op = (!sel || sel[k]) ? m->t[k].moving : NULL;
+        for (int64_t k = 0; k < nt && !again; k++) {
+            ferry_op *op = m->t[ti[k]].moving;
             if (!op) continue;
             if (op->state == OP_QUEUED) land_now(s, op);
             else pthread_cond_wait(&s->landed, &s->lock); /* being moved or landed by someone else */
@@ -235,9 +235,9 @@ int64_t rs_defer_releases(ferry_store *s)
          * one reads it back */
         const ferry_model *om = t->owner;
         bool clean = true;
-        for (int64_t j = 0; j < om->n && clean; j++) {
-            const rtensor *u = &om->t[j];
-            if (u->group == t->group && (u->dirty || u->moving || u->tier != FERRY_TIER_DEVICE)) clean = false;
+        for (int64_t j = om->gat[t->group]; j < om->gat[t->group] + om->gcnt[t->group] && clean; j++) {
+            const rtensor *u = &om->t[om->gmem[j]];
+            if (u->dirty || u->moving || u->tier != FERRY_TIER_DEVICE) clean = false;
         }
         if (!clean) {
             p = &r->next;
@@ -278,7 +278,6 @@ int rs_reuse_order(ferry_store *s, bool lane)
 static void run_transfers(ferry_store *s, ferry_op *op)
 {
     ferry_model *m = op->m;
-    const bool *sel = op->sel;
     int64_t *idx = op->idx;
     uint64_t *dp = op->dp;
     op_fail(op, s, fy_xfer_bind(s->dev)); /* (the mover's thread) */
@@ -289,16 +288,16 @@ static void run_transfers(ferry_store *s, ferry_op *op)
      * page on every move, every pass (a page table for each block's bytes,
      * torn down after it), where pread copies the same pages straight out */
     ferry_load_opts lo = s->load;
-    for (int64_t i = 0; i < m->n; i++)
-        if (sel[i] && m->t[i].streams) {
+    for (int64_t k = 0; k < op->nt; k++)
+        if (m->t[op->ti[k]].streams) {
             lo.flags |= FERRY_LOAD_PREAD;
             break;
         }
     for (int k = 0; k < m->nfiles && op->rc == 0; k++) { /* SOURCE: file by file, through the loader */
         int64_t cnt = 0;
-        for (int64_t i = 0; i < m->n; i++) {
-            rtensor *t = &m->t[i];
-            if (sel[i] && t->file == k && t->tier == FERRY_TIER_SOURCE && !t->caching && t->nbytes) {
+        for (int64_t q = 0; q < op->nt; q++) {
+            rtensor *t = &m->t[op->ti[q]];
+            if (t->file == k && t->tier == FERRY_TIER_SOURCE && !t->caching && t->nbytes) {
                 idx[cnt] = t->idx;
                 dp[cnt++] = t->dptr;
                 op->moved += t->nbytes;
@@ -374,44 +373,57 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
 {
     ferry_store *s = m->s;
     *out = NULL;
-    ferry_op *op = fy_calloc(s->m, 1, sizeof *op);
-    bool *sel = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *sel);
-    int64_t *idx = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *idx);
-    uint64_t *dp = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *dp);
-    fy_hostrange *hr = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *hr);
-    fy_fdrange *fr = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *fr);
-    int rc = 0;
+    int64_t *sel = NULL, nsel = 0; /* the groups asked for: their tensors */
+    int64_t *idx = NULL;
+    uint64_t *dp = NULL;
+    fy_hostrange *hr = NULL;
+    fy_fdrange *fr = NULL;
     bool yielding = false; /* rs_pin_yield(+1) taken: run_transfers gives it back */
     bool marked = false;   /* op is in s->ops, its tensors marked moving */
     pthread_mutex_lock(&s->lock);
-    if (!op || !sel || !idx || !dp || !hr || !fr) {
-        rc = rs_merr(m, -ENOMEM, "ferry_model_to_device: out of memory for the lists of %" PRId64 " tensors", m->n);
+    int rc = rs_select(m, tensors, n, &sel, &nsel);
+    if (rc < 0) {
+        pthread_mutex_unlock(&s->lock);
+        return rc;
+    }
+    size_t ns = (size_t)(nsel ? nsel : 1);
+    ferry_op *op = fy_calloc(s->m, 1, sizeof *op);
+    int64_t *ti = fy_calloc(s->m, ns, sizeof *ti);
+    idx = fy_calloc(s->m, ns, sizeof *idx);
+    dp = fy_calloc(s->m, ns, sizeof *dp);
+    hr = fy_calloc(s->m, ns, sizeof *hr);
+    fr = fy_calloc(s->m, ns, sizeof *fr);
+    if (!op || !ti || !idx || !dp || !hr || !fr) {
+        rc = rs_merr(m, -ENOMEM, "ferry_model_to_device: out of memory for the lists of %" PRId64 " tensors", nsel);
         goto fail;
     }
-    if ((rc = rs_select_groups(m, tensors, n, sel)) < 0) goto fail;
     /* an earlier move of any of them lands first, an eviction of any of them
      * commits, a read of one ends */
-    rs_settle(s, m, sel, 0, true);
+    rs_settle(s, m, sel, nsel, true);
     m->last_use = ++s->clock;
-    for (int64_t i = 0; i < m->n; i++)
-        if (sel[i]) m->t[i].use = s->clock; /* the groups asked for: used now */
+    for (int64_t k = 0; k < nsel; k++) {
+        m->t[sel[k]].use = s->clock; /* the groups asked for: used now */
+        m->t[sel[k]].wanted++;       /* and not evicted while this call makes room */
+    }
     /* from here the tensors off the device are the op's: nobody evicts,
      * reads or moves them, while the room is made (evictions drop the lock)
      * and the transfers run */
     op->m = m;
-    op->sel = sel;
+    op->ti = ti;
     op->state = OP_MOVING;
     op->t0 = fy_now();
     uint64_t need = 0;
-    for (int64_t i = 0; i < m->n; i++)
-        if (sel[i] && m->t[i].tier != FERRY_TIER_DEVICE) {
-            m->t[i].moving = op;
-            need += m->t[i].nbytes;
-        }
+    for (int64_t k = 0; k < nsel; k++) {
+        rtensor *t = &m->t[sel[k]];
+        if (t->tier == FERRY_TIER_DEVICE) continue; /* what is on the device already is not this op's */
+        t->moving = op;
+        ti[op->nt++] = sel[k];
+        need += t->nbytes;
+    }
     op->next = s->ops;
     s->ops = op;
     marked = true;
-    int64_t mr = need ? rs_make_room_locked(s, need, m, sel, NULL) : 0; /* empty tensors need no room */
+    int64_t mr = need ? rs_make_room_locked(s, need, m, NULL, NULL) : 0; /* empty tensors need no room */
     if (mr < 0) {
         rc = (int)mr;
         char msg[FY_ERRMSG_MAX];
@@ -428,9 +440,9 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
     rs_pin_yield(s, +1);
     yielding = true;
     /* allocate; on failure free what this call allocated */
-    for (int64_t i = 0; i < m->n && rc == 0; i++) {
-        rtensor *t = &m->t[i];
-        if (t->moving != op || t->nbytes == 0) continue;
+    for (int64_t k = 0; k < op->nt && rc == 0; k++) {
+        rtensor *t = &m->t[ti[k]];
+        if (t->nbytes == 0) continue;
         rc = rs_dev_alloc(s, t, true);
         while (rc == -ENOMEM) {
             /* the driver has no segment for it though the budget has room
@@ -438,7 +450,7 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
              * memory went to others): evict more, so that whole segments
              * come free and go back to the driver, until it gives one or
              * nothing more can go (then the move fails, nothing lost) */
-            int64_t more = rs_make_room_ex(s, rs_room_now(s) + rs_dev_size(t->nbytes), m, sel, NULL, false);
+            int64_t more = rs_make_room_ex(s, rs_room_now(s) + rs_dev_size(t->nbytes), m, NULL, NULL, false);
             if (more <= 0) break;
             rc = rs_dev_alloc(s, t, true);
         }
@@ -450,7 +462,7 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
              * more can go, take the segment anyway (a move that fits by bytes
              * does not fail) */
             uint64_t room = s->o.device_budget > s->device_used ? s->o.device_budget - s->device_used : 0;
-            int64_t more = rs_make_room_ex(s, room + rs_dev_size(t->nbytes), m, sel, NULL, true);
+            int64_t more = rs_make_room_ex(s, room + rs_dev_size(t->nbytes), m, NULL, NULL, true);
             rc = rs_dev_alloc(s, t, more > 0);
         }
     }
@@ -458,13 +470,14 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
         rs_device_failed(s, m, rc);
         goto fail;
     }
-    for (int64_t i = 0; i < m->n; i++) sel[i] = m->t[i].moving == op; /* what is on the device already is not this op's */
     /* tensors read from the checkpoint that keep a pinned copy (streamed
      * blocks, a model with pinned_cache on) are kept in the pinned pool as
      * room allows (read there first, then copied like any pinned copy) */
     bool want_cache = false;
-    for (int64_t i = 0; i < m->n && !want_cache; i++)
-        want_cache = sel[i] && rs_wants_cache(m, &m->t[i]) && m->t[i].tier == FERRY_TIER_SOURCE && m->t[i].nbytes;
+    for (int64_t k = 0; k < op->nt && !want_cache; k++) {
+        const rtensor *t = &m->t[ti[k]];
+        want_cache = rs_wants_cache(m, t) && t->tier == FERRY_TIER_SOURCE && t->nbytes;
+    }
     uint64_t avail = 0;
     if (want_cache) { /* (a cgroup read: with the lock dropped, the tensors marked) */
         pthread_mutex_unlock(&s->lock);
@@ -472,38 +485,36 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
         pthread_mutex_lock(&s->lock);
     }
     int64_t nh = 0, nf = 0, nc = 0;
-    for (int64_t i = 0; i < m->n; i++) {
-        rtensor *t = &m->t[i];
-        if (!sel[i] || !t->nbytes) continue;
+    bool files = false, ring = false; /* it reads files; it reads the checkpoint through the ring */
+    for (int64_t k = 0; k < op->nt; k++) {
+        rtensor *t = &m->t[ti[k]];
+        if (!t->nbytes) continue;
         /* (rs_pool_alloc may pin with the lock dropped: the op's tensors stay its own) */
         if (want_cache && rs_wants_cache(m, t) && t->tier == FERRY_TIER_SOURCE && rs_cache_admits(s, t->nbytes, avail) &&
             rs_pool_alloc(s, t->nbytes, &t->host) == 0) {
             t->caching = true;
             s->cache_used += t->nbytes;
             avail -= t->nbytes;
-            idx[nc++] = i; /* (idx is free until the checkpoint loads below) */
+            idx[nc++] = ti[k]; /* (idx is free until the checkpoint loads below) */
             hr[nh++] = (fy_hostrange){t->host, t->dptr, t->nbytes};
+            files = true;
             continue;
         }
         if (t->tier == FERRY_TIER_PINNED || t->tier == FERRY_TIER_HOST) hr[nh++] = (fy_hostrange){t->host, t->dptr, t->nbytes};
-        if (t->tier == FERRY_TIER_SPILL) fr[nf++] = (fy_fdrange){t->soff, t->nbytes, t->dptr};
+        if (t->tier == FERRY_TIER_SPILL) fr[nf++] = (fy_fdrange){t->soff, t->nbytes, t->dptr}, files = ring = true;
+        if (t->tier == FERRY_TIER_SOURCE) files = ring = true;
     }
+    for (int64_t k = 0; k < nsel; k++) m->t[sel[k]].wanted--; /* (the op's own are moving now) */
+    fy_free(s->m, sel);
+    sel = NULL;
     /* memory that released tensors left while kernels may still read it:
      * this move's writes come after those kernels (on the device where all
      * its copies take the lane) */
-    if (s->reuse) {
-        bool ring = nf > 0;
-        for (int64_t i = 0; i < m->n && !ring; i++)
-            ring = sel[i] && m->t[i].tier == FERRY_TIER_SOURCE && !m->t[i].caching && m->t[i].nbytes;
-        (void)rs_reuse_order(s, !ring); /* (on failure the host has waited instead) */
-    }
+    if (s->reuse) (void)rs_reuse_order(s, !ring); /* (on failure the host has waited instead) */
     op->spill_fd = s->spill ? fy_spill_fd(s->spill) : -1;
     op->idx = idx, op->dp = dp, op->hr = hr, op->fr = fr;
     op->nh = nh, op->nf = nf, op->nc = nc;
     *out = op;
-    bool files = nc || nf;
-    for (int64_t i = 0; i < m->n && !files; i++)
-        files = sel[i] && m->t[i].tier == FERRY_TIER_SOURCE && m->t[i].nbytes;
     if (background && files && mover_queue(s, op) == 0) { /* the mover reads them */
         pthread_mutex_unlock(&s->lock);
         return 0;
@@ -513,9 +524,8 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
     return 0;
 fail:
     if (marked) { /* nothing was moved: unmark, and wake whoever waits for the op */
-        for (int64_t i = 0; i < m->n; i++) {
-            rtensor *t = &m->t[i];
-            if (t->moving != op) continue;
+        for (int64_t k = 0; k < op->nt; k++) {
+            rtensor *t = &m->t[ti[k]];
             t->moving = NULL;
             if (t->dptr) rs_dev_free(s, t);
         }
@@ -527,10 +537,12 @@ fail:
         op->state = OP_LANDED;
         pthread_cond_broadcast(&s->landed);
     }
+    for (int64_t k = 0; marked && k < nsel; k++) m->t[sel[k]].wanted--;
     pthread_mutex_unlock(&s->lock);
     if (yielding) rs_pin_yield(s, -1);
     fy_free(s->m, op);
     fy_free(s->m, sel);
+    fy_free(s->m, ti);
     fy_free(s->m, idx);
     fy_free(s->m, dp);
     fy_free(s->m, hr);
@@ -552,7 +564,7 @@ void rs_op_free(ferry_store *s, ferry_op *op)
             *p = op->next;
             break;
         }
-    fy_free(s->m, op->sel);
+    fy_free(s->m, op->ti);
     fy_free(s->m, op);
 }
 

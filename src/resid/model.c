@@ -79,6 +79,10 @@ void rs_model_free(ferry_model *m)
     rs_plan_free(s, m);
     fy_free(s->m, m->t);
     fy_free(s->m, m->by_name);
+    fy_free(s->m, m->gmem);
+    fy_free(s->m, m->gat);
+    fy_free(s->m, m->gcnt);
+    fy_free(s->m, m->gmark);
     fy_free(s->m, m->files);
     fy_free(s->m, m->name);
     fy_err_destroy(&m->err);
@@ -118,9 +122,13 @@ FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *cons
     if (!m || !(m->name = fy_strndup(s->m, name, strlen(name))) ||
         !(m->files = fy_calloc(s->m, (size_t)nfiles, sizeof *m->files)) ||
         !(m->t = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->t)) ||
-        !(m->by_name = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->by_name))) {
+        !(m->by_name = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->by_name)) ||
+        !(m->gmem = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->gmem)) ||
+        !(m->gat = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->gat)) ||
+        !(m->gcnt = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->gcnt)) ||
+        !(m->gmark = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->gmark))) {
         rc = fy_seterr(&s->err, -ENOMEM, "ferry_store_add: out of memory for a model of %" PRId64 " tensors (%zu bytes)",
-                       n, sizeof *m + (size_t)n * (sizeof *m->t + sizeof *m->by_name));
+                       n, sizeof *m + (size_t)n * (sizeof *m->t + 5 * sizeof *m->by_name));
         goto out;
     }
     if (s->nmodels == s->cap_models) {
@@ -162,6 +170,7 @@ FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *cons
         if (!prev || prefix_len(prev) != pl || memcmp(prev, t->name, pl) != 0) g = m->by_name[i];
         t->group = g;
     }
+    rs_group_index(m);
     for (i = 0; i < n; i++) m->by_name[i] = i;
     qsort_r(m->by_name, (size_t)n, sizeof *m->by_name, cmp_tname, m);
     s->models[s->nmodels++] = m;
@@ -178,7 +187,7 @@ FERRY_API int ferry_store_remove(ferry_model *m)
     if (!m) return FERRY_E_INVAL;
     ferry_store *s = m->s;
     pthread_mutex_lock(&s->lock);
-    rs_settle(s, m, NULL, -1, true); /* no copy of its tensors runs with the lock dropped any more */
+    rs_settle(s, m, NULL, 0, true); /* no copy of its tensors runs with the lock dropped any more */
     rs_reap_releases(s, false);
     if (m->refs > 0) {
         /* another thread found it and may be inside a call on it right now */
@@ -252,7 +261,7 @@ FERRY_API int ferry_model_group(ferry_model *m, const int64_t *tensors, int64_t 
         if (tensors[k] < 0 || tensors[k] >= m->n) return FERRY_E_INVAL;
     if (n < 2) return 0;
     pthread_mutex_lock(&m->s->lock);
-    rs_settle(m->s, m, NULL, -1, false); /* an eviction decides by groups: not while one copies */
+    rs_settle(m->s, m, NULL, 0, false); /* an eviction decides by groups: not while one copies */
     /* the groups joined must all be in one tier: refuse mixing device and not */
     bool on = m->t[tensors[0]].tier == FERRY_TIER_DEVICE;
     for (int64_t k = 1; k < n; k++)
@@ -269,6 +278,7 @@ FERRY_API int ferry_model_group(ferry_model *m, const int64_t *tensors, int64_t 
         for (int64_t i = 0; i < m->n; i++)
             if (m->t[i].group == old) m->t[i].group = g;
     }
+    rs_group_index(m);
     pthread_mutex_unlock(&m->s->lock);
     return 0;
 }
@@ -301,27 +311,55 @@ FERRY_API int ferry_model_set_pinned_cache(ferry_model *m, int on)
     return 0;
 }
 
-/* ---- selection: a request's tensors and their groups ---- */
 
-/* sel[i] = true for tensors[0..n-1] (NULL: all) and every member of their groups */
-int rs_select_groups(ferry_model *m, const int64_t *tensors, int64_t n, bool *sel)
+void rs_group_index(ferry_model *m)
 {
-    if (!tensors) {
-        for (int64_t i = 0; i < m->n; i++) sel[i] = true;
-        return 0;
+    memset(m->gcnt, 0, (size_t)m->n * sizeof *m->gcnt);
+    for (int64_t i = 0; i < m->n; i++) m->gcnt[m->t[i].group]++;
+    int64_t at = 0;
+    for (int64_t g = 0; g < m->n; g++) {
+        m->gat[g] = at;
+        at += m->gcnt[g];
     }
-    memset(sel, 0, (size_t)m->n);
-    for (int64_t k = 0; k < n; k++) {
+    memset(m->gcnt, 0, (size_t)m->n * sizeof *m->gcnt);
+    for (int64_t i = 0; i < m->n; i++) {
+        int64_t g = m->t[i].group;
+        m->gmem[m->gat[g] + m->gcnt[g]++] = i;
+    }
+}
+
+int rs_select(ferry_model *m, const int64_t *tensors, int64_t n, int64_t **out, int64_t *nt)
+{
+    *out = NULL;
+    *nt = 0;
+    int64_t cnt = tensors ? 0 : m->n;
+    uint64_t stamp = ++m->gstamp;
+    for (int64_t k = 0; tensors && k < n; k++) {
         if (tensors[k] < 0 || tensors[k] >= m->n)
             return rs_merr(m, FERRY_E_INVAL, "tensor index %" PRId64 " out of range (%" PRId64 " tensors)",
                            tensors[k], m->n);
-        sel[tensors[k]] = true;
+        int64_t g = m->t[tensors[k]].group;
+        if (m->gmark[g] != stamp) {
+            m->gmark[g] = stamp;
+            cnt += m->gcnt[g];
+        }
     }
-    /* close over groups: a group is in when any member is */
-    for (int64_t i = 0; i < m->n; i++)
-        if (sel[i]) sel[m->t[i].group] = true; /* mark the group id (a member index) */
-    for (int64_t i = 0; i < m->n; i++)
-        if (sel[m->t[i].group]) sel[i] = true;
+    int64_t *v = fy_malloc(m->s->m, (size_t)(cnt ? cnt : 1) * sizeof *v);
+    if (!v) return rs_merr(m, -ENOMEM, "out of memory for a list of %" PRId64 " tensors", cnt);
+    if (!tensors) {
+        for (int64_t i = 0; i < m->n; i++) v[i] = i;
+    } else {
+        stamp = ++m->gstamp;
+        cnt = 0;
+        for (int64_t k = 0; k < n; k++) {
+            int64_t g = m->t[tensors[k]].group;
+            if (m->gmark[g] == stamp) continue;
+            m->gmark[g] = stamp;
+            memcpy(&v[cnt], &m->gmem[m->gat[g]], (size_t)m->gcnt[g] * sizeof *v);
+            cnt += m->gcnt[g];
+        }
+    }
+    *out = v;
+    *nt = cnt;
     return 0;
 }
-

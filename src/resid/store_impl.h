@@ -48,6 +48,7 @@ typedef struct rtensor {
                        else moves, frees or evicts it until that eviction commits (rs_settle) */
     int busy;       /* reads or writes of its bytes running with the lock dropped: its copies
                        stay where they are (no move, eviction or uncaching) until 0 */
+    int wanted;     /* moves being queued that asked for its group: not evicted meanwhile */
 } rtensor;
 
 /* A model's streaming plan (ferry_model_plan): the caller's request, kept so
@@ -73,6 +74,11 @@ struct ferry_model {
     rtensor *t;
     int64_t n;
     int64_t *by_name; /* tensor indices sorted by name */
+    /* the groups' members (rs_group_index): group g's (g a member's index)
+     * are gmem[gat[g] .. gat[g] + gcnt[g] - 1], so a block's move looks at
+     * its block alone, never at every tensor of the model */
+    int64_t *gmem, *gat, *gcnt;
+    uint64_t *gmark, gstamp; /* rs_select: a group's mark, the last mark given */
     rs_plan *plan;    /* NULL unless ferry_model_plan made one */
     int64_t refs;     /* taken by ferry_store_find, not yet put back; ferry_store_remove waits for 0 */
     bool pinned_cache; /* ferry_model_set_pinned_cache: every clean tensor read from the
@@ -183,7 +189,7 @@ enum { OP_MOVING, OP_QUEUED, OP_LANDING, OP_LANDED };
 struct ferry_op {
     ferry_model *m;
     struct ferry_op *next; /* in the store's list of ops not yet waited for */
-    bool *sel;             /* the tensors it moves (m->n) */
+    int64_t *ti, nt;       /* the tensors it moves (each marked moving = this op) */
     fy_xfer_op *xop;       /* queued pinned/RAM copies, or NULL */
     int state;
     int rc;                /* the first error of the moves */
@@ -207,8 +213,8 @@ void rs_mover_stop(ferry_store *s);
 void rs_op_land(ferry_store *s, struct ferry_op *op);
 /* Unlink a landed op from the store's list and free it (under the lock). */
 void rs_op_free(ferry_store *s, struct ferry_op *op);
-/* Land every move of a selected tensor (sel NULL: of tensor i only, i >= 0). */
-void rs_land_moving(ferry_store *s, ferry_model *m, const bool *sel, int64_t i);
+/* Land every move of the tensors ti[0..nt-1] of m. */
+void rs_land_moving(ferry_store *s, ferry_model *m, const int64_t *ti, int64_t nt);
 /* Drop the holds whose streams are done; wait: also wait for the rest.
  * Returns the holds dropped. */
 int64_t rs_reap_releases(ferry_store *s, bool wait);
@@ -304,8 +310,13 @@ void rs_dev_release_all(ferry_store *s);
 /* ---- model.c: models and groups ---- */
 void rs_model_free(ferry_model *m);
 ferry_model *rs_find_model(ferry_store *s, const char *name);
-/* sel[i] = true for tensors[0..n-1] (NULL: all) and every member of their groups */
-int rs_select_groups(ferry_model *m, const int64_t *tensors, int64_t n, bool *sel);
+/* The tensors of the groups of tensors[0..n-1] (NULL: every tensor), each
+ * once, group by group: the list in *out (the caller frees it), its length
+ * in *nt. Costs the groups' size, not the model's. 0 or a negative code
+ * (message on m). */
+int rs_select(ferry_model *m, const int64_t *tensors, int64_t n, int64_t **out, int64_t *nt);
+/* Rebuild m's group index (after groups changed). */
+void rs_group_index(ferry_model *m);
 
 /* ---- evict.c: eviction ---- */
 /* Take the listed device tensors off the device: clean ones dropped, dirty
@@ -315,10 +326,10 @@ int rs_select_groups(ferry_model *m, const int64_t *tensors, int64_t n, bool *se
  * copies run (device to host, the spill file's writes) and the pool grows,
  * s->lock is dropped; the new tiers are committed under it again. */
 int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n);
-/* Wait (lock dropped) until no selected tensor of m (sel NULL: tensor i) is
- * moving (its move is landed), evicting or, with readers, busy. sel NULL
- * and i < 0: every tensor of m, evicting or busy (moves are not landed). */
-void rs_settle(ferry_store *s, ferry_model *m, const bool *sel, int64_t i, bool readers);
+/* Wait (lock dropped) until none of the tensors ti[0..nt-1] of m is moving
+ * (its move is landed), evicting or, with readers, busy. ti NULL: every
+ * tensor of m, evicting or busy (moves are not landed). */
+void rs_settle(ferry_store *s, ferry_model *m, const int64_t *ti, int64_t nt, bool readers);
 /* Flush the spill file (see fy_spill_flush_take): the punching runs with
  * s->lock dropped. */
 void rs_spill_flush(ferry_store *s);

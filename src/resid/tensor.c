@@ -16,7 +16,7 @@ FERRY_API int ferry_model_mark_dirty(ferry_model *m, int64_t t)
     FY_TRY(check_t(m, t));
     char q[256];
     pthread_mutex_lock(&m->s->lock);
-    rs_settle(m->s, m, NULL, t, false); /* a queued move of it lands first, an eviction commits */
+    rs_settle(m->s, m, &t, 1, false); /* a queued move of it lands first, an eviction commits */
     int rc = 0;
     if (m->t[t].tier != FERRY_TIER_DEVICE)
         rc = rs_merr(m, FERRY_E_INVAL, "tensor %s is not on the device (it is in %s)", RS_Q(q, m->t[t].name),
@@ -101,7 +101,7 @@ FERRY_API int ferry_model_read(ferry_model *m, int64_t t, void *buf)
     if (!buf) return FERRY_E_INVAL;
     ferry_store *s = m->s;
     pthread_mutex_lock(&s->lock);
-    rs_settle(s, m, NULL, t, false); /* a queued move lands first, an eviction commits */
+    rs_settle(s, m, &t, 1, false); /* a queued move lands first, an eviction commits */
     rtensor *r = &m->t[t];
     ferry_tier tier = r->tier;
     fy_hostrange h = {buf, r->dptr, r->nbytes};
@@ -146,7 +146,7 @@ FERRY_API int ferry_model_write(ferry_model *m, int64_t t, const void *buf)
     if (!buf) return FERRY_E_INVAL;
     ferry_store *s = m->s;
     pthread_mutex_lock(&s->lock);
-    rs_settle(s, m, NULL, t, false);
+    rs_settle(s, m, &t, 1, false);
     rtensor *r = &m->t[t];
     int rc = 0;
     if (r->tier != FERRY_TIER_DEVICE) {

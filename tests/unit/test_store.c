@@ -1705,24 +1705,37 @@ static void test_evict_unlocked(ferry_ctx *ctx)
     while (!atomic_load(&e.started)) sched_yield();
     fy_sleep_until(fy_now() + 0.02); /* into its copies */
     double worst_stats = 0, worst_room = 0;
-    int probes = 0;
+    int probes = 0, retried = 0;
     while (!atomic_load(&e.done)) {
-        ferry_store_stats st = {.size = sizeof st};
-        double t0 = fy_now();
-        CHECK_EQ(ferry_store_get_stats(s, &st), 0);
-        double t1 = fy_now();
-        uint64_t could = 0;
-        CHECK(ferry_store_make_room(s, 16 << 20, &could) >= 0);
-        double t2 = fy_now();
-        if (atomic_load(&e.done) && probes > 0) break; /* (this probe may have started after the spill) */
-        worst_stats = t1 - t0 > worst_stats ? t1 - t0 : worst_stats;
-        worst_room = t2 - t1 > worst_room ? t2 - t1 : worst_room;
+        double ts = 0, tr = 0;
+        /* a probe slower than the limit is tried again (up to 3 times)
+         * while the spill still runs: this machine may be shared, and a
+         * thread put off the CPU for a while is no lock held (under the
+         * lock, the first try waits for the whole spill, and a slow try
+         * after the spill ended stands) */
+        for (int attempt = 0; attempt < 4; attempt++) {
+            ferry_store_stats st = {.size = sizeof st};
+            double t0 = fy_now();
+            CHECK_EQ(ferry_store_get_stats(s, &st), 0);
+            double t1 = fy_now();
+            uint64_t could = 0;
+            CHECK(ferry_store_make_room(s, 16 << 20, &could) >= 0);
+            double t2 = fy_now();
+            ts = t1 - t0, tr = t2 - t1;
+            if ((ts < limit_ms * 1e-3 && tr < limit_ms * 1e-3) || atomic_load(&e.done)) break;
+            retried++;
+        }
+        if (atomic_load(&e.done) && probes > 0 && ts < limit_ms * 1e-3 && tr < limit_ms * 1e-3)
+            break; /* (this probe may have started after the spill) */
+        worst_stats = ts > worst_stats ? ts : worst_stats;
+        worst_room = tr > worst_room ? tr : worst_room;
         probes++;
         fy_sleep_until(fy_now() + 0.01);
     }
     pthread_join(th, NULL);
-    fprintf(stderr, "evict_unlocked: the spill took %.0f ms; %d probes meanwhile, the slowest stats %.1f ms, "
-                    "make_room %.1f ms\n", e.seconds * 1e3, probes, worst_stats * 1e3, worst_room * 1e3);
+    fprintf(stderr, "evict_unlocked: the spill took %.0f ms; %d probes meanwhile (%d tried again), the slowest "
+                    "stats %.1f ms, make_room %.1f ms\n", e.seconds * 1e3, probes, retried, worst_stats * 1e3,
+            worst_room * 1e3);
     CHECK_EQ(e.rc, 0);
     CHECK(e.seconds > 0.1); /* the spill was slow enough to tell */
     CHECK(probes >= 2);
