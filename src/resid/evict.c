@@ -74,19 +74,6 @@ static void save_undo(ferry_store *s, save *v)
     v->host = NULL;
 }
 
-void rs_settle(ferry_store *s, ferry_model *m, const int64_t *ti, int64_t nt, bool readers)
-{
-    for (bool again = true; again;) {
-        if (ti) rs_land_moving(s, m, ti, nt);
-        again = false;
-        for (int64_t k = 0; k < (ti ? nt : m->n) && !again; k++) {
-            const rtensor *t = &m->t[ti ? ti[k] : k];
-            again = t->evicting || (readers && t->busy);
-        }
-        if (again) pthread_cond_wait(&s->landed, &s->lock); /* (broadcast when an eviction commits, a read ends) */
-    }
-}
-
 void rs_spill_flush(ferry_store *s)
 {
     fy_range *r = NULL;

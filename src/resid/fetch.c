@@ -15,21 +15,6 @@
 
 #include "store_impl.h"
 
-/* A pending "release after stream": the hold of tensor t drops once f is done. */
-struct rs_release {
-    struct rs_release *next;
-    rtensor *t;       /* NULL once deferred (in s->reuse) */
-    fy_xfer_fence *f;
-    bool laned;       /* in s->reuse: the lane waits for it already */
-};
-
-static void op_fail(ferry_op *op, ferry_store *s, int rc)
-{
-    if (op->rc < 0 || rc >= 0) return;
-    op->rc = rc;
-    snprintf(op->msg, sizeof op->msg, "%s", ferry_device_errmsg(s->dev));
-}
-
 /* Read the tensors a move caches from their checkpoints into their pinned
  * buffers (the lock dropped; the buffers are the op's until it lands), in
  * pieces shared by a few threads: one thread's pread from the page cache is
@@ -102,176 +87,6 @@ static void read_cached(ferry_op *op, ferry_store *s, ferry_model *m, const int6
     fy_free(s->m, c.start);
 }
 
-/* Commit (rc == 0: the device copies are the ones now) or roll back (the
- * tensors stay where they were; nothing was lost: their old copies were kept). */
-static void op_commit(ferry_store *s, ferry_op *op)
-{
-    ferry_model *m = op->m;
-    if (op->rc == 0) fy_spill_hold(s->spill); /* freed ranges stay for the next spill (see below) */
-    for (int64_t k = 0; k < op->nt; k++) {
-        rtensor *t = &m->t[op->ti[k]];
-        if (t->moving != op) continue;
-        t->moving = NULL;
-        if (op->rc < 0) {
-            if (t->dptr) rs_dev_free(s, t);
-            if (t->caching) { /* the cache copy it was filling goes (the tensor stays in SOURCE) */
-                rs_cache_buffer_free(s, t);
-                t->caching = false;
-            }
-            continue;
-        }
-        if (t->nbytes == 0) t->dptr = 0;
-        /* (a dirty tensor's saved copy is not kept as a cache: the caller may
-         * change it in place again without marking it, as ferry.h allows) */
-        if (t->caching) { /* its pinned copy stays beside the device copy, unless a re-plan
-                             made the block resident meanwhile */
-            t->caching = false;
-            if (rs_wants_cache(m, t)) t->cached = true;
-            else rs_cache_buffer_free(s, t);
-        } else if (!t->cached) {
-            rs_release_copy(s, t); /* the device copy is now the one */
-        } else if (!rs_wants_cache(m, t)) {
-            rs_uncache(s, t); /* its cache was switched off (or its block made resident) while it moved */
-        }
-        t->tier = FERRY_TIER_DEVICE;
-    }
-    if (op->rc < 0) {
-        rs_merr(m, op->rc, "%s", op->msg);
-        return;
-    }
-    s->c.htod += op->moved;
-    s->c.read += op->read;
-    s->c.s_htod += fy_now() - op->t0;
-}
-
-/* Land a QUEUED op now: one thread waits for its copies (lock dropped), then
- * commits. Only its owner frees it, and not before it is LANDED. */
-static void land_now(ferry_store *s, ferry_op *op)
-{
-    op->state = OP_LANDING;
-    fy_xfer_op *x = op->xop;
-    op->xop = NULL; /* fy_xfer_op_wait frees it: nobody may look at it meanwhile */
-    if (x) {
-        pthread_mutex_unlock(&s->lock);
-        int rc = fy_xfer_op_wait(x);
-        pthread_mutex_lock(&s->lock);
-        if (rc < 0) op_fail(op, s, rc);
-    }
-    op_commit(s, op);
-    op->state = OP_LANDED;
-    pthread_cond_broadcast(&s->landed);
-}
-
-/* The owner's landing (ferry_op_wait, the store's free): op stays valid. */
-void rs_op_land(ferry_store *s, ferry_op *op)
-{
-    while (op->state == OP_MOVING || op->state == OP_LANDING) pthread_cond_wait(&s->landed, &s->lock);
-    if (op->state == OP_QUEUED) land_now(s, op);
-}
-
-void rs_land_moving(ferry_store *s, ferry_model *m, const int64_t *ti, int64_t nt)
-{
-    /* Another thread's op may be freed by its owner the moment it has landed,
-     * so after any wait only the tensors are looked at again, never the op;
-     * and landing drops the lock, so meanwhile another move may have been
-     * queued: start over until one pass finds none. */
-    for (bool again = true; again;) {
-        again = false;
-        for (int64_t k = 0; k < nt && !again; k++) {
-            ferry_op *op = m->t[ti[k]].moving;
-            if (!op) continue;
-            if (op->state == OP_QUEUED) land_now(s, op);
-            else pthread_cond_wait(&s->landed, &s->lock); /* being moved or landed by someone else */
-            again = true;
-        }
-    }
-}
-
-/* Free the entries of a release list whose fences are done (wait: after
- * waiting for each), dropping the hold of each that still has one (those of
- * s->releases; a deferred one's went already). Returns the holds dropped. */
-static int64_t reap_list(ferry_store *s, struct rs_release **head, bool wait)
-{
-    int64_t dropped = 0;
-    for (struct rs_release **p = head; *p;) {
-        struct rs_release *r = *p;
-        int q = fy_xfer_fence_query(r->f);
-        if (q == 0 && wait) {
-            q = fy_xfer_fence_wait(r->f) < 0 ? -1 : 1;
-            s->c.fence_waits++;
-        }
-        if (q == 0) {
-            p = &r->next;
-            continue;
-        }
-        /* done, or the fence failed: a failed event says nothing more will
-         * come of it, so the hold goes either way rather than forever */
-        if (r->t) {
-            if (r->t->holds > 0) r->t->holds--;
-            dropped++;
-        }
-        *p = r->next;
-        fy_xfer_fence_free(r->f);
-        fy_free(s->m, r);
-    }
-    return dropped;
-}
-
-int64_t rs_reap_releases(ferry_store *s, bool wait)
-{
-    int64_t dropped = reap_list(s, &s->releases, wait);
-    if (s->reuse) reap_list(s, &s->reuse, false);
-    return dropped;
-}
-
-int64_t rs_defer_releases(ferry_store *s)
-{
-    int64_t n = 0;
-    for (struct rs_release **p = &s->releases; *p;) {
-        struct rs_release *r = *p;
-        rtensor *t = r->t;
-        /* the whole group: a hold of one member keeps all of them (the
-         * PyTorch hooks hold a block by its leader), and evicting a dirty
-         * one reads it back */
-        const ferry_model *om = t->owner;
-        bool clean = true;
-        for (int64_t j = om->gat[t->group]; j < om->gat[t->group] + om->gcnt[t->group] && clean; j++) {
-            const rtensor *u = &om->t[om->gmem[j]];
-            if (u->dirty || u->moving || u->tier != FERRY_TIER_DEVICE) clean = false;
-        }
-        if (!clean) {
-            p = &r->next;
-            continue;
-        }
-        if (t->holds > 0) t->holds--;
-        *p = r->next;
-        r->t = NULL;
-        r->laned = false;
-        r->next = s->reuse;
-        s->reuse = r;
-        n++;
-    }
-    return n;
-}
-
-void rs_reuse_wait_all(ferry_store *s) { reap_list(s, &s->reuse, true); }
-
-int rs_reuse_order(ferry_store *s, bool lane)
-{
-    reap_list(s, &s->reuse, !lane);
-    for (struct rs_release *r = s->reuse; r && lane; r = r->next) {
-        if (r->laned) continue;
-        int rc = fy_xfer_lane_wait(s->dev, r->f);
-        if (rc < 0) { /* the host waits instead */
-            reap_list(s, &s->reuse, true);
-            return rc;
-        }
-        r->laned = true;
-        s->c.fence_orders++;
-    }
-    return 0;
-}
-
 /* The transfers of a MOVING op, with the lock dropped: the moving tensors'
  * old copies (their file ranges, host copies, spill ranges) cannot go
  * meanwhile. Then QUEUED: others may land it. */
@@ -280,7 +95,7 @@ static void run_transfers(ferry_store *s, ferry_op *op)
     ferry_model *m = op->m;
     int64_t *idx = op->idx;
     uint64_t *dp = op->dp;
-    op_fail(op, s, fy_xfer_bind(s->dev)); /* (the mover's thread) */
+    rs_op_fail(op, s, fy_xfer_bind(s->dev)); /* (the mover's thread) */
     if (op->rc == 0) read_cached(op, s, m, idx, op->nc);
     uint64_t cached_read = op->read;
     /* Streamed blocks are read with pread, never through a mapping of the
@@ -303,12 +118,12 @@ static void run_transfers(ferry_store *s, ferry_op *op)
                 op->moved += t->nbytes;
             }
         }
-        if (cnt) op_fail(op, s, ferry_load_into(s->dev, m->files[k], idx, dp, cnt, &lo, NULL));
+        if (cnt) rs_op_fail(op, s, ferry_load_into(s->dev, m->files[k], idx, dp, cnt, &lo, NULL));
     }
     op->read = op->moved + cached_read;
     if (op->rc == 0 && op->nf)
-        op_fail(op, s, fy_xfer_fd_to_device(s->dev, op->spill_fd, s->spill_dir, op->fr, op->nf, &s->load, NULL, NULL));
-    if (op->rc == 0 && op->nh) op_fail(op, s, fy_xfer_host_to_device(s->dev, op->hr, op->nh, &op->xop)); /* queued */
+        rs_op_fail(op, s, fy_xfer_fd_to_device(s->dev, op->spill_fd, s->spill_dir, op->fr, op->nf, &s->load, NULL, NULL));
+    if (op->rc == 0 && op->nh) rs_op_fail(op, s, fy_xfer_host_to_device(s->dev, op->hr, op->nh, &op->xop)); /* queued */
     rs_pin_yield(s, -1); /* taken in queue_moves, before the allocations */
     for (int64_t i = 0; i < op->nh; i++) op->moved += op->hr[i].len;
     for (int64_t i = 0; i < op->nf; i++) op->moved += op->fr[i].len, op->read += op->fr[i].len;
@@ -557,17 +372,6 @@ FERRY_API int ferry_model_to_device_async(ferry_model *m, const int64_t *tensors
     return queue_moves(m, tensors, n, true, op);
 }
 
-void rs_op_free(ferry_store *s, ferry_op *op)
-{
-    for (ferry_op **p = &s->ops; *p; p = &(*p)->next)
-        if (*p == op) {
-            *p = op->next;
-            break;
-        }
-    fy_free(s->m, op->ti);
-    fy_free(s->m, op);
-}
-
 FERRY_API int ferry_op_wait(ferry_op *op)
 {
     if (!op) return FERRY_E_INVAL;
@@ -616,38 +420,4 @@ FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int6
     ferry_op *op = NULL;
     FY_TRY(queue_moves(m, tensors, n, false, &op));
     return ferry_op_wait(op);
-}
-
-FERRY_API int ferry_model_release_after(ferry_model *m, int64_t t, uint64_t cu_stream)
-{
-    if (!m || t >= m->n) return FERRY_E_INVAL;
-    ferry_store *s = m->s;
-    pthread_mutex_lock(&s->lock);
-    int rc = 0;
-    for (int64_t i = t < 0 ? 0 : t; i < (t < 0 ? m->n : t + 1) && rc == 0; i++) {
-        rtensor *r = &m->t[i];
-        int64_t pending = 0;
-        for (struct rs_release *x = s->releases; x; x = x->next) pending += x->t == r;
-        char q[256];
-        if (r->holds - pending <= 0) {
-            rc = rs_merr(m, FERRY_E_INVAL, "tensor %s is not in use (released more often than held)", RS_Q(q, r->name));
-            break;
-        }
-        struct rs_release *x = fy_calloc(s->m, 1, sizeof *x);
-        if (!x) {
-            rc = rs_merr(m, -ENOMEM, "ferry_model_release_after: out of memory (%zu bytes)", sizeof *x);
-            break;
-        }
-        if ((rc = fy_xfer_fence_new(s->dev, cu_stream, &x->f)) < 0) {
-            fy_free(s->m, x);
-            rs_device_failed(s, m, rc);
-            break;
-        }
-        x->t = r;
-        x->next = s->releases;
-        s->releases = x;
-    }
-    rs_reap_releases(s, false); /* a fence on a finished stream: the hold goes now */
-    pthread_mutex_unlock(&s->lock);
-    return rc;
 }

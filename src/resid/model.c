@@ -12,32 +12,6 @@
 
 /* ---- models ---- */
 
-int rs_merr(ferry_model *m, int code, const char *fmt, ...)
-{
-    char body[FY_ERRMSG_MAX], q[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(body, sizeof body, fmt, ap);
-    va_end(ap);
-    return fy_seterr(&m->err, code, "model %s: %s", RS_Q(q, m->name), body);
-}
-
-int rs_model_failed(ferry_model *m, int rc)
-{
-    char msg[FY_ERRMSG_MAX];
-    fy_err_copy(&m->s->err, msg, sizeof msg);
-    fy_err_adopt(&m->err, msg);
-    return rc;
-}
-
-int rs_device_failed(ferry_store *s, ferry_model *m, int rc)
-{
-    const char *msg = ferry_device_errmsg(s->dev);
-    fy_err_adopt(&s->err, msg);
-    if (m) fy_err_adopt(&m->err, msg);
-    return rc;
-}
-
 FERRY_API const char *ferry_model_errmsg(ferry_model *m) { return m ? fy_err_public(&m->err) : ""; }
 
 static int cmp_tname(const void *a, const void *b, void *arg)
@@ -308,58 +282,5 @@ FERRY_API int ferry_model_set_pinned_cache(ferry_model *m, int on)
     }
     pthread_mutex_unlock(&s->lock);
     rs_chunks_drop(s, idle, nidle); /* (unpinned with the lock dropped) */
-    return 0;
-}
-
-
-void rs_group_index(ferry_model *m)
-{
-    memset(m->gcnt, 0, (size_t)m->n * sizeof *m->gcnt);
-    for (int64_t i = 0; i < m->n; i++) m->gcnt[m->t[i].group]++;
-    int64_t at = 0;
-    for (int64_t g = 0; g < m->n; g++) {
-        m->gat[g] = at;
-        at += m->gcnt[g];
-    }
-    memset(m->gcnt, 0, (size_t)m->n * sizeof *m->gcnt);
-    for (int64_t i = 0; i < m->n; i++) {
-        int64_t g = m->t[i].group;
-        m->gmem[m->gat[g] + m->gcnt[g]++] = i;
-    }
-}
-
-int rs_select(ferry_model *m, const int64_t *tensors, int64_t n, int64_t **out, int64_t *nt)
-{
-    *out = NULL;
-    *nt = 0;
-    int64_t cnt = tensors ? 0 : m->n;
-    uint64_t stamp = ++m->gstamp;
-    for (int64_t k = 0; tensors && k < n; k++) {
-        if (tensors[k] < 0 || tensors[k] >= m->n)
-            return rs_merr(m, FERRY_E_INVAL, "tensor index %" PRId64 " out of range (%" PRId64 " tensors)",
-                           tensors[k], m->n);
-        int64_t g = m->t[tensors[k]].group;
-        if (m->gmark[g] != stamp) {
-            m->gmark[g] = stamp;
-            cnt += m->gcnt[g];
-        }
-    }
-    int64_t *v = fy_malloc(m->s->m, (size_t)(cnt ? cnt : 1) * sizeof *v);
-    if (!v) return rs_merr(m, -ENOMEM, "out of memory for a list of %" PRId64 " tensors", cnt);
-    if (!tensors) {
-        for (int64_t i = 0; i < m->n; i++) v[i] = i;
-    } else {
-        stamp = ++m->gstamp;
-        cnt = 0;
-        for (int64_t k = 0; k < n; k++) {
-            int64_t g = m->t[tensors[k]].group;
-            if (m->gmark[g] == stamp) continue;
-            m->gmark[g] = stamp;
-            memcpy(&v[cnt], &m->gmem[m->gat[g]], (size_t)m->gcnt[g] * sizeof *v);
-            cnt += m->gcnt[g];
-        }
-    }
-    *out = v;
-    *nt = cnt;
     return 0;
 }

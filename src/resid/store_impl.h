@@ -206,8 +206,13 @@ struct ferry_op {
     struct ferry_op *mnext; /* in the mover's queue */
 };
 
+/* ---- fetch.c: queueing moves, their transfers, the mover ---- */
 /* Stop the mover thread (after every queued move has landed). */
 void rs_mover_stop(ferry_store *s);
+
+/* ---- land.c: landing moves; waiting for a tensor's marks to clear ---- */
+/* The first error of op's moves, with the device's message. */
+void rs_op_fail(struct ferry_op *op, ferry_store *s, int rc);
 /* Land op (its copies done, the tensors' tiers committed or rolled back),
  * waiting for its copies with the lock dropped; idempotent. */
 void rs_op_land(ferry_store *s, struct ferry_op *op);
@@ -215,6 +220,12 @@ void rs_op_land(ferry_store *s, struct ferry_op *op);
 void rs_op_free(ferry_store *s, struct ferry_op *op);
 /* Land every move of the tensors ti[0..nt-1] of m. */
 void rs_land_moving(ferry_store *s, ferry_model *m, const int64_t *ti, int64_t nt);
+/* Wait (lock dropped) until none of the tensors ti[0..nt-1] of m is moving
+ * (its move is landed), evicting or, with readers, busy. ti NULL: every
+ * tensor of m, evicting or busy (moves are not landed). */
+void rs_settle(ferry_store *s, ferry_model *m, const int64_t *ti, int64_t nt, bool readers);
+
+/* ---- releases.c: holds dropped after a stream, fences of reused memory ---- */
 /* Drop the holds whose streams are done; wait: also wait for the rest.
  * Returns the holds dropped. */
 int64_t rs_reap_releases(ferry_store *s, bool wait);
@@ -233,6 +244,7 @@ int64_t rs_defer_releases(ferry_store *s);
 int rs_reuse_order(ferry_store *s, bool lane);
 void rs_reuse_wait_all(ferry_store *s);
 
+/* ---- errors.c: messages ---- */
 /* Messages name models and tensors one way everywhere: JSON-quoted
  * (model "dit", tensor "blocks.3.w"), so a hostile name cannot break the line. */
 #define RS_Q(buf, name) fy_quote((buf), sizeof(buf), (name))
@@ -307,7 +319,7 @@ void rs_dev_free(ferry_store *s, rtensor *t);
 /* Every segment back to the driver (the store is going). */
 void rs_dev_release_all(ferry_store *s);
 
-/* ---- model.c: models and groups ---- */
+/* ---- model.c, groups.c: the model catalogue ---- */
 void rs_model_free(ferry_model *m);
 ferry_model *rs_find_model(ferry_store *s, const char *name);
 /* The tensors of the groups of tensors[0..n-1] (NULL: every tensor), each
@@ -326,10 +338,6 @@ void rs_group_index(ferry_model *m);
  * copies run (device to host, the spill file's writes) and the pool grows,
  * s->lock is dropped; the new tiers are committed under it again. */
 int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n);
-/* Wait (lock dropped) until none of the tensors ti[0..nt-1] of m is moving
- * (its move is landed), evicting or, with readers, busy. ti NULL: every
- * tensor of m, evicting or busy (moves are not landed). */
-void rs_settle(ferry_store *s, ferry_model *m, const int64_t *ti, int64_t nt, bool readers);
 /* Flush the spill file (see fy_spill_flush_take): the punching runs with
  * s->lock dropped. */
 void rs_spill_flush(ferry_store *s);
@@ -349,11 +357,13 @@ int64_t rs_make_room_ex(ferry_store *s, uint64_t bytes, ferry_model *pm, const b
 /* Evict down to the device budget (after it shrank): 0 or FERRY_E_BUDGET. */
 int rs_fit_budget(ferry_store *s);
 
-/* ---- stream.c: plans and the pinned copies of streamed blocks ---- */
+/* ---- stream.c: plans ---- */
 /* Re-plan every model planned against the store's budget (after it changed). */
 void rs_replan(ferry_store *s);
 /* Free the plan of m (on removal). */
 void rs_plan_free(ferry_store *s, ferry_model *m);
+
+/* ---- cache.c: cache admission of clean pinned copies ---- */
 /* Does t keep a clean pinned copy when it is read from its checkpoint? (a
  * streamed block: its plan's pinned_cache; else its model's) */
 bool rs_wants_cache(const ferry_model *m, const rtensor *t);
