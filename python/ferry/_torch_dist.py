@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from . import _core
 from ._lib import lib
-from ._torch_load import _by_name, _cuda_index, _empty, _shape_view, _sync, dtype_for
+from ._torch_tensors import _by_name, _cuda_index, _empty, _shape_view, _sync, dtype_for
 
 # Each storage starts at a multiple of this in its rank's buffer (and each
 # buffer's length is one): any dtype's view of a whole buffer is then legal

@@ -1,5 +1,6 @@
 /* evict.c - eviction: dirty tensors saved by the host policy (pinned pool,
- * RAM or the spill file), clean ones dropped; make_room's choice of groups. */
+ * RAM or the spill file), clean ones dropped, in two phases around copies
+ * that run with the store's lock dropped; make_room's choice of groups. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
@@ -9,7 +10,7 @@
 
 #include "store_impl.h"
 
-/* ---- eviction (under the lock) ---- */
+/* ---- eviction ---- */
 
 /* Give back the spill ranges fr[0..n-1] reserved by spill_reserve, last
  * first, so that the spill file is as it was before them. */
@@ -21,10 +22,12 @@ static void spill_unreserve(ferry_store *s, const fy_fdrange *fr, int64_t n)
 /* Reserve the spill ranges of fr[0..n-1] (their offsets filled in), all or
  * nothing: the batch's whole need is checked against the file system's free
  * space before any of it is reserved, and when a reservation still fails,
- * those made before it are given back before returning. (Issue 15: a batch of
- * 153 MiB on a 64 MiB file system reserved 47 MiB for its first 37 tensors and
- * kept it after failing, leaving 2.9 MB free for everyone else.) The message
- * gives the batch's total, not the part still unreserved. */
+ * those made before it are given back before returning (a batch of 153 MiB
+ * on a 64 MiB file system once reserved 47 MiB for its first 37 tensors and
+ * kept it after failing, leaving 2.9 MB free for everyone else). The message
+ * gives the batch's total, not the part still unreserved. Runs under the
+ * lock: fallocate takes the blocks (file system bookkeeping, no data
+ * written); the writes follow with the lock dropped. */
 static int spill_reserve(ferry_store *s, fy_fdrange *fr, int64_t n)
 {
     uint64_t total = 0;
@@ -51,118 +54,177 @@ static int spill_reserve(ferry_store *s, fy_fdrange *fr, int64_t n)
     return rc;
 }
 
-/* Take the listed device tensors off the device: clean ones dropped; dirty
- * ones saved by the host policy. A tensor whose save failed stays on the
- * device. Returns 0 or the first error. */
+/* A dirty tensor's save: where it goes, and its copy there. */
+typedef struct save {
+    rtensor *t;
+    ferry_tier tier; /* PINNED, HOST or SPILL */
+    void *host;
+    uint64_t off;    /* SPILL: its range in the spill file */
+} save;
+
+/* Give back the host copy a save had taken (its tensor's tier untouched). */
+static void save_undo(ferry_store *s, save *v)
+{
+    if (v->tier == FERRY_TIER_PINNED) {
+        rs_pool_free(s, v->host, v->t->nbytes);
+    } else if (v->tier == FERRY_TIER_HOST) {
+        fy_free(s->m, v->host);
+        s->host_used -= v->t->nbytes;
+    }
+    v->host = NULL;
+}
+
+void rs_spill_flush(ferry_store *s)
+{
+    fy_range *r = NULL;
+    size_t n = 0;
+    if (!s->spill || fy_spill_flush_take(s->spill, &r, &n) < 0 || !r) return;
+    pthread_mutex_unlock(&s->lock);
+    fy_spill_punch(fy_spill_fd(s->spill), r, n);
+    pthread_mutex_lock(&s->lock);
+    fy_spill_flush_give(s->spill, r, n);
+}
+
+/* Take the listed device tensors off the device, in three steps. Marking,
+ * under the lock: each is marked evicting (nobody else moves, frees or
+ * evicts it), each dirty one's destination chosen by the host policy and
+ * its room taken (the pool may grow, the lock dropped meanwhile; the host's
+ * available memory is read with it dropped too). Copying, with the lock
+ * dropped: device to host, and to the spill file. Committing, under the
+ * lock: the new tiers, or, for a copy that failed, its room given back and
+ * the tensor left on the device (nothing is lost: the device copy is freed
+ * only here); a group whose dirty member could not be saved stays whole.
+ * Returns 0 or the first error. */
 int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
 {
     const ferry_allocator *m = s->m;
     int rc = fy_xfer_bind(s->dev);
     if (rc < 0) return rs_device_failed(s, NULL, rc);
-    /* decide each dirty tensor's destination */
-    fy_hoststate h = {.host_budget = s->o.host_budget, .host_used = s->host_used + s->pinned_used,
-                      .pinned_budget = s->o.pinned_budget, .pinned_used = s->pinned_used,
-                      .spill_below = s->o.spill_below, .spill_above = s->o.spill_above, .spilling = s->spilling};
     bool need_avail = false;
     uint64_t dirty = 0;
-    for (int64_t k = 0; k < n; k++)
+    for (int64_t k = 0; k < n; k++) {
+        ts[k]->evicting = true;
         if (ts[k]->dirty) need_avail = true, dirty += ts[k]->nbytes;
+    }
+    s->evicting += n;
     /* a dirty tensor is read back on the store's streams: not before the
      * kernels of releases deferred meanwhile, which may still change it in
      * place (a group held by one member; a tensor marked dirty afterwards) */
     if (dirty && s->reuse) rs_reuse_wait_all(s);
+    uint64_t avail = 0;
+    if (need_avail) { /* (a cgroup read: with the lock dropped, the tensors marked) */
+        pthread_mutex_unlock(&s->lock);
+        if (fy_host_available(&avail, NULL, 0) < 0) avail = 0; /* unknown: spill */
+        pthread_mutex_lock(&s->lock);
+    }
     /* dirty bytes come before clean copies kept for speed: make them room */
     if (dirty && s->cache_used &&
-        (h.host_used + dirty > h.host_budget || h.pinned_used + dirty > h.pinned_budget)) {
+        (s->host_used + s->pinned_used + dirty > s->o.host_budget || s->pinned_used + dirty > s->o.pinned_budget))
         rs_uncache_bytes(s, dirty);
-        h.host_used = s->host_used + s->pinned_used;
-        h.pinned_used = s->pinned_used;
-    }
-    if (need_avail && fy_host_available(&h.available, NULL, 0) < 0) h.available = 0; /* unknown: spill */
+    fy_hoststate h = {.host_budget = s->o.host_budget, .host_used = s->host_used + s->pinned_used,
+                      .pinned_budget = s->o.pinned_budget, .pinned_used = s->pinned_used,
+                      .spill_below = s->o.spill_below, .spill_above = s->o.spill_above, .spilling = s->spilling,
+                      .available = avail};
+    save *sv = fy_calloc(m, (size_t)(n ? n : 1), sizeof *sv);
     fy_hostrange *hr = fy_calloc(m, (size_t)(n ? n : 1), sizeof *hr);
-    rtensor **hrt = fy_calloc(m, (size_t)(n ? n : 1), sizeof *hrt);
     fy_fdrange *fr = fy_calloc(m, (size_t)(n ? n : 1), sizeof *fr);
-    rtensor **frt = fy_calloc(m, (size_t)(n ? n : 1), sizeof *frt);
-    int64_t nh = 0, nf = 0;
-    if (!hr || !hrt || !fr || !frt) {
+    int64_t nsv = 0, nh = 0, nf = 0;
+    if (!sv || !hr || !fr) {
         rc = fy_seterr(&s->err, -ENOMEM, "evicting: out of memory for the lists of %" PRId64 " tensors", n);
         goto out;
     }
+    /* ---- marking: each dirty tensor's destination and its room there ---- */
     for (int64_t k = 0; k < n; k++) {
         rtensor *t = ts[k];
         if (!t->dirty || t->nbytes == 0) continue; /* an empty tensor has nothing to save */
         fy_dest d = fy_policy_dest(&h, t->nbytes);
-        void *p = NULL;
+        save *v = &sv[nsv];
+        *v = (save){.t = t};
         if (d == FY_DEST_PINNED) {
-            if (rs_pool_alloc(s, t->nbytes, &p) == 0) {
-                t->host = p;
-                t->tier = FERRY_TIER_PINNED; /* provisional: undone on failure */
+            if (rs_pool_alloc(s, t->nbytes, &v->host) == 0) { /* (may pin, the lock dropped) */
+                v->tier = FERRY_TIER_PINNED;
                 h.pinned_used += t->nbytes;
-                h.host_used += t->nbytes;
-                h.available = h.available > t->nbytes ? h.available - t->nbytes : 0;
-                hr[nh] = (fy_hostrange){p, t->dptr, t->nbytes};
-                hrt[nh++] = t;
-                continue;
-            }
-            d = FY_DEST_HOST; /* pool could not grow: pageable */
-        }
-        if (d == FY_DEST_HOST) {
-            if ((p = fy_malloc(m, (size_t)t->nbytes)) != NULL) {
-                t->host = p;
-                t->tier = FERRY_TIER_HOST;
-                s->host_used += t->nbytes;
-                h.host_used += t->nbytes;
-                h.available = h.available > t->nbytes ? h.available - t->nbytes : 0;
-                hr[nh] = (fy_hostrange){p, t->dptr, t->nbytes};
-                hrt[nh++] = t;
-                continue;
+            } else {
+                d = FY_DEST_HOST; /* pool could not grow: pageable */
             }
         }
-        frt[nf] = t;
-        fr[nf++] = (fy_fdrange){0, t->nbytes, t->dptr};
+        if (d == FY_DEST_HOST && (v->host = fy_malloc(m, (size_t)t->nbytes)) != NULL) {
+            v->tier = FERRY_TIER_HOST;
+            s->host_used += t->nbytes;
+        }
+        if (v->host) {
+            h.host_used += t->nbytes;
+            h.available = h.available > t->nbytes ? h.available - t->nbytes : 0;
+            hr[nh++] = (fy_hostrange){v->host, t->dptr, t->nbytes};
+        } else {
+            v->tier = FERRY_TIER_SPILL;
+        }
+        nsv++;
     }
+    /* the host copies first (as hr), then the spills (as fr), each in order */
+    for (int64_t k = 0; k < nsv; k++)
+        if (sv[k].tier == FERRY_TIER_SPILL) fr[nf++] = (fy_fdrange){0, sv[k].t->nbytes, sv[k].t->dptr};
     s->spilling = h.spilling;
-    /* RAM copies */
-    double t0 = fy_now();
-    rs_pin_yield(s, +1);
-    if (nh) {
-        rc = fy_xfer_device_to_host(s->dev, hr, nh, NULL);
-        if (rc < 0) {
-            rs_device_failed(s, NULL, rc);
-            for (int64_t k = 0; k < nh; k++) {
-                rs_release_copy(s, hrt[k]);
-                hrt[k]->tier = FERRY_TIER_DEVICE;
-            }
-            nh = 0;
-        }
-    }
     /* spills: reserve everything first, so a spill never fails half-way for
      * space; a failed batch gives back all it reserved */
     bool spilled = false; /* the spill file was used: flush it below */
-    if (rc == 0 && nf) {
-        if (!s->spill) rc = fy_spill_open(s->spill_dir, s->m, &s->err, &s->spill);
-        if (rc == 0) {
+    int src = 0;          /* the spill's error (the host copies go on without it) */
+    if (nf) {
+        if (!s->spill) src = fy_spill_open(s->spill_dir, s->m, &s->err, &s->spill);
+        if (src == 0) {
             spilled = true;
-            rc = spill_reserve(s, fr, nf);
-            if (rc == 0) {
-                rc = fy_xfer_device_to_fd(s->dev, fy_spill_fd(s->spill), s->spill_dir, fr, nf, &s->load, NULL);
-                if (rc < 0) {
-                    rs_device_failed(s, NULL, rc);
-                    spill_unreserve(s, fr, nf);
-                }
-            }
-        }
-        if (rc < 0) {
-            nf = 0;
-        } else {
-            for (int64_t k = 0; k < nf; k++) {
-                frt[k]->tier = FERRY_TIER_SPILL;
-                frt[k]->soff = fr[k].off;
-                s->c.written += fr[k].len;
-            }
+            fy_spill_hold(s->spill); /* ranges released meanwhile are punched by the flush below */
+            src = spill_reserve(s, fr, nf);
         }
     }
+    int fd = s->spill ? fy_spill_fd(s->spill) : -1;
+    /* ---- copying, with the lock dropped ---- */
+    char hmsg[FY_ERRMSG_MAX] = "", fmsg[FY_ERRMSG_MAX] = "";
+    int hrc = 0, frc = 0;
+    double t0 = fy_now();
+    rs_pin_yield(s, +1);
+    pthread_mutex_unlock(&s->lock);
+    if (nh && (hrc = fy_xfer_device_to_host(s->dev, hr, nh, NULL)) < 0)
+        snprintf(hmsg, sizeof hmsg, "%s", ferry_device_errmsg(s->dev));
+    if (nf && src == 0 && hrc == 0 && (frc = fy_xfer_device_to_fd(s->dev, fd, s->spill_dir, fr, nf, &s->load, NULL)) < 0)
+        snprintf(fmsg, sizeof fmsg, "%s", ferry_device_errmsg(s->dev));
+    pthread_mutex_lock(&s->lock);
     rs_pin_yield(s, -1);
+    double dt = fy_now() - t0;
+    /* ---- committing ---- */
+    if (hrc < 0) {
+        rc = hrc;
+        fy_err_adopt(&s->err, hmsg);
+    }
+    if (src < 0) {
+        rc = rc < 0 ? rc : src;
+    } else if (frc < 0 || (nf && hrc < 0)) { /* (after failed host copies the spill does not run) */
+        if (frc < 0) {
+            rc = rc < 0 ? rc : frc;
+            fy_err_adopt(&s->err, fmsg);
+        }
+        spill_unreserve(s, fr, nf);
+        frc = frc < 0 ? frc : hrc;
+    }
+    for (int64_t k = 0, q = 0; k < nsv; k++) {
+        save *v = &sv[k];
+        if (v->tier == FERRY_TIER_SPILL) {
+            if (src == 0 && frc == 0) {
+                v->off = fr[q].off;
+                s->c.written += fr[q].len;
+            } else {
+                v->tier = FERRY_TIER_DEVICE; /* not saved: it stays */
+            }
+            q++;
+        } else if (hrc < 0) {
+            save_undo(s, v);
+            v->tier = FERRY_TIER_DEVICE;
+        }
+        if (v->tier == FERRY_TIER_DEVICE) continue;
+        v->t->tier = v->tier;
+        v->t->host = v->host;
+        v->t->soff = v->off;
+    }
     /* A group moves together: when a dirty member could not be saved, the
      * whole group stays on the device (its saved members' copies dropped). */
     int64_t nkeep = 0;
@@ -184,15 +246,11 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
             t->keep = true;
         }
     }
-    /* after a spill, what it did not reuse goes back to the file system
-     * (freed ranges held for reuse, those of members undone just above);
-     * after a failed one too: its file system is the one short of space */
-    if (spilled) fy_spill_flush(s->spill);
-    double dt = fy_now() - t0;
     /* free device memory of what left: the dropped clean ones and the saved dirty ones */
     uint64_t moved = 0;
     for (int64_t k = 0; k < n; k++) {
         rtensor *t = ts[k];
+        t->evicting = false;
         if (t->keep) { /* its group could not leave whole: it stays */
             t->keep = false;
             continue;
@@ -208,13 +266,26 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
         rs_dev_free(s, t);
         s->c.evicted++;
     }
+    s->evicting -= n;
+    n = 0; /* (committed: out must not unmark them again) */
     s->c.dtoh += moved;
     s->c.s_dtoh += dt;
+    pthread_cond_broadcast(&s->landed);
+    /* after a spill, what it did not reuse goes back to the file system
+     * (freed ranges held for reuse, those of members undone just above);
+     * after a failed one too: its file system is the one short of space.
+     * (The punching runs with the lock dropped.) */
+    if (spilled) rs_spill_flush(s);
 out:
+    if (n) { /* nothing was copied: unmark */
+        for (int64_t k = 0; k < nsv; k++) save_undo(s, &sv[k]);
+        for (int64_t k = 0; k < n; k++) ts[k]->evicting = false;
+        s->evicting -= n;
+        pthread_cond_broadcast(&s->landed);
+    }
+    fy_free(m, sv);
     fy_free(m, hr);
-    fy_free(m, hrt);
     fy_free(m, fr);
-    fy_free(m, frt);
     return rc;
 }
 
@@ -299,6 +370,13 @@ static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, c
                               uint64_t *could)
 {
     uint64_t room = rs_room_now(s);
+    /* short of room while other evictions copy with the lock dropped: the
+     * room they make is coming; wait for them (not for the asking when there
+     * is room: a call that needs nothing never waits for another's copies) */
+    while (bytes != UINT64_MAX && bytes > room && s->evicting > 0) {
+        pthread_cond_wait(&s->landed, &s->lock);
+        room = rs_room_now(s);
+    }
     uint64_t need = bytes == UINT64_MAX ? UINT64_MAX : (bytes > room ? bytes - room : 0);
     if (could) *could = 0;
     if (need == 0) return 0;
@@ -343,7 +421,8 @@ static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, c
             int64_t lo = cof[u->group]; /* a group id is its leader's index, which has a candidate */
             if (u->tier == FERRY_TIER_DEVICE) c[lo].bytes += u->nbytes;
             /* a group with a member still landing stays whole: not a candidate */
-            if (u->holds || u->moving || (m == pm && prot && prot[q])) c[lo].protect = true;
+            if (u->holds || u->moving || u->evicting || u->busy || u->wanted || (m == pm && prot && prot[q]))
+                c[lo].protect = true;
             if (spare && m == pm && !u->streams) c[lo].protect = true;
         }
     }
@@ -406,9 +485,13 @@ FERRY_API int64_t ferry_store_make_room(ferry_store *s, uint64_t bytes, uint64_t
         int64_t more = rs_hold_at_most(s, held > short_by ? held - short_by : 0);
         if (more > 0) rc += more;
     }
-    if (rc >= 0 && s->spill) fy_spill_flush(s->spill); /* and disk space held for reuse */
-    if (rc >= 0) rs_pool_trim(s);                              /* and pinned RAM nobody uses */
+    /* and disk space held for reuse, and pinned RAM nobody uses: each
+     * given back with the lock dropped */
+    if (rc >= 0) rs_spill_flush(s);
+    pchunk *idle = NULL;
+    int nidle = rc >= 0 ? rs_pool_trim_take(s, &idle) : 0;
     pthread_mutex_unlock(&s->lock);
+    rs_chunks_drop(s, idle, nidle);
     return rc;
 }
 
@@ -417,19 +500,20 @@ FERRY_API int ferry_model_evict(ferry_model *m, const int64_t *tensors, int64_t 
     if (!m || n < 0) return FERRY_E_INVAL;
     ferry_store *s = m->s;
     pthread_mutex_lock(&s->lock);
-    bool *sel = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *sel);
-    rtensor **ts = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *ts);
-    int rc = 0;
-    if (!sel || !ts) {
-        rc = rs_merr(m, -ENOMEM, "ferry_model_evict: out of memory for the lists of %" PRId64 " tensors", m->n);
+    int64_t *sel = NULL, nsel = 0;
+    rtensor **ts = NULL;
+    int rc = rs_select(m, tensors, n, &sel, &nsel);
+    if (rc < 0) goto out;
+    if (!(ts = fy_calloc(s->m, (size_t)(nsel ? nsel : 1), sizeof *ts))) {
+        rc = rs_merr(m, -ENOMEM, "ferry_model_evict: out of memory for the lists of %" PRId64 " tensors", nsel);
         goto out;
     }
-    if ((rc = rs_select_groups(m, tensors, n, sel)) < 0) goto out;
-    rs_land_moving(s, m, sel, 0); /* a queued move of any of them lands first */
+    rs_settle(s, m, sel, nsel, true); /* a queued move of any of them lands first, an eviction commits, a read ends */
     rs_reap_releases(s, false);
     int64_t nt = 0;
-    for (int64_t i = 0; i < m->n; i++) {
-        if (!sel[i] || m->t[i].tier != FERRY_TIER_DEVICE) continue;
+    for (int64_t k = 0; k < nsel; k++) {
+        int64_t i = sel[k];
+        if (m->t[i].tier != FERRY_TIER_DEVICE) continue;
         if (m->t[i].holds) {
             char q[256];
             rc = rs_merr(m, FERRY_E_BUSY, "tensor %s is in use: release it before evicting", RS_Q(q, m->t[i].name));

@@ -15,21 +15,6 @@
 
 #include "store_impl.h"
 
-/* A pending "release after stream": the hold of tensor t drops once f is done. */
-struct rs_release {
-    struct rs_release *next;
-    rtensor *t;       /* NULL once deferred (in s->reuse) */
-    fy_xfer_fence *f;
-    bool laned;       /* in s->reuse: the lane waits for it already */
-};
-
-static void op_fail(ferry_op *op, ferry_store *s, int rc)
-{
-    if (op->rc < 0 || rc >= 0) return;
-    op->rc = rc;
-    snprintf(op->msg, sizeof op->msg, "%s", ferry_device_errmsg(s->dev));
-}
-
 /* Read the tensors a move caches from their checkpoints into their pinned
  * buffers (the lock dropped; the buffers are the op's until it lands), in
  * pieces shared by a few threads: one thread's pread from the page cache is
@@ -102,186 +87,15 @@ static void read_cached(ferry_op *op, ferry_store *s, ferry_model *m, const int6
     fy_free(s->m, c.start);
 }
 
-/* Commit (rc == 0: the device copies are the ones now) or roll back (the
- * tensors stay where they were; nothing was lost: their old copies were kept). */
-static void op_commit(ferry_store *s, ferry_op *op)
-{
-    ferry_model *m = op->m;
-    if (op->rc == 0) fy_spill_hold(s->spill); /* freed ranges stay for the next spill (see below) */
-    for (int64_t i = 0; i < m->n; i++) {
-        rtensor *t = &m->t[i];
-        if (!op->sel[i] || t->moving != op) continue;
-        t->moving = NULL;
-        if (op->rc < 0) {
-            if (t->dptr) rs_dev_free(s, t);
-            if (t->caching) { /* the cache copy it was filling goes (the tensor stays in SOURCE) */
-                rs_cache_buffer_free(s, t);
-                t->caching = false;
-            }
-            continue;
-        }
-        if (t->nbytes == 0) t->dptr = 0;
-        /* (a dirty tensor's saved copy is not kept as a cache: the caller may
-         * change it in place again without marking it, as ferry.h allows) */
-        if (t->caching) { /* its pinned copy stays beside the device copy, unless a re-plan
-                             made the block resident meanwhile */
-            t->caching = false;
-            if (rs_wants_cache(m, t)) t->cached = true;
-            else rs_cache_buffer_free(s, t);
-        } else if (!t->cached) {
-            rs_release_copy(s, t); /* the device copy is now the one */
-        } else if (!rs_wants_cache(m, t)) {
-            rs_uncache(s, t); /* its cache was switched off (or its block made resident) while it moved */
-        }
-        t->tier = FERRY_TIER_DEVICE;
-    }
-    if (op->rc < 0) {
-        rs_merr(m, op->rc, "%s", op->msg);
-        return;
-    }
-    s->c.htod += op->moved;
-    s->c.read += op->read;
-    s->c.s_htod += fy_now() - op->t0;
-}
-
-/* Land a QUEUED op now: one thread waits for its copies (lock dropped), then
- * commits. Only its owner frees it, and not before it is LANDED. */
-static void land_now(ferry_store *s, ferry_op *op)
-{
-    op->state = OP_LANDING;
-    fy_xfer_op *x = op->xop;
-    op->xop = NULL; /* fy_xfer_op_wait frees it: nobody may look at it meanwhile */
-    if (x) {
-        pthread_mutex_unlock(&s->lock);
-        int rc = fy_xfer_op_wait(x);
-        pthread_mutex_lock(&s->lock);
-        if (rc < 0) op_fail(op, s, rc);
-    }
-    op_commit(s, op);
-    op->state = OP_LANDED;
-    pthread_cond_broadcast(&s->landed);
-}
-
-/* The owner's landing (ferry_op_wait, the store's free): op stays valid. */
-void rs_op_land(ferry_store *s, ferry_op *op)
-{
-    while (op->state == OP_MOVING || op->state == OP_LANDING) pthread_cond_wait(&s->landed, &s->lock);
-    if (op->state == OP_QUEUED) land_now(s, op);
-}
-
-void rs_land_moving(ferry_store *s, ferry_model *m, const bool *sel, int64_t i)
-{
-    /* Another thread's op may be freed by its owner the moment it has landed,
-     * so after any wait only the tensors are looked at again, never the op;
-     * and landing drops the lock, so meanwhile another move may have been
-     * queued: start over until one pass finds none. */
-    for (bool again = true; again;) {
-        again = false;
-        for (int64_t k = sel ? 0 : i; k < (sel ? m->n : i + 1) && !again; k++) {
-            ferry_op *op = (!sel || sel[k]) ? m->t[k].moving : NULL;
-            if (!op) continue;
-            if (op->state == OP_QUEUED) land_now(s, op);
-            else pthread_cond_wait(&s->landed, &s->lock); /* being moved or landed by someone else */
-            again = true;
-        }
-    }
-}
-
-/* Free the entries of a release list whose fences are done (wait: after
- * waiting for each), dropping the hold of each that still has one (those of
- * s->releases; a deferred one's went already). Returns the holds dropped. */
-static int64_t reap_list(ferry_store *s, struct rs_release **head, bool wait)
-{
-    int64_t dropped = 0;
-    for (struct rs_release **p = head; *p;) {
-        struct rs_release *r = *p;
-        int q = fy_xfer_fence_query(r->f);
-        if (q == 0 && wait) {
-            q = fy_xfer_fence_wait(r->f) < 0 ? -1 : 1;
-            s->c.fence_waits++;
-        }
-        if (q == 0) {
-            p = &r->next;
-            continue;
-        }
-        /* done, or the fence failed: a failed event says nothing more will
-         * come of it, so the hold goes either way rather than forever */
-        if (r->t) {
-            if (r->t->holds > 0) r->t->holds--;
-            dropped++;
-        }
-        *p = r->next;
-        fy_xfer_fence_free(r->f);
-        fy_free(s->m, r);
-    }
-    return dropped;
-}
-
-int64_t rs_reap_releases(ferry_store *s, bool wait)
-{
-    int64_t dropped = reap_list(s, &s->releases, wait);
-    if (s->reuse) reap_list(s, &s->reuse, false);
-    return dropped;
-}
-
-int64_t rs_defer_releases(ferry_store *s)
-{
-    int64_t n = 0;
-    for (struct rs_release **p = &s->releases; *p;) {
-        struct rs_release *r = *p;
-        rtensor *t = r->t;
-        /* the whole group: a hold of one member keeps all of them (the
-         * PyTorch hooks hold a block by its leader), and evicting a dirty
-         * one reads it back */
-        const ferry_model *om = t->owner;
-        bool clean = true;
-        for (int64_t j = 0; j < om->n && clean; j++) {
-            const rtensor *u = &om->t[j];
-            if (u->group == t->group && (u->dirty || u->moving || u->tier != FERRY_TIER_DEVICE)) clean = false;
-        }
-        if (!clean) {
-            p = &r->next;
-            continue;
-        }
-        if (t->holds > 0) t->holds--;
-        *p = r->next;
-        r->t = NULL;
-        r->laned = false;
-        r->next = s->reuse;
-        s->reuse = r;
-        n++;
-    }
-    return n;
-}
-
-void rs_reuse_wait_all(ferry_store *s) { reap_list(s, &s->reuse, true); }
-
-int rs_reuse_order(ferry_store *s, bool lane)
-{
-    reap_list(s, &s->reuse, !lane);
-    for (struct rs_release *r = s->reuse; r && lane; r = r->next) {
-        if (r->laned) continue;
-        int rc = fy_xfer_lane_wait(s->dev, r->f);
-        if (rc < 0) { /* the host waits instead */
-            reap_list(s, &s->reuse, true);
-            return rc;
-        }
-        r->laned = true;
-        s->c.fence_orders++;
-    }
-    return 0;
-}
-
 /* The transfers of a MOVING op, with the lock dropped: the moving tensors'
  * old copies (their file ranges, host copies, spill ranges) cannot go
  * meanwhile. Then QUEUED: others may land it. */
 static void run_transfers(ferry_store *s, ferry_op *op)
 {
     ferry_model *m = op->m;
-    const bool *sel = op->sel;
     int64_t *idx = op->idx;
     uint64_t *dp = op->dp;
-    op_fail(op, s, fy_xfer_bind(s->dev)); /* (the mover's thread) */
+    rs_op_fail(op, s, fy_xfer_bind(s->dev)); /* (the mover's thread) */
     if (op->rc == 0) read_cached(op, s, m, idx, op->nc);
     uint64_t cached_read = op->read;
     /* Streamed blocks are read with pread, never through a mapping of the
@@ -289,27 +103,27 @@ static void run_transfers(ferry_store *s, ferry_op *op)
      * page on every move, every pass (a page table for each block's bytes,
      * torn down after it), where pread copies the same pages straight out */
     ferry_load_opts lo = s->load;
-    for (int64_t i = 0; i < m->n; i++)
-        if (sel[i] && m->t[i].streams) {
+    for (int64_t k = 0; k < op->nt; k++)
+        if (m->t[op->ti[k]].streams) {
             lo.flags |= FERRY_LOAD_PREAD;
             break;
         }
     for (int k = 0; k < m->nfiles && op->rc == 0; k++) { /* SOURCE: file by file, through the loader */
         int64_t cnt = 0;
-        for (int64_t i = 0; i < m->n; i++) {
-            rtensor *t = &m->t[i];
-            if (sel[i] && t->file == k && t->tier == FERRY_TIER_SOURCE && !t->caching && t->nbytes) {
+        for (int64_t q = 0; q < op->nt; q++) {
+            rtensor *t = &m->t[op->ti[q]];
+            if (t->file == k && t->tier == FERRY_TIER_SOURCE && !t->caching && t->nbytes) {
                 idx[cnt] = t->idx;
                 dp[cnt++] = t->dptr;
                 op->moved += t->nbytes;
             }
         }
-        if (cnt) op_fail(op, s, ferry_load_into(s->dev, m->files[k], idx, dp, cnt, &lo, NULL));
+        if (cnt) rs_op_fail(op, s, ferry_load_into(s->dev, m->files[k], idx, dp, cnt, &lo, NULL));
     }
     op->read = op->moved + cached_read;
     if (op->rc == 0 && op->nf)
-        op_fail(op, s, fy_xfer_fd_to_device(s->dev, op->spill_fd, s->spill_dir, op->fr, op->nf, &s->load, NULL, NULL));
-    if (op->rc == 0 && op->nh) op_fail(op, s, fy_xfer_host_to_device(s->dev, op->hr, op->nh, &op->xop)); /* queued */
+        rs_op_fail(op, s, fy_xfer_fd_to_device(s->dev, op->spill_fd, s->spill_dir, op->fr, op->nf, &s->load, NULL, NULL));
+    if (op->rc == 0 && op->nh) rs_op_fail(op, s, fy_xfer_host_to_device(s->dev, op->hr, op->nh, &op->xop)); /* queued */
     rs_pin_yield(s, -1); /* taken in queue_moves, before the allocations */
     for (int64_t i = 0; i < op->nh; i++) op->moved += op->hr[i].len;
     for (int64_t i = 0; i < op->nf; i++) op->moved += op->fr[i].len, op->read += op->fr[i].len;
@@ -374,28 +188,57 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
 {
     ferry_store *s = m->s;
     *out = NULL;
-    ferry_op *op = fy_calloc(s->m, 1, sizeof *op);
-    bool *sel = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *sel);
-    int64_t *idx = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *idx);
-    uint64_t *dp = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *dp);
-    fy_hostrange *hr = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *hr);
-    fy_fdrange *fr = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *fr);
-    int rc = 0;
+    int64_t *sel = NULL, nsel = 0; /* the groups asked for: their tensors */
+    int64_t *idx = NULL;
+    uint64_t *dp = NULL;
+    fy_hostrange *hr = NULL;
+    fy_fdrange *fr = NULL;
     bool yielding = false; /* rs_pin_yield(+1) taken: run_transfers gives it back */
+    bool marked = false;   /* op is in s->ops, its tensors marked moving */
     pthread_mutex_lock(&s->lock);
-    if (!op || !sel || !idx || !dp || !hr || !fr) {
-        rc = rs_merr(m, -ENOMEM, "ferry_model_to_device: out of memory for the lists of %" PRId64 " tensors", m->n);
+    int rc = rs_select(m, tensors, n, &sel, &nsel);
+    if (rc < 0) {
+        pthread_mutex_unlock(&s->lock);
+        return rc;
+    }
+    size_t ns = (size_t)(nsel ? nsel : 1);
+    ferry_op *op = fy_calloc(s->m, 1, sizeof *op);
+    int64_t *ti = fy_calloc(s->m, ns, sizeof *ti);
+    idx = fy_calloc(s->m, ns, sizeof *idx);
+    dp = fy_calloc(s->m, ns, sizeof *dp);
+    hr = fy_calloc(s->m, ns, sizeof *hr);
+    fr = fy_calloc(s->m, ns, sizeof *fr);
+    if (!op || !ti || !idx || !dp || !hr || !fr) {
+        rc = rs_merr(m, -ENOMEM, "ferry_model_to_device: out of memory for the lists of %" PRId64 " tensors", nsel);
         goto fail;
     }
-    if ((rc = rs_select_groups(m, tensors, n, sel)) < 0) goto fail;
-    rs_land_moving(s, m, sel, 0); /* an earlier move of any of them lands first */
-    uint64_t need = 0;
-    for (int64_t i = 0; i < m->n; i++)
-        if (sel[i] && m->t[i].tier != FERRY_TIER_DEVICE) need += m->t[i].nbytes;
+    /* an earlier move of any of them lands first, an eviction of any of them
+     * commits, a read of one ends */
+    rs_settle(s, m, sel, nsel, true);
     m->last_use = ++s->clock;
-    for (int64_t i = 0; i < m->n; i++)
-        if (sel[i]) m->t[i].use = s->clock; /* the groups asked for: used now */
-    int64_t mr = need ? rs_make_room_locked(s, need, m, sel, NULL) : 0; /* empty tensors need no room */
+    for (int64_t k = 0; k < nsel; k++) {
+        m->t[sel[k]].use = s->clock; /* the groups asked for: used now */
+        m->t[sel[k]].wanted++;       /* and not evicted while this call makes room */
+    }
+    /* from here the tensors off the device are the op's: nobody evicts,
+     * reads or moves them, while the room is made (evictions drop the lock)
+     * and the transfers run */
+    op->m = m;
+    op->ti = ti;
+    op->state = OP_MOVING;
+    op->t0 = fy_now();
+    uint64_t need = 0;
+    for (int64_t k = 0; k < nsel; k++) {
+        rtensor *t = &m->t[sel[k]];
+        if (t->tier == FERRY_TIER_DEVICE) continue; /* what is on the device already is not this op's */
+        t->moving = op;
+        ti[op->nt++] = sel[k];
+        need += t->nbytes;
+    }
+    op->next = s->ops;
+    s->ops = op;
+    marked = true;
+    int64_t mr = need ? rs_make_room_locked(s, need, m, NULL, NULL) : 0; /* empty tensors need no room */
     if (mr < 0) {
         rc = (int)mr;
         char msg[FY_ERRMSG_MAX];
@@ -412,9 +255,9 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
     rs_pin_yield(s, +1);
     yielding = true;
     /* allocate; on failure free what this call allocated */
-    for (int64_t i = 0; i < m->n && rc == 0; i++) {
-        rtensor *t = &m->t[i];
-        if (!sel[i] || t->tier == FERRY_TIER_DEVICE || t->nbytes == 0) continue;
+    for (int64_t k = 0; k < op->nt && rc == 0; k++) {
+        rtensor *t = &m->t[ti[k]];
+        if (t->nbytes == 0) continue;
         rc = rs_dev_alloc(s, t, true);
         while (rc == -ENOMEM) {
             /* the driver has no segment for it though the budget has room
@@ -422,7 +265,7 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
              * memory went to others): evict more, so that whole segments
              * come free and go back to the driver, until it gives one or
              * nothing more can go (then the move fails, nothing lost) */
-            int64_t more = rs_make_room_ex(s, rs_room_now(s) + rs_dev_size(t->nbytes), m, sel, NULL, false);
+            int64_t more = rs_make_room_ex(s, rs_room_now(s) + rs_dev_size(t->nbytes), m, NULL, NULL, false);
             if (more <= 0) break;
             rc = rs_dev_alloc(s, t, true);
         }
@@ -434,66 +277,59 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
              * more can go, take the segment anyway (a move that fits by bytes
              * does not fail) */
             uint64_t room = s->o.device_budget > s->device_used ? s->o.device_budget - s->device_used : 0;
-            int64_t more = rs_make_room_ex(s, room + rs_dev_size(t->nbytes), m, sel, NULL, true);
+            int64_t more = rs_make_room_ex(s, room + rs_dev_size(t->nbytes), m, NULL, NULL, true);
             rc = rs_dev_alloc(s, t, more > 0);
         }
     }
     if (rc < 0) {
         rs_device_failed(s, m, rc);
-        for (int64_t i = 0; i < m->n; i++)
-            if (sel[i] && m->t[i].tier != FERRY_TIER_DEVICE && m->t[i].dptr) rs_dev_free(s, &m->t[i]);
         goto fail;
     }
-    /* from here the tensors are the op's: nobody evicts, reads or moves them */
-    op->m = m;
-    op->sel = sel;
-    op->state = OP_MOVING;
-    op->t0 = fy_now();
-    for (int64_t i = 0; i < m->n; i++)
-        if (sel[i] && m->t[i].tier != FERRY_TIER_DEVICE) m->t[i].moving = op;
-        else sel[i] = false; /* what is on the device already is not this op's */
     /* tensors read from the checkpoint that keep a pinned copy (streamed
      * blocks, a model with pinned_cache on) are kept in the pinned pool as
      * room allows (read there first, then copied like any pinned copy) */
     bool want_cache = false;
-    for (int64_t i = 0; i < m->n && !want_cache; i++)
-        want_cache = sel[i] && rs_wants_cache(m, &m->t[i]) && m->t[i].tier == FERRY_TIER_SOURCE && m->t[i].nbytes;
+    for (int64_t k = 0; k < op->nt && !want_cache; k++) {
+        const rtensor *t = &m->t[ti[k]];
+        want_cache = rs_wants_cache(m, t) && t->tier == FERRY_TIER_SOURCE && t->nbytes;
+    }
     uint64_t avail = 0;
-    if (want_cache && fy_host_available(&avail, NULL, 0) < 0) want_cache = false;
+    if (want_cache) { /* (a cgroup read: with the lock dropped, the tensors marked) */
+        pthread_mutex_unlock(&s->lock);
+        if (fy_host_available(&avail, NULL, 0) < 0) want_cache = false;
+        pthread_mutex_lock(&s->lock);
+    }
     int64_t nh = 0, nf = 0, nc = 0;
-    for (int64_t i = 0; i < m->n; i++) {
-        rtensor *t = &m->t[i];
-        if (!sel[i] || !t->nbytes) continue;
+    bool files = false, ring = false; /* it reads files; it reads the checkpoint through the ring */
+    for (int64_t k = 0; k < op->nt; k++) {
+        rtensor *t = &m->t[ti[k]];
+        if (!t->nbytes) continue;
+        /* (rs_pool_alloc may pin with the lock dropped: the op's tensors stay its own) */
         if (want_cache && rs_wants_cache(m, t) && t->tier == FERRY_TIER_SOURCE && rs_cache_admits(s, t->nbytes, avail) &&
             rs_pool_alloc(s, t->nbytes, &t->host) == 0) {
             t->caching = true;
             s->cache_used += t->nbytes;
             avail -= t->nbytes;
-            idx[nc++] = i; /* (idx is free until the checkpoint loads below) */
+            idx[nc++] = ti[k]; /* (idx is free until the checkpoint loads below) */
             hr[nh++] = (fy_hostrange){t->host, t->dptr, t->nbytes};
+            files = true;
             continue;
         }
         if (t->tier == FERRY_TIER_PINNED || t->tier == FERRY_TIER_HOST) hr[nh++] = (fy_hostrange){t->host, t->dptr, t->nbytes};
-        if (t->tier == FERRY_TIER_SPILL) fr[nf++] = (fy_fdrange){t->soff, t->nbytes, t->dptr};
+        if (t->tier == FERRY_TIER_SPILL) fr[nf++] = (fy_fdrange){t->soff, t->nbytes, t->dptr}, files = ring = true;
+        if (t->tier == FERRY_TIER_SOURCE) files = ring = true;
     }
+    for (int64_t k = 0; k < nsel; k++) m->t[sel[k]].wanted--; /* (the op's own are moving now) */
+    fy_free(s->m, sel);
+    sel = NULL;
     /* memory that released tensors left while kernels may still read it:
      * this move's writes come after those kernels (on the device where all
      * its copies take the lane) */
-    if (s->reuse) {
-        bool ring = nf > 0;
-        for (int64_t i = 0; i < m->n && !ring; i++)
-            ring = sel[i] && m->t[i].tier == FERRY_TIER_SOURCE && !m->t[i].caching && m->t[i].nbytes;
-        (void)rs_reuse_order(s, !ring); /* (on failure the host has waited instead) */
-    }
+    if (s->reuse) (void)rs_reuse_order(s, !ring); /* (on failure the host has waited instead) */
     op->spill_fd = s->spill ? fy_spill_fd(s->spill) : -1;
     op->idx = idx, op->dp = dp, op->hr = hr, op->fr = fr;
     op->nh = nh, op->nf = nf, op->nc = nc;
-    op->next = s->ops;
-    s->ops = op;
     *out = op;
-    bool files = nc || nf;
-    for (int64_t i = 0; i < m->n && !files; i++)
-        files = sel[i] && m->t[i].tier == FERRY_TIER_SOURCE && m->t[i].nbytes;
     if (background && files && mover_queue(s, op) == 0) { /* the mover reads them */
         pthread_mutex_unlock(&s->lock);
         return 0;
@@ -502,10 +338,26 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
     run_transfers(s, op);
     return 0;
 fail:
+    if (marked) { /* nothing was moved: unmark, and wake whoever waits for the op */
+        for (int64_t k = 0; k < op->nt; k++) {
+            rtensor *t = &m->t[ti[k]];
+            t->moving = NULL;
+            if (t->dptr) rs_dev_free(s, t);
+        }
+        for (ferry_op **p = &s->ops; *p; p = &(*p)->next)
+            if (*p == op) {
+                *p = op->next;
+                break;
+            }
+        op->state = OP_LANDED;
+        pthread_cond_broadcast(&s->landed);
+    }
+    for (int64_t k = 0; marked && k < nsel; k++) m->t[sel[k]].wanted--;
     pthread_mutex_unlock(&s->lock);
     if (yielding) rs_pin_yield(s, -1);
     fy_free(s->m, op);
     fy_free(s->m, sel);
+    fy_free(s->m, ti);
     fy_free(s->m, idx);
     fy_free(s->m, dp);
     fy_free(s->m, hr);
@@ -518,17 +370,6 @@ FERRY_API int ferry_model_to_device_async(ferry_model *m, const int64_t *tensors
     if (op) *op = NULL;
     if (!m || n < 0 || !op) return FERRY_E_INVAL; /* tensors NULL: all */
     return queue_moves(m, tensors, n, true, op);
-}
-
-void rs_op_free(ferry_store *s, ferry_op *op)
-{
-    for (ferry_op **p = &s->ops; *p; p = &(*p)->next)
-        if (*p == op) {
-            *p = op->next;
-            break;
-        }
-    fy_free(s->m, op->sel);
-    fy_free(s->m, op);
 }
 
 FERRY_API int ferry_op_wait(ferry_op *op)
@@ -579,38 +420,4 @@ FERRY_API int ferry_model_to_device(ferry_model *m, const int64_t *tensors, int6
     ferry_op *op = NULL;
     FY_TRY(queue_moves(m, tensors, n, false, &op));
     return ferry_op_wait(op);
-}
-
-FERRY_API int ferry_model_release_after(ferry_model *m, int64_t t, uint64_t cu_stream)
-{
-    if (!m || t >= m->n) return FERRY_E_INVAL;
-    ferry_store *s = m->s;
-    pthread_mutex_lock(&s->lock);
-    int rc = 0;
-    for (int64_t i = t < 0 ? 0 : t; i < (t < 0 ? m->n : t + 1) && rc == 0; i++) {
-        rtensor *r = &m->t[i];
-        int64_t pending = 0;
-        for (struct rs_release *x = s->releases; x; x = x->next) pending += x->t == r;
-        char q[256];
-        if (r->holds - pending <= 0) {
-            rc = rs_merr(m, FERRY_E_INVAL, "tensor %s is not in use (released more often than held)", RS_Q(q, r->name));
-            break;
-        }
-        struct rs_release *x = fy_calloc(s->m, 1, sizeof *x);
-        if (!x) {
-            rc = rs_merr(m, -ENOMEM, "ferry_model_release_after: out of memory (%zu bytes)", sizeof *x);
-            break;
-        }
-        if ((rc = fy_xfer_fence_new(s->dev, cu_stream, &x->f)) < 0) {
-            fy_free(s->m, x);
-            rs_device_failed(s, m, rc);
-            break;
-        }
-        x->t = r;
-        x->next = s->releases;
-        s->releases = x;
-    }
-    rs_reap_releases(s, false); /* a fence on a finished stream: the hold goes now */
-    pthread_mutex_unlock(&s->lock);
-    return rc;
 }

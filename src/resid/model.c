@@ -12,32 +12,6 @@
 
 /* ---- models ---- */
 
-int rs_merr(ferry_model *m, int code, const char *fmt, ...)
-{
-    char body[FY_ERRMSG_MAX], q[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(body, sizeof body, fmt, ap);
-    va_end(ap);
-    return fy_seterr(&m->err, code, "model %s: %s", RS_Q(q, m->name), body);
-}
-
-int rs_model_failed(ferry_model *m, int rc)
-{
-    char msg[FY_ERRMSG_MAX];
-    fy_err_copy(&m->s->err, msg, sizeof msg);
-    fy_err_adopt(&m->err, msg);
-    return rc;
-}
-
-int rs_device_failed(ferry_store *s, ferry_model *m, int rc)
-{
-    const char *msg = ferry_device_errmsg(s->dev);
-    fy_err_adopt(&s->err, msg);
-    if (m) fy_err_adopt(&m->err, msg);
-    return rc;
-}
-
 FERRY_API const char *ferry_model_errmsg(ferry_model *m) { return m ? fy_err_public(&m->err) : ""; }
 
 static int cmp_tname(const void *a, const void *b, void *arg)
@@ -79,6 +53,10 @@ void rs_model_free(ferry_model *m)
     rs_plan_free(s, m);
     fy_free(s->m, m->t);
     fy_free(s->m, m->by_name);
+    fy_free(s->m, m->gmem);
+    fy_free(s->m, m->gat);
+    fy_free(s->m, m->gcnt);
+    fy_free(s->m, m->gmark);
     fy_free(s->m, m->files);
     fy_free(s->m, m->name);
     fy_err_destroy(&m->err);
@@ -118,9 +96,13 @@ FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *cons
     if (!m || !(m->name = fy_strndup(s->m, name, strlen(name))) ||
         !(m->files = fy_calloc(s->m, (size_t)nfiles, sizeof *m->files)) ||
         !(m->t = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->t)) ||
-        !(m->by_name = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->by_name))) {
+        !(m->by_name = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->by_name)) ||
+        !(m->gmem = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->gmem)) ||
+        !(m->gat = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->gat)) ||
+        !(m->gcnt = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->gcnt)) ||
+        !(m->gmark = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->gmark))) {
         rc = fy_seterr(&s->err, -ENOMEM, "ferry_store_add: out of memory for a model of %" PRId64 " tensors (%zu bytes)",
-                       n, sizeof *m + (size_t)n * (sizeof *m->t + sizeof *m->by_name));
+                       n, sizeof *m + (size_t)n * (sizeof *m->t + 5 * sizeof *m->by_name));
         goto out;
     }
     if (s->nmodels == s->cap_models) {
@@ -162,6 +144,7 @@ FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *cons
         if (!prev || prefix_len(prev) != pl || memcmp(prev, t->name, pl) != 0) g = m->by_name[i];
         t->group = g;
     }
+    rs_group_index(m);
     for (i = 0; i < n; i++) m->by_name[i] = i;
     qsort_r(m->by_name, (size_t)n, sizeof *m->by_name, cmp_tname, m);
     s->models[s->nmodels++] = m;
@@ -178,6 +161,7 @@ FERRY_API int ferry_store_remove(ferry_model *m)
     if (!m) return FERRY_E_INVAL;
     ferry_store *s = m->s;
     pthread_mutex_lock(&s->lock);
+    rs_settle(s, m, NULL, 0, true); /* no copy of its tensors runs with the lock dropped any more */
     rs_reap_releases(s, false);
     if (m->refs > 0) {
         /* another thread found it and may be inside a call on it right now */
@@ -251,6 +235,7 @@ FERRY_API int ferry_model_group(ferry_model *m, const int64_t *tensors, int64_t 
         if (tensors[k] < 0 || tensors[k] >= m->n) return FERRY_E_INVAL;
     if (n < 2) return 0;
     pthread_mutex_lock(&m->s->lock);
+    rs_settle(m->s, m, NULL, 0, false); /* an eviction decides by groups: not while one copies */
     /* the groups joined must all be in one tier: refuse mixing device and not */
     bool on = m->t[tensors[0]].tier == FERRY_TIER_DEVICE;
     for (int64_t k = 1; k < n; k++)
@@ -267,6 +252,7 @@ FERRY_API int ferry_model_group(ferry_model *m, const int64_t *tensors, int64_t 
         for (int64_t i = 0; i < m->n; i++)
             if (m->t[i].group == old) m->t[i].group = g;
     }
+    rs_group_index(m);
     pthread_mutex_unlock(&m->s->lock);
     return 0;
 }
@@ -286,36 +272,15 @@ FERRY_API int ferry_model_set_pinned_cache(ferry_model *m, int on)
     ferry_store *s = m->s;
     pthread_mutex_lock(&s->lock);
     m->pinned_cache = on;
+    pchunk *idle = NULL;
+    int nidle = 0;
     if (!on) { /* the copies no longer wanted go (a moving one's when it lands) */
         for (int64_t i = 0; i < m->n; i++)
-            if (m->t[i].cached && !m->t[i].moving && !rs_wants_cache(m, &m->t[i])) rs_uncache(s, &m->t[i]);
-        rs_pool_trim(s);
+            if (m->t[i].cached && !m->t[i].moving && !m->t[i].busy && !rs_wants_cache(m, &m->t[i]))
+                rs_uncache(s, &m->t[i]);
+        nidle = rs_pool_trim_take(s, &idle);
     }
     pthread_mutex_unlock(&s->lock);
+    rs_chunks_drop(s, idle, nidle); /* (unpinned with the lock dropped) */
     return 0;
 }
-
-/* ---- selection: a request's tensors and their groups ---- */
-
-/* sel[i] = true for tensors[0..n-1] (NULL: all) and every member of their groups */
-int rs_select_groups(ferry_model *m, const int64_t *tensors, int64_t n, bool *sel)
-{
-    if (!tensors) {
-        for (int64_t i = 0; i < m->n; i++) sel[i] = true;
-        return 0;
-    }
-    memset(sel, 0, (size_t)m->n);
-    for (int64_t k = 0; k < n; k++) {
-        if (tensors[k] < 0 || tensors[k] >= m->n)
-            return rs_merr(m, FERRY_E_INVAL, "tensor index %" PRId64 " out of range (%" PRId64 " tensors)",
-                           tensors[k], m->n);
-        sel[tensors[k]] = true;
-    }
-    /* close over groups: a group is in when any member is */
-    for (int64_t i = 0; i < m->n; i++)
-        if (sel[i]) sel[m->t[i].group] = true; /* mark the group id (a member index) */
-    for (int64_t i = 0; i < m->n; i++)
-        if (sel[m->t[i].group]) sel[i] = true;
-    return 0;
-}
-

@@ -89,8 +89,9 @@ int rs_pool_alloc(ferry_store *s, uint64_t n, void **out)
         if ((bc = pool_best(s, n, &bi)) >= 0) break;
         /* the reserve is still being pinned and n fits one of its pieces:
          * wait for the next piece (pinning one of our own beside it would
-         * only halve the rate of both) */
+         * only halve the rate of both), with the store's lock dropped */
         if (stuck || !s->pinner_on || n > RCHUNK) break;
+        pthread_mutex_unlock(&s->lock);
         pthread_mutex_lock(&s->pin_lock);
         s->pin_wanted++; /* the pinner stops yielding to transfers */
         pthread_cond_broadcast(&s->pin_cv);
@@ -98,20 +99,28 @@ int rs_pool_alloc(ferry_store *s, uint64_t n, void **out)
         s->pin_wanted--;
         bool more = s->pin_nready > 0;
         pthread_mutex_unlock(&s->pin_lock);
-        if (!more) break; /* the pinner is done and every piece was looked at */
+        pthread_mutex_lock(&s->lock);
+        if (!more && (bc = pool_best(s, n, &bi)) < 0) break; /* the pinner is done and every piece was looked at */
+        if (bc >= 0) break;
     }
-    if (bc < 0) { /* grow */
+    if (bc < 0) { /* grow: pinned with the lock dropped, the bytes promised meanwhile */
         uint64_t size = n > PCHUNK ? (n + (2u << 20) - 1) & ~((2ull << 20) - 1) : PCHUNK;
-        uint64_t held = s->pool_bytes + pin_owed(s);
+        uint64_t held = s->pool_bytes + pin_owed(s) + s->pool_growing;
         if (held + size > s->o.pinned_budget) {
             if (held + n > s->o.pinned_budget) return FERRY_E_BUDGET;
             size = n; /* the last bit of the budget */
         }
+        s->pool_growing += size;
+        pthread_mutex_unlock(&s->lock);
         pchunk c;
         int rc = chunk_make(s, size, false, &c);
+        pthread_mutex_lock(&s->lock);
+        s->pool_growing -= size;
         if (rc < 0) return rc;
         if (!chunk_add(s, &c)) {
+            pthread_mutex_unlock(&s->lock);
             rs_chunk_drop(s, &c);
+            pthread_mutex_lock(&s->lock);
             return -ENOMEM;
         }
         bc = s->nchunks - 1;
@@ -138,19 +147,34 @@ void rs_pool_free(ferry_store *s, void *p, uint64_t n)
     s->pinned_used -= n;
 }
 
-/* Unpin and free the pool's chunks that hold nothing. */
-void rs_pool_trim(ferry_store *s)
+/* Take the pool's chunks that hold nothing (not the reserve's) out of it. */
+int rs_pool_trim_take(ferry_store *s, pchunk **out)
 {
+    *out = NULL;
+    int n = 0;
+    for (int c = 0; c < s->nchunks; c++) {
+        const pchunk *ch = &s->chunks[c];
+        n += !ch->reserved && ch->fr.n == 1 && ch->fr.v[0].off == 0 && ch->fr.v[0].len == ch->size;
+    }
+    if (n == 0 || !(*out = fy_calloc(s->m, (size_t)n, sizeof **out))) return 0; /* (no memory: kept for now) */
+    n = 0;
     for (int c = 0; c < s->nchunks;) {
         pchunk *ch = &s->chunks[c];
         if (!ch->reserved && ch->fr.n == 1 && ch->fr.v[0].off == 0 && ch->fr.v[0].len == ch->size) {
-            rs_chunk_drop(s, ch);
+            (*out)[n++] = *ch;
             s->pool_bytes -= ch->size;
             s->chunks[c] = s->chunks[--s->nchunks];
         } else {
             c++;
         }
     }
+    return n;
+}
+
+void rs_chunks_drop(ferry_store *s, pchunk *v, int n)
+{
+    for (int k = 0; k < n; k++) rs_chunk_drop(s, &v[k]);
+    fy_free(s->m, v);
 }
 
 /* ---- the pinner: the reserve, pinned ahead ---- */

@@ -250,3 +250,38 @@ void fy_spill_flush(fy_spill *s)
     for (size_t i = 0; i < s->free.n; i++)
         (void)fy_fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, s->free.v[i].off, s->free.v[i].len);
 }
+
+int fy_spill_flush_take(fy_spill *s, fy_range **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    if (!s || !s->holding || s->free.n == 0) return 0;
+    fy_range *r = fy_calloc(&s->mem, s->free.n, sizeof *r);
+    if (!r) return -ENOMEM; /* (still held: the next flush punches them) */
+    memcpy(r, s->free.v, s->free.n * sizeof *r);
+    *n = s->free.n;
+    s->free.n = 0; /* (the list keeps its room: giving them back needs no more than before) */
+    *out = r;
+    return 0;
+}
+
+void fy_spill_punch(int fd, const fy_range *r, size_t n)
+{
+    for (size_t i = 0; i < n; i++) (void)fy_fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, r[i].off, r[i].len);
+}
+
+void fy_spill_flush_give(fy_spill *s, fy_range *r, size_t n)
+{
+    if (!s) return;
+    bool released = s->free.n > 0; /* ranges released while these were punched: not punched yet */
+    /* -ENOMEM (the list grew meanwhile and cannot grow more): that range's
+     * file space stays unused until the file is closed; nothing is lost */
+    for (size_t i = 0; i < n; i++) (void)fy_ranges_give(&s->free, &s->mem, r[i].off, r[i].len);
+    const fy_range *last = s->free.n ? &s->free.v[s->free.n - 1] : NULL;
+    if (last && last->off + last->len == s->size && fy_ftruncate(s->fd, last->off) == 0) {
+        s->size = last->off;
+        s->free.n--;
+    }
+    s->holding = released;
+    fy_free(&s->mem, r);
+}

@@ -1,4 +1,4 @@
-/* spill.h - the store's spill file (DESIGN.md §5): one unnamed file
+/* spill.h - the store's spill file: one unnamed file
  * (O_TMPFILE) in a chosen directory, so nothing is left on disk however the
  * process ends. Space is reserved with fallocate before anything is written,
  * freed ranges are reused and punched out. Not thread-safe: the store
@@ -7,6 +7,7 @@
 #define FERRY_SPILL_H
 
 #include "common/common.h"
+#include "common/ranges.h"
 
 #define FY_SPILL_ALIGN 4096u /* every range starts and ends on this */
 
@@ -68,6 +69,18 @@ void fy_spill_release(fy_spill *s, uint64_t off, uint64_t len);
  * ext4 took 0.5-2.8 s on the H200 host, longer than reading it back.) */
 void fy_spill_hold(fy_spill *s);
 void fy_spill_flush(fy_spill *s);
+/* fy_spill_flush in three steps, for a caller that serialises the calls
+ * with a lock it must not hold while the file system works: under the lock,
+ * fy_spill_flush_take hands over the free ranges to punch (taken off the
+ * free list, so no reservation reuses them meanwhile; none, and *out NULL,
+ * when nothing was released since the last flush, or out of memory); with
+ * the lock dropped, fy_spill_punch punches them (it reads nothing of s but
+ * its descriptor); under the lock again, fy_spill_flush_give puts them back
+ * (merged with what was released meanwhile), cuts a free tail off the file
+ * and frees the list. Releases stay held until then. */
+int fy_spill_flush_take(fy_spill *s, fy_range **out, size_t *n);
+void fy_spill_punch(int fd, const fy_range *r, size_t n);
+void fy_spill_flush_give(fy_spill *s, fy_range *r, size_t n);
 /* Bytes reserved now, and the file's size (free holes included). */
 void fy_spill_usage(const fy_spill *s, uint64_t *reserved, uint64_t *file_size);
 

@@ -21,12 +21,12 @@ FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out)
 {
     if (!s || !out || out->size < FERRY_STRUCT_MIN) return FERRY_E_INVAL;
     ferry_store_stats st = {.size = sizeof st};
+    fy_host_available(&st.host_available, NULL, 0); /* (a cgroup read: before the lock) */
     pthread_mutex_lock(&s->lock);
     rs_tiers(s, st.tier_bytes);
     st.device_budget = s->o.device_budget;
     st.pinned_budget = s->o.pinned_budget;
     st.host_budget = s->o.host_budget;
-    fy_host_available(&st.host_available, NULL, 0);
     st.spilling = s->spilling;
     if (s->spill) {
         uint64_t res = 0;

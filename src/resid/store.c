@@ -1,9 +1,11 @@
 /* store.c - the residency store's life: tier names, opening a store with
  * its budgets (defaults from the device and the host's real limits), and
- * freeing it. resid/ decides, xfer/ moves (DESIGN.md §3-§6): the policy is
- * policy.c, the moves xfer.h's, the spill file spill.c, the host's limits
- * memstat. One lock per store, dropped while moves to the device transfer
- * (fetch.c); evictions' saves run under it. */
+ * freeing it. resid/ decides, xfer/ moves: the policy is policy.c, the
+ * moves xfer.h's, the spill file spill.c, the host's limits memstat. One
+ * lock per store, never held over I/O: moves to the device transfer with it
+ * dropped (fetch.c), evictions copy and spill with it dropped (evict.c),
+ * reads and writes of a tensor's bytes too (tensor.c), the pool pins with it
+ * dropped (pool.c) and the host's available memory is read without it. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>

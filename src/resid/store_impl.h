@@ -44,6 +44,11 @@ typedef struct rtensor {
                        PINNED); mark_dirty/write drop it, so it is never dirty (rs_uncache
                        still keeps a dirty tensor's only copy, should one ever be cached) */
     bool caching;   /* host is a pinned buffer a queued move is filling for the cache */
+    bool evicting;  /* an eviction copies it off the device with the lock dropped: nothing
+                       else moves, frees or evicts it until that eviction commits (rs_settle) */
+    int busy;       /* reads or writes of its bytes running with the lock dropped: its copies
+                       stay where they are (no move, eviction or uncaching) until 0 */
+    int wanted;     /* moves being queued that asked for its group: not evicted meanwhile */
 } rtensor;
 
 /* A model's streaming plan (ferry_model_plan): the caller's request, kept so
@@ -69,6 +74,11 @@ struct ferry_model {
     rtensor *t;
     int64_t n;
     int64_t *by_name; /* tensor indices sorted by name */
+    /* the groups' members (rs_group_index): group g's (g a member's index)
+     * are gmem[gat[g] .. gat[g] + gcnt[g] - 1], so a block's move looks at
+     * its block alone, never at every tensor of the model */
+    int64_t *gmem, *gat, *gcnt;
+    uint64_t *gmark, gstamp; /* rs_select: a group's mark, the last mark given */
     rs_plan *plan;    /* NULL unless ferry_model_plan made one */
     int64_t refs;     /* taken by ferry_store_find, not yet put back; ferry_store_remove waits for 0 */
     bool pinned_cache; /* ferry_model_set_pinned_cache: every clean tensor read from the
@@ -115,8 +125,10 @@ struct ferry_store {
     pchunk *chunks;
     int nchunks;
     uint64_t pool_bytes;
+    uint64_t pool_growing; /* being pinned for the pool with the lock dropped (rs_pool_alloc) */
     fy_spill *spill;
     bool spilling;
+    int64_t evicting; /* tensors marked evicting (their copies run with the lock dropped) */
     /* device memory: segments from the driver, carved into tensors and kept
      * when they leave, for reuse (no driver call, and memory the copy engine
      * has written before: bench_alloc) until ferry_store_make_room gives the
@@ -177,7 +189,7 @@ enum { OP_MOVING, OP_QUEUED, OP_LANDING, OP_LANDED };
 struct ferry_op {
     ferry_model *m;
     struct ferry_op *next; /* in the store's list of ops not yet waited for */
-    bool *sel;             /* the tensors it moves (m->n) */
+    int64_t *ti, nt;       /* the tensors it moves (each marked moving = this op) */
     fy_xfer_op *xop;       /* queued pinned/RAM copies, or NULL */
     int state;
     int rc;                /* the first error of the moves */
@@ -194,15 +206,26 @@ struct ferry_op {
     struct ferry_op *mnext; /* in the mover's queue */
 };
 
+/* ---- fetch.c: queueing moves, their transfers, the mover ---- */
 /* Stop the mover thread (after every queued move has landed). */
 void rs_mover_stop(ferry_store *s);
+
+/* ---- land.c: landing moves; waiting for a tensor's marks to clear ---- */
+/* The first error of op's moves, with the device's message. */
+void rs_op_fail(struct ferry_op *op, ferry_store *s, int rc);
 /* Land op (its copies done, the tensors' tiers committed or rolled back),
  * waiting for its copies with the lock dropped; idempotent. */
 void rs_op_land(ferry_store *s, struct ferry_op *op);
 /* Unlink a landed op from the store's list and free it (under the lock). */
 void rs_op_free(ferry_store *s, struct ferry_op *op);
-/* Land every move of a selected tensor (sel NULL: of tensor i only, i >= 0). */
-void rs_land_moving(ferry_store *s, ferry_model *m, const bool *sel, int64_t i);
+/* Land every move of the tensors ti[0..nt-1] of m. */
+void rs_land_moving(ferry_store *s, ferry_model *m, const int64_t *ti, int64_t nt);
+/* Wait (lock dropped) until none of the tensors ti[0..nt-1] of m is moving
+ * (its move is landed), evicting or, with readers, busy. ti NULL: every
+ * tensor of m, evicting or busy (moves are not landed). */
+void rs_settle(ferry_store *s, ferry_model *m, const int64_t *ti, int64_t nt, bool readers);
+
+/* ---- releases.c: holds dropped after a stream, fences of reused memory ---- */
 /* Drop the holds whose streams are done; wait: also wait for the rest.
  * Returns the holds dropped. */
 int64_t rs_reap_releases(ferry_store *s, bool wait);
@@ -221,6 +244,7 @@ int64_t rs_defer_releases(ferry_store *s);
 int rs_reuse_order(ferry_store *s, bool lane);
 void rs_reuse_wait_all(ferry_store *s);
 
+/* ---- errors.c: messages ---- */
 /* Messages name models and tensors one way everywhere: JSON-quoted
  * (model "dit", tensor "blocks.3.w"), so a hostile name cannot break the line. */
 #define RS_Q(buf, name) fy_quote((buf), sizeof(buf), (name))
@@ -233,14 +257,24 @@ int rs_model_failed(ferry_model *m, int rc);
  * store (and m, when not NULL) the same message. Returns rc. */
 int rs_device_failed(ferry_store *s, ferry_model *m, int rc);
 
-/* Every function below runs under s->lock. */
+/* Every function below is called with s->lock held. Those that copy, pin,
+ * punch or wait (rs_pool_alloc, rs_evict_tensors and the make-room family
+ * that calls it, rs_settle, rs_land_moving, rs_spill_flush) drop it for a
+ * while, after marking what they work on; their callers look at the store
+ * again afterwards rather than trusting what they saw before. */
 
 /* ---- pool.c: the pinned pool and tensors' host copies ---- */
+/* n bytes of the pool. Where no free range fits, it waits for the pinner's
+ * next piece or pins a new chunk, with s->lock dropped meanwhile: the caller
+ * has marked what it works on (moving, evicting) before calling. */
 int rs_pool_alloc(ferry_store *s, uint64_t n, void **out);
 /* Never fails: a range the free list cannot take is lost to fragmentation. */
 void rs_pool_free(ferry_store *s, void *p, uint64_t n);
-/* Unpin and free the pool's chunks that hold nothing (not the reserve's). */
-void rs_pool_trim(ferry_store *s);
+/* Take the pool's chunks that hold nothing (not the reserve's) out of it:
+ * their count, the list in *out (NULL when none); rs_chunks_drop unpins and
+ * frees them, with the lock dropped. */
+int rs_pool_trim_take(ferry_store *s, pchunk **out);
+void rs_chunks_drop(ferry_store *s, pchunk *v, int n);
 /* Unpin c and free its free list (c itself is the caller's). */
 void rs_chunk_drop(ferry_store *s, pchunk *c);
 /* Move the pieces the pinner has pinned into the pool; false when one could
@@ -285,17 +319,28 @@ void rs_dev_free(ferry_store *s, rtensor *t);
 /* Every segment back to the driver (the store is going). */
 void rs_dev_release_all(ferry_store *s);
 
-/* ---- model.c: models and groups ---- */
+/* ---- model.c, groups.c: the model catalogue ---- */
 void rs_model_free(ferry_model *m);
 ferry_model *rs_find_model(ferry_store *s, const char *name);
-/* sel[i] = true for tensors[0..n-1] (NULL: all) and every member of their groups */
-int rs_select_groups(ferry_model *m, const int64_t *tensors, int64_t n, bool *sel);
+/* The tensors of the groups of tensors[0..n-1] (NULL: every tensor), each
+ * once, group by group: the list in *out (the caller frees it), its length
+ * in *nt. Costs the groups' size, not the model's. 0 or a negative code
+ * (message on m). */
+int rs_select(ferry_model *m, const int64_t *tensors, int64_t n, int64_t **out, int64_t *nt);
+/* Rebuild m's group index (after groups changed). */
+void rs_group_index(ferry_model *m);
 
 /* ---- evict.c: eviction ---- */
 /* Take the listed device tensors off the device: clean ones dropped, dirty
  * ones saved by the host policy; a group whose dirty member could not be
- * saved stays. 0 or the first error. */
+ * saved stays. 0 or the first error. The tensors (on the device, none
+ * moving, evicting, held or busy) are marked evicting, and while their
+ * copies run (device to host, the spill file's writes) and the pool grows,
+ * s->lock is dropped; the new tiers are committed under it again. */
 int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n);
+/* Flush the spill file (see fy_spill_flush_take): the punching runs with
+ * s->lock dropped. */
+void rs_spill_flush(ferry_store *s);
 /* Free bytes on the device, evicting by policy, protecting prot[] of pm.
  * Bytes freed, or FERRY_E_BUDGET with *could = what could be made. */
 int64_t rs_make_room_locked(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, uint64_t *could);
@@ -312,11 +357,13 @@ int64_t rs_make_room_ex(ferry_store *s, uint64_t bytes, ferry_model *pm, const b
 /* Evict down to the device budget (after it shrank): 0 or FERRY_E_BUDGET. */
 int rs_fit_budget(ferry_store *s);
 
-/* ---- stream.c: plans and the pinned copies of streamed blocks ---- */
+/* ---- stream.c: plans ---- */
 /* Re-plan every model planned against the store's budget (after it changed). */
 void rs_replan(ferry_store *s);
 /* Free the plan of m (on removal). */
 void rs_plan_free(ferry_store *s, ferry_model *m);
+
+/* ---- cache.c: cache admission of clean pinned copies ---- */
 /* Does t keep a clean pinned copy when it is read from its checkpoint? (a
  * streamed block: its plan's pinned_cache; else its model's) */
 bool rs_wants_cache(const ferry_model *m, const rtensor *t);

@@ -16,7 +16,7 @@ FERRY_API int ferry_model_mark_dirty(ferry_model *m, int64_t t)
     FY_TRY(check_t(m, t));
     char q[256];
     pthread_mutex_lock(&m->s->lock);
-    rs_land_moving(m->s, m, NULL, t); /* a queued move of it lands first */
+    rs_settle(m->s, m, &t, 1, false); /* a queued move of it lands first, an eviction commits */
     int rc = 0;
     if (m->t[t].tier != FERRY_TIER_DEVICE)
         rc = rs_merr(m, FERRY_E_INVAL, "tensor %s is not on the device (it is in %s)", RS_Q(q, m->t[t].name),
@@ -91,31 +91,50 @@ FERRY_API int ferry_model_device_addrs(ferry_model *m, const int64_t *tensors, i
     return 0;
 }
 
+/* Reads and writes of a tensor's bytes run with the lock dropped: the
+ * tensor is marked busy, so that no move, eviction or uncaching takes the
+ * copy they work on meanwhile (rs_settle waits for them). */
+
 FERRY_API int ferry_model_read(ferry_model *m, int64_t t, void *buf)
 {
     FY_TRY(check_t(m, t));
     if (!buf) return FERRY_E_INVAL;
     ferry_store *s = m->s;
     pthread_mutex_lock(&s->lock);
-    rs_land_moving(s, m, NULL, t);
+    rs_settle(s, m, &t, 1, false); /* a queued move lands first, an eviction commits */
     rtensor *r = &m->t[t];
+    ferry_tier tier = r->tier;
+    fy_hostrange h = {buf, r->dptr, r->nbytes};
+    const void *host = r->host;
+    uint64_t soff = r->soff;
+    int fd = s->spill ? fy_spill_fd(s->spill) : -1;
+    r->busy++;
+    pthread_mutex_unlock(&s->lock);
     int rc = 0;
+    char msg[FY_ERRMSG_MAX] = "";
     if (r->nbytes == 0) {
-    } else if (r->tier == FERRY_TIER_DEVICE) {
-        fy_hostrange h = {buf, r->dptr, r->nbytes};
-        rc = fy_xfer_device_to_host(s->dev, &h, 1, NULL);
-        if (rc < 0) rs_device_failed(s, m, rc);
-    } else if (r->tier == FERRY_TIER_PINNED || r->tier == FERRY_TIER_HOST) {
-        memcpy(buf, r->host, (size_t)r->nbytes);
-    } else if (r->tier == FERRY_TIER_SOURCE) {
+    } else if (tier == FERRY_TIER_DEVICE) {
+        if ((rc = fy_xfer_device_to_host(s->dev, &h, 1, NULL)) < 0) snprintf(msg, sizeof msg, "%s", ferry_device_errmsg(s->dev));
+    } else if (tier == FERRY_TIER_PINNED || tier == FERRY_TIER_HOST) {
+        memcpy(buf, host, (size_t)r->nbytes);
+    } else if (tier == FERRY_TIER_SOURCE) {
         rc = ferry_file_tensor_read(m->files[r->file], r->idx, 0, buf, (size_t)r->nbytes);
-        if (rc < 0) rs_merr(m, rc, "%s", ferry_file_errmsg(m->files[r->file]));
+        if (rc < 0) snprintf(msg, sizeof msg, "%s", ferry_file_errmsg(m->files[r->file]));
     } else {
-        rc = fy_xfer_fd_to_host(s->dev, fy_spill_fd(s->spill), r->soff, buf, r->nbytes);
+        rc = fy_xfer_fd_to_host(s->dev, fd, soff, buf, r->nbytes);
+    }
+    pthread_mutex_lock(&s->lock);
+    r->busy--;
+    pthread_cond_broadcast(&s->landed);
+    if (rc < 0 && tier == FERRY_TIER_DEVICE) {
+        fy_err_adopt(&s->err, msg);
+        fy_err_adopt(&m->err, msg);
+    } else if (rc < 0 && tier == FERRY_TIER_SOURCE) {
+        rs_merr(m, rc, "%s", msg);
+    } else if (rc < 0) {
         char q[256];
-        if (rc < 0)
-            rs_merr(m, rc, "%s: reading back tensor %s from the spill file: %s", s->spill_dir, RS_Q(q, r->name),
-                    ferry_strerror(rc));
+        rs_merr(m, rc, "%s: reading back tensor %s from the spill file: %s", s->spill_dir, RS_Q(q, r->name),
+                ferry_strerror(rc));
     }
     pthread_mutex_unlock(&s->lock);
     return rc;
@@ -127,7 +146,7 @@ FERRY_API int ferry_model_write(ferry_model *m, int64_t t, const void *buf)
     if (!buf) return FERRY_E_INVAL;
     ferry_store *s = m->s;
     pthread_mutex_lock(&s->lock);
-    rs_land_moving(s, m, NULL, t);
+    rs_settle(s, m, &t, 1, false);
     rtensor *r = &m->t[t];
     int rc = 0;
     if (r->tier != FERRY_TIER_DEVICE) {
@@ -136,8 +155,17 @@ FERRY_API int ferry_model_write(ferry_model *m, int64_t t, const void *buf)
                      ferry_tier_name(r->tier));
     } else if (r->nbytes) {
         fy_hostrange h = {(void *)(uintptr_t)buf, r->dptr, r->nbytes};
-        rc = fy_xfer_host_to_device(s->dev, &h, 1, NULL);
-        if (rc < 0) rs_device_failed(s, m, rc);
+        r->busy++;
+        pthread_mutex_unlock(&s->lock);
+        char msg[FY_ERRMSG_MAX] = "";
+        if ((rc = fy_xfer_host_to_device(s->dev, &h, 1, NULL)) < 0) snprintf(msg, sizeof msg, "%s", ferry_device_errmsg(s->dev));
+        pthread_mutex_lock(&s->lock);
+        r->busy--;
+        pthread_cond_broadcast(&s->landed);
+        if (rc < 0) {
+            fy_err_adopt(&s->err, msg);
+            fy_err_adopt(&m->err, msg);
+        }
     }
     if (rc == 0) {
         rs_uncache(s, r);
@@ -146,4 +174,3 @@ FERRY_API int ferry_model_write(ferry_model *m, int64_t t, const void *buf)
     pthread_mutex_unlock(&s->lock);
     return rc;
 }
-

@@ -157,6 +157,7 @@ typedef struct own {
  * slack); reused while the geometry stays the same. Under d->ring_lock. */
 int xf_ring_get(ferry_device *d, uint32_t nbuf, uint64_t bytes);
 void xf_ring_free(ferry_device *d);
+/* ---- spread.c ---- */
 /* Queue a copy of len bytes between host and dev in pieces of at most
  * REG_CHUNK, round-robin over streams st[0..nst-1] from *next on: the host
  * memory must be page-locked for the copies to run asynchronously. */

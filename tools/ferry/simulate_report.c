@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* simulate_report.c - `ferry simulate`'s report: a line of text per job and
+/* simulate_report.c - `ferry simulate`'s messages and report: the one-line
+ * errors of the scenario file and of a job (used by every simulate_ file,
+ * so they sit here, below all of them), then a line of text per job and
  * one for the store's totals, or the same as one JSON object per line
  * (--json). */
 #include <inttypes.h>
+#include <stdarg.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +13,42 @@
 
 #include "cli.h"
 #include "simulate.h"
+
+/* ---- messages ---- */
+
+int sim_scen_err(const scenario *sc, const char *key, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "ferry simulate: %s: ", sc->path);
+    if (key && *key) fprintf(stderr, "%s: ", key);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    return EXIT_USAGE;
+}
+
+void sim_job_err(job_result *r, const char *fmt, ...)
+{
+    size_t l = strlen(r->err);
+    if (l && l + 2 < sizeof r->err) {
+        memcpy(r->err + l, "; ", 3);
+        l += 2;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->err + l, sizeof r->err - l, fmt, ap);
+    va_end(ap);
+    r->failed = true;
+}
+
+const char *sim_errmsg(ferry_ctx *ctx, int64_t rc)
+{
+    const char *m = ferry_ctx_errmsg(ctx);
+    return m && *m ? m : ferry_strerror((int)rc);
+}
+
+/* ---- the report ---- */
 
 static json_t *jrange(const ferry_mem_range *m)
 {

@@ -4,32 +4,11 @@
  * expected bytes' hash remembered), run (simulate_stream.c), evict, and
  * verify against the checkpoint or that hash. */
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
 #include "simulate.h"
-
-void sim_job_err(job_result *r, const char *fmt, ...)
-{
-    size_t l = strlen(r->err);
-    if (l && l + 2 < sizeof r->err) {
-        memcpy(r->err + l, "; ", 3);
-        l += 2;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(r->err + l, sizeof r->err - l, fmt, ap);
-    va_end(ap);
-    r->failed = true;
-}
-
-const char *sim_errmsg(ferry_ctx *ctx, int64_t rc)
-{
-    const char *m = ferry_ctx_errmsg(ctx);
-    return m && *m ? m : ferry_strerror((int)rc);
-}
 
 /* The byte every byte of tensor `name` is XORed with in job ji: never 0. */
 static uint8_t mod_key(int ji, const char *name)

@@ -5,24 +5,11 @@
  * names looked up in them and the blocks of the models a job runs found. */
 #include <jansson.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
 #include "simulate.h"
-
-int sim_scen_err(const scenario *sc, const char *key, const char *fmt, ...)
-{
-    va_list ap;
-    fprintf(stderr, "ferry simulate: %s: ", sc->path);
-    if (key && *key) fprintf(stderr, "%s: ", key);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    return EXIT_USAGE;
-}
 
 static const char *jtype(const json_t *v)
 {
