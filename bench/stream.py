@@ -94,8 +94,8 @@ Configurations (--only / --skip take names, methods, modes, prefixes or @LOCATIO
   ferry:P:ring       the same with pinned_cache=False: nothing kept, the streamed blocks come
                      from the checkpoint through ferry's pinned ring every step
   ferry:P:default    pinned_cache not passed (the library's default: streamed blocks' copies
-                     kept). The runs in bench/results before --ferry-modes were this, named
-                     ferry:P. --ferry-modes picks the modes (default pinned,ring)
+                     kept), named ferry:P in results made without --ferry-modes.
+                     --ferry-modes picks the modes (default pinned,ring)
   ...@LOC            with --file-locations, every ferry config once per location (below)
                      (the ferry-specific lines are all in class FerryRun)
   group_offload      diffusers apply_group_offloading(block_level, num_blocks_per_group=1,
