@@ -1,5 +1,5 @@
 #!/bin/bash
-# What ferry load and ferry bench print for a new user (issue 16, item 4):
+# What ferry load and ferry bench print for a new user:
 # without a GPU, load names the devices that do work here (sim:SIZE, cpu); a
 # one-tensor file is "1 tensor"; a file too small to time gets a time, not a
 # GB/s figure; bench --device cpu shows no host->device link and no path cpu
