@@ -217,7 +217,7 @@ def main():
             print("  block:\n" + "".join("    " + ln + "\n" for ln in text.rstrip("\n").split("\n")))
         if out:
             print("  output (last 40 lines):\n" + "".join("    " + ln + "\n" for ln in out.rstrip("\n").split("\n")[-40:]))
-    label = os.path.relpath(readmes[0], src) if len(readmes) == 1 else f"{len(readmes)} files"
+    label = todo[0][0] if len(readmes) == 1 and todo else f"{len(readmes)} files"
     print(f"\n{label}: {len(ran)} run, {len(skipped)} skipped, {len(failed)} failed")
     if a.keep or failed:
         print(f"scratch tree and full log: {work}")
