@@ -6,7 +6,7 @@
  * The streaming store's pinned pool is anonymous memory asked for transparent
  * huge pages, touched by 8 threads, then registered (cuda.c cu_host_alloc).
  * Its host->device rate varied between processes (45.7-55.1 GB/s while the
- * copy engine was busy, bench/RESULTS.md "Eighth session"); this asks whether
+ * copy engine was busy, bench/RESULTS.md "Streaming"); this asks whether
  * the page size the kernel gave the pool explains it. Ways:
  *   hostalloc  cuMemHostAlloc (what torch's pin_memory and the copy-limit probe use)
  *   thp        ferry's: mmap, MADV_HUGEPAGE, 8-thread touch, cuMemHostRegister

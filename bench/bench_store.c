@@ -1,4 +1,4 @@
-/* bench_store.c - issue 4's targets on a real device, in one process:
+/* bench_store.c - the residency store's moves on a real device, in one process:
  *
  *   bench_store FILE SPILL_DIR [DEVICE]
  *

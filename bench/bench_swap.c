@@ -1,5 +1,4 @@
-/* bench_swap.c - model swap latency through the store (issue 13, item 4),
- * in one process:
+/* bench_swap.c - model swap latency through the store, in one process:
  *
  *   bench_swap FILE_A FILE_B [DEVICE] [SWAPS]
  *

@@ -826,7 +826,7 @@ def main(argv=None):
     r.add_argument("--methods", default=",".join(METHODS))
     r.add_argument("--vram-gib", type=float, default=None, help="emulate a GPU with this much free memory")
     r.add_argument("--python", help="the interpreter ComfyUI runs in (default: this one)")
-    r.add_argument("--comfyui", help="ComfyUI's directory ($COMFYUI_DIR or ../shared/comfyui)")
+    r.add_argument("--comfyui", help="ComfyUI's directory (default: where tests/comfyui/harness.py finds it, $COMFYUI_DIR first)")
     r.add_argument("--ferry-lib", help="libferry.so for the ferry method ($FERRY_LIBRARY, build/libferry.so)")
     r.add_argument("--work", help="where each process's folder goes (default: beside --out)")
     r.add_argument("--deadline", type=float, default=None, help="seconds from now after which no process starts")

@@ -50,9 +50,9 @@ Workloads (--workloads; made in --dir with --make, deterministic from --seed):
 Caches (--caches, default cold,hot,tmpfs; --plan 'w10g:cold,hot;small:hot' per
 workload): cold: every file fsync'ed and dropped with posix_fadvise(DONTNEED)
 (and /proc/sys/vm/drop_caches where writable); hot: read once front to back by
-one thread (as cat, cp or a download fill the cache; --warm-threads N: see
-bench/RESULTS.md, third GPU session, on why more threads make the next read
-slow); tmpfs: the files copied fresh into --tmpfs-dir before the run (not timed)
+one thread (as cat, cp or a download fill the cache; --warm-threads N fills it
+with N threads interleaved on one descriptor, which leaves it in single-page
+folios and makes the next read slow: docs/PERFORMANCE.md); tmpfs: the files copied fresh into --tmpfs-dir before the run (not timed)
 and deleted after. The share of each file in the page cache before each run is
 measured with mincore(), and the file system type recorded.
 

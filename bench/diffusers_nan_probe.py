@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How often diffusers' own attention returns NaN on this machine's torch,
 ferry not in the path: the cause of test_binding_diffusers.py's zero-mask
-fixture (bench/RESULTS.md, "Twenty-first session"). CPU only; it imports
+fixture (bench/RESULTS.md, "On the development machine"). CPU only; it imports
 that test module, which imports ferry, so build/ must hold libferry.so:
 
     .deps/venv/bin/python bench/diffusers_nan_probe.py [--zero-mask] [--threads N] [--calls N]

@@ -1,8 +1,12 @@
-# bench/gpu_common.sh - the helpers the GPU session scripts share (sourced from
-# the repository root on the GPU machine, with build-gpu carried):
-#   setup           install the carried wheels (.whl) into /tmp/site, point
-#                   ferry's Python at build-gpu's library, set CMP (compare_load
-#                   on /tmp/cmp); the eighteenth session's script on calls it
+# bench/gpu_common.sh - helpers bench/gpu_run.sh sources (from the repository
+# root, on the GPU machine). B is the Release build (default build-gpu), D the
+# folder of compare_load.py's files (default /tmp/cmp).
+#   setup           install the carried wheels (.whl, .whl-st09) into /tmp/site
+#                   and /tmp/st09, point ferry's Python at B's library, set CMP
+#                   (bench/compare_load.py on D)
+#   mk WORKLOADS    make compare_load.py's files that are missing (w10g: 10.43 GB,
+#                   540 BF16 tensors; small: 26 MB, 40 tensors; lora: 0.33 GB,
+#                   3000 tensors; gguf: 2.88 GB; sharded: 30.2 GB in 6 shards)
 #   limit           the pinned host-to-device copy rate (bench_pinrate, one line)
 #   drop            empty the page cache (root on the GPU machine)
 #   cli FILE [ARGS] one fresh `ferry load --json`: each load's GB/s, ms, set-up
@@ -12,16 +16,24 @@
 #                   load and its phases
 #   fsafe FILE      fastsafetensors (from /tmp/site) with nogds=True and its
 #                   defaults, timed from fastsafe_open to synchronised tensors
+B=${B:-build-gpu}
+D=${D:-/tmp/cmp}
 setup() {
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
-  export FERRY_LIBRARY=$PWD/build-gpu/libferry.so PYTHONPATH=$PWD/python
-  CMP="python3 bench/compare_load.py --ferry build-gpu/ferry --ferry-library $PWD/build-gpu/libferry.so --ferry-python $PWD/python --dir /tmp/cmp"
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
+  fi
+  if ls .whl-st09/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/st09 .whl-st09/*.whl 2>&1 | tail -2
+  fi
+  export FERRY_LIBRARY=$PWD/$B/libferry.so PYTHONPATH=$PWD/python
+  CMP="python3 bench/compare_load.py --ferry $B/ferry --ferry-library $PWD/$B/libferry.so --ferry-python $PWD/python --st09-path /tmp/st09 --dir $D"
 }
-limit() { build-gpu/bench_pinrate 4 64 2 2>&1 | grep hostalloc | head -1; }
+mk() { PYTHONPATH=/tmp/site:$PYTHONPATH $CMP --workloads "$1" --make --make-only --out "$OUT/make.json" 2>&1 | tail -1; }
+limit() { "$B"/bench_pinrate 4 64 2 2>&1 | grep hostalloc | head -1; }
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; }
 cli() {
   local f=$1; shift
-  build-gpu/ferry load --json "$@" "$f" | python3 -c '
+  "$B"/ferry load --json "$@" "$f" | python3 -c '
 import json,sys
 d=json.load(sys.stdin)
 L=d["files"]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""header_mem.py - the hostile-header case of issue 15.4: what opening a
+"""header_mem.py - a hostile header: what opening a
 safetensors file whose header is nothing but zero-size tensors costs.
 
     bench/header_mem.py FERRY OUT.safetensors [N]

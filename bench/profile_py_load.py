@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Where ferry.torch.load_file(device="cuda:0") spends a fresh process's first
-load, beside the CLI's figure (issue 17, item 3). One load per process:
+load, beside the CLI's figure. One load per process:
 
     python3 bench/profile_py_load.py FILE [--variant reserve|late|noreserve|owner_ferry]
 
@@ -15,9 +15,8 @@ allocation (pin_wait, part of other); starting the thread that reserves the
 tensors' block (reserve_start) and waiting for it (reserve_wait, part of other); other: the call's seconds not in the
 summed phases. Variants: reserve (the default binding:
 one cached block reserved first, on a thread while the tensor table is read),
-late (the same block reserved after the table, on the calling thread: the
-binding before the eighteenth session), noreserve (one torch.empty per tensor, as
-before), owner_ferry (ferry allocates one block per shard, tensors imported
+late (the same block reserved after the table, on the calling thread),
+noreserve (one torch.empty per tensor), owner_ferry (ferry allocates one block per shard, tensors imported
 through DLPack: the CLI's way), oneblock (a probe, not a binding: one
 torch.empty block per shard laid out as the file is, every tensor a view of it
 at its file offset, so ferry_load_into makes the copies the CLI's load makes:
@@ -26,8 +25,8 @@ binding's load_into trail the CLI's for its separate allocations?),
 oneblock_small (the same, but tensors under 1 MiB allocated one by one from
 PyTorch's small pool, as the binding allocates them). --repeat N loads N times
 in the process (each load's GB/s in "repeats"); --pread asks the ring to read a tmpfs file with
-pread (FERRY_LOAD_PREAD), as the binding did before the twelfth session,
-instead of copying it out of a mapping as the CLI and the binding do now;
+pread (FERRY_LOAD_PREAD) instead of copying it out of a mapping as the CLI
+and the binding do;
 --gather asks for gathered copies (FERRY_LOAD_GATHER_COPIES)."""
 import argparse
 import json

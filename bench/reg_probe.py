@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Where does a first registered load's time go, and what overlaps with what?
-(issue 17, item 2: the register path including registration.)
+(the register path, registration included.)
 
     python3 bench/reg_probe.py FILE [--piece-mib 1024] [--threads 16]
 

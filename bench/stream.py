@@ -94,13 +94,13 @@ Configurations (--only / --skip take names, methods, modes, prefixes or @LOCATIO
   ferry:P:ring       the same with pinned_cache=False: nothing kept, the streamed blocks come
                      from the checkpoint through ferry's pinned ring every step
   ferry:P:default    pinned_cache not passed (the library's default: streamed blocks' copies
-                     kept). The runs in bench/results before --ferry-modes were this, named
-                     ferry:P. --ferry-modes picks the modes (default pinned,ring)
+                     kept), named ferry:P in results made without --ferry-modes.
+                     --ferry-modes picks the modes (default pinned,ring)
   ...@LOC            with --file-locations, every ferry config once per location (below)
                      (the ferry-specific lines are all in class FerryRun)
   group_offload      diffusers apply_group_offloading(block_level, num_blocks_per_group=1,
                      use_stream=True), weights loaded to CPU first (safetensors)
-  group_offload_rs   the same with record_stream=True (as the FLUX figures of DEVICE-FACTS.md)
+  group_offload_rs   the same with record_stream=True
   cpu_offload        accelerate.cpu_offload(model, execution_device=dev), weights on CPU
   comfy_aimdo:P      comfy-aimdo 0.6.0's VBAR (the wheel's own API: ModelVBAR, vbar_fault,
                      vbar_unpin, set_watermark) for residency, with P% of the weights allowed
@@ -951,8 +951,7 @@ def load_flat_cpu(torch, path, threads=8, chunk=64 << 20):
     """The checkpoint's data region read (pread, several threads) into one
     anonymous CPU buffer, and a dict of views of it. Anonymous on purpose: the
     buffer is page-locked next (cudaHostRegister), and registering a MAP_PRIVATE
-    file mapping - what safetensors' CPU tensors are views of - can hang
-    (DEVICE-FACTS.md)."""
+    file mapping - what safetensors' CPU tensors are views of - can hang."""
     hdr, _meta, base = read_header(path)
     size = os.path.getsize(path) - base
     flat = torch.empty(size, dtype=torch.uint8)

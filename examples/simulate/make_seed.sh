@@ -1,6 +1,6 @@
 #!/bin/sh
 # SPDX-License-Identifier: Apache-2.0
-# Write the checkpoints of the seed workflow (issue 12: a 28 GiB DiT of 40
+# Write the checkpoints of the seed workflow (a 28 GiB DiT of 40
 # blocks and an 11 GiB text encoder on a 24 GiB GPU with 32 GiB of host RAM)
 # with ferry's deterministic sample writer. --bf16-only makes every block the
 # same size, as in a real DiT.

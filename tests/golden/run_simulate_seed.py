@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""The README's seed scenario end to end: examples/simulate/make_seed.sh writes
+"""The seed scenario (docs/SIMULATE.md, examples/simulate/README.md) end to end: examples/simulate/make_seed.sh writes
 its two checkpoints (a 1.75 GiB DiT of 40 blocks and a 704 MiB encoder, 16x
 smaller than the workflow's), then `ferry simulate --json
 examples/simulate/seed.json` must run every job: the encoder, a LoRA-like

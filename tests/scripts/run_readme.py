@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Run every command and snippet of README.md as a new user would, and fail
-naming the README line of the first block that fails.
+"""Run every command and snippet of README.md (and of the docs it leads to) as
+a new user would, and fail naming the file and line of each block that fails.
 
-    run_readme.py SOURCE BUILD [--readme FILE] [--keep]
+    run_readme.py SOURCE BUILD [--readme FILE]... [--keep]
+
+Several --readme files run in the order given, in one scratch tree, so a
+block sees what an earlier file's blocks made (README.md's .venv, say).
 
 Every fenced block is either run or marked with a comment on the line before
 its fence, and every mark says why:
@@ -106,16 +109,18 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("source")
     ap.add_argument("build")
-    ap.add_argument("--readme", help="default SOURCE/README.md")
+    ap.add_argument("--readme", action="append", help="default SOURCE/README.md; several run in order")
     ap.add_argument("--keep", action="store_true", help="keep the scratch tree and say where it is")
     a = ap.parse_args()
     src, build = os.path.realpath(a.source), os.path.realpath(a.build)
-    readme = a.readme or os.path.join(src, "README.md")
-    rel = os.path.relpath(readme, src) if readme.startswith(src + os.sep) else readme
+    readmes = [r if os.path.isabs(r) else os.path.join(src, r) for r in (a.readme or ["README.md"])]
     for need in ("ferry", "libferry.so"):
         if not os.path.isfile(os.path.join(build, need)):
             sys.exit(f"run_readme: {build}/{need} is missing: build the tree first")
-    todo = blocks(readme)
+    todo = []
+    for readme in readmes:
+        rel = os.path.relpath(readme, src) if readme.startswith(src + os.sep) else readme
+        todo += [(rel,) + b for b in blocks(readme)]
     work = tempfile.mkdtemp(prefix="ferry-readme-")
     tree = os.path.join(work, "tree")
     scratch_copy(src, tree)
@@ -128,7 +133,7 @@ def main():
         sys.exit(f"run_readme: scripts/make_sample.py failed (the sample scripts/demo.sh writes):\n{out}")
     ran, skipped, failed = [], [], []
     cblocks = []
-    for line, lang, text, mark, arg in todo:
+    for rel, line, lang, text, mark, arg in todo:
         where = f"{rel}:{line}"
         if mark == "skip":
             skipped.append((where, lang or "-", arg or "(no reason given)"))
@@ -183,7 +188,7 @@ def main():
             decls = [d.strip() for d in uses.split(";") if d.strip()]
             unit.append(f"/* {where} */\nvoid readme_block_{k}(void);\nvoid readme_block_{k}(void)\n{{")
             unit += [f"    {d} = 0;" for d in decls]
-            unit += ["#line %s" % (int(where.rsplit(":", 1)[1]) + 1)] + [text, "}"]
+            unit += ['#line %s "%s"' % (int(where.rsplit(":", 1)[1]) + 1, where.rsplit(":", 1)[0])] + [text, "}"]
         unit.append("int main(void) { return 0; }")
         cfile = os.path.join(work, "blocks.c")
         with open(cfile, "w", encoding="utf-8") as fh:
@@ -194,13 +199,13 @@ def main():
                "-L", build, "-lferry", "-o", os.path.join(work, "blocks")]
         logf.write(f"\n===== c blocks: {' '.join(cmd)}\n")
         rc, out, secs = run(cmd, work, logf)
-        names = ", ".join(w.rsplit(":", 1)[1] for w, _, _ in cblocks)
+        names = ", ".join(w for w, _, _ in cblocks)
         if rc:
-            lines = sorted({int(m) for m in re.findall(r"blocks\.c:(\d+):\d+: error", out)})
-            failed.append((f"{rel}:{lines[0]}" if lines else f"{rel}:{cblocks[0][0].rsplit(':', 1)[1]}",
-                           f"the c blocks (lines {names}) do not compile and link", "", out))
+            errs = re.findall(r"^([^\s:]+\.md):(\d+):\d+: error", out, re.M)
+            failed.append((f"{errs[0][0]}:{errs[0][1]}" if errs else cblocks[0][0],
+                           f"the c blocks ({names}) do not compile and link", "", out))
         else:
-            ran.append((f"{rel}:{names}", "c, compiled and linked against libferry.so (not run: they open "
+            ran.append((names, "c, compiled and linked against libferry.so (not run: they open "
                         "model.safetensors on cuda:0)", secs))
     logf.close()
     for where, what, secs in ran:
@@ -213,7 +218,8 @@ def main():
             print("  block:\n" + "".join("    " + ln + "\n" for ln in text.rstrip("\n").split("\n")))
         if out:
             print("  output (last 40 lines):\n" + "".join("    " + ln + "\n" for ln in out.rstrip("\n").split("\n")[-40:]))
-    print(f"\n{rel}: {len(ran)} run, {len(skipped)} skipped, {len(failed)} failed")
+    label = todo[0][0] if len(readmes) == 1 and todo else f"{len(readmes)} files"
+    print(f"\n{label}: {len(ran)} run, {len(skipped)} skipped, {len(failed)} failed")
     if a.keep or failed:
         print(f"scratch tree and full log: {work}")
     else:
