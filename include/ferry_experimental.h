@@ -47,7 +47,8 @@ typedef struct ferry_keep_opts {
     uint64_t budget;    /* bytes; 0: the sim SIZE, else half the host's available memory;
                            never above the host's available memory (cgroup-aware) */
     int stop_fd;        /* >= 0: the keeper stops when this becomes readable; -1: none */
-    int handle_signals; /* nonzero: SIGTERM and SIGINT stop it (handlers restored after) */
+    int handle_signals; /* nonzero: SIGTERM and SIGINT stop it (handlers restored after; one such
+                           keeper per process at a time) */
 } ferry_keep_opts;
 
 /* Run the keeper in this thread until stopped (stop_fd, a signal): logs to
