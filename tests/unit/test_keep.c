@@ -1018,6 +1018,57 @@ static void test_clean_exit(void)
     check_rmtree(dir);
 }
 
+/* Eight clients at once, each putting and reading back its own entries
+ * while the others do: one poll loop serves them all. */
+static void test_many_clients(void)
+{
+    setup_case("keepmany");
+    pid_t kp = start_keeper(8 * 20 * 8192, false);
+    CHECK(kp > 0);
+    if (kp <= 0) return;
+    pid_t kids[8];
+    for (int c = 0; c < 8; c++) {
+        kids[c] = fork();
+        if (kids[c] == 0) {
+            ferry_keep *k;
+            char err[1400];
+            if (ferry_keep_connect(sock, 5000, &k, err, sizeof err) < 0) _exit(10);
+            for (int i = 0; i < 20; i++) {
+                char name[32];
+                snprintf(name, sizeof name, "c%d.t%d", c, i);
+                ferry_keep_id id = ident(name);
+                if (put_fill(k, &id, 8192, (uint8_t)(c * 20 + i)) != 0) _exit(11);
+            }
+            for (int i = 0; i < 20; i++) {
+                char name[32];
+                snprintf(name, sizeof name, "c%d.t%d", c, i);
+                ferry_keep_id id = ident(name);
+                if (get_check(k, &id, 8192, (uint8_t)(c * 20 + i), NULL) != 1) _exit(12);
+            }
+            ferry_keep_close(k);
+            _exit(0);
+        }
+    }
+    int ok = 0;
+    for (int c = 0; c < 8; c++) {
+        int st = wait_for(kids[c], 20);
+        ok += st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    }
+    CHECK_EQ(ok, 8);
+    ferry_keep *k = conn();
+    ferry_keep_status *s = NULL;
+    CHECK_EQ(ferry_keep_status_get(k, &s), 0);
+    if (s) {
+        CHECK_EQ(s->nentries, 160);
+        CHECK_EQ(s->listed_entries, 160);
+        CHECK_EQ(s->used, 160 * 8192);
+        ferry_keep_status_free(s);
+    }
+    ferry_keep_close(k);
+    CHECK_EQ(stop_keeper(kp), 0);
+    check_rmtree(dir);
+}
+
 /* Raw bytes at the keeper: a bad header or body closes that connection only. */
 static void test_bad_client(void)
 {
@@ -1113,6 +1164,7 @@ static void test_file_identity(void)
     CASE(kill_client, test_kill_client())                                        \
     CASE(kill_keeper, test_kill_keeper())                                        \
     CASE(clean_exit, test_clean_exit())                                          \
+    CASE(many_clients, test_many_clients())                                      \
     CASE(bad_client, test_bad_client())                                          \
     CASE(file_identity, test_file_identity())
 CHECK_CASES(CASES)
