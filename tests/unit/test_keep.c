@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <dirent.h>
+#include <poll.h>
 
 #include "check.h"
 #include "fds.h"
@@ -806,7 +807,7 @@ static void test_private_dir(void)
 /* A client that puts 256 KiB entries "t0", "t1", ... of byte value i+1 and
  * commits each, forever, writing in small steps (so that SIGKILL lands in
  * every phase). */
-static void endless_putter(bool stall)
+static void endless_putter(int stall_fd)
 {
     ferry_keep *k;
     char err[1400];
@@ -823,7 +824,10 @@ static void endless_putter(bool stall)
         if (p == MAP_FAILED) _exit(12);
         for (size_t o = 0; o < nb; o += 16384) {
             memset(p + o, (int)((i % 24) + 1), 16384);
-            if (stall && o == nb / 2) pause(); /* killed here, mid-put */
+            if (stall_fd >= 0 && o == nb / 2) { /* killed here, mid-put */
+                if (write(stall_fd, "s", 1) != 1) _exit(14);
+                pause();
+            }
         }
         munmap(p, nb);
         close(fd);
@@ -840,9 +844,18 @@ static void test_kill_client(void)
     unsigned seed = (unsigned)getpid();
     int bad_entries = 0, left_pending = 0;
     for (int round = 0; round < 24; round++) {
+        /* round 0 is killed for sure mid-put (the child says when it is
+         * there); the others at a random moment */
+        int sp[2] = {-1, -1};
+        if (round == 0) CHECK_EQ(pipe(sp), 0);
         pid_t c = fork();
-        if (c == 0) endless_putter(round == 0);
-        usleep((useconds_t)(round == 0 ? 100000 : rand_r(&seed) % 30000));
+        if (c == 0) endless_putter(sp[1]);
+        if (round == 0) {
+            struct pollfd pf = {sp[0], POLLIN, 0};
+            CHECK_EQ(poll(&pf, 1, 10000), 1);
+            close(sp[0]);
+            close(sp[1]);
+        } else usleep((useconds_t)(rand_r(&seed) % 30000));
         kill(c, SIGKILL);
         waitpid(c, NULL, 0);
         ferry_keep *k = conn();
