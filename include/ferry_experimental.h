@@ -62,7 +62,8 @@ FERRY_API int ferry_keep_serve(const ferry_keep_opts *opts, char *err, size_t n)
 
 typedef struct ferry_keep ferry_keep;
 
-/* Connect to the keeper at socket (NULL: the default) and say HELLO; every
+/* Connect to the keeper at socket (NULL: the default) and say HELLO (a
+ * listener running as another uid is refused: -EPERM); every
  * later call waits at most timeout_ms (0: 5000) for an answer. 0, or -errno
  * with a message naming the socket in err[0..n-1]. */
 FERRY_API int ferry_keep_connect(const char *socket, int timeout_ms, ferry_keep **out, char *err, size_t n);

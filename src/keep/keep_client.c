@@ -178,6 +178,17 @@ int ferry_keep_connect(const char *socket_path, int timeout_ms, ferry_keep **out
         }
     }
     if (rc == 0) {
+        /* the keeper must be this user's own, as the keeper checks its clients:
+         * another user's process on a path we would trust gets no requests */
+        struct ucred cr;
+        socklen_t cl = sizeof cr;
+        if (getsockopt(k->fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) != 0)
+            rc = fail(k, -errno, "SO_PEERCRED: %s", strerror(errno));
+        else if (!fk_peer_allowed(cr.uid, geteuid()))
+            rc = fail(k, -EPERM, "the process listening there (pid %d) runs as uid %u, not as this user (uid %u): refused",
+                      (int)cr.pid, (unsigned)cr.uid, (unsigned)geteuid());
+    }
+    if (rc == 0) {
         fkp_msg q;
         memset(&q, 0, sizeof q);
         q.type = FKP_HELLO;

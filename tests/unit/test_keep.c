@@ -723,14 +723,25 @@ static void test_same_user(void)
     pid_t c = fork();
     if (c == 0) {
         if (setgid(65534) != 0 || setuid(65534) != 0) _exit(20);
-        ferry_keep *k;
-        char err[1400];
-        int rc = ferry_keep_connect(sock, 3000, &k, err, sizeof err);
-        if (rc == 0) _exit(21); /* served: wrong */
-        if (!strstr(err, sock) || !strstr(err, "closed the connection")) {
-            fprintf(stderr, "other uid's error: %s\n", err);
-            _exit(22);
-        }
+        /* a raw connection (the client library would refuse a keeper of
+         * another uid itself): HELLO, and the keeper hangs up without a word */
+        int s = socket(AF_UNIX, SOCK_STREAM, 0);
+        struct sockaddr_un a = {.sun_family = AF_UNIX};
+        memcpy(a.sun_path, sock, strlen(sock) + 1);
+        if (connect(s, (struct sockaddr *)&a, sizeof a) != 0) _exit(21);
+        struct timeval tv = {5, 0};
+        setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        fkp_msg *h = calloc(1, sizeof *h);
+        h->type = FKP_HELLO;
+        h->version = FKP_VERSION;
+        int len = fkp_encode(h, wire, sizeof wire);
+        free(h);
+        ssize_t w = send(s, wire, (size_t)len, MSG_NOSIGNAL);
+        (void)w; /* may already fail: closed */
+        uint8_t b[64];
+        ssize_t r = recv(s, b, sizeof b, 0);
+        if (r > 0) _exit(22); /* answered: wrong */
+        if (r < 0 && errno != ECONNRESET) _exit(23);
         _exit(0);
     }
     int st = wait_for(c, 10);
@@ -740,6 +751,37 @@ static void test_same_user(void)
     ferry_keep *k = conn();
     ferry_keep_close(k);
     CHECK_EQ(stop_keeper(kp), 0);
+
+    /* the other way: a client refuses a listener of another uid */
+    char other[700], osock[800];
+    snprintf(other, sizeof other, "%s/other", dir);
+    snprintf(osock, sizeof osock, "%s/k.sock", other);
+    CHECK_EQ(mkdir(other, 0700), 0);
+    CHECK_EQ(chown(other, 65534, 65534), 0);
+    int ready[2];
+    CHECK_EQ(pipe(ready), 0);
+    pid_t l = fork();
+    if (l == 0) {
+        if (setgid(65534) != 0 || setuid(65534) != 0) _exit(20);
+        int s = socket(AF_UNIX, SOCK_STREAM, 0);
+        struct sockaddr_un a = {.sun_family = AF_UNIX};
+        if (strlen(osock) >= sizeof a.sun_path) _exit(21);
+        memcpy(a.sun_path, osock, strlen(osock) + 1);
+        if (bind(s, (struct sockaddr *)&a, sizeof a) != 0 || listen(s, 4) != 0) _exit(22);
+        if (write(ready[1], "r", 1) != 1) _exit(23);
+        pause();
+        _exit(0);
+    }
+    char r;
+    CHECK_EQ(read(ready[0], &r, 1), 1);
+    close(ready[0]);
+    close(ready[1]);
+    char err[1400];
+    CHECK_EQ(ferry_keep_connect(osock, 1000, &k, err, sizeof err), -EPERM);
+    CHECK_STR_HAS(err, osock);
+    CHECK_STR_HAS(err, "runs as uid 65534, not as this user");
+    kill(l, SIGKILL);
+    waitpid(l, NULL, 0);
     check_rmtree(dir);
 }
 
