@@ -7,8 +7,8 @@
 # BUILD_DIR is a build configured with
 #     CC=clang cmake -S . -B BUILD_DIR -G Ninja -DFERRY_FUZZ=ON -DFERRY_SANITIZE=ON
 # and built (ninja -C BUILD_DIR fuzz_safetensors fuzz_index fuzz_gguf fuzz_zip
-# fuzz_pickle fuzz_memstat). TARGETs default to "safetensors index gguf zip
-# pickle memstat". Each
+# fuzz_pickle fuzz_memstat fuzz_keep). TARGETs default to "safetensors index gguf
+# zip pickle memstat keep". Each
 # fuzzer starts fresh from a copy of its seed corpus (tests/fuzz/corpus/TARGET,
 # in a temporary folder) plus
 # tests/fuzz/crashes, with tests/fuzz/TARGET.dict (safetensors.dict when there is
@@ -29,7 +29,7 @@ fi
 build=$1
 secs=$2
 shift 2
-targets=${*:-safetensors index gguf zip pickle memstat}
+targets=${*:-safetensors index gguf zip pickle memstat keep}
 case $secs in '' | *[!0-9]*) echo "$0: SECONDS must be a whole number" >&2; exit 2 ;; esac
 
 here=$(cd "$(dirname "$0")" && pwd)

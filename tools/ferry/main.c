@@ -8,7 +8,7 @@
 
 #include "cli.h"
 
-static const cli_cmd *const cmds[] = {&cmd_inspect, &cmd_hash, &cmd_cat, &cmd_load, &cmd_bench, &cmd_convert, &cmd_simulate};
+static const cli_cmd *const cmds[] = {&cmd_inspect, &cmd_hash, &cmd_cat, &cmd_load, &cmd_bench, &cmd_convert, &cmd_simulate, &cmd_keep};
 #define NCMDS (sizeof cmds / sizeof cmds[0])
 
 static void usage(FILE *out)

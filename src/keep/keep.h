@@ -1,0 +1,24 @@
+/* keep.h - the keeper's internals shared by its daemon and client (and the
+ * unit tests): the socket's private directory and the same-user rule. */
+#ifndef FERRY_KEEP_H
+#define FERRY_KEEP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+/* The keeper serves only its own user: a connection whose SO_PEERCRED uid is
+ * not the keeper's is closed. */
+bool fk_peer_allowed(uid_t peer, uid_t self);
+
+/* The socket path's directory is private: ours (uid self) and no access for
+ * group or others (mode & 077 == 0), a real directory (not a symlink). When
+ * it does not exist and create is set, it is made 0700 (its parent must
+ * exist). 0, or -errno (-EPERM: another owner or wider mode) with the reason
+ * in err[0..n-1]. */
+int fk_private_dir(const char *socket_path, bool create, uid_t self, char *err, size_t n);
+
+/* The longest socket path (sockaddr_un's sun_path less its NUL). */
+#define FK_SUN_MAX 107
+
+#endif

@@ -1,0 +1,113 @@
+/* keep_path.c - where the keeper's socket lives and who may use it, and a
+ * checkpoint file's identity as the keeper compares it. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ferry_experimental.h"
+#include "keep.h"
+
+bool fk_peer_allowed(uid_t peer, uid_t self)
+{
+    return peer == self;
+}
+
+int ferry_keep_default_socket(char *buf, size_t n)
+{
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    int w;
+    if (xdg && xdg[0] == '/') w = snprintf(buf, n, "%s/ferry/keep.sock", xdg);
+    else w = snprintf(buf, n, "/tmp/ferry-keep-%u/keep.sock", (unsigned)getuid());
+    if (w < 0 || (size_t)w >= n || w > FK_SUN_MAX) {
+        if (n) buf[0] = '\0';
+        return -ENAMETOOLONG;
+    }
+    return 0;
+}
+
+int fk_private_dir(const char *socket_path, bool create, uid_t self, char *err, size_t n)
+{
+    char dir[4096];
+    const char *slash = strrchr(socket_path, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == socket_path) snprintf(dir, sizeof dir, "/");
+    else if ((size_t)(slash - socket_path) >= sizeof dir) {
+        snprintf(err, n, "%s: path too long", socket_path);
+        return -ENAMETOOLONG;
+    } else snprintf(dir, sizeof dir, "%.*s", (int)(slash - socket_path), socket_path);
+    struct stat st;
+    if (lstat(dir, &st) != 0) {
+        int e = errno;
+        if (e != ENOENT || !create) {
+            snprintf(err, n, "socket directory %s: %s", dir, strerror(e));
+            return -e;
+        }
+        if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+            e = errno;
+            snprintf(err, n, "cannot make the socket directory %s: %s", dir, strerror(e));
+            return -e;
+        }
+        if (lstat(dir, &st) != 0) {
+            e = errno;
+            snprintf(err, n, "socket directory %s: %s", dir, strerror(e));
+            return -e;
+        }
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        snprintf(err, n, "socket directory %s is not a directory (a symlink is refused)", dir);
+        return -ENOTDIR;
+    }
+    if (st.st_uid != self) {
+        snprintf(err, n, "socket directory %s belongs to uid %u, not to this user (uid %u): refused", dir,
+                 (unsigned)st.st_uid, (unsigned)self);
+        return -EPERM;
+    }
+    if (st.st_mode & 077) {
+        snprintf(err, n, "socket directory %s has mode %04o: it must be private (chmod 700 %s)", dir,
+                 (unsigned)(st.st_mode & 07777), dir);
+        return -EPERM;
+    }
+    return 0;
+}
+
+#define IDENT_HEAD ((size_t)1 << 20)
+
+int ferry_keep_file_identity(const char *path, uint64_t *file_size, int64_t *mtime_ns, uint64_t *header_digest)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -errno;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return -e;
+    }
+    size_t want = (uint64_t)st.st_size < IDENT_HEAD ? (size_t)st.st_size : IDENT_HEAD;
+    char *buf = malloc(want ? want : 1);
+    if (!buf) {
+        close(fd);
+        return -ENOMEM;
+    }
+    size_t got = 0;
+    while (got < want) {
+        ssize_t r = pread(fd, buf + got, want - got, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got != want) {
+        free(buf);
+        return -EIO;
+    }
+    *file_size = (uint64_t)st.st_size;
+    *mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+    *header_digest = ferry_xxh3(buf, want);
+    free(buf);
+    return 0;
+}
