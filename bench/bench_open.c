@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench_open.c - what opening a checkpoint costs: wall time of ferry_file_open
  * and the growth of VmRSS it causes, cold (file dropped from the page cache
  * with POSIX_FADV_DONTNEED) and hot, REPS times each.

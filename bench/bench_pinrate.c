@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench_pinrate.c - how fast does the copy engine read pinned host memory,
  * by how that memory was made?
  *

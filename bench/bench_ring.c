@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench_ring.c - where is the ceiling of a pinned-ring load? The pieces of
  * ferry's ring measured apart, on one file, in one process:
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench_store.c - the residency store's moves on a real device, in one process:
  *
  *   bench_store FILE SPILL_DIR [DEVICE]

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench_swap.c - model swap latency through the store, in one process:
  *
  *   bench_swap FILE_A FILE_B [DEVICE] [SWAPS]

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* block_loads.c - what a streamed pass costs through the ring when it reads
  * its blocks one load at a time (as the store's mover does, a ferry_load_into
  * per block), against one load of the same bytes:

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """comfyui_seed - the seed workload in ComfyUI: Wan 2.1 T2V 14B text to video
 with stock ComfyUI's loaders, with --fast-disk, and with ferry's node pack,
 each in a fresh ComfyUI process per host-memory setting.

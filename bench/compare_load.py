@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Compare GPU checkpoint loaders side by side on several workloads: ferry (CLI
 and Python binding) against safetensors 0.8 and 0.9, InstantTensor,
 fastsafetensors, the Run:ai streamer and a plain gguf reader; cold page cache,

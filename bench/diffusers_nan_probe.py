@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """How often diffusers' own attention returns NaN on this machine's torch,
 ferry not in the path: the cause of test_binding_diffusers.py's zero-mask
 fixture (bench/RESULTS.md, "On the development machine"). CPU only; it imports

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/gpu_comfyui.sh OUT [PART] - the seed workload in ComfyUI on one GPU (bench/comfyui_seed.py:
 # Wan 2.1 T2V 14B + UMT5-XXL + Wan VAE, random weights of the real shapes; stock loaders,
 # --fast-disk, ferry's node pack; a fresh ComfyUI per setting and method, 3 prompts each), in one

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # bench/gpu_common.sh - helpers bench/gpu_run.sh sources (from the repository
 # root, on the GPU machine). B is the Release build (default build-gpu), D the
 # folder of compare_load.py's files (default /tmp/cmp).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/gpu_run.sh - ferry's GPU checks and benchmarks on the GPU machine, run from the
 # repository root, each part writing its raw output into OUT and every part's figures into
 # one table, OUT/table.md (medians and ranges over the rounds, per measurement):

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/gpu_stream.sh OUT [PART] - block streaming of a Wan2.1-T2V-14B-sized transformer
 # (diffusers' WanTransformer3DModel, 28.6 GB BF16) on one H100, from a fresh checkout on the
 # GPU machine, in one call of at most 10 minutes: builds libferry into build-gpu, installs the

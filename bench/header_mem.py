@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """header_mem.py - a hostile header: what opening a
 safetensors file whose header is nothing but zero-size tensors costs.
 

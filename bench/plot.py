@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Draw a bench/compare_load.py result.
 
 The current JSON (format 2: workloads x caches x methods): one panel per

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Draw a bench/stream.py result: steady step time per configuration (4096
 and 1024 image tokens) beside peak host RSS.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Where ferry.torch.load_file(device="cuda:0") spends a fresh process's first
 load, beside the CLI's figure. One load per process:
 

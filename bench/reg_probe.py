@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Where does a first registered load's time go, and what overlaps with what?
 (the register path, registration included.)
 

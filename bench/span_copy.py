@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Does one host-to-device copy that spans two separate cuMemAlloc allocations,
 adjacent in the device's address space, work? (The ring, pageable and register
 paths merge copies of pieces that continue one another on the device; with a

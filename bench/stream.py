@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Run a diffusion transformer larger than its device budget: ferry's block
 streaming (ferry.torch.Store(..., device_budget=B).add(..., stream="auto")) beside
 the whole model resident on the GPU, diffusers' group offloading, accelerate's

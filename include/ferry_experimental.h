@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ferry_experimental.h - unsettled API: may change or go in any release.
  *
  * The keeper (docs/KEEPER.md): a daemon that holds tensor bytes in shareable

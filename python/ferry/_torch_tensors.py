@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """_torch_tensors - the tensor plumbing every part of ferry.torch shares:
 ferry dtypes as torch dtypes, zero-copy views of ferry memory (a file's
 mapping, a load's blocks), empty tensors for ferry to fill, and waiting for

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* keep.h - the keeper's internals shared by its daemon and client (and the
  * unit tests): the socket's private directory and the same-user rule. */
 #ifndef FERRY_KEEP_H

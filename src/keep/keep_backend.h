@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* keep_backend.h - where the keeper's memory comes from: a region of N bytes
  * that another process can map through a file descriptor.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* keep_client.c - the keeper's client: one connection, one request at a time,
  * every wait bounded (SO_RCVTIMEO / SO_SNDTIMEO), every error naming the
  * socket. A keeper that dies mid-call is an error (-EPIPE / -ECONNRESET),

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* keep_daemon.c - the keeper: one thread, one poll loop, many clients.
  *
  * It holds entries (one backend region each) and hands out their file

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* keep_path.c - where the keeper's socket lives and who may use it, and a
  * checkpoint file's identity as the keeper compares it. */
 #define _GNU_SOURCE

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* keep_proto.c - the keeper's message codec (keep_proto.h): bounds-checked
  * readers and writers over byte buffers, nothing else. */
 #include "keep_proto.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* keep_proto.h - the keeper's wire protocol: encoding and decoding of its
  * messages, pure (no I/O, no allocation except fkp_status_decode's one block).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* keep_sim.c - the keeper's sim backend (memfd memory) and the choice of
  * backend by device string. */
 #define _GNU_SOURCE

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* blocks.c - the store's device memory: blocks from the driver (segments),
  * carved into tensors and kept after their tensors leave, for reuse without a
  * driver call, until ferry_store_make_room (or the budget) gives them back.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cache.c - cache admission: which tensors keep a clean pinned copy when
  * read from their checkpoint (a streamed block's under its plan, any
  * tensor's of a model with pinned_cache on), whether the budgets admit one,

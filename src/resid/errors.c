@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* errors.c - the store's messages: on a model (reaching its store and
  * context), and a failure inside the store or the device passed on to the
  * model. Used by every layer of resid/; uses none. */

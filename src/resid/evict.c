@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* evict.c - eviction: dirty tensors saved by the host policy (pinned pool,
  * RAM or the spill file), clean ones dropped, in two phases around copies
  * that run with the store's lock dropped; make_room's choice of groups. */

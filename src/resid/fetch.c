@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fetch.c - moves to the device: room first (under the store's lock), then
  * each tier's tensors through its move with the lock dropped (the checkpoint
  * through the loader, pinned and RAM copies by DMA, the spill file through the

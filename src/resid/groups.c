@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* groups.c - a model's groups as an index (each group's members, so a
  * move looks at its block alone) and the selection of a request's tensors
  * with their groups. Part of the model catalogue: below the moves and the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* land.c - landing a queued move: waiting for its copies with the lock
  * dropped, then committing the tensors' new tiers (or rolling them back,
  * nothing lost) under it; and waiting for the marks that keep a tensor's

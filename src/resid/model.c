@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* model.c - models in a store: adding (tensors and their module groups),
  * removing, finding, grouping, priorities, and the selection of a request's
  * tensors with their groups. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* policy.c - see policy.h. No I/O, no allocation, no clocks. */
 #define _GNU_SOURCE
 #include "policy.h"

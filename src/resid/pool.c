@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pool.c - the store's pinned pool (chunks pinned once, best-fit ranges,
  * trimmed by make_room) and the host copies of evicted tensors. */
 #define _GNU_SOURCE

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* releases.c - holds dropped once a caller's stream is done with a tensor
  * (ferry_model_release_after), and the fences of released memory that the
  * next writes into it are ordered after (rs_reuse_order). A resource under

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* spill.c - see spill.h. The file is carved into reserved and free ranges;
  * only the free ones are recorded, in a sorted array (a store holds at most a
  * few thousand spilled tensors, so linear best fit costs nothing next to the

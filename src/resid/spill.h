@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* spill.h - the store's spill file: one unnamed file
  * (O_TMPFILE) in a chosen directory, so nothing is left on disk however the
  * process ends. Space is reserved with fallocate before anything is written,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* stats.c - the store's statistics and jobs (per-job counters and memory samples). */
 #define _GNU_SOURCE
 #include <errno.h>

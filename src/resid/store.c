@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* store.c - the residency store's life: tier names, opening a store with
  * its budgets (defaults from the device and the host's real limits), and
  * freeing it. resid/ decides, xfer/ moves: the policy is policy.c, the

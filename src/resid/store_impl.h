@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* store_impl.h - what the residency store's files share: a store, its models
  * and their tensors, and the functions that run under the store's lock (the
  * pinned pool, the device block cache, selection, eviction). Private to

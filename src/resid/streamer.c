@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* streamer.c - the streaming engine: pass after pass over a model's blocks,
  * driven by a caller that says when each block runs (ferry_streamer_*).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* tensor.c - one tensor of a model: dirty marks, use counts, state, and
  * reading or writing its bytes wherever they are. */
 #define _GNU_SOURCE

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* device.c - a device handle: opening and closing it, its memory figures,
  * the pinned ring it keeps between loads. */
 #define _GNU_SOURCE

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* host.c - the cpu device's path: readers pread straight into host memory. */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* load.c - the load API: path names, choosing a path (auto), the ring's
  * geometry, and ferry_load / ferry_load_into / ferry_loaded_*. */
 #define _GNU_SOURCE

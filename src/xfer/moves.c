@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* moves.c - the moves the residency store asks for (xfer.h): device and
  * pinned blocks, copies between host memory and the device, and reads and
  * writes of a file (the spill file) through the ring. */

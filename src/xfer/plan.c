@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* plan.c - a load's plan (file ranges in order and the copies out of them),
  * the readers' shared schedule and the descriptor each reader reads through. */
 #define _GNU_SOURCE

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* probe.c - ferry_device_copy_rate: the pinned copy rate each way. */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* register.c - page-locked file mappings: registering a checkpoint's shards
  * with the device (held by the caller or used by one load), and the register
  * path that copies straight out of the page cache. */

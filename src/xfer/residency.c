@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* residency.c - how much of a checkpoint is in the page cache (mincore):
  * exactly for the caller, sampled for auto's choice of path. */
 #define _GNU_SOURCE

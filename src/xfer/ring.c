@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ring.c - the ring pipeline: reader threads pread (or O_DIRECT-read)
  * contiguous file ranges into the cached pinned ring and queue asynchronous
  * copies on several streams; an event recorded after a buffer's copies gives

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* spread.c - the chunked copies every pipeline queues (loads, queued
  * moves, registered mappings): a helper below device.c and register.c, so
  * neither reaches into the other for it. */

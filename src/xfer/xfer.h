@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xfer.h - what other layers (the residency store, resid/) may ask of the
  * transfer engine: device blocks, pinned host blocks, moves between host
  * memory, files and the device, and the completion of a queued move. Nothing

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xfer_impl.h - what the transfer engine's files share: the device handle and
  * its cached ring and registrations, the plan (file ranges and the copies out
  * of them), the readers' schedule, and the pipelines that run a plan. Private

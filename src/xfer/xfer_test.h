@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xfer_test.h - hooks for tests and benchmarks (they link libferry.a): the
  * backend behind a device, so they can inject sim faults and read its usage.
  * Nothing in src/ outside xfer/ includes this. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_keep.c - libFuzzer target for the keeper's message codec
  * (src/keep/keep_proto.c), the code that reads every byte a client or the
  * keeper sends.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """make_keep_corpus.py - writes fuzz_keep's seed corpus (standard library only).
 
     python3 tests/fuzz/make_keep_corpus.py [OUTDIR]   (default: tests/fuzz/corpus/keep)

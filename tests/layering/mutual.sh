@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # tests/layering/mutual.sh BUILD ALLOWED - no two C files call each other.
 # For every pair of object files of src/ and tools/ferry/ in BUILD, a file
 # "uses" another when it references a symbol the other defines (nm); a pair

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Python mirror of include/ferry.h: every function the header exports is
 bound by python/ferry/_lib.py with the same return and argument types, or
 listed in _lib.UNBOUND with a reason; every bound function is in the header.

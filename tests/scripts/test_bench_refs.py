@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The benchmark driver and what the docs say of bench/, checked off the GPU:
 
     test_bench_refs.py SOURCE

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # ferry keep from the command line: --help, usage errors, the CUDA backend's
 # "not built yet", a keeper run in the background answering --status (text
 # and --json), a second keeper on the same socket refused, SIGTERM stopping it

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_keep.c - the keeper (src/keep): its message codec, and the daemon run
  * in a forked child with clients in this process and in other children:
  * puts seen across processes, stale identities, LRU under a budget, the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cmd_keep.c - `ferry keep`: run the keeper in the foreground, or ask a
  * running one what it holds (--status). */
 #include <errno.h>

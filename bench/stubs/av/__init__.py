@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A stand-in for PyAV (`av`) that satisfies only what ComfyUI does with it
 while importing: its modules `import av` and `from av.container import
 InputContainer`, `from av.subtitles.stream import SubtitleStream`, `from

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """av.subtitles.stream stand-in: the type comfy_api's video types test streams against."""
 from av import _placeholder
 

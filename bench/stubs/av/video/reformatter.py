@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """av.video.reformatter stand-in: ColorRange, whose members comfy_api compares frames with."""
 import enum
 
