@@ -31,8 +31,8 @@ import os
 import torch
 
 from . import _core
-from ._torch_load import dtype_for
-from ._torch_load_into import load_into
+from .torch._load_into import load_into
+from .torch._tensors import dtype_for
 
 __all__ = ["from_pretrained", "weights_file"]
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""_torch_load_into - ferry.torch.load_into: fill an existing nn.Module in
+"""ferry.torch._load_into - ferry.torch.load_into: fill an existing nn.Module in
 place (or replace its meta tensors), one ferry load per device.
 """
 import collections
@@ -8,9 +8,10 @@ import threading
 
 import torch
 
-from . import _core, _lib
-from ._torch_load import _cuda_index, _empty, _sync, _views
-from ._torch_match import _assign, _match_module, _module_entries
+from .. import _core, _lib
+from ._load import _views
+from ._match import _assign, _match_module, _module_entries
+from ._tensors import _cuda_index, _empty, _sync
 
 IncompatibleKeys = collections.namedtuple("IncompatibleKeys", "missing_keys unexpected_keys")
 
