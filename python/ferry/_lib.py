@@ -20,7 +20,7 @@ import errno
 import os
 import sys
 
-from ._signatures import FUNCTIONS, _P, _cp, _i32, _i64, _u32, _u64, _vp
+from ._signatures import FUNCTIONS, _P, _cp, _i32, _i64, _vp
 from ._structs import (  # noqa: F401  (the mirrors are _lib's names for the rest of the binding)
     JobStats, LoadOpts, LoadStats, MemRange, Plan, PlanOpts, PROGRESS_FN, StoreOpts, STREAM_COPIES,
     StreamerOpts, StreamerStats, Struct, TensorInfo, TensorState,
