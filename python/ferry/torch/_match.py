@@ -2,7 +2,7 @@
 """ferry.torch._match - an nn.Module's parameters and buffers paired with a
 checkpoint's tensors the way load_state_dict pairs them (tied names together,
 keys, shapes and dtypes checked), and new tensors put in their place: used by
-load_into and by Store.add(module=...).
+load_model and by Store.add(module=...).
 """
 import collections
 
