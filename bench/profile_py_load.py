@@ -48,7 +48,8 @@ def main():
     a = ap.parse_args()
     import torch
     import ferry.torch as ft
-    from ferry import _core, _torch_load
+    from ferry import _core
+    from ferry.torch import _load
     torch.zeros(1, device="cuda:0")
     torch.cuda.synchronize()
     t_init = time.perf_counter() - T0
@@ -64,10 +65,10 @@ def main():
         return wrap
 
     if a.variant == "noreserve":
-        _torch_load._RESERVE_MIN = 1 << 62  # no tensor is large enough: nothing reserved
+        _load._RESERVE_MIN = 1 << 62  # no tensor is large enough: nothing reserved
     if a.variant == "late":
-        _torch_load._reserve_early = lambda *args: None  # _alloc reserves, after the table
-    reserve_early = timed("reserve_start", _torch_load._reserve_early)
+        _load._reserve_early = lambda *args: None  # _alloc reserves, after the table
+    reserve_early = timed("reserve_start", _load._reserve_early)
 
     class Joined:  # the reserving thread, its joins timed (reserve_wait, part of other)
         def __init__(self, th):
@@ -82,10 +83,10 @@ def main():
         th = reserve_early(*args)
         return None if th is None else Joined(th)
 
-    _torch_load._reserve_early = reserve_marked
+    _load._reserve_early = reserve_marked
     if a.variant in ("oneblock", "oneblock_small"):
         apart = (1 << 20) if a.variant == "oneblock_small" else 0  # tensors under it: torch.empty each
-        _torch_load._reserve_early = lambda *args: None
+        _load._reserve_early = lambda *args: None
 
         def alloc_oneblock(infos, dts, device, reserved=False):
             span = {}
@@ -98,7 +99,7 @@ def main():
             for t in infos:
                 dt = dts[t.index]
                 if not t.nbytes:
-                    out[t.name] = _torch_load._empty(t, dt, device)
+                    out[t.name] = _load._empty(t, dt, device)
                     continue
                 if t.nbytes < apart and dt is not None and t.strides is None:
                     out[t.name] = torch.empty(t.shape, dtype=dt, device=device)
@@ -107,15 +108,15 @@ def main():
                     continue
                 off = t.offset - span[t.shard][0]
                 raw = blocks[t.shard][off:off + t.nbytes]
-                out[t.name] = raw if dt is None else _torch_load._shape_view(raw.view(dt), t, dt, 0)
+                out[t.name] = raw if dt is None else _load._shape_view(raw.view(dt), t, dt, 0)
                 idx.append(t.index)
                 ptrs.append(blocks[t.shard].data_ptr() + off)
             return out, idx, ptrs
 
-        _torch_load._alloc = alloc_oneblock
-    _torch_load._alloc = timed("alloc", _torch_load._alloc)
+        _load._alloc = alloc_oneblock
+    _load._alloc = timed("alloc", _load._alloc)
     marks = {}
-    sync = timed("sync", _torch_load._sync)
+    sync = timed("sync", _load._sync)
 
     def sync_marked(*args, **kw):  # its end: where the binding joins the pinning thread
         try:
@@ -123,7 +124,7 @@ def main():
         finally:
             marks["sync_end"] = time.perf_counter()
 
-    _torch_load._sync = sync_marked
+    _load._sync = sync_marked
     prepare = _core.prepare
 
     def prepare_marked(*args, **kw):  # on the pinning thread
@@ -136,7 +137,7 @@ def main():
     _core.prepare = prepare_marked
     _core._Handle.__init__ = timed("open", _core._Handle.__init__)
     _core._Handle.infos = timed("infos", _core._Handle.infos)
-    _torch_load._by_name = timed("by_name", _torch_load._by_name)
+    _load._by_name = timed("by_name", _load._by_name)
     _core.device = timed("device_open", _core.device)
     _core.load_into = timed("load_into", _core.load_into)
     if a.pread or a.gather:

@@ -281,7 +281,7 @@ def _restored(obj, data):
     else a new Parameter (or data)."""
     if not isinstance(obj, torch.nn.Parameter):
         return data
-    from ferry._torch_match import _same_param
+    from ferry.torch._match import _same_param
     return _same_param(obj, data, False)
 
 
@@ -305,7 +305,7 @@ def prepare(patcher, module_attr, raw_names, files, stream, label):
         raise Unsupported("its module is already held")
     keys, views, total = {}, {}, 0
     seen = set()
-    from ferry._torch_match import _module_entries  # (key, owner, attribute, is parameter, tensor), as attached
+    from ferry.torch._match import _module_entries  # (key, owner, attribute, is parameter, tensor), as attached
     for key, _, _, _, t in _module_entries(module):
         n = t.numel() * t.element_size()
         if id(t) not in seen:

@@ -6,7 +6,7 @@ A thin ctypes binding of libferry (include/ferry.h): no logic the C API lacks.
     import ferry.torch
     sd = ferry.torch.load_file("model.safetensors")             # zero-copy, copy-on-write views
     sd = ferry.torch.load_file("model.safetensors", "cuda:0")   # pinned ring, many threads
-    ferry.torch.load_into(module, "model.safetensors")          # fill an existing nn.Module
+    ferry.torch.load_model(module, "model.safetensors")         # fill an existing nn.Module
 
     import ferry.numpy
     arrays = ferry.numpy.load_file("model.safetensors")

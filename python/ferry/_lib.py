@@ -1,13 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-"""_lib - ctypes declarations of include/ferry.h and the search for libferry.so.
+"""_lib - libferry.so found, loaded and declared to ctypes.
 
-The structs are transcriptions of the C header (ctypes needs them), checked at
-import against the layout the loaded library reports (ferry_abi_sizeof,
-_offsetof, _field): a mirror that differs in size, field order or any offset
-is an ImportError naming the struct and the field. Enum tables (dtype, route,
-tier and format names, error codes and their names) are not copied: they are
-read from the library (ferry_abi_enum_count and the ferry_*_name functions).
-One argtypes/restype pair per function. The library is found, in this order:
+The functions' restype and argtypes are in _signatures, the struct mirrors
+in _structs (re-exported here: the binding's other modules take every
+declaration from _lib). Each mirror is checked at import against the layout
+the loaded library reports (ferry_abi_sizeof, _offsetof, _field): a mirror
+that differs in size, field order or any offset is an ImportError naming the
+struct and the field. Enum tables (dtype, route, tier and format names, error
+codes and their names) are not copied: they are read from the library
+(ferry_abi_enum_count and the ferry_*_name functions). The library is found,
+in this order:
   1. the copy bundled into the installed package (ferry/libferry.so, put there
      by `pip install ./python`, see python/setup.py),
   2. the file (or folder holding libferry.so) named by $FERRY_LIBRARY,
@@ -17,6 +19,12 @@ import ctypes
 import errno
 import os
 import sys
+
+from ._signatures import FUNCTIONS, _P, _cp, _i32, _i64, _vp
+from ._structs import (  # noqa: F401  (the mirrors are _lib's names for the rest of the binding)
+    JobStats, LoadOpts, LoadStats, MemRange, Plan, PlanOpts, PROGRESS_FN, StoreOpts, STREAM_COPIES,
+    StreamerOpts, StreamerStats, Struct, TensorInfo, TensorState,
+)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -34,217 +42,6 @@ META_JSON = 1  # ferry_meta_kind FERRY_META_JSON: the value is JSON text
 # ferry's own codes start here and go down (FERRY_E_BASE); how many there are
 # and their names come from the library (ferry_abi_enum_count, ferry_error_name).
 E_BASE = -4097
-
-
-class Struct(ctypes.Structure):
-    """A mirror of one of ferry.h's structs. _ferry_name_ is its C name, under
-    which the library describes its layout (ferry_abi_*): check_mirror compares
-    the two at import. An instance starts with `size` set to sizeof the struct
-    (ferry.h's rule for every struct passed in or filled out)."""
-
-    _ferry_name_ = None
-
-    def __init__(self, *args, **kw):
-        super().__init__(*args, **kw)
-        if self._fields_ and self._fields_[0][0] == "size":
-            self.size = ctypes.sizeof(self)
-
-
-class TensorInfo(Struct):
-    _ferry_name_ = "ferry_tensor_info"
-    _fields_ = [
-        ("size", ctypes.c_uint32),
-        ("name", ctypes.c_char_p),
-        ("dtype", ctypes.c_int),
-        ("ndim", ctypes.c_int32),
-        ("shape", ctypes.POINTER(ctypes.c_int64)),
-        ("nbytes", ctypes.c_uint64),
-        ("offset", ctypes.c_uint64),
-        ("shard", ctypes.c_int32),
-        ("strides", ctypes.POINTER(ctypes.c_int64)),
-        ("flags", ctypes.c_uint32),
-    ]
-
-
-PROGRESS_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64)
-
-
-class LoadOpts(Struct):
-    _ferry_name_ = "ferry_load_opts"
-    _fields_ = [
-        ("size", ctypes.c_uint32),
-        ("route", ctypes.c_int),
-        ("threads", ctypes.c_uint32),
-        ("streams", ctypes.c_uint32),
-        ("ring_buffers", ctypes.c_uint32),
-        ("ring_buffer_bytes", ctypes.c_uint64),
-        ("pinned_budget", ctypes.c_uint64),
-        ("progress", PROGRESS_FN),
-        ("opaque", ctypes.c_void_p),
-        ("flags", ctypes.c_uint32),
-    ]
-
-
-class LoadStats(Struct):
-    _ferry_name_ = "ferry_load_stats"
-    _fields_ = [
-        ("size", ctypes.c_uint32),
-        ("route", ctypes.c_int),
-        ("bytes", ctypes.c_uint64),
-        ("seconds", ctypes.c_double),
-        ("resident", ctypes.c_double),
-        ("why", ctypes.c_char_p),  # static text of the library's
-        ("registration", ctypes.c_int),
-        ("register_seconds", ctypes.c_double),
-        ("setup_seconds", ctypes.c_double),
-        ("alloc_seconds", ctypes.c_double),
-        ("pin_seconds", ctypes.c_double),
-    ]
-
-
-# ---- residency store (ferry_store_*, ferry_model_*) ---------------------------
-
-class StoreOpts(Struct):
-    _ferry_name_ = "ferry_store_opts"
-    _fields_ = [
-        ("size", ctypes.c_uint32),
-        ("device_budget", ctypes.c_uint64),
-        ("device_reserve", ctypes.c_uint64),
-        ("host_budget", ctypes.c_uint64),
-        ("pinned_budget", ctypes.c_uint64),
-        ("host_reserve", ctypes.c_uint64),
-        ("spill_below", ctypes.c_uint64),
-        ("spill_above", ctypes.c_uint64),
-        ("spill_dir", ctypes.c_char_p),
-        ("load", ctypes.POINTER(LoadOpts)),  # copied by ferry_store_new
-        ("pinned_reserve", ctypes.c_uint64),
-    ]
-
-
-class TensorState(Struct):
-    _ferry_name_ = "ferry_tensor_state"
-    _fields_ = [
-        ("size", ctypes.c_uint32),
-        ("name", ctypes.c_char_p),
-        ("nbytes", ctypes.c_uint64),
-        ("tier", ctypes.c_int),
-        ("dirty", ctypes.c_int),
-        ("holds", ctypes.c_int),
-        ("group", ctypes.c_int64),
-        ("dptr", ctypes.c_uint64),
-        ("cached", ctypes.c_int),
-        ("streams", ctypes.c_int),
-    ]
-
-
-class PlanOpts(Struct):
-    _ferry_name_ = "ferry_plan_opts"
-    _fields_ = [
-        ("size", ctypes.c_uint32),
-        ("blocks", ctypes.POINTER(ctypes.c_int64)),  # copied by ferry_model_plan
-        ("nblocks", ctypes.c_int64),
-        ("window", ctypes.c_int64),
-        ("budget", ctypes.c_uint64),
-        ("reserve", ctypes.c_uint64),
-        ("pinned_cache", ctypes.c_int),
-        ("dry_run", ctypes.c_int64),
-    ]
-
-
-class Plan(Struct):
-    _ferry_name_ = "ferry_plan"
-    _fields_ = [
-        ("size", ctypes.c_uint32),
-        ("blocks", ctypes.c_int64),
-        ("resident_blocks", ctypes.c_int64),
-        ("streamed_blocks", ctypes.c_int64),
-        ("fixed_bytes", ctypes.c_uint64),
-        ("resident_bytes", ctypes.c_uint64),
-        ("window_bytes", ctypes.c_uint64),
-        ("streamed_bytes", ctypes.c_uint64),
-        ("budget", ctypes.c_uint64),
-        ("window", ctypes.c_int64),
-        ("minimum_bytes", ctypes.c_uint64),
-    ]
-
-
-class StreamerOpts(Struct):
-    _ferry_name_ = "ferry_streamer_opts"
-    _fields_ = [
-        ("size", ctypes.c_uint32),
-        ("blocks", ctypes.POINTER(ctypes.c_int64)),  # copied by ferry_streamer_new
-        ("nblocks", ctypes.c_int64),
-        ("prefetch", ctypes.c_int64),
-        ("budget", ctypes.c_uint64),
-        ("reserve", ctypes.c_uint64),
-        ("copies", ctypes.c_int),
-    ]
-
-
-class StreamerStats(Struct):
-    _ferry_name_ = "ferry_streamer_stats"
-    _fields_ = [
-        ("size", ctypes.c_uint32),
-        ("passes", ctypes.c_int64),
-        ("blocks", ctypes.c_int64),
-        ("resident_blocks", ctypes.c_int64),
-        ("streamed_blocks", ctypes.c_int64),
-        ("prefetch", ctypes.c_int64),
-        ("prefetch_asked", ctypes.c_int64),
-        ("budget", ctypes.c_uint64),
-        ("budget_asked", ctypes.c_uint64),
-        ("minimum_bytes", ctypes.c_uint64),
-        ("fixed_bytes", ctypes.c_uint64),
-        ("resident_bytes", ctypes.c_uint64),
-        ("window_bytes", ctypes.c_uint64),
-        ("streamed_bytes", ctypes.c_uint64),
-        ("pinned_copies", ctypes.c_int),
-        ("pass_htod", ctypes.c_uint64),
-        ("pass_read", ctypes.c_uint64),
-        ("pass_seconds", ctypes.c_double),
-        ("shrinks", ctypes.c_uint64),
-        ("grows", ctypes.c_uint64),
-        ("retries", ctypes.c_uint64),
-        ("prefetch_skipped", ctypes.c_uint64),
-    ]
-
-
-STREAM_COPIES = {"auto": 0, "pinned": 1, "ring": 2}
-
-
-class MemRange(Struct):
-    _ferry_name_ = "ferry_mem_range"
-    _fields_ = [("start", ctypes.c_uint64), ("end", ctypes.c_uint64), ("peak", ctypes.c_uint64)]
-
-
-class JobStats(Struct):
-    _ferry_name_ = "ferry_job_stats"
-    _fields_ = [
-        ("size", ctypes.c_uint32),
-        ("seconds", ctypes.c_double),
-        ("rss", MemRange),
-        ("uss", MemRange),
-        ("pss", MemRange),
-        ("cgroup", MemRange),
-        ("device_bytes", ctypes.c_uint64),
-        ("pinned_bytes", ctypes.c_uint64),
-        ("host_bytes", ctypes.c_uint64),
-        ("spill_bytes", ctypes.c_uint64),
-        ("bytes_htod", ctypes.c_uint64),
-        ("bytes_dtoh", ctypes.c_uint64),
-        ("bytes_written", ctypes.c_uint64),
-        ("bytes_read", ctypes.c_uint64),
-        ("seconds_htod", ctypes.c_double),
-        ("seconds_dtoh", ctypes.c_double),
-        ("evicted", ctypes.c_uint64),
-        ("dropped", ctypes.c_uint64),
-    ]
-
-
-_vp = ctypes.c_void_p
-_i32, _u32, _i64, _u64 = ctypes.c_int, ctypes.c_uint32, ctypes.c_int64, ctypes.c_uint64
-_cp = ctypes.c_char_p
-_P = ctypes.POINTER
 
 
 def _candidates():
@@ -487,94 +284,9 @@ def check_mirror(cls):
 for _cls in MIRRORS:
     check_mirror(_cls)
 
-# name: (restype, argtypes)
-_bind({
-    "ferry_strerror": (_cp, [_i32]),
-    "ferry_ctx_new": (_i32, [_vp, _P(_vp)]),
-    "ferry_ctx_free": (None, [_vp]),
-    "ferry_ctx_errmsg": (_cp, [_vp]),
-    "ferry_file_errmsg": (_cp, [_vp]),
-    "ferry_device_errmsg": (_cp, [_vp]),
-    "ferry_store_errmsg": (_cp, [_vp]),
-    "ferry_model_errmsg": (_cp, [_vp]),
-    "ferry_file_open": (_i32, [_vp, _cp, _u32, _P(_vp)]),
-    "ferry_file_close": (None, [_vp]),
-    "ferry_file_format": (_i32, [_vp]),
-    "ferry_file_tensor_count": (_i64, [_vp]),
-    "ferry_file_total_bytes": (_u64, [_vp]),
-    "ferry_file_shard_count": (_i32, [_vp]),
-    "ferry_file_shard_path": (_cp, [_vp, _i32]),
-    "ferry_file_metadata_count": (_i64, [_vp]),
-    "ferry_file_metadata": (_i32, [_vp, _i64, _P(_cp), _P(_cp)]),
-    "ferry_file_metadata_kind": (_i32, [_vp, _i64]),
-    "ferry_file_tensor_info": (_i32, [_vp, _i64, _P(TensorInfo)]),
-    "ferry_file_find": (_i64, [_vp, _cp]),
-    "ferry_file_tensor_data": (_i32, [_vp, _i64, _P(_vp)]),
-    "ferry_file_tensor_read": (_i32, [_vp, _i64, _u64, _vp, ctypes.c_size_t]),
-    "ferry_file_resident": (ctypes.c_double, [_vp]),
-    "ferry_parse_size": (_i32, [_cp, _P(_u64)]),
-    "ferry_device_open": (_i32, [_vp, _cp, _P(_vp)]),
-    "ferry_device_close": (None, [_vp]),
-    "ferry_device_desc": (_cp, [_vp]),
-    "ferry_device_mem_info": (_i32, [_vp, _P(_u64), _P(_u64)]),
-    "ferry_device_prepare": (_i32, [_vp, _P(LoadOpts), _u64]),
-    "ferry_device_copy_rate": (_i32, [_vp, _u64, _P(ctypes.c_double), _P(ctypes.c_double)]),
-    "ferry_route_parse": (_i32, [_cp]),
-    "ferry_load": (_i32, [_vp, _vp, _P(LoadOpts), _P(_vp), _P(LoadStats)]),
-    "ferry_loaded_ptr": (_u64, [_vp, _i64]),
-    "ferry_loaded_read": (_i32, [_vp, _i64, _vp]),
-    "ferry_loaded_free": (None, [_vp]),
-    "ferry_load_into": (_i32, [_vp, _vp, _P(_i64), _P(_u64), _i64, _P(LoadOpts), _P(LoadStats)]),
-    "ferry_store_new": (_i32, [_vp, _P(StoreOpts), _P(_vp)]),
-    "ferry_store_free": (None, [_vp]),
-    "ferry_store_add": (_i32, [_vp, _cp, _P(_vp), _i32, _i32, _P(_vp)]),
-    "ferry_store_remove": (_i32, [_vp]),
-    "ferry_store_find": (_vp, [_vp, _cp]),
-    "ferry_model_put": (None, [_vp]),
-    "ferry_model_name": (_cp, [_vp]),
-    "ferry_model_tensor_count": (_i64, [_vp]),
-    "ferry_model_find": (_i64, [_vp, _cp]),
-    "ferry_model_group": (_i32, [_vp, _P(_i64), _i64]),
-    "ferry_model_set_priority": (_i32, [_vp, _i32]),
-    "ferry_model_set_pinned_cache": (_i32, [_vp, _i32]),
-    "ferry_model_to_device": (_i32, [_vp, _P(_i64), _i64]),
-    "ferry_model_to_device_async": (_i32, [_vp, _P(_i64), _i64, _P(_vp)]),
-    "ferry_op_wait": (_i32, [_vp]),
-    "ferry_op_query": (_i32, [_vp]),
-    "ferry_op_stream_wait": (_i32, [_vp, _u64]),
-    "ferry_model_release_after": (_i32, [_vp, _i64, _u64]),
-    "ferry_model_plan": (_i32, [_vp, _P(PlanOpts), _P(Plan)]),
-    "ferry_model_get_plan": (_i32, [_vp, _P(Plan)]),
-    "ferry_model_block_streams": (_i32, [_vp, _i64]),
-    "ferry_store_set_device_budget": (_i32, [_vp, _u64]),
-    "ferry_streamer_new": (_i32, [_vp, _P(StreamerOpts), _P(_vp)]),
-    "ferry_streamer_free": (None, [_vp]),
-    "ferry_streamer_pass_begin": (_i32, [_vp, _u64]),
-    "ferry_streamer_block_begin": (_i32, [_vp, _i64, _u64]),
-    "ferry_streamer_block_end": (_i32, [_vp, _i64, _u64]),
-    "ferry_streamer_pass_end": (_i32, [_vp, _u64]),
-    "ferry_streamer_drain": (_i32, [_vp]),
-    "ferry_streamer_set_budget": (_i32, [_vp, _u64, _u64]),
-    "ferry_streamer_block_position": (_i64, [_vp, _i64]),
-    "ferry_streamer_block_streams": (_i32, [_vp, _i64]),
-    "ferry_streamer_get_stats": (_i32, [_vp, _P(StreamerStats)]),
-    "ferry_model_evict": (_i32, [_vp, _P(_i64), _i64]),
-    "ferry_model_mark_dirty": (_i32, [_vp, _i64]),
-    "ferry_model_hold": (_i32, [_vp, _i64]),
-    "ferry_model_release": (_i32, [_vp, _i64]),
-    "ferry_model_tensor_state": (_i32, [_vp, _i64, _P(TensorState)]),
-    "ferry_model_device_addrs": (_i32, [_vp, _P(ctypes.c_int64), _i64, _P(ctypes.c_uint64)]),
-    "ferry_model_read": (_i32, [_vp, _i64, _vp]),
-    "ferry_model_write": (_i32, [_vp, _i64, _vp]),
-    "ferry_store_make_room": (_i64, [_vp, _u64, _P(_u64)]),
-    "ferry_store_get_stats": (_i32, [_vp, _P(StoreStats)]),
-    "ferry_store_wait_pinned": (_i32, [_vp]),
-    "ferry_store_spill_dir": (_cp, [_vp]),
-    "ferry_host_available": (_i32, [_P(_u64), _cp, ctypes.c_size_t]),
-    "ferry_store_job_begin": (_i32, [_vp, _cp]),
-    "ferry_store_job_end": (_i32, [_vp, _P(JobStats)]),
-    "ferry_store_job_name": (_cp, [_vp]),
-})
+# the functions of _signatures, and the one that takes StoreStats
+_bind(FUNCTIONS)
+_bind({"ferry_store_get_stats": (_i32, [_vp, _P(StoreStats)])})
 
 
 def _text(b):

@@ -8,7 +8,7 @@
 
 from_pretrained builds the model from its config.json with its parameters on
 the meta device (nothing allocated, nothing initialised), then fills them with
-ferry.torch.load_into: on "cpu" zero-copy copy-on-write views of the file, on
+ferry.torch.load_model: on "cpu" zero-copy copy-on-write views of the file, on
 "cuda" tensors PyTorch allocates and ferry's ring fills. The result is the
 module diffusers' own ModelClass.from_pretrained(folder) gives for a local
 folder: same class, config, dtypes, parameters and buffers, in eval mode.
@@ -31,8 +31,8 @@ import os
 import torch
 
 from . import _core
-from ._torch_load import dtype_for
-from ._torch_load_into import load_into
+from .torch._load_into import load_model
+from .torch._tensors import dtype_for
 
 __all__ = ["from_pretrained", "weights_file"]
 
@@ -116,7 +116,7 @@ def from_pretrained(model_class, folder, *, subfolder=None, device=None, torch_d
     the class's _keep_in_fp32_modules). variant: the file variant ("fp16").
     strict: missing or unexpected keys are an error (diffusers warns and
     initialises missing ones randomly; ferry does not guess). load_kwargs go to
-    ferry.torch.load_into (path_kind, threads, progress, ...)."""
+    ferry.torch.load_model (path_kind, threads, progress, ...)."""
     if not hasattr(model_class, "load_config") or not hasattr(model_class, "from_config"):
         raise TypeError(f"ferry.diffusers.from_pretrained: {model_class!r} is not a diffusers model class "
                         "(it has no load_config / from_config)")
@@ -147,7 +147,7 @@ def from_pretrained(model_class, folder, *, subfolder=None, device=None, torch_d
             want[key] = torch.float32
         else:
             want[key] = t.dtype
-    # load_into moves bytes and checks dtypes: give each tensor the file's
+    # load_model moves bytes and checks dtypes: give each tensor the file's
     # dtype first (a meta parameter costs nothing; a real buffer is converted)
     made = {}  # id(old tensor) -> its replacement: a tied tensor stays one tensor
     for key, m, name, is_param, t in _tensors(model):
@@ -158,7 +158,7 @@ def from_pretrained(model_class, folder, *, subfolder=None, device=None, torch_d
             made[id(t)] = (torch.nn.Parameter(torch.empty(t.shape, dtype=fd, device="meta"),
                                               requires_grad=t.requires_grad) if is_param else t.to(fd))
         (m._parameters if is_param else m._buffers)[name] = made[id(t)]
-    load_into(model, ckpt, strict=strict, device=device, **load_kwargs)
+    load_model(model, ckpt, strict=strict, device=device, **load_kwargs)
 
     target = device if device is not None else "cpu"
     if isinstance(target, int) and not isinstance(target, bool):
@@ -186,7 +186,7 @@ def from_pretrained(model_class, folder, *, subfolder=None, device=None, torch_d
 
 
 def _file_dtypes(path):
-    """The checkpoint's tensor names -> torch dtypes (its header only; load_into opens it again)."""
+    """The checkpoint's tensor names -> torch dtypes (its header only; load_model opens it again)."""
     h = _core._Handle(path)
     try:
         return {i.name: dtype_for(i, path) for i in h.infos()}

@@ -8,7 +8,7 @@
    attention + MLP blocks, BF16) saved with the reference safetensors package
    (torch.save when it is missing) is loaded with
    ferry.torch.load_file(device="cuda"), ferry.torch.load_file(owner="ferry")
-   and ferry.torch.load_into (in place on cuda, and from a meta module): every
+   and ferry.torch.load_model (in place on cuda, and from a meta module): every
    tensor and the module's output must be bit-identical to the module loaded
    with safetensors.torch.load_file (torch.load without it). Also every load
    path, a sharded index, torch.save views on cuda, progress, and errors.
@@ -300,21 +300,21 @@ def main():
             assert total <= grown < total + (16 << 20), (side, grown, total)
             del got
 
-    def t_load_into_cuda_in_place():
+    def t_load_model_cuda_in_place():
         m = DiT(device=dev, dtype=torch.bfloat16)
         ptrs = {k: v.data_ptr() for k, v in m.state_dict().items()}
         calls = []
-        r = ft.load_into(m, path, progress=lambda done, total: calls.append((done, total)))
+        r = ft.load_model(m, path, progress=lambda done, total: calls.append((done, total)))
         assert r == ([], []), r
         assert {k: v.data_ptr() for k, v in m.state_dict().items()} == ptrs, "not in place"
         same_dict(m.state_dict(), ref)
         assert torch.equal(run_model(m, dev), ref_out)
         assert calls and calls[-1][0] == calls[-1][1] == sum(v.nbytes for v in ferry.File(path).tensors)
 
-    def t_load_into_meta():
+    def t_load_model_meta():
         for target in (str(dev), "cpu"):
             m = DiT(device="meta", dtype=torch.bfloat16)
-            ft.load_into(m, path, device=target)
+            ft.load_model(m, path, device=target)
             assert all(p.device.type == torch.device(target).type for p in m.parameters())
             m = m.to(dev)
             same_dict(m.state_dict(), ref)
@@ -386,7 +386,7 @@ def main():
             json.dump({"metadata": {}, "weight_map": wm}, f)
         same_dict(ft.load_file(idx, device=str(dev)), ref)
         m = DiT(device="meta", dtype=torch.bfloat16)
-        ft.load_into(m, idx, device=str(dev))
+        ft.load_model(m, idx, device=str(dev))
         assert torch.equal(run_model(m, dev), ref_out)
 
     def t_errors():
@@ -414,13 +414,13 @@ def main():
 
     check("load_file(device=cuda) matches the reference, and the model's output", t_load_file)
     check("load_file of large tensors: one block reserved early, on the caller's stream", t_reserve_early)
-    check("load_into: a cuda module filled in place", t_load_into_cuda_in_place)
-    check("load_into: meta module to cuda and to cpu", t_load_into_meta)
+    check("load_model: a cuda module filled in place", t_load_model_cuda_in_place)
+    check("load_model: meta module to cuda and to cpu", t_load_model_meta)
     check("load_file(owner='ferry'): DLPack export, freed with the last tensor", t_owner_ferry)
     check("every load path", t_paths)
     check("torch.save views and shared storage on cuda", t_torch_save_views)
     check("every dtype this torch has, cpu vs cuda vs ferry-owned", t_dtypes)
-    check("sharded index to cuda, load_into from it", t_sharded)
+    check("sharded index to cuda, load_model from it", t_sharded)
     check("errors", t_errors)
     check("Store: 6 offload/reload cycles, dirty weights to pinned RAM",
           store_cycles, ft, path, ref_load, str(dev), dev)

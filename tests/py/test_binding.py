@@ -267,22 +267,22 @@ def test_a_wrong_mirror_is_refused():
 
 
 def test_a_wrong_mirror_fails_the_import(tmp_path, lib_path):
-    """The check runs at import: a copy of the package whose _lib.py has two
-    fields of ferry_load_stats swapped cannot be imported."""
+    """The check runs at import: a copy of the package whose _structs.py has
+    two fields of ferry_load_stats swapped cannot be imported."""
     import shutil
     pkg = tmp_path / "ferry"
     shutil.copytree(os.path.join(conftest.ROOT, "python", "ferry"), pkg,
                     ignore=shutil.ignore_patterns("__pycache__", "libferry.so*"))
-    src = (pkg / "_lib.py").read_text()
+    src = (pkg / "_structs.py").read_text()
     a = '        ("resident", ctypes.c_double),\n'
     b = '        ("why", ctypes.c_char_p),  # static text of the library\'s\n'
     assert src.count(a + b) == 1
-    (pkg / "_lib.py").write_text(src.replace(a + b, b + a))
+    (pkg / "_structs.py").write_text(src.replace(a + b, b + a))
     env = dict(os.environ, PYTHONPATH=str(tmp_path), FERRY_LIBRARY=lib_path, PYTHONDONTWRITEBYTECODE="1")
     r = subprocess.run([sys.executable, "-c", "import ferry"], env=env, capture_output=True, text=True,
                        cwd=tmp_path)
     assert r.returncode != 0
-    assert (f"ImportError: ferry: {pkg / '_lib.py'}'s ferry_load_stats does not match libferry "
+    assert (f"ImportError: ferry: {pkg / '_structs.py'}'s ferry_load_stats does not match libferry "
             f"{ferry.library_version}") in r.stderr, r.stderr
     lib = ferry._lib.lib
     off_resident = lib.ferry_abi_offsetof(b"ferry_load_stats", b"resident")

@@ -355,7 +355,7 @@ def test_cuda_reads_fill_the_same_bytes(files):
     run on ferry's cpu device into host memory: the same buffer as the cpu
     path's preads, for every rank's share (shared views, strides, shards)."""
     from ferry import _core
-    from ferry import _torch_dist as td
+    from ferry.torch import _dist as td
     _, paths = files
     for case in CASES:
         h = _core._Handle(paths[case], 0)
@@ -372,9 +372,9 @@ def test_cuda_reads_fill_the_same_bytes(files):
 
 
 def test_partition_is_contiguous_and_even():
-    from ferry import _torch_dist
+    from ferry.torch import _dist
     for lengths, n in [([10] * 10, 3), ([1, 1000, 1, 1], 3), ([], 2), ([0, 5], 4), ([7], 1)]:
-        owners = _torch_dist.partition(lengths, n)
+        owners = _dist.partition(lengths, n)
         assert owners == sorted(owners) and all(0 <= o < n for o in owners)
         total = sum(lengths)
         for r in range(n):

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""ferry.torch.load_into: in-place loads into materialised modules, meta
+"""ferry.torch.load_model: in-place loads into materialised modules, meta
 modules materialised as zero-copy views, key / shape / dtype reports as
-load_state_dict gives them, tied weights, progress."""
+load_state_dict gives them, tied weights, progress; safetensors' argument
+order; load_into, its deprecated name."""
 import gc
 
 import pytest
@@ -71,7 +72,7 @@ def test_in_place_cpu(tmp_path):
     ptrs = {k: v.data_ptr() for k, v in m.state_dict().items()}
     params = {k: id(v) for k, v in m.named_parameters()}
     calls = []
-    r = ft.load_into(m, p, progress=lambda d, t: calls.append((d, t)))
+    r = ft.load_model(m, p, progress=lambda d, t: calls.append((d, t)))
     assert r.missing_keys == [] and r.unexpected_keys == []
     check_same(m, ref)
     # the same storage, the same Parameter objects: filled in place
@@ -84,7 +85,7 @@ def test_meta_module_becomes_views(tmp_path):
     ref, p = reference(tmp_path, name="meta.pt")
     m = Net(device="meta")
     m.blocks[0].qkv.weight.requires_grad_(False)
-    r = ft.load_into(m, p)
+    r = ft.load_model(m, p)
     assert r == ([], [])
     for k, v in m.state_dict().items():
         assert not v.is_meta, k
@@ -111,12 +112,12 @@ def test_meta_module_from_safetensors_file(tmp_path):
     stwriter.write(str(p), [(k, {torch.bfloat16: "BF16", torch.float32: "F32"}[v.dtype], list(v.shape),
                              bytes(v.contiguous().view(-1).view(torch.uint8).tolist())) for k, v in sd.items()])
     m = Net(device="meta", dtype=torch.bfloat16)
-    ft.load_into(m, p)
+    ft.load_model(m, p)
     m.blocks[0].cache = torch.zeros(2)
     m.blocks[1].cache = torch.zeros(2)
     check_same(m, ref)
     m2 = Net(dtype=torch.bfloat16)
-    ft.load_into(m2, p)
+    ft.load_model(m2, p)
     check_same(m2, ref)
 
 
@@ -131,13 +132,13 @@ def test_strict_reports_keys(tmp_path):
     del m.head  # head.* become unexpected, extra.* missing
     m.head = None
     with pytest.raises(RuntimeError) as e:
-        ft.load_into(m, p)
+        ft.load_model(m, p)
     msg = str(e.value)
     assert msg.startswith("Error(s) in loading state_dict for Bigger:")
     assert 'Missing key(s) in state_dict: "extra.weight", "extra.bias".' in msg
     assert 'Unexpected key(s) in state_dict: "head.weight", "head.bias".' in msg
     assert msg.index("Missing") < msg.index("Unexpected")
-    r = ft.load_into(m, p, strict=False)
+    r = ft.load_model(m, p, strict=False)
     assert r.missing_keys == ["extra.weight", "extra.bias"]
     assert r.unexpected_keys == ["head.weight", "head.bias"]
     assert torch.equal(m.blocks[1].qkv.weight, ref.blocks[1].qkv.weight)
@@ -150,7 +151,7 @@ def test_shape_and_dtype_mismatch_leave_module_untouched(tmp_path):
     before = {k: v.clone() for k, v in m.state_dict().items()}
     for strict in (True, False):
         with pytest.raises(RuntimeError) as e:
-            ft.load_into(m, p, strict=strict)
+            ft.load_model(m, p, strict=strict)
         assert ("size mismatch for blocks.0.proj.weight: copying a param with shape torch.Size([16, 16]) "
                 "from checkpoint, the shape in current model is torch.Size([15, 16]).") in str(e.value)
     for k, v in m.state_dict().items():
@@ -158,7 +159,7 @@ def test_shape_and_dtype_mismatch_leave_module_untouched(tmp_path):
     m = Net()
     m.head.to(torch.float64)
     with pytest.raises(RuntimeError, match="dtype mismatch for head.weight"):
-        ft.load_into(m, p)
+        ft.load_model(m, p)
 
 
 def test_tied_weights(tmp_path):
@@ -177,7 +178,7 @@ def test_tied_weights(tmp_path):
     stwriter.write(str(p), [("emb.weight", "F32", [10, 4], bytes(w.view(-1).view(torch.uint8).tolist()))])
     for dev in ("meta", None):
         m = Tied(device=dev)
-        r = ft.load_into(m, p)
+        r = ft.load_model(m, p)
         assert r == ([], [])
         assert m.out.weight is m.emb.weight
         assert torch.equal(m.emb.weight, w)
@@ -185,7 +186,7 @@ def test_tied_weights(tmp_path):
     pt = tmp_path / "tied.pt"
     torch.save(src.state_dict(), pt)
     m = Tied(device="meta")
-    assert ft.load_into(m, pt) == ([], [])
+    assert ft.load_model(m, pt) == ([], [])
     assert m.out.weight is m.emb.weight and torch.equal(m.emb.weight, w)
 
 
@@ -195,17 +196,17 @@ def test_noncontiguous_file_tensors_are_copied(tmp_path):
     wt = torch.randn(6, 4)
     torch.save({"weight": wt.t(), "bias": torch.randn(4)}, p)  # a transposed view in the file
     ref = torch.load(p)
-    assert ft.load_into(m, p) == ([], [])
+    assert ft.load_model(m, p) == ([], [])
     assert torch.equal(m.weight, ref["weight"]) and torch.equal(m.bias, ref["bias"])
     meta = nn.Linear(6, 4, device="meta")
-    ft.load_into(meta, p)
+    ft.load_model(meta, p)
     assert torch.equal(meta.weight, ref["weight"]) and meta.weight.stride() == (1, 4)
 
 
 def test_mapping_outlives_load_into(tmp_path):
     ref, p = reference(tmp_path, name="life.pt")
     m = Net(device="meta")
-    ft.load_into(m, p)
+    ft.load_model(m, p)
     gc.collect()
     m.blocks[0].cache = torch.zeros(2)
     m.blocks[1].cache = torch.zeros(2)
@@ -214,8 +215,26 @@ def test_mapping_outlives_load_into(tmp_path):
 
 def test_load_into_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
-        ft.load_into(Net(), tmp_path / "absent.pt")
+        ft.load_model(Net(), tmp_path / "absent.pt")
     if not torch.cuda.is_available():
         ref, p = reference(tmp_path)
         with pytest.raises(ferry.NoDeviceError):
-            ft.load_into(Net(device="meta"), p, device="cuda")
+            ft.load_model(Net(device="meta"), p, device="cuda")
+
+
+def test_safetensors_arguments_and_the_deprecated_name(tmp_path):
+    """load_model takes safetensors.torch.load_model's arguments (model,
+    filename, strict, device; strict and device also by position); load_into
+    is the same call under its former name, with a DeprecationWarning."""
+    ref, p = reference(tmp_path, name="names.pt")
+    m = Net()
+    assert ft.load_model(model=m, filename=p, strict=True, device="cpu") == ([], [])
+    check_same(m, ref)
+    m = Net()
+    missing, unexpected = ft.load_model(m, p, False, "cpu")
+    assert (missing, unexpected) == ([], [])
+    check_same(m, ref)
+    m = Net()
+    with pytest.warns(DeprecationWarning, match="ferry.torch.load_model"):
+        assert ft.load_into(m, p, strict=True) == ([], [])
+    check_same(m, ref)

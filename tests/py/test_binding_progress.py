@@ -80,7 +80,7 @@ def test_load_into_progress_true(ckpt):
     m = torch.nn.Module()
     m.register_buffer("a", torch.zeros(4))
     m.register_buffer("b", torch.zeros(2))
-    ferry.torch.load_into(m, ckpt, progress=True)
+    ferry.torch.load_model(m, ckpt, progress=True)
     assert m.a.tolist() == [0, 1, 2, 3]
     bar, = FakeBar.made
     assert (bar.total, bar.n, bar.closed) == (24, 24, True)

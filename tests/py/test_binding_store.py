@@ -18,7 +18,7 @@ import stwriter
 
 torch = pytest.importorskip("torch")
 import ferry.torch as ft  # noqa: E402
-from ferry import _torch_store  # noqa: E402
+from ferry.torch import _stream  # noqa: E402
 
 nn = torch.nn
 SIM = "sim:1GiB"
@@ -265,7 +265,7 @@ def test_pinned_while_forward_runs(tmp_path, sim_free):
         # a forward that raises still unpins where torch can say so (2.1+)
         with pytest.raises(RuntimeError):
             m(torch.randn(5, 7))
-        if _torch_store._HOOK_ALWAYS_CALL:
+        if _stream._HOOK_ALWAYS_CALL:
             assert {s.pins for s in store.tensor_states("net").values()} == {0}
         store.unpin("net")  # what older torch needs after such a forward
         assert {s.pins for s in store.tensor_states("net").values()} == {0}

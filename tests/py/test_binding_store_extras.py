@@ -17,8 +17,8 @@ import stwriter
 
 torch = pytest.importorskip("torch")
 import ferry.torch as ft  # noqa: E402
-from ferry import _torch_store  # noqa: E402
-from ferry._torch_match import _module_extras  # noqa: E402
+from ferry.torch import _store_views  # noqa: E402
+from ferry.torch._match import _module_extras  # noqa: E402
 
 nn = torch.nn
 SIM = "sim:1GiB"
@@ -162,7 +162,7 @@ def moves(monkeypatch):
         for k in EXTRAS:
             names[id(get(m, k))] = k
 
-    monkeypatch.setattr(_torch_store, "_moved", fake)
+    monkeypatch.setattr(_store_views, "_moved", fake)
     log.watch = watch
     return log
 
@@ -227,17 +227,17 @@ def test_moved_keeps_parameters_and_skips_meta():
     gradient moved; a tensor already there, or a meta one (nothing to copy),
     is returned as it is."""
     buf = torch.arange(4.0)
-    assert _torch_store._moved(buf, CPU) is buf
-    moved = _torch_store._moved(buf, META)
+    assert _store_views._moved(buf, CPU) is buf
+    moved = _store_views._moved(buf, META)
     assert moved.is_meta and moved.shape == buf.shape and not isinstance(moved, nn.Parameter)
-    assert _torch_store._moved(moved, CPU) is moved  # (meta: no contents to bring back)
+    assert _store_views._moved(moved, CPU) is moved  # (meta: no contents to bring back)
     p = nn.Parameter(torch.ones(3))
     p.grad = torch.full((3,), 2.0)
-    q = _torch_store._moved(p, META)
+    q = _store_views._moved(p, META)
     assert isinstance(q, nn.Parameter) and q.requires_grad and q.is_meta
     assert q.grad is not None and q.grad.is_meta
     frozen = nn.Parameter(torch.ones(2), requires_grad=False)
-    assert not _torch_store._moved(frozen, META).requires_grad
+    assert not _store_views._moved(frozen, META).requires_grad
 
 
 def test_moves_inside_inference_mode_make_normal_tensors():
@@ -247,7 +247,7 @@ def test_moves_inside_inference_mode_make_normal_tensors():
     m = Net()
     extras = _module_extras(m, [])
     with torch.inference_mode():
-        _torch_store._move_extras(extras, META)
+        _store_views._move_extras(extras, META)
     for k in EXTRAS:
         t = get(m, k)
         assert t.is_meta and not t.is_inference(), k
@@ -266,7 +266,7 @@ def test_rehomed_inference_parameter_takes_views():
         p = nn.Parameter(torch.zeros(2, 3), requires_grad=False)
     held = {"modulation": p}
     with torch.inference_mode(False):
-        q = _torch_store._rehomed(p, torch.ones(2, 3))
+        q = _store_views._rehomed(p, torch.ones(2, 3))
     held["modulation"] = q
     assert isinstance(q, nn.Parameter) and not q.requires_grad and not q.is_inference()
     with torch.inference_mode():
@@ -274,7 +274,7 @@ def test_rehomed_inference_parameter_takes_views():
     assert torch.equal(torch.stack(out, 2)[0], torch.ones(2, 3))
     # a normal Parameter keeps its object
     r = nn.Parameter(torch.zeros(2))
-    assert _torch_store._rehomed(r, torch.ones(2)) is r and torch.equal(r.detach(), torch.ones(2))
+    assert _store_views._rehomed(r, torch.ones(2)) is r and torch.equal(r.detach(), torch.ones(2))
 
 
 @pytest.mark.parametrize("stream", [None, "auto"])

@@ -497,7 +497,7 @@ def test_remeasure_keeps_room_for_pytorch_until_a_step_ran(tmp_path, sim_free, m
     2 GiB back until the next step. The GPU's free memory is faked here
     (the budget's arithmetic is the GPU path's; sim has no PyTorch
     allocations)."""
-    from ferry import _torch_stream
+    from ferry.torch import _stream
     ref, path = model_and_file(tmp_path)
     m = DiT()
     gib = 1 << 30
@@ -511,7 +511,7 @@ def test_remeasure_keeps_room_for_pytorch_until_a_step_ran(tmp_path, sim_free, m
         monkeypatch.setattr(store, "_tdev", torch.device("cuda", 0))
         assert not s.measured and s._budget() == (8 * gib, 0)
         s.measured = True  # as step_end leaves it
-        assert s._budget() == (10 * gib - _torch_stream._MARGIN, 0)
+        assert s._budget() == (10 * gib - _stream._MARGIN, 0)
         monkeypatch.undo()
         store.remeasure("dit")
         assert not s.measured and s.replan_wanted

@@ -417,7 +417,8 @@ def test_stats(tmp_path):
 def test_device_path_on_ferry_cpu_device(tmp_path):
     """The cuda path's allocation and single ferry_load_into, run with host
     memory and ferry's cpu device: views, shared storages, strides, dtypes."""
-    from ferry import _core, _torch_load
+    from ferry import _core
+    from ferry.torch import _load
     x = rand(torch.float32, (6, 8), 1)
     obj = {"x": x, "t": x.t(), "sl": x[:, 2:5], "lone": rand(torch.bfloat16, (3, 7), 2),
            "b": rand(torch.bool, (5,), 3), "e": torch.empty(0, 2), "s": torch.tensor(3, dtype=torch.int16)}
@@ -427,7 +428,7 @@ def test_device_path_on_ferry_cpu_device(tmp_path):
     h = _core._Handle(p)
     infos = h.infos()
     dts = {t.index: ft.dtype_for(t, h.path) for t in infos}
-    out, idx, ptrs = _torch_load._alloc(infos, dts, torch.device("cpu"))
+    out, idx, ptrs = _load._alloc(infos, dts, torch.device("cpu"))
     assert len(idx) == len(ptrs) == sum(1 for t in infos if t.nbytes)
     calls = []
     _core.load_into(ferry.device("cpu"), h, idx, ptrs,

@@ -54,6 +54,12 @@ def main():
             names = z.namelist()
             assert "ferry/libferry.so" in names, names
             assert "ferry/_lib.py" in names
+            pkg = os.path.join(ROOT, "python")
+            for d, _, files in os.walk(os.path.join(pkg, "ferry")):  # every module, subpackages too
+                for f in files:
+                    if f.endswith(".py"):
+                        rel = os.path.relpath(os.path.join(d, f), pkg).replace(os.sep, "/")
+                        assert rel in names, (rel, names)
         objdump = shutil.which("objdump")
         if objdump:
             out = subprocess.run([objdump, "-T", lib], capture_output=True, text=True, check=True).stdout

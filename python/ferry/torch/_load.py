@@ -1,19 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
-"""_torch_load - ferry.torch.load_file: views of a file's mapping, tensors
-allocated for a load to fill, and reading a device argument. The tensor
-plumbing every part of ferry.torch shares (dtypes, views, empty tensors,
-stream syncs) is _torch_tensors, which this module and _torch_dist both use.
+"""ferry.torch._load - ferry.torch.load_file: views of a file's mapping and
+tensors allocated for a load to fill. The tensor plumbing every part of
+ferry.torch shares (dtypes, views, empty tensors, stream syncs, device
+arguments) is _tensors; a load with a process_group goes on in _dist.
 """
 import os
 import threading
 
 import torch
 
-from . import _core, _dlpack, _lib
+from .. import _core, _dlpack, _lib
 
-from ._torch_tensors import (  # noqa: F401  (the names other modules of ferry.torch take from here)
-    DTYPES, _by_name, _cuda_index, _element_size, _empty, _frombuffer, _shape_view, _sync, dtype_for,
-)
+from ._tensors import (_by_name, _cuda_index, _element_size, _empty, _frombuffer, _shape_view, _sync,
+                       _torch_device, dtype_for)
 
 
 def _views(h, infos, dts):
@@ -118,21 +117,6 @@ def _alloc(infos, dts, device, reserved=False):
     return out, idx, ptrs
 
 
-def _torch_device(device, who):
-    """device (an int N: cuda:N; a str; a torch.device) as a torch.device;
-    ValueError naming who for a bad string, TypeError for anything else."""
-    if isinstance(device, int) and not isinstance(device, bool):
-        return torch.device("cuda", device)
-    if isinstance(device, str):
-        try:
-            return torch.device(device)
-        except RuntimeError as e:
-            raise ValueError(f"{who}: bad device {device!r}: {e}") from None
-    if not isinstance(device, torch.device):
-        raise TypeError(f"device must be a str, int or torch.device, not {type(device).__name__}")
-    return device
-
-
 def _parse_device(device, owner):
     if isinstance(device, str) and device.startswith("sim:"):
         if owner != "ferry":
@@ -190,7 +174,7 @@ def load_file(path, device="cpu", *, path_kind="auto", ring_buffers=None, ring_b
     while the file is read about once in all. The tensors are then views of
     one buffer per rank's share, on device (cpu: read with pread, not mapped),
     and stats also gets bytes_read (this rank's), bytes_total, rank and world.
-    owner="ferry" is not supported with it (_torch_dist)."""
+    owner="ferry" is not supported with it (_dist)."""
     path = os.fspath(path)
     if owner not in ("torch", "ferry"):
         raise ValueError(f"owner must be 'torch' or 'ferry', not {owner!r}")
@@ -201,10 +185,10 @@ def load_file(path, device="cpu", *, path_kind="auto", ring_buffers=None, ring_b
     progress, bar = _core.progress_fn(progress, os.path.basename(path))
     try:
         if process_group is not None:
-            from . import _torch_dist  # torch.distributed is imported only for this
+            from . import _dist  # torch.distributed is imported only for this
             opts = _core.LoadOptions(path_kind, threads, ring_buffers, ring_buffer_bytes, progress,
                                      flags=_lib.LOAD_PREAD)
-            return _torch_dist.load_file(path, device, process_group, opts, progress, stats)
+            return _dist.load_file(path, device, process_group, opts, progress, stats)
         return _load_file(path, device, path_kind, ring_buffers, ring_buffer_bytes, threads,
                           progress, owner, stats)
     finally:

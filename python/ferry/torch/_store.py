@@ -1,22 +1,26 @@
 # SPDX-License-Identifier: Apache-2.0
-"""_torch_store - ferry.torch.Store: the residency store (the C objects are
-_store.StoreCore's) with nn.Modules attached, whose tensors are re-pointed at
-the store's device memory as it moves them, and their forward hooks; Job.
+"""ferry.torch._store - ferry.torch.Store: the residency store (the C objects
+are ferry._store.StoreCore's) with nn.Modules attached, whose tensors are
+re-pointed at the store's device memory as it moves them; Job. Store's
+methods are in this class and its bases: _StoreViews (views of the store's
+memory, re-pointing; _store_views), _StoreHooks (forward hooks and pins;
+_store_hooks) and _StoreTensors (calls on single tensors; _store_tensors).
 """
 import contextlib
-import ctypes
 import os
 import threading
 
 import torch
 
-from . import _core, _dlpack, _lib, _store, _torch_stream, errors
-from ._torch_load import _cuda_index, _empty, _shape_view, _torch_device, dtype_for
-from ._torch_match import _attach_plan, _module_extras, _repoint, _same_param
-from ._torch_stream import _HOOK_ALWAYS_CALL  # noqa: F401 - the tests read it here
+from .. import _core, _dlpack, _lib, _store, errors
+from . import _stream
+from ._match import _attach_plan, _module_extras, _repoint
+from ._store_hooks import _StoreHooks
+from ._store_tensors import _StoreTensors
+from ._store_views import _HOME, _Attached, _StoreViews
+from ._tensors import _cuda_index, _torch_device
 
 _UINT64_MAX = (1 << 64) - 1
-_HOME = torch.device("cpu")  # where a module's tensors outside the checkpoint wait off the device
 
 
 def _store_device(device):
@@ -39,73 +43,6 @@ def _size_opt(v, what):
         return _core.parse_size(v)
     except ValueError as e:
         raise ValueError(f"ferry.torch.Store: {what}: {e}") from None
-
-
-def _moved(t, device):
-    """t on device, as Module.to moves it: t itself where it is there already
-    or is a meta tensor (no contents to copy); else _rehomed."""
-    if t.is_meta or t.device == device:
-        return t
-    return _rehomed(t, t.detach().to(device))
-
-
-def _rehomed(t, data):
-    """data in t's place: a Parameter keeps its object (its data and gradient
-    replaced) where torch allows, so that references to it stay valid. An
-    inference tensor (made under torch.inference_mode, as ComfyUI builds
-    its models) is swapped whole, never given new .data: set_data keeps the
-    old version counter, which an inference tensor lacks, and the first view
-    of the result fails ("Inference tensors do not track version counter")."""
-    if not isinstance(t, torch.nn.Parameter):
-        return data
-    grad = t.grad
-    compatible = getattr(torch, "_has_compatible_shallow_copy_type", None)
-    if compatible is not None and not t.is_inference() and compatible(t, data):
-        t.data = data
-        p = t
-    else:
-        p = _same_param(t, data, t.requires_grad)
-    if grad is not None:
-        p.grad = grad.to(data.device)
-    return p
-
-
-@torch.inference_mode(False)
-def _move_extras(extras, device):
-    """Move every tensor of extras (_module_extras' lists) to device and put
-    it back under each of its names. Out of inference mode even inside a
-    forward under it: the copies outlive that forward, and an inference
-    tensor could not take part in autograd later."""
-    for owners in extras:
-        done = {}  # id(tensor) -> its moved self (names the caller re-assigned may differ)
-        for m, attr, is_param in owners:
-            table = m._parameters if is_param else m._buffers
-            t = table.get(attr)
-            if t is None:
-                continue
-            new = done.get(id(t))
-            if new is None:
-                new = done[id(t)] = _moved(t, device)
-            if new is not t:
-                table[attr] = new
-
-
-class _Attached:
-    """A module attached to a model of a Store: which tensor of the model each
-    of its parameters and buffers shows, and what it shows now; and the
-    module's tensors that the checkpoint lacks, which move with the model
-    instead of being placed by the store."""
-
-    def __init__(self, module, plan, extras):
-        self.module = module
-        self.plan = plan  # [(model index, TensorInfo, torch dtype, module entries)]
-        self.extras = extras  # _module_extras(module, plan)
-        self.extras_dev = None  # the torch device extras are on (None: as the caller left them)
-        self.shown = {}   # model index -> (tier, dptr) the module's tensor is a view of
-        self.hooks = []
-        self.hook_pins = 0  # pins the forward hooks hold now
-        self.streamer = None  # a _torch_stream.Streamer when added with stream=
-        self.own = False  # Store._own's answer, once asked
 
 
 class Job:
@@ -141,7 +78,7 @@ class Job:
         return f"<ferry.torch.Job {self.name!r} {'open' if self.stats is None else 'ended'}>"
 
 
-class Store:
+class Store(_StoreViews, _StoreHooks, _StoreTensors):
     """ferry's residency store (ferry_store_*) with nn.Modules attached: see
     python/README.md ("Residency store").
 
@@ -211,45 +148,6 @@ class Store:
                                                         f"{name!r} (models: {have})")
         return m
 
-    def _tensor_index(self, m, key):
-        """Model index of a tensor given by name, index, or (for an attached
-        module) the tensor itself or a view of its device memory."""
-        if isinstance(key, bool):
-            raise TypeError("a tensor is named by its name, its index or the tensor itself")
-        if isinstance(key, int):
-            if not 0 <= key < len(m):
-                raise IndexError(f"model \"{m.name}\": tensor index {key} out of range (0..{len(m) - 1})")
-            return key
-        if isinstance(key, str):
-            i = m.find(key)
-            if i is None:
-                raise errors.NotFoundError(_lib.E_NOTFOUND, f"model \"{m.name}\": no tensor called '{key}'",
-                                           m.filename())
-            return i
-        if isinstance(key, torch.Tensor):
-            a = self._attached.get(m.name)
-            if a is not None:
-                for idx, info, dt, entries in a.plan:
-                    if any(key is getattr(mod, attr, None) for _, mod, attr, _, _ in entries):
-                        return idx
-            if not key.is_meta and key.device.type == self._tdev.type:
-                p = key.data_ptr()
-                for idx, (tier, dptr) in enumerate(self._states.get(m.name, ())):
-                    if tier == _lib.TIER_DEVICE and dptr and dptr <= p < dptr + m.infos[idx].nbytes:
-                        return idx
-            raise errors.NotFoundError(_lib.E_NOTFOUND, f"model \"{m.name}\": the {tuple(key.shape)} "
-                                       f"{key.dtype} tensor given is none of its tensors on the device",
-                                       m.filename())
-        raise TypeError(f"a tensor is named by its name, its index or the tensor itself, not "
-                        f"{type(key).__name__}")
-
-    def _indices(self, m, tensors):
-        if tensors is None:
-            return None
-        if isinstance(tensors, (str, int, torch.Tensor)):
-            tensors = [tensors]
-        return [self._tensor_index(m, t) for t in tensors]
-
     def __contains__(self, name):
         return self._core is not None and name in self._core.models
 
@@ -269,126 +167,6 @@ class Store:
         self._model(name)
         a = self._attached.get(name)
         return a.module if a is not None else None
-
-    # ---- views ----
-
-    def _sync(self):
-        """Wait for every kernel queued on the store's GPU: tensors about to
-        move (or device blocks about to be reused) may still be in use."""
-        if self._tdev.type == "cuda":
-            torch.cuda.synchronize(self._tdev)
-
-    def _view(self, core, dptr, info, dt):
-        """A zero-copy tensor over device memory the store owns (its blocks
-        are freed by the store, never by the view; the view keeps the store)."""
-        if not info.nbytes:
-            return _empty(info, dt, self._tdev)
-        raw = self._raw(core, dptr, info.nbytes)
-        return _shape_view(raw if dt is None else raw.view(dt), info, dt, 0)
-
-    def _raw(self, core, dptr, n):
-        """n bytes the store owns at dptr as a 1-D uint8 tensor that keeps core."""
-        if self._dl is None:  # sim / cpu: host memory
-            buf = (ctypes.c_ubyte * n).from_address(dptr)
-            buf._ferry_owner = core
-            return torch.frombuffer(buf, dtype=torch.uint8)
-        return torch.utils.dlpack.from_dlpack(_dlpack.capsule(dptr, n, self._dl[0], self._dl[1], core))
-
-    def _seg_view(self, core, base, size, dptr, info, dt):
-        """_view's tensor as a view of a 1-D view of the whole device block
-        [base, base + size) that holds it, made once per block and dtype:
-        one as_strided instead of a DLPack capsule per tensor (a streamed
-        block's tensors land at new addresses every pass)."""
-        if not info.nbytes:
-            return _empty(info, dt, self._tdev)
-        seg = self._segs.get((base, size))
-        if seg is None:
-            if len(self._segs) > 1024:
-                self._segs.clear()  # blocks the store gave back long ago
-            seg = self._segs[(base, size)] = {None: self._raw(core, base, size)}
-        typed = seg.get(dt)
-        if typed is None:
-            typed = seg[dt] = seg[None].view(dt)
-        return _shape_view(typed, info, dt, dptr - base)
-
-    @staticmethod
-    def _placeholder(info, dt):
-        return torch.empty(info.shape if dt is not None else (info.nbytes,), dtype=dt or torch.uint8,
-                           device="meta")
-
-    def _all_on_device(self, m, idx=None):
-        st = self._states.get(m.name)
-        if st is None:
-            return False
-        ids = range(len(st)) if idx is None else idx
-        return all(st[i][0] == _lib.TIER_DEVICE for i in ids)
-
-    @torch.inference_mode(False)
-    def _refresh(self, names=None, idxs=None):
-        """Read every tensor's tier and address (idxs: of those tensors only)
-        and re-point what changed in the attached modules. Out of inference
-        mode even when called inside it (a forward pre-hook under
-        torch.inference_mode): the views and Parameters made here outlive
-        that block, and an inference tensor cannot be swapped or wrapped
-        again later."""
-        core = self._core
-        raw = _lib.TensorState()
-        for name, m in list(core.models.items()):
-            if names is not None and name not in names:
-                continue
-            st = self._states.get(name)
-            if idxs is None or st is None:
-                st = [(s.tier, s.dptr) for s in (core.raw_state(m, i, raw) for i in range(len(m)))]
-            else:
-                for i in idxs:
-                    s = core.raw_state(m, i, raw)
-                    st[i] = (s.tier, s.dptr)
-            self._states[name] = st
-            a = self._attached.get(name)
-            if a is None:
-                continue
-            want = None if idxs is None else set(idxs)
-            for idx, info, dt, entries in a.plan:
-                if want is not None and idx not in want:
-                    continue
-                now = st[idx] if st[idx][0] == _lib.TIER_DEVICE else (st[idx][0], 0)
-                if a.streamer is not None and st[idx][1]:
-                    # a queued move's block (its block's forward may be running:
-                    # the stream that reads it was ordered after the move)
-                    now = (_lib.TIER_DEVICE, st[idx][1])
-                if a.shown.get(idx) == now:
-                    continue
-                if now[0] == _lib.TIER_DEVICE:
-                    new = self._view(core, now[1], info, dt)
-                else:
-                    new = self._placeholder(info, dt)
-                _repoint(entries, new, keep=a.streamer is None)
-                a.shown[idx] = now
-            if (a.extras_dev not in (None, _HOME) and st and a.hook_pins == 0
-                    and not getattr(a.streamer, "in_step", False)
-                    and not any(tier == _lib.TIER_DEVICE or dptr for tier, dptr in st)):
-                self._extras_to(name, _HOME)  # the model left the device: they go with it
-
-    def _extras_to(self, name, device=None):
-        """Move the tensors of model name's attached module that are not in
-        its checkpoint (non-persistent buffers such as rotary tables, and
-        parameters and buffers that strict=False left out) to device: None
-        for the store's own (where the model's views are), "cpu" to send them
-        back. The store calls it as the model comes to the device (forward
-        pre-hook, use(), to_device(name); a streamed model's step start) and
-        once it has left (offload, eviction, remove, close: _refresh sees no
-        tensor of the model on the device, outside a forward). A no-op when
-        they are there already (one comparison), without a module or such
-        tensors; meta tensors stay as they are. The store does not budget
-        these bytes."""
-        dev = self._extras_dev if device is None else torch.device(device)
-        with self._lock:
-            a = self._attached.get(name)
-            if a is None or not a.extras or a.extras_dev == dev:
-                return
-            a.extras_dev = None  # (until every one has moved)
-            _move_extras(a.extras, dev)
-            a.extras_dev = dev
 
     # ---- models ----
 
@@ -467,11 +245,11 @@ class Store:
                 if module is not None:
                     a = _Attached(module, plan, _module_extras(module, plan))
                     if stream is not None:
-                        a.streamer = _torch_stream.Streamer(self, name, a, stream, prefetch,
-                                                            None if reserve is None else
-                                                            _size_opt(reserve, "reserve"),
-                                                            self._stream_copies if pinned_cache is None else
-                                                            "pinned" if pinned_cache else "ring")
+                        a.streamer = _stream.Streamer(self, name, a, stream, prefetch,
+                                                      None if reserve is None else
+                                                      _size_opt(reserve, "reserve"),
+                                                      self._stream_copies if pinned_cache is None else
+                                                      "pinned" if pinned_cache else "ring")
                     self._attached[name] = a
                     module._ferry_store_model = name
                     if a.streamer is not None:
@@ -488,13 +266,6 @@ class Store:
                 raise
             self._refresh([name])
         return name
-
-    def _drain(self, names=None):
-        """Land the queued moves of streaming models (names None: all) and
-        drop their holds, before anything moves them by other means."""
-        for n, a in list(self._attached.items()):
-            if a.streamer is not None and (names is None or n in names):
-                a.streamer.drain()
 
     def stream_stats(self, name):
         """A streaming model's plan and what its steps moved: blocks, order,
@@ -543,81 +314,6 @@ class Store:
                     if a.streamer is not None:
                         a.streamer.replan_wanted = True
                 self._refresh()
-
-    def _install_hooks(self, name, a):
-        # Each forward hook undoes the pin of its own thread's pre-hook, if
-        # that pre-hook got as far as pinning (torch 2.1+ runs an always_call
-        # hook even when a pre-hook raised).
-        def pre(mod, args):
-            self._enter(name, hook=True)
-            stack = self._tls.__dict__.setdefault("pins", [])
-            stack.append(name)
-
-        def post(mod, args, out):
-            stack = self._tls.__dict__.get("pins")
-            if stack and name in stack:
-                del stack[len(stack) - 1 - stack[::-1].index(name)]
-                self._leave(name, hook=True)
-
-        a.hooks.append(a.module.register_forward_pre_hook(pre))
-        a.hooks.append(_torch_stream.register_post(a.module, post))
-
-    def _own(self, name, m):
-        """The indices of the tensors an attached module has of model name,
-        when its files hold more (strict=False or keys= left some out: those
-        stay in the store only and never come to the device with it); None
-        for all of them."""
-        a = self._attached.get(name)
-        if a is None:
-            return None
-        if a.own is False:
-            idx = sorted(i for i, *_ in a.plan)
-            a.own = idx if len(idx) < len(m) else None
-        return a.own
-
-    def _enter(self, name, hook=False):
-        """to_device (which also marks the model used now) and pin it all."""
-        with self._lock:
-            m = self._model(name)
-            own = self._own(name, m)
-            moving = not self._all_on_device(m, own)
-            if moving:
-                self._sync()
-            try:
-                self._to_device(m, own)
-            finally:
-                if moving:
-                    self._refresh()
-            self._extras_to(name)
-            self._core.pin(m, -1)
-            if hook:
-                self._attached[name].hook_pins += 1
-
-    def _to_device(self, m, idx=None):
-        """core.to_device; when the room is short while streaming models hold
-        blocks prefetched for their next step, those are let go and it is
-        tried once more."""
-        try:
-            self._core.to_device(m, idx)
-        except errors.BudgetError:
-            if not any(a.streamer is not None and a.streamer.ops and n != m.name
-                       for n, a in self._attached.items()):
-                raise
-            self._drain([n for n in self._attached if n != m.name])
-            self._core.to_device(m, idx)
-
-    def _leave(self, name, hook=False):
-        with self._lock:
-            core = self._core
-            m = core.models.get(name) if core is not None else None
-            if m is None:
-                return  # removed or closed meanwhile: nothing is pinned any more
-            if hook:
-                a = self._attached.get(name)
-                if a is None or a.hook_pins == 0:
-                    return
-                a.hook_pins -= 1
-            core.unpin(m, -1)
 
     @contextlib.contextmanager
     def use(self, name):
@@ -701,15 +397,6 @@ class Store:
             finally:
                 self._refresh()
 
-    def mark_dirty(self, name, tensor):
-        """The caller changed tensors of a model in place on the device (names,
-        indices or the tensors themselves, e.g. module.blk.weight): they are
-        saved, not dropped, when they leave, and come back with the change."""
-        with self._lock:
-            m = self._model(name)
-            for i in self._indices(m, tensor):
-                self._core.mark_dirty(m, i)
-
     def set_priority(self, name, priority):
         with self._lock:
             self._core.set_priority(self._model(name), priority)
@@ -721,53 +408,6 @@ class Store:
         (streamed blocks follow add()'s pinned_cache)."""
         with self._lock:
             self._core.set_pinned_cache(self._model(name), bool(on))
-
-    def tensor_state(self, name, tensor):
-        """TensorState(name, nbytes, tier, dirty, pins, group, dptr) of one
-        tensor (by name, index or the tensor itself)."""
-        with self._lock:
-            m = self._model(name)
-            return self._core.state(m, self._tensor_index(m, tensor))
-
-    def tensor_states(self, name):
-        """{tensor name: TensorState} of every tensor of a model."""
-        with self._lock:
-            m = self._model(name)
-            out = {}
-            for i in range(len(m)):
-                s = self._core.state(m, i)
-                out.setdefault(s.name, s)
-            return out
-
-    def read(self, name, tensor):
-        """A cpu copy of a tensor's current bytes, from whichever tier holds
-        them (ferry_model_read)."""
-        with self._lock:
-            m = self._model(name)
-            i = self._tensor_index(m, tensor)
-            info = m.infos[i]
-            dt = dtype_for(info, m.filename())
-            raw = torch.empty(info.nbytes, dtype=torch.uint8)
-            if info.nbytes:
-                self._sync()
-                self._core.read(m, i, raw.data_ptr())
-            base = raw if dt is None or not info.nbytes else raw.view(dt)
-            return _shape_view(base, info, dt, 0) if info.nbytes else _empty(info, dt, "cpu")
-
-    def write(self, name, tensor, value):
-        """Overwrite a tensor on the device with value's bytes (same dtype and
-        number of bytes) and mark it dirty (ferry_model_write)."""
-        with self._lock:
-            m = self._model(name)
-            i = self._tensor_index(m, tensor)
-            info = m.infos[i]
-            src = value.detach().to("cpu").contiguous()
-            if src.numel() * src.element_size() != info.nbytes:
-                raise ValueError(f"model \"{name}\": {info.name} has {info.nbytes} bytes, the value "
-                                 f"{src.numel() * src.element_size()}")
-            self._sync()
-            dummy = ctypes.c_char()  # ferry_model_write wants a buffer even for 0 bytes
-            self._core.write(m, i, src.data_ptr() if info.nbytes else ctypes.addressof(dummy))
 
     def stats(self):
         """ferry_store_get_stats as a dict: tier_bytes {tier: bytes}, the

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""_torch_dist - ferry.torch.load_file(..., process_group=pg): the ranks of a
+"""ferry.torch._dist - ferry.torch.load_file(..., process_group=pg): the ranks of a
 torch.distributed group each read about 1/N of a checkpoint's bytes from
 storage and broadcast their share to the others over the group's own
 collectives (gloo, NCCL, ...), so that every rank ends with every tensor
@@ -17,9 +17,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from . import _core
-from ._lib import lib
-from ._torch_tensors import _by_name, _cuda_index, _empty, _shape_view, _sync, dtype_for
+from .. import _core
+from .._lib import lib
+from ._tensors import _by_name, _cuda_index, _empty, _shape_view, _sync, dtype_for
 
 # Each storage starts at a multiple of this in its rank's buffer (and each
 # buffer's length is one): any dtype's view of a whole buffer is then legal
@@ -220,7 +220,7 @@ def _tensors(infos, dts, plan, bufs, device):
 
 
 def load_file(path, device, pg, opts, progress, stats):
-    """load_file's distributed part (see _torch_load.load_file). device: a
+    """load_file's distributed part (see _load.load_file). device: a
     parsed torch.device (cpu or cuda); opts: its LoadOptions (used on cuda)."""
     rank, world = group_rank(pg)
     if device.type == "cpu" and str(dist.get_backend(pg)) == "nccl":

@@ -1,15 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-"""_torch_match - an nn.Module's parameters and buffers paired with a
+"""ferry.torch._match - an nn.Module's parameters and buffers paired with a
 checkpoint's tensors the way load_state_dict pairs them (tied names together,
 keys, shapes and dtypes checked), and new tensors put in their place: used by
-load_into and by Store.add(module=...).
+load_model and by Store.add(module=...).
 """
 import collections
 
 import torch
 
-from . import errors
-from ._torch_load import dtype_for
+from .. import errors
+from ._tensors import dtype_for
 
 
 def _module_entries(module):

@@ -1,16 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
-"""_torch_load_into - ferry.torch.load_into: fill an existing nn.Module in
+"""ferry.torch._load_into - ferry.torch.load_model (safetensors.torch's name
+and arguments; load_into is its former name): fill an existing nn.Module in
 place (or replace its meta tensors), one ferry load per device.
 """
 import collections
 import os
 import threading
+import warnings
 
 import torch
 
-from . import _core, _lib
-from ._torch_load import _cuda_index, _empty, _sync, _views
-from ._torch_match import _assign, _match_module, _module_entries
+from .. import _core, _lib
+from ._load import _views
+from ._match import _assign, _match_module, _module_entries
+from ._tensors import _cuda_index, _empty, _sync
 
 IncompatibleKeys = collections.namedtuple("IncompatibleKeys", "missing_keys unexpected_keys")
 
@@ -30,17 +33,31 @@ class _Progress:
         self.done += n
 
 
-def load_into(module, path, *, strict=True, device=None, path_kind="auto", ring_buffers=None,
-              ring_buffer_bytes=None, threads=None, progress=None):
-    """See _load_into; progress=True draws a tqdm bar (as load_file)."""
-    progress, bar = _core.progress_fn(progress, os.path.basename(os.fspath(path)))
+def load_model(model, filename, strict=True, device=None, *, path_kind="auto", ring_buffers=None,
+               ring_buffer_bytes=None, threads=None, progress=None):
+    """Fill model from the checkpoint filename: safetensors.torch.load_model's
+    name and arguments (model, filename, strict, device; returns
+    (missing_keys, unexpected_keys)), for every format ferry reads, with no
+    intermediate state dict. See _load_into for what it does; progress=True
+    draws a tqdm bar (as load_file)."""
+    progress, bar = _core.progress_fn(progress, os.path.basename(os.fspath(filename)))
     try:
-        return _load_into(module, path, strict=strict, device=device, path_kind=path_kind,
+        return _load_into(model, filename, strict=strict, device=device, path_kind=path_kind,
                           ring_buffers=ring_buffers, ring_buffer_bytes=ring_buffer_bytes,
                           threads=threads, progress=progress)
     finally:
         if bar is not None:
             bar.close()
+
+
+def load_into(module, path, *, strict=True, device=None, path_kind="auto", ring_buffers=None,
+              ring_buffer_bytes=None, threads=None, progress=None):
+    """Deprecated: load_model, under safetensors' name. Kept for one release;
+    warns DeprecationWarning."""
+    warnings.warn("ferry.torch.load_into is deprecated: use ferry.torch.load_model (safetensors.torch's name; "
+                  "the same arguments, strict and device also positional)", DeprecationWarning, stacklevel=2)
+    return load_model(module, path, strict=strict, device=device, path_kind=path_kind, ring_buffers=ring_buffers,
+                      ring_buffer_bytes=ring_buffer_bytes, threads=threads, progress=progress)
 
 
 def _load_into(module, path, *, strict=True, device=None, path_kind="auto", ring_buffers=None,
@@ -73,7 +90,7 @@ def _load_into(module, path, *, strict=True, device=None, path_kind="auto", ring
     if isinstance(device, int) and not isinstance(device, bool):
         target_dev = torch.device("cuda", device)
     if target_dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"ferry.torch.load_into: device must be cpu or cuda, not {target_dev}")
+        raise ValueError(f"ferry.torch.load_model: device must be cpu or cuda, not {target_dev}")
     for es in groups.values():
         if es[0][4].is_meta and target_dev.type == "cpu":
             needs_views = True
@@ -106,7 +123,7 @@ def _load_into(module, path, *, strict=True, device=None, path_kind="auto", ring
             elif cur.device.type == "cpu":
                 tdev = None
             else:
-                raise ValueError(f"ferry.torch.load_into: {es[0][0]} is on {cur.device}, "
+                raise ValueError(f"ferry.torch.load_model: {es[0][0]} is on {cur.device}, "
                                  "not on cpu, cuda or meta")
             if info.strides is not None or not cur.is_contiguous():
                 copies.append((cur, info, dt))

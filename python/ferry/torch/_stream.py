@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""_torch_stream - running an attached module larger than its device budget
+"""ferry.torch._stream - running an attached module larger than its device budget
 block by block (Store.add(..., stream="auto")), through the library's
 streaming engine (ferry_streamer_*, see ferry.h).
 
@@ -25,8 +25,8 @@ import time
 
 import torch
 
-from . import _lib, errors
-from ._torch_match import _repoint
+from .. import _lib, errors
+from ._match import _repoint
 
 # torch 2.1+: forward hooks that run even when forward raises
 _HOOK_ALWAYS_CALL = "always_call" in inspect.signature(torch.nn.Module.register_forward_hook).parameters

@@ -1,14 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""_torch_tensors - the tensor plumbing every part of ferry.torch shares:
-ferry dtypes as torch dtypes, zero-copy views of ferry memory (a file's
-mapping, a load's blocks), empty tensors for ferry to fill, and waiting for
-a device's current stream. Imports no other module of ferry.torch, so the
-modules that use it (_torch_load, _torch_dist, ...) never import each other
-for it.
+"""ferry.torch._tensors - the tensor plumbing every part of ferry.torch
+shares: ferry dtypes as torch dtypes, zero-copy views of ferry memory (a
+file's mapping, a load's blocks), empty tensors for ferry to fill, waiting
+for a device's current stream, and reading a device argument. Imports no
+other module of ferry.torch, so the modules that use it (_load, _dist,
+_store, ...) never import each other for it.
 """
 import torch
 
-from . import _core
+from .. import _core
 
 # ferry dtype name -> torch dtype attribute, taken where this torch has it
 _DTYPE_ATTRS = [
@@ -80,3 +80,18 @@ def _sync(dev):
 
 def _by_name(tensors):
     return {k: tensors[k] for k in sorted(tensors)}
+
+
+def _torch_device(device, who):
+    """device (an int N: cuda:N; a str; a torch.device) as a torch.device;
+    ValueError naming who for a bad string, TypeError for anything else."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return torch.device("cuda", device)
+    if isinstance(device, str):
+        try:
+            return torch.device(device)
+        except RuntimeError as e:
+            raise ValueError(f"{who}: bad device {device!r}: {e}") from None
+    if not isinstance(device, torch.device):
+        raise TypeError(f"device must be a str, int or torch.device, not {type(device).__name__}")
+    return device
