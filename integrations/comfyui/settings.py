@@ -26,8 +26,9 @@ RESIDENCY_ENV = "FERRY_COMFYUI_RESIDENCY"
 """1: ferry's store holds the models the ferry nodes load on a GPU (see
 residency.py); 0: never, not on FERRY_COMFYUI_DEVICE either. Unset: only on
 FERRY_COMFYUI_DEVICE, and on a GPU ComfyUI moves them (over ferry's views of
-the file): the GPU path's first measured run failed (a Half/BFloat16 mismatch
-with dynamic VRAM off) and is opt-in until it passes."""
+the file): on a GPU it is opt-in until a whole run of the seed workflow passes
+there (on an H100 its second prompt ran out of device memory; the guard
+against that, Store.remeasure at each load, is tested on the CPU only)."""
 
 DEVICE_ENV = "FERRY_COMFYUI_DEVICE"
 """A ferry device for ComfyUI's CPU device (sim:SIZE, e.g. sim:64MiB): the
