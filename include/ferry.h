@@ -518,19 +518,9 @@ enum ferry_load_flag {
      * own, in 64 MiB pieces so the process's own mmap calls do not wait for
      * all of it. A caller that cannot afford a truncation during a copy
      * faulting (README, "Truncated checkpoints") asks for pread. */
-    FERRY_LOAD_PREAD = 1u << 1,
-    /* RING, a file in memory (the page cache or tmpfs): gather four
-     * neighbouring buffers' reads into one copy of up to 16 MiB instead of
-     * one copy per buffer. The copy engine's per-copy cost is what 4 MiB
-     * copies lose: in bench_ring's gang mode (steady state, H200), 16 MiB copies
-     * out of the same 4 MiB reads ran 5-13 % faster (bench/RESULTS.md, "Larger
-     * copies out of the ring"). Inside ferry on an H100 it ran ahead in 5 of
-     * 6 loads of `ferry load --path ring --repeat 3` (1-6 %) and tied the
-     * CLI's default first loads, but lost a fifth to a half in other runs
-     * (ferry.torch's loads, fresh tmpfs copies, a slow host), not the same
-     * ones from machine to machine: opt-in. Ignored for O_DIRECT loads and
-     * files read from the disk. */
-    FERRY_LOAD_GATHER_COPIES = 1u << 2
+    FERRY_LOAD_PREAD = 1u << 1
+    /* 1u << 2 is reserved: ignored when set, and never to be given a
+     * meaning (programs built against 0.x headers may set it) */
 };
 
 /* How a REGISTER load came by its registration (ferry_load_stats.registration). */

@@ -264,18 +264,13 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
              * costs its start (a 25 MB file has 7 batches of 4 MiB) */
             if (p.nbt < (long long)nthreads) nthreads = p.nbt > 0 ? (uint32_t)p.nbt : 1;
             st.setup_seconds = fy_now() - t0;
-            /* gathered copies only for a file (nearly) all in memory: their
-             * readers take single batches, and buffered reads from the disk in
-             * that order would defeat each descriptor's readahead */
-            bool gather = rc == 0 && st.route == FERRY_ROUTE_RING && (o.flags & FERRY_LOAD_GATHER_COPIES) &&
-                          (st.resident >= 0 ? st.resident : xf_resident_sampled(f)) >= 0.99;
             if (rc == 0)
-                rc = xf_run_ring(d, f, &p, st.route == FERRY_ROUTE_DIRECT, gather, &o, streams, nstreams, nthreads, nbuf);
+                rc = xf_run_ring(d, f, &p, st.route == FERRY_ROUTE_DIRECT, &o, streams, nstreams, nthreads, nbuf);
             if (rc == -EINVAL && st.route == FERRY_ROUTE_DIRECT && o.route == FERRY_ROUTE_AUTO) {
                 /* auto chose O_DIRECT on a file system without it (tmpfs, some FUSE): buffered reads */
                 st.route = FERRY_ROUTE_RING;
                 st.why = "cold, but the file system refuses O_DIRECT: buffered reads";
-                rc = xf_run_ring(d, f, &p, false, false, &o, streams, nstreams, nthreads, nbuf);
+                rc = xf_run_ring(d, f, &p, false, &o, streams, nstreams, nthreads, nbuf);
             }
             pthread_mutex_unlock(&d->ring_lock);
         }

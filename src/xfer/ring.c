@@ -3,19 +3,7 @@
  * contiguous file ranges into the cached pinned ring and queue asynchronous
  * copies on several streams; an event recorded after a buffer's copies gives
  * it back. One CPU copy and one DMA per byte; extra host memory is the ring.
- * A shard in tmpfs or ramfs is copied out of a mapping instead of read.
- *
- * Gathered copies (FERRY_LOAD_GATHER_COPIES, buffered loads of a file in
- * memory): the ring's buffers form slots of RING_GATHER
- * neighbours, batch k belongs to group k / RING_GATHER and group g to slot
- * g % nslots; any reader reads any batch into its place in its group's slot
- * (the batches one after another), and the reader whose batch completes the
- * group queues the group's copies: one per run that continues in the file,
- * the slot and the device. A slot is filled again once its previous group's
- * copies were queued and are done.
- * Readers then take one batch at a time, so each descriptor's reads are not
- * sequential: from the disk its readahead would read in small pieces (and
- * leave small folios in the page cache), hence only for files in memory. */
+ * A shard in tmpfs or ramfs is copied out of a mapping instead of read. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -50,13 +38,6 @@ typedef struct job {
     const ferry_load_opts *o;
     fy_progress prog;
     atomic_uint wid; /* worker number -> its stream */
-    /* gathered copies (gather > 0): slots of gather buffers; under lock,
-     * slot_issued[s] the last group whose copies were queued from slot s
-     * (-1: none yet) and slot_filled[s] how many of the current group's
-     * batches have landed in it */
-    uint32_t gather, nslots;
-    long long *slot_issued;
-    uint32_t *slot_filled;
 } job;
 
 static void job_fail(job *j, int rc)
@@ -225,92 +206,6 @@ static void unmap_later(void **win, const ferry_file *f)
     for (int32_t s = 0; s < f->nshards; s++) fy_unmap(win[s], f->shards[s].size);
 }
 
-/* Queue a group's copies out of its slot: the batches [first, first + count)
- * lie one after another from base, and a run grows while it continues in
- * the file, the slot and the device allocation of its first piece. */
-static int slot_copies(job *j, long long first, long long count, uint8_t *base, fy_stream *st)
-{
-    fy_gpu *g = j->d->g;
-    const plan *p = j->p;
-    uint64_t pos = 0, rsrc = 0, rlen = 0;
-    fy_dptr rdst = 0, raend = 0;
-    uint8_t *rhost = NULL;
-    for (long long b = first; b < first + count; b++) {
-        const batch *bt = &p->bt[b];
-        for (int64_t q = bt->first; q < bt->first + bt->count; q++) {
-            const piece *pc = &p->pc[q];
-            uint8_t *h = base + pos + (pc->off - bt->off);
-            if (rlen && h == rhost + rlen && xf_piece_continues(pc, rsrc, rlen, rdst, raend)) {
-                rlen += pc->len;
-                continue;
-            }
-            if (rlen) {
-                int rc = g->ops->copy_htod(g, rdst, rhost, (size_t)rlen, st);
-                if (rc < 0) return rc;
-            }
-            rsrc = pc->off, rlen = pc->len, rdst = pc->dst, rhost = h, raend = pc->aend;
-        }
-        pos += bt->len;
-    }
-    return rlen ? g->ops->copy_htod(g, rdst, rhost, (size_t)rlen, st) : 0;
-}
-
-/* A reader of gathered copies (the comment at the top). */
-static void gather_reader(job *j, fy_stream *st, own *o)
-{
-    fy_gpu *g = j->d->g;
-    const plan *p = j->p;
-    const long long G = j->gather, nslots = j->nslots;
-    long long k = -1, end = 0;
-    for (;;) {
-        if (atomic_load(&j->rc) < 0) return;
-        long long b = xf_next_batch(&j->q, &k, &end);
-        if (b >= p->nbt) return;
-        long long grp = b / G, first = grp * G, count = p->nbt - first < G ? p->nbt - first : G;
-        uint32_t s = (uint32_t)(grp % nslots);
-        ring_buf *slot = &j->d->ring[(uint64_t)s * (uint64_t)G];
-        /* the slot's previous group: its copies queued, then done */
-        pthread_mutex_lock(&j->lock);
-        while (j->slot_issued[s] < grp - nslots && atomic_load(&j->rc) == 0) pthread_cond_wait(&j->cv, &j->lock);
-        pthread_mutex_unlock(&j->lock);
-        if (atomic_load(&j->rc) < 0) return;
-        int rc = grp >= nslots ? g->ops->event_sync(g, slot->ev) : 0;
-        if (rc < 0) {
-            fail_and_wake(j, rc);
-            return;
-        }
-        uint64_t pos = 0;
-        for (long long x = first; x < b; x++) pos += p->bt[x].len;
-        const batch *bt = &p->bt[b];
-        uint64_t skew;
-        rc = read_batch(j, bt, slot->p + pos, &skew, o);
-        if (rc < 0) {
-            xf_read_failed(g->err, rc, j->f->shards[bt->shard].path, bt, j->direct);
-            fail_and_wake(j, rc);
-            return;
-        }
-        fy_progress_add(&j->prog, bt->len);
-        pthread_mutex_lock(&j->lock);
-        bool last = ++j->slot_filled[s] == (uint32_t)count;
-        pthread_mutex_unlock(&j->lock);
-        if (!last) continue;
-        rc = slot_copies(j, first, count, slot->p, st);
-        if (rc == 0) rc = g->ops->event_record(g, slot->ev, st);
-        if (rc < 0) {
-            /* copies may be queued out of the slot: wait for them before
-             * the ring can go (run_ring syncs every stream too) */
-            g->ops->stream_sync(g, st);
-            fail_and_wake(j, rc);
-            return;
-        }
-        pthread_mutex_lock(&j->lock);
-        j->slot_filled[s] = 0;
-        j->slot_issued[s] = grp;
-        pthread_cond_broadcast(&j->cv);
-        pthread_mutex_unlock(&j->lock);
-    }
-}
-
 /* A reader of one copy per buffer: buffers from the free list, or the oldest
  * in flight once its copies are done. */
 static void buffer_reader(job *j, fy_stream *st, own *o)
@@ -367,10 +262,7 @@ static void *ring_worker(void *arg)
         return NULL;
     }
     own o = {-1, -1};
-    if (j->gather)
-        gather_reader(j, st, &o);
-    else
-        buffer_reader(j, st, &o);
+    buffer_reader(j, st, &o);
     xf_own_close(&o);
     pthread_mutex_lock(&j->lock);
     pthread_cond_broadcast(&j->cv);
@@ -378,19 +270,15 @@ static void *ring_worker(void *arg)
     return NULL;
 }
 
-int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, bool gather, const ferry_load_opts *o,
+int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, const ferry_load_opts *o,
                 fy_stream **streams, uint32_t nstreams, uint32_t nthreads, uint32_t nbuf)
 {
     const ferry_allocator *m = &d->ctx->mem;
     job j = {.d = d, .f = f, .p = p, .direct = direct, .streams = streams, .nstreams = nstreams, .o = o};
     int rc = 0;
-    /* gathered copies where the caller asks and the ring has two slots */
-    j.gather = gather && !direct && nbuf <= d->nring && nbuf / RING_GATHER >= 2 ? RING_GATHER : 0;
-    j.nslots = j.gather ? nbuf / j.gather : 0;
     /* runs of up to 64 batches (256 MiB of the default ring) for buffered
-     * reads; O_DIRECT reads leave the page cache alone and take one at a
-     * time, and so do gathered copies (a group's readers work side by side) */
-    xf_sched_init(&j.q, p, direct || j.gather ? 1 : 64, nthreads);
+     * reads; O_DIRECT reads leave the page cache alone and take one at a time */
+    xf_sched_init(&j.q, p, direct ? 1 : 64, nthreads);
     atomic_init(&j.rc, 0);
     atomic_init(&j.wid, 0);
     pthread_mutex_init(&j.lock, NULL);
@@ -403,13 +291,7 @@ int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct
     if (j.dfd) /* before any failure path: the cleanup closes what is >= 0 */
         for (int32_t s = 0; s < f->nshards; s++) j.dfd[s] = -1;
     pthread_t *th = fy_calloc(m, nthreads, sizeof(pthread_t));
-    if (j.gather) {
-        j.slot_issued = fy_calloc(m, j.nslots, sizeof *j.slot_issued);
-        j.slot_filled = fy_calloc(m, j.nslots, sizeof *j.slot_filled);
-        if (j.slot_issued)
-            for (uint32_t s = 0; s < j.nslots; s++) j.slot_issued[s] = -1;
-    }
-    if (!j.free_list || !j.inflight || !j.dfd || !j.win || !th || (j.gather && (!j.slot_issued || !j.slot_filled))) {
+    if (!j.free_list || !j.inflight || !j.dfd || !j.win || !th) {
         rc = fy_seterr(&d->err, -ENOMEM, "ferry_load: out of memory for the ring's lists (%u buffers, %u threads, %d shards)",
                        d->nring, nthreads, (int)f->nshards);
         goto out;
@@ -456,8 +338,6 @@ out:
             if (j.dfd[s] >= 0) fy_close(j.dfd[s]);
     fy_free(m, j.free_list);
     fy_free(m, j.inflight);
-    fy_free(m, j.slot_issued);
-    fy_free(m, j.slot_filled);
     fy_free(m, j.dfd);
     if (j.win) unmap_later(j.win, f);
     fy_free(m, j.win);

@@ -20,16 +20,6 @@
 /* O_DIRECT loads' default readers and read size (load.c, xf_ring_geometry) */
 #define DIRECT_THREADS 8u
 #define DIRECT_READ (1ull << 20)
-/* FERRY_LOAD_GATHER_COPIES: buffered ring loads gather this many
- * consecutive buffers' reads into one copy (ring.c, gathered copies): the
- * readers' pieces stay 4 MiB, the size the page cache reads fastest at, and
- * the copies grow to 16 MiB. On the H200 bench_ring's steady state rose
- * from 45.5-49.5 GB/s (one copy per buffer) to 47.2-54.3 with the same 96 MiB
- * of pinned buffers, ahead in each of 4 rounds; the same pool in 2 MiB
- * copies ran at 46.5-49.5: the copy's size, not the pool's, made the
- * difference (bench/RESULTS.md, eighteenth session). ferry's own loads with
- * it were not measured on a GPU yet, hence opt-in. */
-#define RING_GATHER 4u
 #define REG_CHUNK (256ull << 20) /* largest copy from a registered mapping */
 /* A shard's mapping is registered in pieces of this many bytes (the last one
  * shorter), each by the loading thread just before its first copy, so that
@@ -214,10 +204,8 @@ int xf_read_failed(fy_err *err, int rc, const char *path, const batch *bt, bool 
 
 /* Readers fill nbuf buffers (at most d->nring: a larger ring serves a load
  * that asks for fewer) of the cached ring (O_DIRECT when direct), copies go
- * out on streams; waits until every copy landed. gather: buffered reads
- * gather their copies (ring.c; the caller asks only for a file in memory).
- * Under d->ring_lock. */
-int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, bool gather, const ferry_load_opts *o,
+ * out on streams; waits until every copy landed. Under d->ring_lock. */
+int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, const ferry_load_opts *o,
                 fy_stream **streams, uint32_t nstreams, uint32_t nthreads, uint32_t nbuf);
 /* cpu device: readers pread straight into the destination. */
 int xf_run_host(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o, uint32_t nthreads);

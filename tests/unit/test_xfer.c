@@ -239,10 +239,8 @@ static ferry_device *open_dev(ferry_ctx *ctx, const char *spec)
 /* The ring of opts o: its buffers and their O_DIRECT slack. */
 static uint64_t ring_pinned(uint32_t nbuf, uint64_t bytes) { return nbuf * (page_round(bytes) + 2 * PAGE); }
 
-/* The small ring's buffers: 2 (one copy per buffer), or 8 with gathered
- * copies while the gathered case runs its fault loops (two slots of
- * RING_GATHER buffers). */
-static uint32_t small_bufs = 2, small_flags = 0;
+/* The small ring's buffers. */
+static uint32_t small_bufs = 2;
 
 static ferry_load_opts small_opts(ferry_route p)
 {
@@ -253,7 +251,6 @@ static ferry_load_opts small_opts(ferry_route p)
     o.threads = 3;
     o.ring_buffers = small_bufs;
     o.ring_buffer_bytes = 4096;
-    o.flags = small_flags;
     return o;
 }
 #define SMALL_RING ring_pinned(small_bufs, 4096)
@@ -1001,113 +998,6 @@ static void test_faults(ferry_ctx *ctx)
         }
         ferry_file_close(f);
     }
-}
-
-/* Gathered copies (ring.c): with 8 buffers for 3 readers (two slots of four)
- * a buffered ring load reads each batch into its group's slot and copies a
- * group at once. Every layout (odd offsets, shards, tiny and empty tensors,
- * tensors cut into many batches) loads bit-exact with and without
- * FERRY_LOAD_GATHER_COPIES, from the page cache and out of a tmpfs
- * mapping alike; gathered makes fewer copies where tensors continue one
- * another (the sim counts them through its fault counter); and the fault
- * loops of the ring path pass on the gathered ring too. */
-static void test_gathered(ferry_ctx *ctx)
-{
-    static const char *const files[] = {"edge.safetensors", "small.safetensors", "odd.safetensors",
-                                        "tiny.safetensors", "empty.safetensors", "sh.safetensors.index.json"};
-    const long many = 1000000;
-    for (size_t k = 0; k < sizeof files / sizeof files[0]; k++) {
-        ferry_file *f = open_file(ctx, files[k]);
-        ferry_device *d = open_dev(ctx, "sim:256MiB");
-        long copies[2] = {0, 0};
-        for (int each = 0; f && d && each < 2; each++) {
-            ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
-            o.ring_buffers = 8;
-            o.flags = each ? 0 : FERRY_LOAD_GATHER_COPIES;
-            ferry_loaded *l = NULL;
-            CHECK(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, many) >= 0);
-            CHECK_EQ(ferry_load(d, f, &o, &l, NULL), 0);
-            copies[each] = many - fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, 0);
-            char what[128];
-            snprintf(what, sizeof what, "%s, %s", files[k], each ? "a copy per buffer" : "gathered");
-            CHECK(l != NULL);
-            if (l) CHECK_EQ(verify_loaded(l, f, what), 0);
-            ferry_loaded_free(l);
-            CHECK_EQ(use_of(d).dev, 0);
-        }
-        CHECK(copies[0] <= copies[1]);
-        /* 8 tensors of 256 KiB back to back in 4 KiB batches: one copy per
-         * buffer is 512 copies at least, gathered four batches to a copy */
-        if (k == 0) CHECK(copies[0] * 4 <= copies[1] && copies[1] >= 512);
-        /* a file out of the page cache is read in runs per reader, a copy
-         * per buffer (where the file system lets its pages go: the file is
-         * closed first, since pages mapped by its verification stay) */
-        if (k == 0 && f && d) {
-            ferry_file_close(f);
-            char p[512];
-            path_of(p, sizeof p, files[k]);
-            int fd = open(p, O_RDONLY);
-            if (fd >= 0) {
-                fsync(fd);
-                posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-                close(fd);
-            }
-            f = open_file(ctx, files[k]);
-            if (f && xf_resident_sampled(f) < 0.99) {
-                ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
-                o.ring_buffers = 8;
-                o.flags = FERRY_LOAD_GATHER_COPIES;
-                ferry_loaded *l = NULL;
-                CHECK(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, many) >= 0);
-                CHECK_EQ(ferry_load(d, f, &o, &l, NULL), 0);
-                CHECK_EQ(many - fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, 0), copies[1]);
-                if (l) CHECK_EQ(verify_loaded(l, f, "edge, not cached"), 0);
-                ferry_loaded_free(l);
-            } else if (f) {
-                fprintf(stderr, "gathered: the page cache kept the file; its uncached part skipped\n");
-            }
-        }
-        ferry_device_close(d);
-        ferry_file_close(f);
-    }
-    { /* a tmpfs file, copied out of the load's mapping into the slots */
-        struct statfs sf;
-        char p[256];
-        snprintf(p, sizeof p, "/dev/shm/ferry-test-gathered-%d.safetensors", (int)getpid());
-        bool copied = statfs("/dev/shm", &sf) == 0 && sf.f_type == 0x01021994 && copy_file("edge.safetensors", p);
-        ferry_file *f = NULL;
-        if (copied && ferry_file_open(ctx, p, 0, &f) == 0) {
-            ferry_device *d = open_dev(ctx, "sim:256MiB");
-            ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
-            o.ring_buffers = 8;
-            o.flags = FERRY_LOAD_GATHER_COPIES;
-            ferry_loaded *l = NULL;
-            long many_left = fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, many);
-            CHECK(many_left >= 0);
-            CHECK_EQ(ferry_load(d, f, &o, &l, NULL), 0);
-            /* gathered out of the mapping too: at most a copy per group of four */
-            CHECK(many - fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, 0) <= 512 / 4);
-            if (l) CHECK_EQ(verify_loaded(l, f, "tmpfs, gathered"), 0);
-            ferry_loaded_free(l);
-            ferry_device_close(d);
-            ferry_file_close(f);
-        } else {
-            fprintf(stderr, "gathered: no tmpfs at /dev/shm; its part skipped\n");
-        }
-        unlink(p);
-    }
-    small_bufs = 8, small_flags = FERRY_LOAD_GATHER_COPIES;
-    static const char *const faulted[] = {"small.safetensors", "sh.safetensors.index.json"};
-    for (size_t k = 0; k < 2; k++) {
-        ferry_file *f = open_file(ctx, faulted[k]);
-        if (!f) continue;
-        for (int kind = 0; kind < K_COUNT; kind++) {
-            fault_loop(ctx, f, faulted[k], FERRY_ROUTE_RING, kind, false);
-            fault_loop(ctx, f, faulted[k], FERRY_ROUTE_RING, kind, true);
-        }
-        ferry_file_close(f);
-    }
-    small_bufs = 2, small_flags = 0;
 }
 
 /* ---- 3. pre-registration ---- */
@@ -2637,7 +2527,6 @@ static ferry_ctx *ctx;
     CASE(progress, test_progress(ctx))                                           \
     CASE(concurrent, test_concurrent(ctx))                                       \
     CASE(faults, test_faults(ctx))                                               \
-    CASE(gathered, test_gathered(ctx))                                           \
     CASE(regressions, test_regressions(ctx))                                     \
     CASE(moves, test_moves(ctx))
 CHECK_CASES(CASES)

@@ -49,9 +49,6 @@ const cli_cmd cmd_load = {
     "                      With --path register the first load's registration is\n"
     "                      kept for the repeats (registered once per checkpoint)\n"
     "  --pinned-budget SIZE  most bytes a register load may page-lock (default: no limit)\n"
-    "  --gather-copies     ring, a file in memory: four staging buffers' reads go\n"
-    "                      out in one copy instead of one copy each (experimental:\n"
-    "                      faster in some runs, much slower in others)\n"
     "  --verify            copy every tensor back and compare its XXH3-64 with the file's\n"
     "  --json              print one JSON object\n"
     "  -h, --help          show this help\n",
@@ -121,7 +118,7 @@ static int run(int argc, char **argv)
     const char *dev_spec = "cuda:0";
     const char **paths = calloc((size_t)argc, sizeof *paths);
     int npaths = 0;
-    bool json = false, do_verify = false, opts = true, gather = false;
+    bool json = false, do_verify = false, opts = true;
     uint32_t repeat = 1;
     ferry_load_opts lo = {.size = sizeof lo};
     if (!paths) return cli_fail("out of memory");
@@ -131,7 +128,6 @@ static int run(int argc, char **argv)
         if (opts && cli_is_help(a)) { free(paths); return cli_help(&cmd_load); }
         if (opts && strcmp(a, "--json") == 0) json = true;
         else if (opts && strcmp(a, "--verify") == 0) do_verify = true;
-        else if (opts && strcmp(a, "--gather-copies") == 0) gather = true;
         else if (opts && strcmp(a, "--") == 0) opts = false;
         else if (opts && (strcmp(a, "--device") == 0 || strcmp(a, "--path") == 0 || strcmp(a, "--threads") == 0 ||
                           strcmp(a, "--streams") == 0 || strcmp(a, "--buffers") == 0 || strcmp(a, "--buffer-size") == 0 ||
@@ -211,8 +207,7 @@ static int run(int argc, char **argv)
      * that the repeats of one checkpoint, which keep the file open, reuse it
      * as a caller of ferry_device_register_file would; each file is closed
      * after its repeats, so the pages of one checkpoint at most stay locked. */
-    lo.flags = (lo.route == FERRY_ROUTE_REGISTER ? FERRY_LOAD_KEEP_REGISTRATION : 0) |
-               (gather ? FERRY_LOAD_GATHER_COPIES : 0);
+    lo.flags = lo.route == FERRY_ROUTE_REGISTER ? FERRY_LOAD_KEEP_REGISTRATION : 0;
     ferry_file *f = NULL;
     ferry_loaded *l = NULL; /* kept through a checkpoint's repeats */
     int64_t *all_idx = NULL, nall = 0;
