@@ -101,6 +101,20 @@ class LoadStats(Struct):
     ]
 
 
+class RouteChoice(Struct):
+    _ferry_name_ = "ferry_route_choice"
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("route", ctypes.c_int),
+        ("threads", ctypes.c_uint32),
+        ("buffers", ctypes.c_uint32),
+        ("buffer_bytes", ctypes.c_uint64),
+        ("pins", ctypes.c_int32),
+        ("resident", ctypes.c_double),
+        ("why", ctypes.c_char_p),  # static text of the library's
+    ]
+
+
 # ---- residency store (ferry_store_*, ferry_model_*) ---------------------------
 
 class StoreOpts(Struct):
@@ -296,8 +310,8 @@ UNBOUND = {
     "ferry_file_convert_with": "file conversion: the CLI's `ferry convert`",
     "ferry_file_hash": "checkpoint hashes: the CLI's `ferry hash` and `ferry load --verify`",
     "ferry_xxh3": "checkpoint hashes: the CLI's `ferry hash` and `ferry load --verify`",
-    "ferry_device_register_file": "cuFile registration: the CLI's load and bench commands",
-    "ferry_device_unregister_file": "cuFile registration: the CLI's load and bench commands",
+    "ferry_device_register_file": "page-locking a file's mapping for the register route: the CLI's load and bench",
+    "ferry_device_unregister_file": "page-locking a file's mapping for the register route: the CLI's load and bench",
 }
 
 
@@ -435,7 +449,7 @@ class StoreStats(Struct):
     ]
 
 
-MIRRORS = (TensorInfo, LoadOpts, LoadStats, StoreOpts, TensorState, PlanOpts, Plan, StoreStats, MemRange, JobStats)
+MIRRORS = (TensorInfo, LoadOpts, LoadStats, RouteChoice, StoreOpts, TensorState, PlanOpts, Plan, StoreStats, MemRange, JobStats)
 
 
 def mirror_mismatch(cls):
@@ -518,6 +532,8 @@ _bind({
     "ferry_device_mem_info": (_i32, [_vp, _P(_u64), _P(_u64)]),
     "ferry_device_prepare": (_i32, [_vp, _P(LoadOpts), _u64]),
     "ferry_device_copy_rate": (_i32, [_vp, _u64, _P(ctypes.c_double), _P(ctypes.c_double)]),
+    "ferry_device_probe_cufile": (_i32, [_vp, _vp, ctypes.c_char_p, ctypes.c_size_t]),
+    "ferry_load_plan_route": (_i32, [_vp, _vp, _P(LoadOpts), _u64, _P(RouteChoice)]),
     "ferry_route_parse": (_i32, [_cp]),
     "ferry_load": (_i32, [_vp, _vp, _P(LoadOpts), _P(_vp), _P(LoadStats)]),
     "ferry_loaded_ptr": (_u64, [_vp, _i64]),

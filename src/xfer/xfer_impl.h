@@ -210,16 +210,51 @@ int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct
 /* cpu device: readers pread straight into the destination. */
 int xf_run_host(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o, uint32_t nthreads);
 
-/* ---- load.c: choosing a path and running a load ---- */
+/* ---- choose.c: the one decision of a load's route, readers, ring and pinning ---- */
 
+/* What a load will do (xf_choose): the route; its readers and the reads'
+ * size (bufsz: the plan's batches; for routes without a ring too); for the
+ * ring's routes the buffers it fills (fit_nbuf: fitted to its bytes; nbuf:
+ * as it would take them from the ring pinned now), whether it must pin first
+ * (pins), and the ring a pin ahead makes (pin_*: auto's buffered ring, which
+ * an O_DIRECT load reads into part of). */
+typedef struct xf_choice {
+    ferry_route route;
+    bool ring; /* reads into the device's ring (ring, direct; not the cpu device) */
+    uint32_t nthreads, nbuf, fit_nbuf;
+    uint64_t bufsz;
+    bool pins;
+    uint32_t pin_nbuf;
+    uint64_t pin_bufsz;
+    bool pin_direct;
+    double resident; /* auto's sampled page-cache fraction; -1 not measured */
+    const char *why; /* static text */
+} xf_choice;
+
+/* Decide for a load of `bytes` of f (NULL: none known, as for
+ * ferry_device_prepare) with validated options o; who names the caller in
+ * messages. 0 or an error with its message on d. */
+int xf_choose(ferry_device *d, const ferry_file *f, const ferry_load_opts *o, uint64_t bytes, const char *who,
+              xf_choice *c);
+/* Take the ring c chose (ahead: the ring a pin ahead makes), pinning it unless
+ * the ring pinned now serves; *nbuf the buffers to use, *pin_seconds the
+ * pinning's time (0 when nothing was pinned). Under d->ring_lock. */
+int xf_ring_take(ferry_device *d, const ferry_load_opts *o, const xf_choice *c, bool ahead, uint32_t *nbuf,
+                 double *pin_seconds);
+/* Whether d has any ring pinned. */
+bool xf_ring_pinned(ferry_device *d);
 /* Threads and ring size from load options (defaults measured on the H200
  * host), within ferry's limits. */
 int xf_ring_geometry(ferry_device *d, const ferry_load_opts *o, bool direct, uint32_t *nthreads, uint32_t *nbuf,
                      uint64_t *bufsz);
-/* Load tensors it[0..n-1] of f to their destinations: choose a path, plan, run.
- * t0: when the caller's part of the load began (fy_now(); its time up to here
- * is the device allocation, counted in seconds and alloc_seconds), or 0. */
+
+/* ---- load.c: running a load ---- */
+
+/* Load tensors it[0..n-1] of f to their destinations: choose (or take the
+ * choice pre made for these items), plan, run. t0: when the caller's part
+ * of the load began (fy_now(); its time up to here is the device
+ * allocation, counted in seconds and alloc_seconds), or 0. */
 int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, const ferry_load_opts *opts,
-                  ferry_load_stats *stats, double t0);
+                  const xf_choice *pre, ferry_load_stats *stats, double t0);
 
 #endif

@@ -717,7 +717,7 @@ static void test_load_into(ferry_ctx *ctx)
     o = small_opts(FERRY_ROUTE_COUNT);
     CHECK_EQ(ferry_load_into(d, f, idx, dp, 2, &o, NULL), FERRY_E_INVAL);
     o.route = FERRY_ROUTE_CUFILE;
-    CHECK_EQ(ferry_load_into(d, f, idx, dp, 2, &o, NULL), FERRY_E_NODEV);
+    CHECK_EQ(ferry_load_into(d, f, idx, dp, 2, &o, NULL), FERRY_E_UNSUPPORTED);
     CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "cufile");
     /* a destination too small (9000 bytes into 16 KiB is fine; into the
      * last 100 bytes of it is not), and one that is no device memory: a
@@ -1451,9 +1451,9 @@ static void test_api(ferry_ctx *ctx)
     ferry_loaded *l = NULL;
     ferry_load_opts o = small_opts(FERRY_ROUTE_CUFILE);
     ferry_load_stats st = {.size = sizeof st};
-    CHECK_EQ(ferry_load(d, f, &o, &l, &st), FERRY_E_NODEV);
+    CHECK_EQ(ferry_load(d, f, &o, &l, &st), FERRY_E_UNSUPPORTED);
     CHECK(l == NULL);
-    CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "cufile");
+    CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "cufile is not a route");
     CHECK_EQ(use_of(d).dev, 0);
 
     CHECK_EQ(ferry_load(NULL, f, NULL, &l, NULL), FERRY_E_INVAL);
@@ -1472,7 +1472,7 @@ static void test_api(ferry_ctx *ctx)
     for (size_t k = 0; k < sizeof bad_paths / sizeof *bad_paths; k++) {
         o = small_opts((ferry_route)bad_paths[k]);
         CHECK_EQ(ferry_load(d, f, &o, &l, NULL), FERRY_E_INVAL);
-        CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "unknown path");
+        CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "unknown route");
         CHECK(l == NULL);
     }
     usage u = use_of(d);
@@ -1656,6 +1656,112 @@ static void test_prepare(ferry_ctx *ctx)
     ferry_device_close(d);
     d = open_dev(ctx, "cpu");
     if (d) CHECK_EQ(ferry_device_prepare(d, NULL, 1 << 30), 0); /* host memory: no ring */
+out:
+    ferry_device_close(d);
+    ferry_file_close(f);
+}
+
+/* ferry_load_plan_route answers what the load then does (one decision for
+ * both), and cufile is a probe, not a route */
+static void test_route_choice(ferry_ctx *ctx)
+{
+    uint64_t sizes[3] = {5, MiB + 1, 3 * 4096};
+    tdef *t = defs("rc", sizes, 3);
+    write_st("rc.safetensors", t, 3, 24, 1);
+    free(t);
+    ferry_file *f = open_file(ctx, "rc.safetensors");
+    ferry_device *d = open_dev(ctx, "sim:256MiB");
+    ferry_route_choice c = {.size = sizeof c};
+    ferry_load_stats st = {.size = sizeof st};
+    ferry_loaded *l = NULL;
+    if (!f || !d) goto out;
+    CHECK_EQ(ferry_load_plan_route(NULL, f, NULL, 0, &c), FERRY_E_INVAL);
+    CHECK_EQ(ferry_load_plan_route(d, f, NULL, 0, NULL), FERRY_E_INVAL);
+    c.size = 2;
+    CHECK_EQ(ferry_load_plan_route(d, f, NULL, 0, &c), FERRY_E_INVAL);
+    CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "out->size");
+    c.size = sizeof c;
+    ferry_load_opts bad = {.size = sizeof bad, .route = FERRY_ROUTE_COUNT};
+    CHECK_EQ(ferry_load_plan_route(d, f, &bad, 0, &c), FERRY_E_INVAL);
+    CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "unknown route");
+    /* small, cached, no ring pinned: pageable, nothing to pin; the load agrees */
+    CHECK_EQ(ferry_load_plan_route(d, f, NULL, 0, &c), 0);
+    CHECK_EQ(c.route, FERRY_ROUTE_PAGEABLE);
+    CHECK_EQ(c.pins, 0);
+    CHECK_EQ(c.buffers, 0);
+    CHECK_EQ(c.buffer_bytes, 0);
+    CHECK(c.resident >= 0.5);
+    CHECK_EQ(ferry_load(d, f, NULL, &l, &st), 0);
+    CHECK_EQ(st.route, c.route);
+    CHECK(st.why == c.why);
+    ferry_loaded_free(l);
+    /* the ring asked for: it would pin 2 buffers of 4 MiB (fitted to ~1 MiB) */
+    ferry_load_opts r = {.size = sizeof r, .route = FERRY_ROUTE_RING, .threads = 3};
+    CHECK_EQ(ferry_load_plan_route(d, f, &r, 0, &c), 0);
+    CHECK_EQ(c.route, FERRY_ROUTE_RING);
+    CHECK_EQ(c.threads, 3);
+    CHECK_EQ(c.buffers, 2);
+    CHECK_EQ(c.buffer_bytes, 4 * MiB);
+    CHECK_EQ(c.pins, 1);
+    CHECK(c.resident == -1);
+    CHECK_STR_HAS(c.why, "asked for");
+    l = NULL;
+    CHECK_EQ(ferry_load(d, f, &r, &l, &st), 0);
+    CHECK(st.pin_seconds > 0);
+    CHECK_EQ(use_of(d).pinned, ring_pinned(2, 4 * MiB));
+    ferry_loaded_free(l);
+    /* now pinned: nothing to pin, and auto takes the ring */
+    CHECK_EQ(ferry_load_plan_route(d, f, &r, 0, &c), 0);
+    CHECK_EQ(c.pins, 0);
+    CHECK_EQ(ferry_load_plan_route(d, f, NULL, 0, &c), 0);
+    CHECK_EQ(c.route, FERRY_ROUTE_RING);
+    CHECK_EQ(c.pins, 0);
+    /* a larger load than the ring holds: more buffers, so it would pin */
+    CHECK_EQ(ferry_load_plan_route(d, f, &r, 20 * MiB, &c), 0);
+    CHECK_EQ(c.buffers, 5);
+    CHECK_EQ(c.pins, 1);
+    /* no file: auto answers the ring ferry_device_prepare pins */
+    CHECK_EQ(ferry_load_plan_route(d, NULL, NULL, 10 * MiB, &c), 0);
+    CHECK_EQ(c.route, FERRY_ROUTE_RING);
+    CHECK_EQ(c.buffers, 3);
+    CHECK_EQ(c.pins, 1);
+    CHECK_STR_HAS(c.why, "no file");
+    CHECK_EQ(ferry_device_prepare(d, NULL, 10 * MiB), 0);
+    CHECK_EQ(ferry_load_plan_route(d, NULL, NULL, 10 * MiB, &c), 0);
+    CHECK_EQ(c.pins, 0);
+    /* registered: the register route, no ring */
+    CHECK_EQ(ferry_device_register_file(d, f, 0), 0);
+    CHECK_EQ(ferry_load_plan_route(d, f, NULL, 0, &c), 0);
+    CHECK_EQ(c.route, FERRY_ROUTE_REGISTER);
+    CHECK_EQ(c.buffers, 0);
+    CHECK_EQ(c.pins, 0);
+    ferry_device_unregister_file(d, f);
+    /* cufile: reserved, refused by every entry point with the reason */
+    ferry_load_opts cf = {.size = sizeof cf, .route = FERRY_ROUTE_CUFILE};
+    CHECK_EQ(ferry_load_plan_route(d, f, &cf, 0, &c), FERRY_E_UNSUPPORTED);
+    CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "rc.safetensors");
+    CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "cufile is not a route");
+    CHECK_EQ(ferry_device_prepare(d, &cf, MiB), FERRY_E_UNSUPPORTED);
+    char why[300];
+    CHECK_EQ(ferry_device_probe_cufile(d, f, why, sizeof why), FERRY_E_NODEV);
+    CHECK_STR_HAS(why, "rc.safetensors");
+    CHECK_STR_HAS(why, "cuda device");
+    CHECK_EQ(ferry_device_probe_cufile(d, NULL, why, sizeof why), FERRY_E_NODEV);
+    CHECK_EQ(ferry_device_probe_cufile(d, NULL, NULL, 0), FERRY_E_NODEV);
+    CHECK_EQ(ferry_device_probe_cufile(NULL, f, why, sizeof why), FERRY_E_INVAL);
+    CHECK_EQ(why[0], 0);
+    ferry_device_close(d);
+    /* the cpu device: its readers, no ring; routes it cannot take refused */
+    d = open_dev(ctx, "cpu");
+    if (d) {
+        CHECK_EQ(ferry_load_plan_route(d, f, &r, 0, &c), 0);
+        CHECK_EQ(c.route, FERRY_ROUTE_RING);
+        CHECK_EQ(c.threads, 3);
+        CHECK_EQ(c.buffers, 0);
+        CHECK_EQ(c.pins, 0);
+        r.route = FERRY_ROUTE_DIRECT;
+        CHECK_EQ(ferry_load_plan_route(d, f, &r, 0, &c), FERRY_E_UNSUPPORTED);
+    }
 out:
     ferry_device_close(d);
     ferry_file_close(f);
@@ -2510,6 +2616,7 @@ static ferry_ctx *ctx;
     CASE(resident_sampled, test_resident_sampled(ctx))                           \
     CASE(pageable, test_pageable(ctx))                                           \
     CASE(prepare, test_prepare(ctx))                                             \
+    CASE(route_choice, test_route_choice(ctx))                                   \
     CASE(load_into, test_load_into(ctx))                                         \
     CASE(alloc_edges, test_alloc_edges(ctx))                                     \
     CASE(register, test_register(ctx))                                           \
