@@ -111,7 +111,7 @@ class RouteChoice(Struct):
         ("buffer_bytes", ctypes.c_uint64),
         ("pins", ctypes.c_int32),
         ("resident", ctypes.c_double),
-        ("why", ctypes.c_char_p),  # static text of the library's
+        ("why", ctypes.c_char_p),  # the library's static text
     ]
 
 
@@ -371,7 +371,7 @@ DTYPE_NAMES = _names("ferry_dtype", lib.ferry_dtype_name)  # index = ferry_dtype
 BLOCK_DTYPES = frozenset(n for i, n in enumerate(DTYPE_NAMES)
                          if lib.ferry_dtype_bits(i) == 0 and lib.ferry_dtype_block(i, None, None) == 0)
 ROUTES = _names("ferry_route", lib.ferry_route_name)        # "auto", "ring", ...
-PATHS = ROUTES  # the binding's old name for them (path_kind=)
+PATHS = ROUTES  # deprecated: the binding's old name for them (path_kind=), kept for one release
 TIER_NAMES = _names("ferry_tier", lib.ferry_tier_name)      # "device", "pinned", ...
 FORMAT_NAMES = _names("ferry_format", lib.ferry_format_name)
 TIER_COUNT = len(TIER_NAMES)
@@ -411,6 +411,7 @@ def _error_code(name):
 # the codes the binding itself raises or tests for
 E_UNSUPPORTED = _error_code("UNSUPPORTED")
 E_INVAL = _error_code("INVAL")
+E_NODEV = _error_code("NODEV")
 E_NOTFOUND = _error_code("NOTFOUND")
 E_INTERNAL = _error_code("INTERNAL")
 E_BUSY = _error_code("BUSY")

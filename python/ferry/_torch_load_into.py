@@ -30,9 +30,11 @@ class _Progress:
         self.done += n
 
 
-def load_into(module, path, *, strict=True, device=None, path_kind="auto", ring_buffers=None,
-              ring_buffer_bytes=None, threads=None, progress=None):
-    """See _load_into; progress=True draws a tqdm bar (as load_file)."""
+def load_into(module, path, *, strict=True, device=None, route="auto", ring_buffers=None,
+              ring_buffer_bytes=None, threads=None, progress=None, path_kind=None):
+    """See _load_into; progress=True draws a tqdm bar (as load_file); route as
+    load_file's (path_kind: its deprecated name)."""
+    path_kind = _core.route_arg(route, path_kind, "ferry.torch.load_into")
     progress, bar = _core.progress_fn(progress, os.path.basename(os.fspath(path)))
     try:
         return _load_into(module, path, strict=strict, device=device, path_kind=path_kind,

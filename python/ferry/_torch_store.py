@@ -170,9 +170,10 @@ class Store:
 
     def __init__(self, device="cuda", *, device_budget=None, device_reserve=None, host_budget=None,
                  pinned_budget=None, host_reserve=None, spill_below=None, spill_above=None, spill_dir=None,
-                 path_kind="auto", threads=None, ring_buffers=None, ring_buffer_bytes=None, pinned_reserve=None,
-                 stream_copies="auto"):
+                 route="auto", threads=None, ring_buffers=None, ring_buffer_bytes=None, pinned_reserve=None,
+                 stream_copies="auto", path_kind=None):
         self._core = None
+        path_kind = _core.route_arg(route, path_kind, "ferry.torch.Store")
         if stream_copies not in _lib.STREAM_COPIES:
             raise ValueError(f"stream_copies must be one of {sorted(_lib.STREAM_COPIES)}, not {stream_copies!r}")
         self._stream_copies = stream_copies
@@ -723,7 +724,7 @@ class Store:
             self._core.set_pinned_cache(self._model(name), bool(on))
 
     def tensor_state(self, name, tensor):
-        """TensorState(name, nbytes, tier, dirty, pins, group, dptr) of one
+        """TensorState(name, nbytes, tier, dirty, holds, group, dptr) of one
         tensor (by name, index or the tensor itself)."""
         with self._lock:
             m = self._model(name)
