@@ -372,7 +372,7 @@ static void test_paths(ferry_ctx *ctx)
                 memset(&st, 0x55, sizeof st);
                 st.size = sizeof st;
                 char what[160];
-                snprintf(what, sizeof what, "%s --path %s (variant %d)", files[k], ferry_route_name(p), v);
+                snprintf(what, sizeof what, "%s --route %s (variant %d)", files[k], ferry_route_name(p), v);
                 int rc = ferry_load(d, f, &o, &l, &st);
                 if (rc < 0) fprintf(stderr, "%s: %s\n", what, ferry_ctx_errmsg(ctx));
                 CHECK_EQ(rc, 0);
@@ -679,7 +679,7 @@ static void test_load_into(ferry_ctx *ctx)
             if (all_paths[pi] == FERRY_ROUTE_DIRECT && !direct_ok) continue;
             if (k == 2 && all_paths[pi] != FERRY_ROUTE_RING) continue; /* 1300 tiny tensors: once is enough */
             char what[160];
-            snprintf(what, sizeof what, "load_into %s --path %s", files[k], ferry_route_name(all_paths[pi]));
+            snprintf(what, sizeof what, "load_into %s --route %s", files[k], ferry_route_name(all_paths[pi]));
             load_into_case(ctx, d, f, all_paths[pi], (uint32_t)(k * 10 + (size_t)pi + 1), what);
         }
         ferry_file_close(f);
@@ -836,7 +836,7 @@ static void fd0_guard(void)
 static void fault_loop(ferry_ctx *ctx, const ferry_file *f, const char *fname, ferry_route p, int kind, bool warm)
 {
     char what[200];
-    snprintf(what, sizeof what, "%s --path %s, %s faults, %s device", fname, ferry_route_name(p), kind_name[kind],
+    snprintf(what, sizeof what, "%s --route %s, %s faults, %s device", fname, ferry_route_name(p), kind_name[kind],
              warm ? "warm" : "cold");
     ferry_load_opts o = small_opts(p);
     ferry_load_opts bad = o;
@@ -934,7 +934,7 @@ static void fault_loop(ferry_ctx *ctx, const ferry_file *f, const char *fname, f
 static void fault_loop_into(ferry_ctx *ctx, const ferry_file *f, const char *fname, ferry_route p, int kind)
 {
     char what[200];
-    snprintf(what, sizeof what, "load_into %s --path %s, %s faults", fname, ferry_route_name(p), kind_name[kind]);
+    snprintf(what, sizeof what, "load_into %s --route %s, %s faults", fname, ferry_route_name(p), kind_name[kind]);
     ferry_device *d = open_dev(ctx, "sim:64MiB");
     if (!d) return;
     dests x;
@@ -1916,7 +1916,7 @@ static void test_huge(ferry_ctx *ctx)
         o.route = pa;
         ferry_loaded *l = NULL;
         char what[64];
-        snprintf(what, sizeof what, "64 MiB + 4097 bytes --path %s", ferry_route_name(pa));
+        snprintf(what, sizeof what, "64 MiB + 4097 bytes --route %s", ferry_route_name(pa));
         int rc = ferry_load(d, f, &o, &l, NULL);
         if (rc < 0) fprintf(stderr, "%s: %s\n", what, ferry_ctx_errmsg(ctx));
         CHECK_EQ(rc, 0);
