@@ -606,9 +606,8 @@ FERRY_API int ferry_load_plan_route(ferry_device *dev, const ferry_file *f, cons
 /* Whether GPUDirect Storage (cuFile) could read f (NULL: whether its driver
  * opens at all) for dev: 0 when it could, FERRY_E_NODEV when not, with the
  * reason in why (len bytes, NUL-terminated; why may be NULL). A probe only:
- * ferry has no cuFile route (FERRY_ROUTE_CUFILE is reserved), and on the
- * machines measured it read slower than the ring. Loads libcufile with
- * dlopen on first use. */
+ * ferry has no cuFile route (FERRY_ROUTE_CUFILE is reserved). Loads
+ * libcufile with dlopen on first use. */
 FERRY_API int ferry_device_probe_cufile(ferry_device *dev, const ferry_file *f, char *why, size_t len);
 
 /* Load every tensor of f into device memory that ferry allocates (one block per

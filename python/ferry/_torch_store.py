@@ -7,6 +7,7 @@ import contextlib
 import ctypes
 import os
 import threading
+import warnings
 
 import torch
 
@@ -632,9 +633,14 @@ class Store:
             self._leave(name)
 
     def unpin(self, name):
-        """Drop the pins the forward hooks hold on a model. Needed only with
+        """Deprecated name of release_holds (kept for one release)."""
+        warnings.warn("Store.unpin is deprecated, use Store.release_holds", DeprecationWarning, stacklevel=2)
+        return self.release_holds(name)
+
+    def release_holds(self, name):
+        """Drop the holds the forward hooks keep on a model. Needed only with
         torch before 2.1 after a forward that raised (its forward hook did not
-        run, so the model stayed pinned and cannot be evicted)."""
+        run, so the model stayed held and cannot be evicted)."""
         with self._lock:
             m = self._model(name)
             a = self._attached.get(name)

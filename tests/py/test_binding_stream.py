@@ -371,7 +371,7 @@ def test_forward_that_raises_leaves_nothing_held(tmp_path, sim_free):
         with torch.no_grad():
             with pytest.raises(RuntimeError):
                 m(torch.zeros(8, 15))  # the wrong width: the embedding raises
-            store.unpin("dit")  # what torch before 2.1 needs (its forward hook did not run)
+            store.release_holds("dit")  # what torch before 2.1 needs (its forward hook did not run)
             assert all(s.holds == 0 for s in store.tensor_states("dit").values())
             assert torch.equal(m(x_for()), want)  # and the next step runs
         store.offload("dit")
