@@ -180,7 +180,7 @@ FERRY_API int ferry_load_into(ferry_device *d, const ferry_file *f, const int64_
     return rc;
 }
 
-/* ferry_load pins the ring on a helper thread while it allocates the device
+/* ferry_load pins the ring on the device's pool while it allocates the device
  * memory, where it will need a ring and none is pinned (a fresh process's
  * first load: the pinning, 5-7 ms on the H200, and cuMemAlloc, ~3 ms for
  * 10 GB, one after the other before). The load then pins nothing; if the
@@ -193,7 +193,7 @@ typedef struct pin_ahead {
     int rc;
 } pin_ahead;
 
-static void *pin_ahead_main(void *arg)
+static void pin_ahead_main(void *arg)
 {
     pin_ahead *a = arg;
     double t = fy_now();
@@ -204,7 +204,6 @@ static void *pin_ahead_main(void *arg)
         pthread_mutex_unlock(&a->d->ring_lock);
     }
     a->seconds = fy_now() - t;
-    return NULL;
 }
 
 FERRY_API int ferry_load(ferry_device *d, const ferry_file *f, const ferry_load_opts *opts, ferry_loaded **out,
@@ -222,8 +221,10 @@ FERRY_API int ferry_load(ferry_device *d, const ferry_file *f, const ferry_load_
     for (int64_t i = 0; i < f->tb.n; i++) bytes += f->tb.t[i].nbytes;
     FY_TRY(xf_choose(d, f, &o, bytes, "ferry_load", &c));
     pin_ahead pa = {.d = d, .o = &o, .c = &c};
-    pthread_t pin_thread;
-    bool pinning = c.ring && c.pins && pthread_create(&pin_thread, NULL, pin_ahead_main, &pa) == 0;
+    xf_task pin_task = {.fn = pin_ahead_main, .arg = &pa};
+    xf_group pin_group;
+    bool pinning = c.ring && c.pins;
+    if (pinning) xf_pool_start(&d->pool, &pin_group, &pin_task, 1); /* (no worker: the wait pins) */
     const ferry_allocator *m = &d->ctx->mem;
     ferry_loaded *l = fy_calloc(m, 1, sizeof *l);
     item *it = fy_calloc(m, (size_t)(f->tb.n ? f->tb.n : 1), sizeof *it);
@@ -260,7 +261,7 @@ FERRY_API int ferry_load(ferry_device *d, const ferry_file *f, const ferry_load_
     }
     bool pinned_ahead = false;
     if (pinning) {
-        pthread_join(pin_thread, NULL);
+        xf_pool_wait(&d->pool, &pin_group);
         pinning = false;
         /* its failure is the load's (the message is on the device already) */
         if ((rc = pa.rc) < 0) goto fail;
@@ -276,7 +277,7 @@ FERRY_API int ferry_load(ferry_device *d, const ferry_file *f, const ferry_load_
     *out = l;
     return 0;
 fail:
-    if (pinning) pthread_join(pin_thread, NULL);
+    if (pinning) xf_pool_wait(&d->pool, &pin_group);
     fy_free(m, it);
     ferry_loaded_free(l);
     return rc;

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* ring.c - the ring pipeline: reader threads pread (or O_DIRECT-read)
+/* ring.c - the ring pipeline: readers on the device's pool pread (or O_DIRECT-read)
  * contiguous file ranges into the cached pinned ring and queue asynchronous
  * copies on several streams; an event recorded after a buffer's copies gives
  * it back. One CPU copy and one DMA per byte; extra host memory is the ring.
@@ -161,28 +161,29 @@ static int read_batch(job *j, const batch *bt, uint8_t *buf, uint64_t *skew, own
     return got >= *skew + bt->len ? 0 : FERRY_E_CORRUPT;
 }
 
-/* The load's own mappings of shards in RAM go on a thread of their own: the
- * copies faulted every page in, and unmapping 10 GB of page-table entries
- * took about 0.6 s on the H200, which the load need not wait for (its bytes
- * are on the device). A plain munmap held the mmap lock all that time, and
- * the process's next load (its own mmap, its faults behind that waiting
- * writer) ran at 13-16 GB/s instead of 45: the thread empties the range in
- * pieces first (fy_unmap_gently). The list is plain malloc's: the thread
- * may outlive the context. Where no thread can be made, here. */
+/* The load's own mappings of shards in RAM are unmapped by the device's
+ * pool after the load returns: the copies faulted every page in, and
+ * unmapping 10 GB of page-table entries took about 0.6 s on the H200, which
+ * the load need not wait for (its bytes are on the device). A plain munmap
+ * held the mmap lock all that time, and the process's next load (its own
+ * mmap, its faults behind that waiting writer) ran at 13-16 GB/s instead of
+ * 45: the task empties the range in pieces first (fy_unmap_gently).
+ * ferry_device_close runs what is still queued before it returns. The list
+ * is plain malloc's (its task frees it). Where it cannot be queued, here. */
 typedef struct unmap_list {
+    xf_task task;
     int n;
     struct { void *p; uint64_t size; } v[];
 } unmap_list;
 
-static void *unmapper(void *arg)
+static void unmapper(void *arg)
 {
     unmap_list *u = arg;
     for (int i = 0; i < u->n; i++) fy_unmap_gently(u->v[i].p, u->v[i].size);
     free(u);
-    return NULL;
 }
 
-static void unmap_later(void **win, const ferry_file *f)
+static void unmap_later(ferry_device *d, void **win, const ferry_file *f)
 {
     int n = 0;
     for (int32_t s = 0; s < f->nshards; s++) n += win[s] != NULL;
@@ -192,15 +193,8 @@ static void unmap_later(void **win, const ferry_file *f)
         u->n = 0;
         for (int32_t s = 0; s < f->nshards; s++)
             if (win[s]) u->v[u->n].p = win[s], u->v[u->n++].size = f->shards[s].size;
-        pthread_attr_t at;
-        pthread_t t;
-        bool started = pthread_attr_init(&at) == 0;
-        if (started) {
-            started = pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED) == 0 &&
-                      pthread_create(&t, &at, unmapper, u) == 0;
-            pthread_attr_destroy(&at);
-        }
-        if (started) return;
+        u->task = (xf_task){.fn = unmapper, .arg = u};
+        if (xf_pool_detach(&d->pool, &u->task)) return;
         free(u);
     }
     for (int32_t s = 0; s < f->nshards; s++) fy_unmap(win[s], f->shards[s].size);
@@ -250,7 +244,7 @@ static void buffer_reader(job *j, fy_stream *st, own *o)
     }
 }
 
-static void *ring_worker(void *arg)
+static void ring_worker(void *arg)
 {
     job *j = arg;
     fy_gpu *g = j->d->g;
@@ -259,7 +253,7 @@ static void *ring_worker(void *arg)
     int brc = g->ops->bind_thread(g);
     if (brc < 0) {
         job_fail(j, brc);
-        return NULL;
+        return;
     }
     own o = {-1, -1};
     buffer_reader(j, st, &o);
@@ -267,7 +261,6 @@ static void *ring_worker(void *arg)
     pthread_mutex_lock(&j->lock);
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->lock);
-    return NULL;
 }
 
 int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, const ferry_load_opts *o,
@@ -290,7 +283,7 @@ int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct
     j.win = fy_calloc(m, (size_t)f->nshards, sizeof(void *));
     if (j.dfd) /* before any failure path: the cleanup closes what is >= 0 */
         for (int32_t s = 0; s < f->nshards; s++) j.dfd[s] = -1;
-    pthread_t *th = fy_calloc(m, nthreads, sizeof(pthread_t));
+    xf_task *th = fy_calloc(m, nthreads, sizeof *th);
     if (!j.free_list || !j.inflight || !j.dfd || !j.win || !th) {
         rc = fy_seterr(&d->err, -ENOMEM, "ferry_load: out of memory for the ring's lists (%u buffers, %u threads, %d shards)",
                        d->nring, nthreads, (int)f->nshards);
@@ -322,11 +315,11 @@ int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct
             }
         }
     }
-    uint32_t started = 0;
-    for (; started < nthreads; started++)
-        if (pthread_create(&th[started], NULL, ring_worker, &j) != 0) break;
-    if (started == 0) ring_worker(&j);
-    for (uint32_t t = 0; t < started; t++) pthread_join(th[t], NULL);
+    /* the readers run on the device's pool (pool.c) */
+    xf_group grp;
+    for (uint32_t t = 0; t < nthreads; t++) th[t] = (xf_task){.fn = ring_worker, .arg = &j};
+    xf_pool_start(&d->pool, &grp, th, nthreads);
+    xf_pool_wait(&d->pool, &grp);
     for (uint32_t s = 0; s < nstreams; s++) {
         int r = d->g->ops->stream_sync(d->g, streams[s]);
         if (r < 0) job_fail(&j, r);
@@ -339,7 +332,7 @@ out:
     fy_free(m, j.free_list);
     fy_free(m, j.inflight);
     fy_free(m, j.dfd);
-    if (j.win) unmap_later(j.win, f);
+    if (j.win) unmap_later(d, j.win, f);
     fy_free(m, j.win);
     fy_free(m, th);
     pthread_mutex_destroy(&j.lock);

@@ -52,6 +52,42 @@ typedef struct reg_entry {
     bool held;
 } reg_entry;
 
+/* ---- pool.c: the device's reader pool ---- */
+
+#define POOL_MAX (2 * MAX_THREADS + 8) /* most threads one device's pool makes */
+
+typedef struct xf_group {
+    uint32_t left; /* tasks not done yet; under the pool's lock */
+} xf_group;
+
+typedef struct xf_task {
+    void (*fn)(void *arg);
+    void *arg;
+    xf_group *grp; /* NULL: detached (nobody waits; fn may free the task) */
+    struct xf_task *next;
+} xf_task;
+
+typedef struct xf_pool {
+    pthread_mutex_t lock;
+    pthread_cond_t work, done;
+    pthread_t th[POOL_MAX];
+    uint32_t nth, idle, queued;
+    xf_task *head, *tail;
+    bool stop;
+} xf_pool;
+
+void xf_pool_init(xf_pool *p);
+/* Queue tasks t[0..n-1] (fn and arg set) as group g, making workers so that
+ * idle ones cover what is queued (as many as they can up to POOL_MAX). */
+void xf_pool_start(xf_pool *p, xf_group *g, xf_task *t, uint32_t n);
+/* Run g's tasks no worker took yet in the caller, then wait for the rest. */
+void xf_pool_wait(xf_pool *p, xf_group *g);
+/* Queue a task nobody waits for; false (nothing queued) when the pool has
+ * no worker to run it or is stopping: the caller runs it. */
+bool xf_pool_detach(xf_pool *p, xf_task *t);
+/* Run what is still queued, then join every worker (ferry_device_close). */
+void xf_pool_stop(xf_pool *p);
+
 typedef struct ring_buf {
     uint8_t *p;
     fy_event *ev;
@@ -76,6 +112,7 @@ struct ferry_device {
      * (copies of separate moves on separate streams would share the link and
      * all land late); guarded by lock */
     fy_stream *lane;
+    xf_pool pool; /* the readers' threads (pool.c) */
 };
 
 struct ferry_loaded {

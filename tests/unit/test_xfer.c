@@ -1767,6 +1767,69 @@ out:
     ferry_file_close(f);
 }
 
+/* Threads of this process now (/proc/self/task), -1 unknown. */
+static int task_count(void)
+{
+    DIR *tasks = opendir("/proc/self/task");
+    if (!tasks) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(tasks));) n += e->d_name[0] != '.';
+    closedir(tasks);
+    return n;
+}
+
+/* The readers run on the device's pool: the first load makes its threads,
+ * later loads (ring, its pin ahead, a tmpfs file's unmapping, the cpu
+ * device's readers) make none, and ferry_device_close joins them. */
+static void test_reader_pool(ferry_ctx *ctx)
+{
+    ferry_file *f = open_file(ctx, "odd.safetensors");
+    for (int cpu = 0; f && cpu < 2; cpu++) {
+        int before = task_count();
+        ferry_device *d = open_dev(ctx, cpu ? "cpu" : "sim:256MiB");
+        if (!d) break;
+        ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
+        int after_first = -1;
+        for (int i = 0; i < 6; i++) {
+            ferry_loaded *l = NULL;
+            ferry_load_stats st = {.size = sizeof st};
+            if (i == 3) o.threads = 2; /* fewer readers: the pool's idle ones serve */
+            CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
+            if (l) CHECK_EQ(verify_loaded(l, f, cpu ? "pool, cpu" : "pool, sim"), 0);
+            ferry_loaded_free(l);
+            if (i == 0) after_first = task_count();
+            else CHECK_EQ(task_count(), after_first);
+        }
+        CHECK(after_first > before); /* the pool's threads stay between loads */
+        ferry_device_close(d);
+        CHECK_EQ(task_count(), before); /* and are joined at close */
+    }
+    ferry_file_close(f);
+    /* a file in tmpfs: the load's mapping is unmapped on the pool, and
+     * closing the device waits for that */
+    struct statfs sf;
+    char p[256];
+    snprintf(p, sizeof p, "/dev/shm/ferry-test-pool-%d.safetensors", (int)getpid());
+    if (statfs("/dev/shm", &sf) == 0 && sf.f_type == 0x01021994 && copy_file("odd.safetensors", p)) {
+        ferry_file *g = NULL;
+        ferry_device *d = open_dev(ctx, "sim:256MiB");
+        if (d && ferry_file_open(ctx, p, 0, &g) == 0) {
+            int before = task_count();
+            ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
+            for (int i = 0; i < 3; i++) {
+                ferry_loaded *l = NULL;
+                CHECK_EQ(ferry_load(d, g, &o, &l, NULL), 0);
+                if (l) CHECK_EQ(verify_loaded(l, g, "pool, tmpfs"), 0);
+                ferry_loaded_free(l);
+                if (i > 0) CHECK(task_count() <= before + 8);
+            }
+        }
+        ferry_device_close(d);
+        ferry_file_close(g);
+        unlink(p);
+    }
+}
+
 /* ---- ring reuse ---- */
 
 /* O_DIRECT loads default to their own geometry (8 readers of 1 MiB, 16
@@ -2617,6 +2680,7 @@ static ferry_ctx *ctx;
     CASE(pageable, test_pageable(ctx))                                           \
     CASE(prepare, test_prepare(ctx))                                             \
     CASE(route_choice, test_route_choice(ctx))                                   \
+    CASE(reader_pool, test_reader_pool(ctx))                                     \
     CASE(load_into, test_load_into(ctx))                                         \
     CASE(alloc_edges, test_alloc_edges(ctx))                                     \
     CASE(register, test_register(ctx))                                           \
