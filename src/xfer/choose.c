@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* choose.c - the one place a load's route, readers, staging ring and pinning
- * are decided: ferry_load (and the ring it pins while it allocates),
+ * are decided, and the routes' names: ferry_load (and the ring it pins while it allocates),
  * ferry_load_into, ferry_device_prepare and the public query
  * ferry_load_plan_route all ask xf_choose; the pipelines then take the ring
  * it chose through xf_ring_take. */
@@ -11,6 +11,19 @@
 #include <string.h>
 
 #include "xfer_impl.h"
+
+FERRY_API const char *ferry_route_name(ferry_route p)
+{
+    static const char *const names[] = {"auto", "ring", "direct", "register", "cufile", "pageable"};
+    return (unsigned)p < FERRY_ROUTE_COUNT ? names[p] : "unknown";
+}
+
+FERRY_API int ferry_route_parse(const char *name)
+{
+    for (int p = 0; p < FERRY_ROUTE_COUNT; p++)
+        if (name && strcmp(name, ferry_route_name((ferry_route)p)) == 0) return p;
+    return -1;
+}
 
 bool xf_ring_pinned(ferry_device *d)
 {

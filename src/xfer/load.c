@@ -1,6 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* load.c - the load API: route names, running a load (the choice is
- * choose.c's), and ferry_load / ferry_load_into / ferry_loaded_*. */
+/* load.c - the load API: running a load (the choice is choose.c's), and ferry_load / ferry_load_into / ferry_loaded_*. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -12,19 +11,6 @@
 #include <unistd.h>
 
 #include "xfer_impl.h"
-
-FERRY_API const char *ferry_route_name(ferry_route p)
-{
-    static const char *const names[] = {"auto", "ring", "direct", "register", "cufile", "pageable"};
-    return (unsigned)p < FERRY_ROUTE_COUNT ? names[p] : "unknown";
-}
-
-FERRY_API int ferry_route_parse(const char *name)
-{
-    for (int p = 0; p < FERRY_ROUTE_COUNT; p++)
-        if (name && strcmp(name, ferry_route_name((ferry_route)p)) == 0) return p;
-    return -1;
-}
 
 /* ---- the pageable path ---- */
 
