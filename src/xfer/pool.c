@@ -10,10 +10,11 @@
  * runs those of them no worker took yet, so a group always completes, even
  * where no thread could be made (the caller then runs them one after the
  * other, which the readers allow: none waits for a reader that has not
- * started). */
+ * started). A child of fork() makes workers of its own (lock). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "xfer_impl.h"
 
@@ -23,6 +24,24 @@ void xf_pool_init(xf_pool *p)
     pthread_mutex_init(&p->lock, NULL);
     pthread_cond_init(&p->work, NULL);
     pthread_cond_init(&p->done, NULL);
+    p->pid = getpid();
+}
+
+/* A child of fork() has none of its parent's workers, and its copies of the
+ * lock and conditions may count their waiters: it starts afresh (what was
+ * queued then runs on its own workers). Before the lock is taken: the
+ * child's first use of the pool is its only thread there. */
+static void lock(xf_pool *p)
+{
+    pid_t now = getpid();
+    if (p->pid != now) {
+        pthread_mutex_init(&p->lock, NULL);
+        pthread_cond_init(&p->work, NULL);
+        pthread_cond_init(&p->done, NULL);
+        p->pid = now;
+        p->nth = p->idle = 0;
+    }
+    pthread_mutex_lock(&p->lock);
 }
 
 /* Take the oldest queued task of group g (NULL: of any group), or task
@@ -93,7 +112,7 @@ static void queue(xf_pool *p, xf_task *t)
 
 void xf_pool_start(xf_pool *p, xf_group *g, xf_task *t, uint32_t n)
 {
-    pthread_mutex_lock(&p->lock);
+    lock(p);
     g->left = n;
     for (uint32_t k = 0; k < n; k++) {
         t[k].grp = g;
@@ -104,7 +123,7 @@ void xf_pool_start(xf_pool *p, xf_group *g, xf_task *t, uint32_t n)
 
 void xf_pool_wait(xf_pool *p, xf_group *g)
 {
-    pthread_mutex_lock(&p->lock);
+    lock(p);
     for (xf_task *t; (t = take(p, g));) run(p, t);
     while (g->left) pthread_cond_wait(&p->done, &p->lock);
     pthread_mutex_unlock(&p->lock);
@@ -112,7 +131,7 @@ void xf_pool_wait(xf_pool *p, xf_group *g)
 
 bool xf_pool_detach(xf_pool *p, xf_task *t)
 {
-    pthread_mutex_lock(&p->lock);
+    lock(p);
     t->grp = NULL;
     bool ok = !p->stop;
     if (ok) {
@@ -126,13 +145,17 @@ bool xf_pool_detach(xf_pool *p, xf_task *t)
 
 void xf_pool_stop(xf_pool *p)
 {
-    pthread_mutex_lock(&p->lock);
+    lock(p);
     p->stop = true;
     pthread_cond_broadcast(&p->work);
     uint32_t n = p->nth;
     pthread_mutex_unlock(&p->lock);
     /* the workers run what is still queued (detached unmapping) first */
     for (uint32_t k = 0; k < n; k++) pthread_join(p->th[k], NULL);
+    /* (a forked child with no worker: run what its parent had queued) */
+    pthread_mutex_lock(&p->lock);
+    for (xf_task *t; (t = take(p, NULL));) run(p, t);
+    pthread_mutex_unlock(&p->lock);
     pthread_mutex_destroy(&p->lock);
     pthread_cond_destroy(&p->work);
     pthread_cond_destroy(&p->done);

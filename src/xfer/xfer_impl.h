@@ -74,6 +74,7 @@ typedef struct xf_pool {
     uint32_t nth, idle, queued;
     xf_task *head, *tail;
     bool stop;
+    pid_t pid; /* the process whose workers th[] are (a fork's child has none) */
 } xf_pool;
 
 void xf_pool_init(xf_pool *p);
