@@ -13,10 +13,8 @@ every loaded tensor checked bit-identical with the file.
 
 Methods (each run is a fresh child process):
   ferry_auto, ferry_ring, ferry_direct, ferry_register
-                 FERRY load --device cuda:0 --path P --json [--verify] PATH (the CLI is
+                 FERRY load --device cuda:0 --route P --json [--verify] PATH (the CLI is
                  the child; its --verify checks the bytes); 'ferry_cli' names all four
-  ferry_gather   FERRY load --path auto --gather-copies (a ring load copies four
-                 buffers' reads at once when the file is in memory)
   ferry_py       ferry.torch.load_file(PATH, device="cuda:0") (FERRY_LIBRARY and
                  PYTHONPATH are passed to the child: --ferry-library, --ferry-python)
   st_cuda        safetensors.torch.load_file(FILE, device="cuda:0"), the installed one
@@ -111,13 +109,12 @@ import time
 T_PROC_START = time.perf_counter()
 
 FERRY_PATHS = {"ferry_auto": "auto", "ferry_ring": "ring", "ferry_direct": "direct",
-               "ferry_register": "register", "ferry_gather": "auto"}
-FERRY_EXTRA = {"ferry_gather": ["--gather-copies"]}  # method -> further `ferry load` options
+               "ferry_register": "register"}
+FERRY_EXTRA = {}  # method -> further `ferry load` options
 ST = {"safetensors"}
 BOTH = {"safetensors", "gguf"}
 # method -> the formats it loads
 METHODS = {"ferry_auto": BOTH, "ferry_ring": BOTH, "ferry_direct": BOTH, "ferry_register": BOTH,
-           "ferry_gather": BOTH,
            "ferry_py": BOTH, "st_cuda": ST, "st_cpu_to": ST, "st_pin": ST, "torch_mmap": ST,
            "st09": ST, "it": ST, "it_buffered": ST, "it_mmap": ST, "fsafe": ST, "fsafe_gds": ST,
            "runai": ST, "gguf_py": {"gguf"}}
@@ -1616,7 +1613,7 @@ class Bench:
 
     def run_ferry(self, wl, spec, method, run, timeout):
         a = self.a
-        cmd = [a.ferry, "load", "--device", a.ferry_device or a.device, "--path", FERRY_PATHS[method], "--json"]
+        cmd = [a.ferry, "load", "--device", a.ferry_device or a.device, "--route", FERRY_PATHS[method], "--json"]
         cmd += FERRY_EXTRA.get(method, [])
         if a.ferry_verify:
             cmd.append("--verify")
@@ -1655,7 +1652,7 @@ class Bench:
             return
         run.update(seconds=sum(secs), bytes=sum(nbytes), tensors=ntensors)
         run["gbps"] = run["bytes"] / run["seconds"] / GB if run["seconds"] > 0 else None
-        run["path_used"] = sorted({str(f.get("path_used")) for f in files if f.get("path_used") is not None})
+        run["path_used"] = sorted({str(f.get("route")) for f in files if f.get("route") is not None})
         whys = [f.get("why") for f in files if f.get("why")]
         if whys:
             run["path_why"] = whys[0] if len(set(whys)) == 1 else whys

@@ -40,7 +40,7 @@ d=json.load(sys.stdin)
 L=d["files"]
 r=lambda k: [round(l.get(k, 0)*1e3, 2) for l in L]
 print(json.dumps({"gbps": [round(l["gbps"], 2) for l in L], "ms": r("seconds"), "setup_ms": r("setup_seconds"),
-                  "alloc_ms": r("alloc_seconds"), "path": L[0]["path_used"], "rss_mib": d["peak_rss_bytes"] >> 20}))'
+                  "alloc_ms": r("alloc_seconds"), "route": L[0]["route"], "rss_mib": d["peak_rss_bytes"] >> 20}))'
 }
 py() {
   python3 bench/profile_py_load.py "$2" --variant "$1" "${@:3}" | python3 -c '

@@ -18,7 +18,7 @@
 #             alternated: the 10 GB file hot (ROUNDS, default 5), the CLI's --repeat 3
 #             (later loads into the first load's memory), the 26 MB and the LoRA-like file
 #             hot (3 rounds), fresh /dev/shm copies of the 10 GB file (2 rounds)
-#   register  `ferry load --path register --repeat 2` (a first load that registers, then
+#   register  `ferry load --route register --repeat 2` (a first load that registers, then
 #             one that reuses the registration), 2 rounds; bench/reg_probe.py's steps
 #   cold      the 10 GB file with the page cache dropped before each process: ferry (auto)
 #             against fastsafetensors nogds, ROUNDS (default 4) alternated
@@ -92,7 +92,7 @@ part_load() {
 part_register() {
   mk w10g
   cat "$F" >/dev/null
-  for r in 1 2; do echo "10 GB hot, register --repeat 2 r$r: $(cli "$F" --device cuda:0 --path register --repeat 2)"; done
+  for r in 1 2; do echo "10 GB hot, register --repeat 2 r$r: $(cli "$F" --device cuda:0 --route register --repeat 2)"; done
   python3 bench/reg_probe.py "$F" --steps plain,popN,pipe,pipe_pop
 }
 part_cold() {
@@ -126,7 +126,7 @@ part_ring() {
     echo "ring 12 x 2 x 4 MiB r$r: $(R "$F" ring 12 2 4096)"
     echo "gathered, 4 x 4 MiB reads a copy r$r: $(GANG=4 R "$F" gang 12 2 4096)"
     echo "copies out of a mapping, 12 threads r$r: $(R "$F" mapcopy 12 2 4096)"
-    echo "ferry CLI, ring r$r: $(cli "$F" --device cuda:0 --path ring)"
+    echo "ferry CLI, ring r$r: $(cli "$F" --device cuda:0 --route ring)"
   done
 }
 part_flux() {

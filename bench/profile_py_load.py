@@ -27,8 +27,7 @@ oneblock_small (the same, but tensors under 1 MiB allocated one by one from
 PyTorch's small pool, as the binding allocates them). --repeat N loads N times
 in the process (each load's GB/s in "repeats"); --pread asks the ring to read a tmpfs file with
 pread (FERRY_LOAD_PREAD) instead of copying it out of a mapping as the CLI
-and the binding do;
---gather asks for gathered copies (FERRY_LOAD_GATHER_COPIES)."""
+and the binding do."""
 import argparse
 import json
 import os
@@ -44,7 +43,6 @@ def main():
     ap.add_argument("--variant", default="reserve", choices=["reserve", "late", "noreserve", "owner_ferry", "oneblock", "oneblock_small"])
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--pread", action="store_true")
-    ap.add_argument("--gather", action="store_true", help="FERRY_LOAD_GATHER_COPIES on the load")
     a = ap.parse_args()
     import torch
     import ferry.torch as ft
@@ -140,10 +138,10 @@ def main():
     _load._by_name = timed("by_name", _load._by_name)
     _core.device = timed("device_open", _core.device)
     _core.load_into = timed("load_into", _core.load_into)
-    if a.pread or a.gather:
+    if a.pread:
         from ferry import _lib
         options = _core.LoadOptions
-        more = (_lib.LOAD_PREAD if a.pread else 0) | (_lib.LOAD_GATHER_COPIES if a.gather else 0)
+        more = _lib.LOAD_PREAD
         _core.LoadOptions = lambda *args, flags=0, **kw: options(*args, flags=flags | more, **kw)
     repeats = []
     for r in range(a.repeat):

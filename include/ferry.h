@@ -463,8 +463,9 @@ typedef enum ferry_route {
                              (registered shard by shard while the registered ones are copied,
                              unregistered after the load unless registered already or kept:
                              FERRY_LOAD_KEEP_REGISTRATION) */
-    FERRY_ROUTE_CUFILE,    /* GPUDirect Storage: only probed so far (FERRY_E_NODEV with the
-                             reason; FERRY_E_UNSUPPORTED if the probe succeeds) */
+    FERRY_ROUTE_CUFILE,    /* reserved, not a route: a load or ferry_device_prepare asking for it
+                             fails with FERRY_E_UNSUPPORTED and auto never takes it. GPUDirect
+                             Storage is a probe (ferry_device_probe_cufile) */
     FERRY_ROUTE_PAGEABLE,  /* copy straight from the file mapping, unpinned: the driver stages
                              the bytes through its own pinned buffers (8.1 GB/s on the H200, a
                              sixth of the ring) but nothing is pinned first. auto takes it for a
@@ -518,19 +519,9 @@ enum ferry_load_flag {
      * own, in 64 MiB pieces so the process's own mmap calls do not wait for
      * all of it. A caller that cannot afford a truncation during a copy
      * faulting (README, "Truncated checkpoints") asks for pread. */
-    FERRY_LOAD_PREAD = 1u << 1,
-    /* RING, a file in memory (the page cache or tmpfs): gather four
-     * neighbouring buffers' reads into one copy of up to 16 MiB instead of
-     * one copy per buffer. The copy engine's per-copy cost is what 4 MiB
-     * copies lose: in bench_ring's gang mode (steady state, H200), 16 MiB copies
-     * out of the same 4 MiB reads ran 5-13 % faster (bench/RESULTS.md, "Larger
-     * copies out of the ring"). Inside ferry on an H100 it ran ahead in 5 of
-     * 6 loads of `ferry load --path ring --repeat 3` (1-6 %) and tied the
-     * CLI's default first loads, but lost a fifth to a half in other runs
-     * (ferry.torch's loads, fresh tmpfs copies, a slow host), not the same
-     * ones from machine to machine: opt-in. Ignored for O_DIRECT loads and
-     * files read from the disk. */
-    FERRY_LOAD_GATHER_COPIES = 1u << 2
+    FERRY_LOAD_PREAD = 1u << 1
+    /* 1u << 2 is reserved: ignored when set, and never to be given a
+     * meaning (programs built against 0.x headers may set it) */
 };
 
 /* How a REGISTER load came by its registration (ferry_load_stats.registration). */
@@ -577,11 +568,47 @@ typedef struct ferry_loaded ferry_loaded;
  * destinations): called on another thread, the pinning (~5 ms for the
  * default ring on the H200) overlaps that work, and a load that starts meanwhile waits for it.
  * The ring is the device's, kept for its later loads (ferry_load). Nothing to
- * do for the register, pageable and cufile paths and the cpu device. Note
+ * do for the register and pageable routes and the cpu device. Note
  * that auto takes FERRY_ROUTE_PAGEABLE only while no ring is pinned: a small
- * load (<= FERRY_PAGEABLE_MAX) gains nothing from this. 0 or an error
- * (-ENOMEM and the CUDA error when pinning fails). */
+ * load (<= FERRY_PAGEABLE_MAX) gains nothing from this (ferry_load_plan_route
+ * says whether a load would pin). 0 or an error (-ENOMEM and the CUDA error
+ * when pinning fails; FERRY_E_UNSUPPORTED for FERRY_ROUTE_CUFILE). */
 FERRY_API int ferry_device_prepare(ferry_device *dev, const ferry_load_opts *opts, uint64_t bytes);
+
+/* What a load would do: the route, the readers and staging ring it would use
+ * and whether it would pin that ring first, as ferry_load, ferry_load_into
+ * and ferry_device_prepare decide it (one function decides for all three). */
+typedef struct ferry_route_choice {
+    uint32_t size;          /* sizeof(ferry_route_choice), set by the caller */
+    ferry_route route;      /* the route a load would take now (never AUTO or CUFILE) */
+    uint32_t threads;       /* reader threads (at most: a load starts no more than it has batches) */
+    uint32_t buffers;       /* staging buffers its reads use (0: the route reads into no ring) */
+    uint64_t buffer_bytes;  /* bytes per staging buffer (0: no ring) */
+    int32_t pins;           /* 1: no ring pinned on the device serves it, so the load (or
+                               ferry_device_prepare) pins one first; 0 otherwise */
+    double resident;        /* auto with a file: the sampled page-cache fraction it went by;
+                               -1 otherwise */
+    const char *why;        /* why that route: static text, valid for the life of the library */
+} ferry_route_choice;
+
+/* Decide, without loading, how a load of `bytes` of f (0: all of f's tensor
+ * bytes) with opts (NULL: defaults) on dev would travel, into *out. f may be
+ * NULL: auto then cannot look at the file and answers what
+ * ferry_device_prepare would pin for it (the ring's geometry). The device's
+ * state (a ring pinned, files registered) and the page cache may change
+ * before the load, which decides again. Errors: FERRY_E_INVAL (bad
+ * arguments or options), FERRY_E_UNSUPPORTED (FERRY_ROUTE_CUFILE, or a route
+ * the cpu device cannot take), FERRY_E_LIMIT (a ring over ferry's limits);
+ * the message is on dev. */
+FERRY_API int ferry_load_plan_route(ferry_device *dev, const ferry_file *f, const ferry_load_opts *opts,
+                                    uint64_t bytes, ferry_route_choice *out);
+
+/* Whether GPUDirect Storage (cuFile) could read f (NULL: whether its driver
+ * opens at all) for dev: 0 when it could, FERRY_E_NODEV when not, with the
+ * reason in why (len bytes, NUL-terminated; why may be NULL). A probe only:
+ * ferry has no cuFile route (FERRY_ROUTE_CUFILE is reserved). Loads
+ * libcufile with dlopen on first use. */
+FERRY_API int ferry_device_probe_cufile(ferry_device *dev, const ferry_file *f, char *why, size_t len);
 
 /* Load every tensor of f into device memory that ferry allocates (one block per
  * shard, tensors laid out as in the file). The call returns when all copies are
@@ -598,20 +625,20 @@ FERRY_API void ferry_loaded_free(ferry_loaded *l);
 
 /* Fill caller-owned device memory: tensor idx[k] of f goes to dptrs[k] (each
  * at least that tensor's nbytes, e.g. allocated by PyTorch), k < n. Returns when
- * the copies are complete. Errors: FERRY_E_INVAL, FERRY_E_NODEV (cufile asked
- * for but unavailable), FERRY_E_DEVICE, -errno of a failed read,
+ * the copies are complete. Errors: FERRY_E_INVAL, FERRY_E_DEVICE, -errno of a failed read,
  * FERRY_E_CORRUPT for a file that ended early (cut after it was opened: the
  * message names the file and a tensor; every route, register included, says
  * so rather than fault, see README "Truncated checkpoints"); on failure the
  * destination contents are unspecified and nothing stays registered or
- * allocated; FERRY_E_UNSUPPORTED for a path the device cannot take (cpu:
- * direct/register; cufile after a successful probe). Thread-safe for
+ * allocated; FERRY_E_UNSUPPORTED for a route the device cannot take (cpu:
+ * direct/register/pageable; FERRY_ROUTE_CUFILE on any device). Thread-safe for
  * distinct destinations. */
 FERRY_API int ferry_load_into(ferry_device *dev, const ferry_file *f, const int64_t *idx,
                               const uint64_t *dptrs, int64_t n, const ferry_load_opts *opts,
                               ferry_load_stats *stats);
 
-/* Page-lock f's read-only mappings for dev (cuMemHostRegister READ_ONLY) so
+/* Page-lock f's read-only mappings for dev (cuMemHostRegister READ_ONLY: a
+ * host-memory registration with the CUDA driver, unrelated to cuFile) so
  * that loads with FERRY_ROUTE_REGISTER (and auto) copy from the page cache with
  * no CPU copy and no registration cost. Registered pages cannot be reclaimed:
  * they count against pinned_budget (this file alone; 0 = no limit;

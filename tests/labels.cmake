@@ -26,7 +26,8 @@ set(FERRY_SLOW_TESTS
 set(FERRY_THREADS_TESTS
   test_xfer.paths test_xfer.load_into test_xfer.register_pieces test_xfer.tmpfs_ring
   test_xfer.ring_reuse test_xfer.pageable test_xfer.prepare test_xfer.own_fds test_xfer.progress
-  test_xfer.concurrent test_xfer.faults test_xfer.regressions test_xfer.moves
+  test_xfer.concurrent test_xfer.faults test_xfer.regressions test_xfer.moves test_xfer.route_choice
+  test_xfer.reader_pool
   test_store.tiers test_store.spill test_store.device_faults test_store.jobs test_store.kill9
   test_store.threads test_store.find_remove test_store.review test_store.async test_store.pinned_cache
   test_stream.cyclic test_stream.threads test_stream.faults test_stream.budget test_stream.lane_fault

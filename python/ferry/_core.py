@@ -10,6 +10,7 @@ by every load) and stay open until the process exits.
 import ctypes
 import os
 import threading
+import warnings
 
 from . import _lib
 from ._file import File, TensorInfo, _Handle  # noqa: F401  (the rest of the binding's names for them)
@@ -55,6 +56,27 @@ class Device:
         r = ctypes.c_double()
         self.check(lib.ferry_device_copy_rate(self.dev, int(nbytes), ctypes.byref(r), None), self.spec)
         return r.value
+
+    def plan_route(self, file=None, route="auto", nbytes=0, threads=None, ring_buffers=None,
+                   ring_buffer_bytes=None):
+        """What a load with these options would do now, without loading
+        (ferry_load_plan_route): a dict with route, threads, buffers,
+        buffer_bytes, pins, resident and why. file: a ferry.File (None: auto
+        answers the ring it would pin); nbytes: the load's bytes (0: all the
+        file's)."""
+        opts = LoadOptions(route, threads, ring_buffers, ring_buffer_bytes)
+        return route_choice(self, None if file is None else file._handle(), opts, nbytes)
+
+    def probe_cufile(self, file=None):
+        """(available, why): whether GPUDirect Storage could read file (a
+        ferry.File; None: whether its driver opens). A probe only: cuFile is
+        not a route ferry loads through."""
+        buf = ctypes.create_string_buffer(512)
+        h = None if file is None else file._handle()
+        rc = lib.ferry_device_probe_cufile(self.dev, h.f if h is not None else None, buf, len(buf))
+        if rc < 0 and rc != _lib.E_NODEV:  # unavailable is an answer; anything else an error of the call
+            self.check(rc, self.spec)
+        return rc == 0, buf.value.decode("utf-8", "replace")
 
     def __repr__(self):
         return f"<ferry.Device {self.description!r}>"
@@ -146,15 +168,15 @@ class LoadOptions:
     exception raised by the Python callback (in a worker thread) is kept and
     raised again when the load returns."""
 
-    def __init__(self, path_kind="auto", threads=None, ring_buffers=None, ring_buffer_bytes=None,
+    def __init__(self, route="auto", threads=None, ring_buffers=None, ring_buffer_bytes=None,
                  progress=None, offset=0, total=None, flags=0):
         o = _lib.LoadOpts()  # size set
         o.flags = flags
-        if path_kind is None:
-            path_kind = "auto"
-        p = lib.ferry_route_parse(str(path_kind).encode())
+        if route is None:
+            route = "auto"
+        p = lib.ferry_route_parse(str(route).encode())
         if p < 0:
-            raise ValueError(f"path_kind must be one of {', '.join(_lib.ROUTES)}, not {path_kind!r}")
+            raise ValueError(f"route must be one of {', '.join(_lib.ROUTES)}, not {route!r}")
         o.route = p
         if threads is not None:
             if threads < 0:
@@ -190,15 +212,40 @@ class LoadOptions:
             raise e
 
 
+def route_arg(route, path_kind, where):
+    """The route a call was given: route=, or the deprecated path_kind= (a
+    DeprecationWarning; kept for one release)."""
+    if path_kind is None:
+        return route
+    warnings.warn(f"{where}: path_kind= is deprecated, use route=", DeprecationWarning, stacklevel=3)
+    return path_kind
+
+
 def stats_dict(st):
-    """ferry_load_stats as a dict; "path" is the route taken (ferry_route_name)."""
-    return {"path": _lib.ROUTES[st.route] if 0 <= st.route < len(_lib.ROUTES) else str(st.route),
+    """ferry_load_stats as a dict; "route" is the route taken (ferry_route_name).
+    "path", the same, is its deprecated name (kept for one release)."""
+    route = _lib.ROUTES[st.route] if 0 <= st.route < len(_lib.ROUTES) else str(st.route)
+    return {"route": route, "path": route,
             "bytes": st.bytes, "seconds": st.seconds,
             "resident": st.resident, "why": st.why.decode("utf-8", "replace") if st.why else "",
             "registration": ("none", "new", "reused")[st.registration] if 0 <= st.registration < 3
             else str(st.registration),
             "register_seconds": st.register_seconds, "setup_seconds": st.setup_seconds,
             "alloc_seconds": st.alloc_seconds, "pin_seconds": st.pin_seconds}
+
+
+def route_choice(dev, handle, opts, nbytes=0):
+    """ferry_load_plan_route: what a load of nbytes (0: all) of handle's file
+    (None: no file) with opts would do on dev now, as a dict: route, threads,
+    buffers, buffer_bytes, pins (it would pin a staging ring first), resident
+    (auto's sampled page-cache fraction, else -1) and why."""
+    c = _lib.RouteChoice()
+    rc = lib.ferry_load_plan_route(dev.dev, handle.f if handle is not None else None,
+                                   ctypes.byref(opts.opts), int(nbytes), ctypes.byref(c))
+    dev.check(rc, handle.path if handle is not None else dev.spec)
+    return {"route": _lib.ROUTES[c.route] if 0 <= c.route < len(_lib.ROUTES) else str(c.route),
+            "threads": c.threads, "buffers": c.buffers, "buffer_bytes": c.buffer_bytes, "pins": bool(c.pins),
+            "resident": c.resident, "why": c.why.decode("utf-8", "replace") if c.why else ""}
 
 
 def prepare(dev, opts, nbytes):

@@ -22,8 +22,8 @@ import sys
 
 from ._signatures import FUNCTIONS, _P, _cp, _i32, _i64, _vp
 from ._structs import (  # noqa: F401  (the mirrors are _lib's names for the rest of the binding)
-    JobStats, LoadOpts, LoadStats, MemRange, Plan, PlanOpts, PROGRESS_FN, StoreOpts, STREAM_COPIES,
-    StreamerOpts, StreamerStats, Struct, TensorInfo, TensorState,
+    JobStats, LoadOpts, LoadStats, MemRange, Plan, PlanOpts, PROGRESS_FN, RouteChoice, StoreOpts,
+    STREAM_COPIES, StreamerOpts, StreamerStats, Struct, TensorInfo, TensorState,
 )
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -35,7 +35,6 @@ OPEN_PRIVATE = 0x1
 TENSOR_NONCONTIGUOUS = 0x1
 TENSOR_SHARED_STORAGE = 0x2
 LOAD_PREAD = 1 << 1  # FERRY_LOAD_PREAD
-LOAD_GATHER_COPIES = 1 << 2  # FERRY_LOAD_GATHER_COPIES
 PAGEABLE_MAX = 32 << 20  # FERRY_PAGEABLE_MAX: auto's largest pageable load
 META_JSON = 1  # ferry_meta_kind FERRY_META_JSON: the value is JSON text
 
@@ -94,8 +93,8 @@ UNBOUND = {
     "ferry_file_convert_with": "file conversion: the CLI's `ferry convert`",
     "ferry_file_hash": "checkpoint hashes: the CLI's `ferry hash` and `ferry load --verify`",
     "ferry_xxh3": "checkpoint hashes: the CLI's `ferry hash` and `ferry load --verify`",
-    "ferry_device_register_file": "cuFile registration: the CLI's load and bench commands",
-    "ferry_device_unregister_file": "cuFile registration: the CLI's load and bench commands",
+    "ferry_device_register_file": "page-locking a file's mapping for the register route: the CLI's load and bench",
+    "ferry_device_unregister_file": "page-locking a file's mapping for the register route: the CLI's load and bench",
 }
 
 
@@ -155,7 +154,7 @@ DTYPE_NAMES = _names("ferry_dtype", lib.ferry_dtype_name)  # index = ferry_dtype
 BLOCK_DTYPES = frozenset(n for i, n in enumerate(DTYPE_NAMES)
                          if lib.ferry_dtype_bits(i) == 0 and lib.ferry_dtype_block(i, None, None) == 0)
 ROUTES = _names("ferry_route", lib.ferry_route_name)        # "auto", "ring", ...
-PATHS = ROUTES  # the binding's old name for them (path_kind=)
+PATHS = ROUTES  # deprecated: the binding's old name for them (path_kind=), kept for one release
 TIER_NAMES = _names("ferry_tier", lib.ferry_tier_name)      # "device", "pinned", ...
 FORMAT_NAMES = _names("ferry_format", lib.ferry_format_name)
 TIER_COUNT = len(TIER_NAMES)
@@ -195,6 +194,7 @@ def _error_code(name):
 # the codes the binding itself raises or tests for
 E_UNSUPPORTED = _error_code("UNSUPPORTED")
 E_INVAL = _error_code("INVAL")
+E_NODEV = _error_code("NODEV")
 E_NOTFOUND = _error_code("NOTFOUND")
 E_INTERNAL = _error_code("INTERNAL")
 E_BUSY = _error_code("BUSY")
@@ -233,7 +233,7 @@ class StoreStats(Struct):
     ]
 
 
-MIRRORS = (TensorInfo, LoadOpts, LoadStats, StoreOpts, TensorState, PlanOpts, Plan, StoreStats, MemRange, JobStats)
+MIRRORS = (TensorInfo, LoadOpts, LoadStats, RouteChoice, StoreOpts, TensorState, PlanOpts, Plan, StoreStats, MemRange, JobStats)
 
 
 def mirror_mismatch(cls):

@@ -7,8 +7,8 @@ one against include/ferry.h.
 """
 import ctypes
 
-from ._structs import (JobStats, LoadOpts, LoadStats, Plan, PlanOpts, StoreOpts, StreamerOpts, StreamerStats,
-                       TensorInfo, TensorState)
+from ._structs import (JobStats, LoadOpts, LoadStats, Plan, PlanOpts, RouteChoice, StoreOpts, StreamerOpts,
+                       StreamerStats, TensorInfo, TensorState)
 
 _vp = ctypes.c_void_p
 _i32, _u32, _i64, _u64 = ctypes.c_int, ctypes.c_uint32, ctypes.c_int64, ctypes.c_uint64
@@ -46,6 +46,8 @@ FUNCTIONS = {
     "ferry_device_desc": (_cp, [_vp]),
     "ferry_device_mem_info": (_i32, [_vp, _P(_u64), _P(_u64)]),
     "ferry_device_prepare": (_i32, [_vp, _P(LoadOpts), _u64]),
+    "ferry_device_probe_cufile": (_i32, [_vp, _vp, ctypes.c_char_p, ctypes.c_size_t]),
+    "ferry_load_plan_route": (_i32, [_vp, _vp, _P(LoadOpts), _u64, _P(RouteChoice)]),
     "ferry_device_copy_rate": (_i32, [_vp, _u64, _P(ctypes.c_double), _P(ctypes.c_double)]),
     "ferry_route_parse": (_i32, [_cp]),
     "ferry_load": (_i32, [_vp, _vp, _P(LoadOpts), _P(_vp), _P(LoadStats)]),

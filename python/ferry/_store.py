@@ -20,17 +20,27 @@ The library reads no environment: when no spill_dir is given, $FERRY_SPILL_DIR
 import collections
 import ctypes
 import os
+import warnings
 
 from . import _core, _lib
 from ._lib import lib
 from .errors import check, check_on, error
 
-TensorState = collections.namedtuple("TensorState", "name nbytes tier dirty pins group dptr cached streams",
-                                     defaults=(False, False))
+class TensorState(collections.namedtuple("TensorState", "name nbytes tier dirty holds group dptr cached streams",
+                                         defaults=(False, False))):
+    __slots__ = ()
+
+    @property
+    def pins(self):
+        """Deprecated name of holds (kept for one release)."""
+        warnings.warn("TensorState.pins is deprecated, use TensorState.holds", DeprecationWarning, stacklevel=2)
+        return self.holds
+
+
 TensorState.__doc__ = """One tensor of a store's model (ferry_model_tensor_state): tier is
 "device", "pinned", "host", "source" or "spill"; dirty: it differs from the
-checkpoint; pins: how often it is held (ferry_tensor_state.holds: never
-evicted while > 0); group: tensors with the same group
+checkpoint; holds: how often it is held (ferry_model_hold; never
+evicted while > 0; pins is its deprecated name); group: tensors with the same group
 move together; dptr: its device address while tier == "device", else 0;
 cached: a clean copy is also kept in the pinned pool (a streamed block);
 streams: its block streams under the model's plan."""

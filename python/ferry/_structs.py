@@ -75,6 +75,19 @@ class LoadStats(Struct):
     ]
 
 
+class RouteChoice(Struct):
+    _ferry_name_ = "ferry_route_choice"
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("route", ctypes.c_int),
+        ("threads", ctypes.c_uint32),
+        ("buffers", ctypes.c_uint32),
+        ("buffer_bytes", ctypes.c_uint64),
+        ("pins", ctypes.c_int32),
+        ("resident", ctypes.c_double),
+        ("why", ctypes.c_char_p),  # the library's static text
+    ]
+
 # ---- residency store (ferry_store_*, ferry_model_*) ---------------------------
 
 class StoreOpts(Struct):

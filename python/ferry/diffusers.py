@@ -116,7 +116,7 @@ def from_pretrained(model_class, folder, *, subfolder=None, device=None, torch_d
     the class's _keep_in_fp32_modules). variant: the file variant ("fp16").
     strict: missing or unexpected keys are an error (diffusers warns and
     initialises missing ones randomly; ferry does not guess). load_kwargs go to
-    ferry.torch.load_model (path_kind, threads, progress, ...)."""
+    ferry.torch.load_model (route, threads, progress, ...)."""
     if not hasattr(model_class, "load_config") or not hasattr(model_class, "from_config"):
         raise TypeError(f"ferry.diffusers.from_pretrained: {model_class!r} is not a diffusers model class "
                         "(it has no load_config / from_config)")

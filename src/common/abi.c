@@ -37,6 +37,11 @@ static const field f_load_stats[] = {F(ferry_load_stats, size),    F(ferry_load_
                                      F(ferry_load_stats, registration), F(ferry_load_stats, register_seconds),
                                      F(ferry_load_stats, setup_seconds), F(ferry_load_stats, alloc_seconds),
                                      F(ferry_load_stats, pin_seconds),  {NULL, 0}};
+static const field f_route_choice[] = {F(ferry_route_choice, size),    F(ferry_route_choice, route),
+                                       F(ferry_route_choice, threads), F(ferry_route_choice, buffers),
+                                       F(ferry_route_choice, buffer_bytes), F(ferry_route_choice, pins),
+                                       F(ferry_route_choice, resident), F(ferry_route_choice, why),
+                                       {NULL, 0}};
 static const field f_store_opts[] = {F(ferry_store_opts, size),          F(ferry_store_opts, device_budget),
                                      F(ferry_store_opts, device_reserve), F(ferry_store_opts, host_budget),
                                      F(ferry_store_opts, pinned_budget),  F(ferry_store_opts, host_reserve),
@@ -115,6 +120,7 @@ static const struct {
     {"ferry_tensor_info", sizeof(ferry_tensor_info), f_tensor_info},
     {"ferry_load_opts", sizeof(ferry_load_opts), f_load_opts},
     {"ferry_load_stats", sizeof(ferry_load_stats), f_load_stats},
+    {"ferry_route_choice", sizeof(ferry_route_choice), f_route_choice},
     {"ferry_store_opts", sizeof(ferry_store_opts), f_store_opts},
     {"ferry_tensor_state", sizeof(ferry_tensor_state), f_tensor_state},
     {"ferry_store_stats", sizeof(ferry_store_stats), f_store_stats},

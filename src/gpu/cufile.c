@@ -63,6 +63,10 @@ int fy_cufile_probe(fy_gpu *g, int fd, char *why, size_t n)
         snprintf(why, n, "%s", cf.why);
         return FERRY_E_NODEV;
     }
+    if (fd < 0) {
+        snprintf(why, n, "cuFile's driver opened (no file asked about)");
+        return 0;
+    }
     cufile_descr d;
     memset(&d, 0, sizeof d);
     d.type = 1;

@@ -109,7 +109,7 @@ int fy_gpu_sim_pin_rate(fy_gpu *g, uint64_t bytes_per_s);
 int fy_gpu_sim_usage(fy_gpu *g, uint64_t *device, uint64_t *pinned, uint64_t *registered);
 
 /* GPUDirect Storage probe: loads libcufile (dlopen), opens its driver and
- * registers a handle for fd. 0 if cuFile accepts the file, else FERRY_E_NODEV
+ * registers a handle for fd (fd < 0: the driver alone). 0 if cuFile accepts the file, else FERRY_E_NODEV
  * with the reason in why. The first call may take a while (driver start-up). */
 int fy_cufile_probe(fy_gpu *g, int fd, char *why, size_t n);
 

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* policy.h - which groups leave the device: a pure function of the store's
- * state and the request (DESIGN.md §6), unit-tested with tables. */
+ * state and the request (least recently used, lowest priority first, whole
+ * groups, none in use), unit-tested with tables. */
 #ifndef FERRY_POLICY_H
 #define FERRY_POLICY_H
 

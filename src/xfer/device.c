@@ -34,6 +34,7 @@ FERRY_API int ferry_device_open(ferry_ctx *ctx, const char *spec, ferry_device *
     pthread_mutex_init(&d->lock, NULL);
     pthread_mutex_init(&d->ring_lock, NULL);
     d->reg_piece = REG_PIECE;
+    xf_pool_init(&d->pool);
     *out = d;
     return 0;
 }
@@ -53,6 +54,7 @@ void xf_ring_free(ferry_device *d)
 FERRY_API void ferry_device_close(ferry_device *d)
 {
     if (!d) return;
+    xf_pool_stop(&d->pool); /* every load has returned: what is left is unmapping */
     xf_reg_unwatch_all(d); /* a file closed later must not call back into d */
     for (int i = 0; i < d->nregs; i++) d->g->ops->host_unregister(d->g, d->regs[i].base);
     fy_free(&d->ctx->mem, d->regs);

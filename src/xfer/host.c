@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* host.c - the cpu device's path: readers pread straight into host memory. */
+/* host.c - the cpu device's route: readers (on the device's pool) pread
+ * straight into host memory. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -24,7 +25,7 @@ typedef struct host_job {
     fy_progress prog;
 } host_job;
 
-static void *host_worker(void *arg)
+static void host_worker(void *arg)
 {
     host_job *j = arg;
     own o = {-1, -1};
@@ -48,7 +49,6 @@ static void *host_worker(void *arg)
         fy_progress_add(&j->prog, bt->len);
     }
     xf_own_close(&o);
-    return NULL;
 }
 
 int xf_run_host(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o, uint32_t nthreads)
@@ -57,12 +57,13 @@ int xf_run_host(ferry_device *d, const ferry_file *f, const plan *p, const ferry
     xf_sched_init(&j.q, p, 64, nthreads);
     atomic_init(&j.rc, 0);
     fy_progress_init(&j.prog, o->progress, o->opaque, p->bytes);
-    pthread_t th[MAX_THREADS];
-    uint32_t started = 0;
-    for (; started < nthreads; started++)
-        if (pthread_create(&th[started], NULL, host_worker, &j) != 0) break;
-    if (started == 0) host_worker(&j);
-    for (uint32_t t = 0; t < started; t++) pthread_join(th[t], NULL);
+    /* the readers run on the device's pool (pool.c) */
+    xf_task t[MAX_THREADS];
+    xf_group g;
+    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+    for (uint32_t k = 0; k < nthreads; k++) t[k] = (xf_task){.fn = host_worker, .arg = &j};
+    xf_pool_start(&d->pool, &g, t, nthreads);
+    xf_pool_wait(&d->pool, &g);
     fy_progress_destroy(&j.prog);
     return atomic_load(&j.rc);
 }

@@ -1,6 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* load.c - the load API: path names, choosing a path (auto), the ring's
- * geometry, and ferry_load / ferry_load_into / ferry_loaded_*. */
+/* load.c - the load API: running a load (the choice is choose.c's), and ferry_load / ferry_load_into / ferry_loaded_*. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -13,29 +12,7 @@
 
 #include "xfer_impl.h"
 
-FERRY_API const char *ferry_route_name(ferry_route p)
-{
-    static const char *const names[] = {"auto", "ring", "direct", "register", "cufile", "pageable"};
-    return (unsigned)p < FERRY_ROUTE_COUNT ? names[p] : "unknown";
-}
-
-FERRY_API int ferry_route_parse(const char *name)
-{
-    for (int p = 0; p < FERRY_ROUTE_COUNT; p++)
-        if (name && strcmp(name, ferry_route_name((ferry_route)p)) == 0) return p;
-    return -1;
-}
-
 /* ---- the pageable path ---- */
-
-/* whether d has a ring pinned (auto's pageable choice and ferry_load's pin-ahead ask) */
-static bool ring_pinned(ferry_device *d)
-{
-    pthread_mutex_lock(&d->ring_lock);
-    bool pinned = d->nring > 0;
-    pthread_mutex_unlock(&d->ring_lock);
-    return pinned;
-}
 
 /* Copy plan p from the shards' mappings (pageable memory: the driver stages
  * it, the call returns once the bytes are read) on the streams in turn. As
@@ -80,141 +57,31 @@ static int run_pageable(ferry_device *d, const ferry_file *f, const plan *p, con
     return rc;
 }
 
-/* auto's choice of the pageable path for a cached load of `bytes`: small,
- * no ring asked for and none pinned yet, so that pinning one would cost more
- * than the copy (FERRY_ROUTE_PAGEABLE). */
-static bool pageable_fits(ferry_device *d, const ferry_load_opts *o, ferry_load_stats *st, uint64_t bytes)
-{
-    if (o->route != FERRY_ROUTE_AUTO || st->route != FERRY_ROUTE_RING || st->resident < 0.5 ||
-        bytes > FERRY_PAGEABLE_MAX || o->ring_buffers || o->ring_buffer_bytes)
-        return false;
-    bool none = !ring_pinned(d);
-    if (none)
-        st->why = "a small load, mostly in the page cache, and no ring pinned yet (pinning one costs more than the "
-                  "copy): pageable copies from the mapping";
-    return none;
-}
-
-/* ---- choosing a path ---- */
-
-static int choose_path(ferry_device *d, const ferry_file *f, const ferry_load_opts *o, ferry_load_stats *st)
-{
-    ferry_route want = o->route;
-    st->resident = -1; /* measured only when auto needs it: mincore over 10 GB is not free */
-    if (want == FERRY_ROUTE_CUFILE) {
-        char why[256];
-        if (fy_cufile_probe(d->g, f->shards[0].fd, why, sizeof why) < 0)
-            return fy_seterr(&d->err, FERRY_E_NODEV, "cufile unavailable: %s (use --path auto)", why);
-        return fy_seterr(&d->err, FERRY_E_UNSUPPORTED,
-                         "cufile: the probe succeeded (%s), but ferry has no cuFile transfer yet (use --path auto)", why);
-    }
-    if (d->g->host_visible) {
-        FY_RETURN_IF(want != FERRY_ROUTE_AUTO && want != FERRY_ROUTE_RING, &d->err, FERRY_E_UNSUPPORTED,
-                     "the cpu device reads straight into host memory: use --path ring or auto, not %s",
-                     ferry_route_name(want));
-        st->why = "host memory: threaded pread straight into the destination";
-        return FERRY_ROUTE_RING;
-    }
-    if (want != FERRY_ROUTE_AUTO) {
-        st->why = "asked for";
-        return (int)want;
-    }
-    if (!f->private_map && xf_is_registered(d, f)) {
-        st->why = "the file is registered with the device";
-        return FERRY_ROUTE_REGISTER;
-    }
-    st->resident = xf_resident_sampled(f);
-    if (st->resident < 0) {
-        st->why = "page-cache residency unknown (mincore failed): ring";
-        return FERRY_ROUTE_RING;
-    }
-    if (st->resident >= 0.5) {
-        st->why = "most of the data is in the page cache (sampled; cufile is probed only on request)";
-        return FERRY_ROUTE_RING;
-    }
-    st->why = "most of the data is not in the page cache (sampled): O_DIRECT reads (cufile is probed only on "
-              "request)";
-    return FERRY_ROUTE_DIRECT;
-}
-
-/* Threads and ring size from load options, with the defaults measured on the
- * H200 host (bench/RESULTS.md, ring sweep: 12 threads x 4 MiB buffers beat 8
- * and 16 threads and 8-32 MiB buffers), within ferry's limits. Loads and the
- * spill pipeline ask the same way, so they share one pinned ring. O_DIRECT
- * reads (direct) default to 8 threads of 1 MiB reads, 16 buffers: cold, on
- * the GPU machines' disk, 12 x 4 MiB ran at 1.66-1.99 GB/s and 8 x 1 MiB at
- * 1.91-2.29 in 5 alternated rounds over two sessions (16 x 512 KiB alike,
- * 1.98-2.40), and through auto 2.08-2.50 against 1.69-1.91 in 4 more
- * (bench/RESULTS.md, seventeenth session). Such a load reads into a ring
- * pinned already when its buffers are at least as large and as many
- * (xf_load_items), so the ring's default serves both. */
-int xf_ring_geometry(ferry_device *d, const ferry_load_opts *o, bool direct, uint32_t *nthreads, uint32_t *nbuf,
-                     uint64_t *bufsz)
-{
-    uint32_t cpus = fy_ncpu(), want = direct ? DIRECT_THREADS : 12;
-    *nthreads = o->threads ? o->threads : (cpus < want ? cpus : want);
-    if (*nthreads > MAX_THREADS) *nthreads = MAX_THREADS;
-    FY_RETURN_IF(o->ring_buffer_bytes > (4ull << 30) || o->ring_buffers > 4096, &d->err, FERRY_E_INVAL,
-                 "ferry_load: a ring of %u buffers of %llu bytes is outside the limits (4096 buffers, 4 GiB each)",
-                 o->ring_buffers, (unsigned long long)o->ring_buffer_bytes);
-    *bufsz = o->ring_buffer_bytes ? page_round(o->ring_buffer_bytes) : direct ? DIRECT_READ : 4ull << 20;
-    *nbuf = o->ring_buffers ? o->ring_buffers : 2 * *nthreads;
-    if (*nbuf < 2) *nbuf = 2;
-    FY_RETURN_IF((uint64_t)*nbuf * *bufsz > (64ull << 30), &d->err, FERRY_E_LIMIT,
-                 "ferry_load: a ring of %u x %llu bytes would pin more than 64 GiB", *nbuf,
-                 (unsigned long long)*bufsz);
-    return 0;
-}
-
-/* Without a ring size asked for, a load smaller than the default ring needs
- * only the buffers its bytes fill (a 25 MB file: 7 of 4 MiB; the ring's first
- * pinning was most of a small file's load on the H200, 17 ms for 26 MB), and a
- * ring already pinned with at least that many is used as it is. Called with
- * d->ring_lock held. */
-static void ring_for_load(const ferry_device *d, const ferry_load_opts *o, uint64_t bytes, uint64_t bufsz,
-                          uint32_t *nbuf)
-{
-    if (o->ring_buffers) return;
-    uint64_t need = (bytes + bufsz - 1) / bufsz;
-    if (need < 2) need = 2;
-    if (need < *nbuf) *nbuf = (uint32_t)need;
-    if (d->nring >= *nbuf && d->ring_bytes == bufsz) *nbuf = d->nring;
-}
-
-/* Whether the ring pinned on d serves a load that wants nbuf buffers of bufsz
- * bytes: that very ring, or, for O_DIRECT reads with no ring option set, any
- * at least as large in both (the default ring, pinned ahead for auto before
- * it knows the load is cold: the load uses nbuf of its buffers). Called with
- * d->ring_lock held. */
-static bool ring_serves(const ferry_device *d, const ferry_load_opts *o, bool direct, uint32_t nbuf, uint64_t bufsz)
-{
-    if (d->nring == nbuf && d->ring_bytes == bufsz) return true;
-    return direct && !o->ring_buffers && !o->ring_buffer_bytes && d->nring >= nbuf && d->ring_bytes >= bufsz;
-}
-
 FERRY_API int ferry_device_prepare(ferry_device *d, const ferry_load_opts *opts, uint64_t bytes)
 {
     if (!d) return FERRY_E_INVAL;
     ferry_load_opts o;
     FY_TRY(fy_struct_in(&o, sizeof o, opts, &d->err, "ferry_device_prepare"));
-    FY_RETURN_IF((unsigned)o.route >= FERRY_ROUTE_COUNT, &d->err, FERRY_E_INVAL, "ferry_device_prepare: unknown path %d",
-                 (int)o.route);
-    /* only the ring's paths use the ring; host memory has none */
-    if (d->g->host_visible || !(o.route == FERRY_ROUTE_AUTO || o.route == FERRY_ROUTE_RING || o.route == FERRY_ROUTE_DIRECT))
-        return 0;
-    uint32_t nthreads, nbuf;
-    uint64_t bufsz;
-    FY_TRY(xf_ring_geometry(d, &o, o.route == FERRY_ROUTE_DIRECT, &nthreads, &nbuf, &bufsz));
+    xf_choice c;
+    FY_TRY(xf_choose(d, NULL, &o, bytes, "ferry_device_prepare", &c));
+    if (!c.ring) return 0; /* only the ring's routes use the ring; host memory has none */
     FY_TRY(d->g->ops->bind_thread(d->g));
     pthread_mutex_lock(&d->ring_lock);
-    ring_for_load(d, &o, bytes, bufsz, &nbuf);
-    int rc = ring_serves(d, &o, o.route == FERRY_ROUTE_DIRECT, nbuf, bufsz) ? 0 : xf_ring_get(d, nbuf, bufsz);
+    int rc = xf_ring_take(d, &o, &c, true, NULL, NULL);
     pthread_mutex_unlock(&d->ring_lock);
     return rc;
 }
 
+/* The bytes a load of items it[0..n-1] moves, as the choice counts them. */
+static uint64_t items_bytes(const ferry_file *f, const item *it, int64_t n)
+{
+    uint64_t b = 0;
+    for (int64_t k = 0; k < n; k++) b += f->tb.t[it[k].t].nbytes;
+    return b;
+}
+
 int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, const ferry_load_opts *opts,
-                  ferry_load_stats *stats, double t0)
+                  const xf_choice *pre, ferry_load_stats *stats, double t0)
 {
     ferry_load_opts o;
     ferry_load_stats st = {.size = sizeof st};
@@ -223,10 +90,6 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
     FY_TRY(fy_struct_in(&o, sizeof o, opts, err, "ferry_load"));
     FY_RETURN_IF(stats && stats->size < FERRY_STRUCT_MIN, err, FERRY_E_INVAL,
                  "ferry_load: stats->size is %u: set it to sizeof(ferry_load_stats)", stats->size);
-    FY_RETURN_IF((unsigned)o.route >= FERRY_ROUTE_COUNT, err, FERRY_E_INVAL, "ferry_load: unknown path %d", (int)o.route);
-    uint32_t nthreads, nbuf;
-    uint64_t bufsz;
-    FY_TRY(xf_ring_geometry(d, &o, false, &nthreads, &nbuf, &bufsz));
     uint32_t nstreams = o.streams ? o.streams : 4;
     if (nstreams < 2) nstreams = 2;
     if (nstreams > MAX_STREAMS) nstreams = MAX_STREAMS;
@@ -234,12 +97,15 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
     double now = fy_now();
     if (t0 <= 0 || t0 > now) t0 = now;
     st.alloc_seconds = now - t0;
-    int rc = choose_path(d, f, &o, &st);
-    if (rc < 0) return rc;
-    st.route = (ferry_route)rc;
-    if (st.route == FERRY_ROUTE_DIRECT) FY_TRY(xf_ring_geometry(d, &o, true, &nthreads, &nbuf, &bufsz));
+    xf_choice c;
+    if (pre) c = *pre;
+    else FY_TRY(xf_choose(d, f, &o, items_bytes(f, it, n), "ferry_load", &c));
+    st.route = c.route;
+    st.why = c.why;
+    st.resident = c.resident;
+    uint32_t nthreads = c.nthreads, nbuf = 0;
     plan p;
-    rc = xf_plan_build(m, f, it, n, st.route == FERRY_ROUTE_REGISTER ? UINT64_MAX / 2 : bufsz, &p);
+    int rc = xf_plan_build(m, f, it, n, st.route == FERRY_ROUTE_REGISTER ? UINT64_MAX / 2 : c.bufsz, &p);
     if (rc < 0) return fy_seterr(err, rc, "ferry_load: out of memory for the plan of %" PRId64 " tensors", n);
     fy_stream *streams[MAX_STREAMS] = {0};
     rc = d->g->ops->bind_thread(d->g);
@@ -250,32 +116,22 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
             rc = xf_run_host(d, f, &p, &o, nthreads);
         } else if (st.route == FERRY_ROUTE_REGISTER) {
             rc = xf_run_register(d, f, &p, &o, streams, nstreams, &st);
-        } else if (st.route == FERRY_ROUTE_PAGEABLE || pageable_fits(d, &o, &st, p.bytes)) {
-            st.route = FERRY_ROUTE_PAGEABLE;
+        } else if (st.route == FERRY_ROUTE_PAGEABLE) {
             rc = run_pageable(d, f, &p, &o, streams, nstreams);
         } else {
             pthread_mutex_lock(&d->ring_lock);
-            ring_for_load(d, &o, p.bytes, bufsz, &nbuf);
-            double tp = fy_now();
-            bool pinned = ring_serves(d, &o, st.route == FERRY_ROUTE_DIRECT, nbuf, bufsz);
-            rc = pinned ? 0 : xf_ring_get(d, nbuf, bufsz);
-            st.pin_seconds = pinned ? 0 : fy_now() - tp;
+            rc = xf_ring_take(d, &o, &c, false, &nbuf, &st.pin_seconds);
             /* no more readers than batches: a thread with nothing to read
              * costs its start (a 25 MB file has 7 batches of 4 MiB) */
             if (p.nbt < (long long)nthreads) nthreads = p.nbt > 0 ? (uint32_t)p.nbt : 1;
             st.setup_seconds = fy_now() - t0;
-            /* gathered copies only for a file (nearly) all in memory: their
-             * readers take single batches, and buffered reads from the disk in
-             * that order would defeat each descriptor's readahead */
-            bool gather = rc == 0 && st.route == FERRY_ROUTE_RING && (o.flags & FERRY_LOAD_GATHER_COPIES) &&
-                          (st.resident >= 0 ? st.resident : xf_resident_sampled(f)) >= 0.99;
             if (rc == 0)
-                rc = xf_run_ring(d, f, &p, st.route == FERRY_ROUTE_DIRECT, gather, &o, streams, nstreams, nthreads, nbuf);
+                rc = xf_run_ring(d, f, &p, st.route == FERRY_ROUTE_DIRECT, &o, streams, nstreams, nthreads, nbuf);
             if (rc == -EINVAL && st.route == FERRY_ROUTE_DIRECT && o.route == FERRY_ROUTE_AUTO) {
                 /* auto chose O_DIRECT on a file system without it (tmpfs, some FUSE): buffered reads */
                 st.route = FERRY_ROUTE_RING;
                 st.why = "cold, but the file system refuses O_DIRECT: buffered reads";
-                rc = xf_run_ring(d, f, &p, false, false, &o, streams, nstreams, nthreads, nbuf);
+                rc = xf_run_ring(d, f, &p, false, &o, streams, nstreams, nthreads, nbuf);
             }
             pthread_mutex_unlock(&d->ring_lock);
         }
@@ -305,46 +161,35 @@ FERRY_API int ferry_load_into(ferry_device *d, const ferry_file *f, const int64_
         it[k].dst = dptrs[k];
     }
     xf_items_alloc_ends(d, it, n); /* the caller's memory: where its allocations end */
-    int rc = xf_load_items(d, f, it, n, opts, stats, 0);
+    int rc = xf_load_items(d, f, it, n, opts, NULL, stats, 0);
     fy_free(&d->ctx->mem, it);
     return rc;
 }
 
-/* ferry_load pins the ring on a helper thread while it allocates the device
+/* ferry_load pins the ring on the device's pool while it allocates the device
  * memory, where it will need a ring and none is pinned (a fresh process's
  * first load: the pinning, 5-7 ms on the H200, and cuMemAlloc, ~3 ms for
  * 10 GB, one after the other before). The load then pins nothing; if the
  * helper could not pin, the load fails with its error, as it would have. */
 typedef struct pin_ahead {
     ferry_device *d;
-    const ferry_load_opts *opts;
-    uint64_t bytes;
+    const ferry_load_opts *o;
+    const xf_choice *c;
     double seconds; /* the pinning's, for ferry_load_stats.pin_seconds */
     int rc;
 } pin_ahead;
 
-static void *pin_ahead_main(void *arg)
+static void pin_ahead_main(void *arg)
 {
     pin_ahead *a = arg;
     double t = fy_now();
-    a->rc = ferry_device_prepare(a->d, a->opts, a->bytes);
-    a->seconds = fy_now() - t;
-    return NULL;
-}
-
-static bool wants_pin_ahead(ferry_device *d, const ferry_file *f, const ferry_load_opts *opts)
-{
-    /* a bad opts struct is xf_load_items' to refuse, under ferry_load's name */
-    if (d->g->host_visible || (opts && (opts->size < FERRY_STRUCT_MIN || opts->size > sizeof *opts))) return false;
-    ferry_route r = opts && opts->size >= offsetof(ferry_load_opts, route) + sizeof opts->route ? opts->route
-                                                                                                 : FERRY_ROUTE_AUTO;
-    if (r == FERRY_ROUTE_AUTO) {
-        /* small and cached: pageable (pageable_fits); registered: no ring */
-        if (f->total <= FERRY_PAGEABLE_MAX || (!f->private_map && xf_is_registered(d, f))) return false;
-    } else if (r != FERRY_ROUTE_RING && r != FERRY_ROUTE_DIRECT) {
-        return false;
+    a->rc = a->d->g->ops->bind_thread(a->d->g);
+    if (a->rc == 0) {
+        pthread_mutex_lock(&a->d->ring_lock);
+        a->rc = xf_ring_take(a->d, a->o, a->c, true, NULL, NULL);
+        pthread_mutex_unlock(&a->d->ring_lock);
     }
-    return !ring_pinned(d);
+    a->seconds = fy_now() - t;
 }
 
 FERRY_API int ferry_load(ferry_device *d, const ferry_file *f, const ferry_load_opts *opts, ferry_loaded **out,
@@ -353,9 +198,19 @@ FERRY_API int ferry_load(ferry_device *d, const ferry_file *f, const ferry_load_
     if (!d || !f || !out) return FERRY_E_INVAL;
     double t0 = fy_now(); /* the device allocation below is part of the load's time */
     *out = NULL;
-    pin_ahead pa = {.d = d, .opts = opts, .bytes = f->total};
-    pthread_t pin_thread;
-    bool pinning = wants_pin_ahead(d, f, opts) && pthread_create(&pin_thread, NULL, pin_ahead_main, &pa) == 0;
+    /* the choice is made once, before the allocation: the ring it needs is
+     * pinned meanwhile, and the load then runs what was chosen */
+    ferry_load_opts o;
+    xf_choice c;
+    FY_TRY(fy_struct_in(&o, sizeof o, opts, &d->err, "ferry_load"));
+    uint64_t bytes = 0;
+    for (int64_t i = 0; i < f->tb.n; i++) bytes += f->tb.t[i].nbytes;
+    FY_TRY(xf_choose(d, f, &o, bytes, "ferry_load", &c));
+    pin_ahead pa = {.d = d, .o = &o, .c = &c};
+    xf_task pin_task = {.fn = pin_ahead_main, .arg = &pa};
+    xf_group pin_group;
+    bool pinning = c.ring && c.pins;
+    if (pinning) xf_pool_start(&d->pool, &pin_group, &pin_task, 1); /* (no worker: the wait pins) */
     const ferry_allocator *m = &d->ctx->mem;
     ferry_loaded *l = fy_calloc(m, 1, sizeof *l);
     item *it = fy_calloc(m, (size_t)(f->tb.n ? f->tb.n : 1), sizeof *it);
@@ -392,13 +247,13 @@ FERRY_API int ferry_load(ferry_device *d, const ferry_file *f, const ferry_load_
     }
     bool pinned_ahead = false;
     if (pinning) {
-        pthread_join(pin_thread, NULL);
+        xf_pool_wait(&d->pool, &pin_group);
         pinning = false;
         /* its failure is the load's (the message is on the device already) */
         if ((rc = pa.rc) < 0) goto fail;
         pinned_ahead = true;
     }
-    rc = xf_load_items(d, f, it, f->tb.n, opts, stats, t0);
+    rc = xf_load_items(d, f, it, f->tb.n, &o, &c, stats, t0);
     if (rc < 0) goto fail;
     /* the ring was pinned for this load, beside its allocation */
     if (pinned_ahead && stats && stats->pin_seconds == 0 &&
@@ -408,7 +263,7 @@ FERRY_API int ferry_load(ferry_device *d, const ferry_file *f, const ferry_load_
     *out = l;
     return 0;
 fail:
-    if (pinning) pthread_join(pin_thread, NULL);
+    if (pinning) xf_pool_wait(&d->pool, &pin_group);
     fy_free(m, it);
     ferry_loaded_free(l);
     return rc;

@@ -267,7 +267,7 @@ static int fd_to_device(ferry_device *d, int fd, const char *path, const fy_fdra
         if (o) memcpy(&lo, o, o->size && o->size <= sizeof lo ? o->size : 0);
         lo.size = sizeof lo;
         lo.route = FERRY_ROUTE_RING;
-        rc = xf_load_items(d, &f, it, n, &lo, st, 0);
+        rc = xf_load_items(d, &f, it, n, &lo, NULL, st, 0);
     }
     fy_free(m, f.tb.t);
     fy_free(m, it);

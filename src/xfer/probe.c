@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* probe.c - ferry_device_copy_rate: the pinned copy rate each way. */
+/* probe.c - ferry_device_copy_rate: the pinned copy rate each way;
+ * ferry_device_probe_cufile: whether GPUDirect Storage could read a file. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -62,3 +63,13 @@ FERRY_API int ferry_device_copy_rate(ferry_device *d, uint64_t bytes, double *ht
     return rc;
 }
 
+
+FERRY_API int ferry_device_probe_cufile(ferry_device *d, const ferry_file *f, char *why, size_t len)
+{
+    if (why && len) why[0] = 0;
+    if (!d) return FERRY_E_INVAL;
+    char buf[256];
+    int rc = fy_cufile_probe(d->g, f && f->nshards ? f->shards[0].fd : -1, buf, sizeof buf);
+    if (why && len) snprintf(why, len, "%s%s%s", f && f->nshards ? f->shards[0].path : "", f && f->nshards ? ": " : "", buf);
+    return rc;
+}

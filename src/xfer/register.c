@@ -31,8 +31,8 @@ static reg_entry *reg_find(ferry_device *d, const ferry_file *f, int32_t s, uint
 }
 
 /* Page-lock piece k of shard s's read-only shared mapping, unless it is
- * already (never a private mapping: see DESIGN.md §7, registering
- * MAP_PRIVATE with READ_ONLY hung the driver). A new entry starts neither
+ * already (never a private mapping: registering MAP_PRIVATE with READ_ONLY
+ * hung the driver). A new entry starts neither
  * held nor used, and *added says so. *out: the entry, valid until the table
  * changes. Under d->lock. */
 static int piece_register(ferry_device *d, const ferry_file *f, int32_t s, int64_t k, reg_entry **out, bool *added)
@@ -121,7 +121,7 @@ static int check_size(ferry_device *d, const ferry_file *f)
     return 0;
 }
 
-/* A copy-on-write mapping is never page-locked (DESIGN.md §7). */
+/* A copy-on-write mapping is never page-locked (see piece_register). */
 static int refuse_private(ferry_device *d, const ferry_file *f)
 {
     FY_RETURN_IF(f->private_map, &d->err, FERRY_E_UNSUPPORTED,

@@ -1,21 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* ring.c - the ring pipeline: reader threads pread (or O_DIRECT-read)
+/* ring.c - the ring pipeline: readers on the device's pool pread (or O_DIRECT-read)
  * contiguous file ranges into the cached pinned ring and queue asynchronous
  * copies on several streams; an event recorded after a buffer's copies gives
  * it back. One CPU copy and one DMA per byte; extra host memory is the ring.
- * A shard in tmpfs or ramfs is copied out of a mapping instead of read.
- *
- * Gathered copies (FERRY_LOAD_GATHER_COPIES, buffered loads of a file in
- * memory): the ring's buffers form slots of RING_GATHER
- * neighbours, batch k belongs to group k / RING_GATHER and group g to slot
- * g % nslots; any reader reads any batch into its place in its group's slot
- * (the batches one after another), and the reader whose batch completes the
- * group queues the group's copies: one per run that continues in the file,
- * the slot and the device. A slot is filled again once its previous group's
- * copies were queued and are done.
- * Readers then take one batch at a time, so each descriptor's reads are not
- * sequential: from the disk its readahead would read in small pieces (and
- * leave small folios in the page cache), hence only for files in memory. */
+ * A shard in tmpfs or ramfs is copied out of a mapping instead of read. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -50,13 +38,6 @@ typedef struct job {
     const ferry_load_opts *o;
     fy_progress prog;
     atomic_uint wid; /* worker number -> its stream */
-    /* gathered copies (gather > 0): slots of gather buffers; under lock,
-     * slot_issued[s] the last group whose copies were queued from slot s
-     * (-1: none yet) and slot_filled[s] how many of the current group's
-     * batches have landed in it */
-    uint32_t gather, nslots;
-    long long *slot_issued;
-    uint32_t *slot_filled;
 } job;
 
 static void job_fail(job *j, int rc)
@@ -146,8 +127,7 @@ static int read_batch(job *j, const batch *bt, uint8_t *buf, uint64_t *skew, own
         /* A file in RAM: pread's first pass over freshly written tmpfs pages
          * ran at half the copy limit on the H200 (24 of 45 GB/s; a second
          * pass at 45), while faulting a mapping of it in and copying runs
-         * near a second pass's rate from the start (bench/RESULTS.md, tenth
-         * session). The mapping faults (SIGBUS) where the file no longer
+         * near a second pass's rate from the start. The mapping faults (SIGBUS) where the file no longer
          * reaches: its size is checked first, so a file truncated before
          * this batch is an error; one truncated while it is copied is not
          * guarded (README, "Truncated checkpoints"). */
@@ -180,28 +160,29 @@ static int read_batch(job *j, const batch *bt, uint8_t *buf, uint64_t *skew, own
     return got >= *skew + bt->len ? 0 : FERRY_E_CORRUPT;
 }
 
-/* The load's own mappings of shards in RAM go on a thread of their own: the
- * copies faulted every page in, and unmapping 10 GB of page-table entries
- * took about 0.6 s on the H200, which the load need not wait for (its bytes
- * are on the device). A plain munmap held the mmap lock all that time, and
- * the process's next load (its own mmap, its faults behind that waiting
- * writer) ran at 13-16 GB/s instead of 45: the thread empties the range in
- * pieces first (fy_unmap_gently). The list is plain malloc's: the thread
- * may outlive the context. Where no thread can be made, here. */
+/* The load's own mappings of shards in RAM are unmapped by the device's
+ * pool after the load returns: the copies faulted every page in, and
+ * unmapping 10 GB of page-table entries took about 0.6 s on the H200, which
+ * the load need not wait for (its bytes are on the device). A plain munmap
+ * held the mmap lock all that time, and the process's next load (its own
+ * mmap, its faults behind that waiting writer) ran at 13-16 GB/s instead of
+ * 45: the task empties the range in pieces first (fy_unmap_gently).
+ * ferry_device_close runs what is still queued before it returns. The list
+ * is plain malloc's (its task frees it). Where it cannot be queued, here. */
 typedef struct unmap_list {
+    xf_task task;
     int n;
     struct { void *p; uint64_t size; } v[];
 } unmap_list;
 
-static void *unmapper(void *arg)
+static void unmapper(void *arg)
 {
     unmap_list *u = arg;
     for (int i = 0; i < u->n; i++) fy_unmap_gently(u->v[i].p, u->v[i].size);
     free(u);
-    return NULL;
 }
 
-static void unmap_later(void **win, const ferry_file *f)
+static void unmap_later(ferry_device *d, void **win, const ferry_file *f)
 {
     int n = 0;
     for (int32_t s = 0; s < f->nshards; s++) n += win[s] != NULL;
@@ -211,104 +192,11 @@ static void unmap_later(void **win, const ferry_file *f)
         u->n = 0;
         for (int32_t s = 0; s < f->nshards; s++)
             if (win[s]) u->v[u->n].p = win[s], u->v[u->n++].size = f->shards[s].size;
-        pthread_attr_t at;
-        pthread_t t;
-        bool started = pthread_attr_init(&at) == 0;
-        if (started) {
-            started = pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED) == 0 &&
-                      pthread_create(&t, &at, unmapper, u) == 0;
-            pthread_attr_destroy(&at);
-        }
-        if (started) return;
+        u->task = (xf_task){.fn = unmapper, .arg = u};
+        if (xf_pool_detach(&d->pool, &u->task)) return;
         free(u);
     }
     for (int32_t s = 0; s < f->nshards; s++) fy_unmap(win[s], f->shards[s].size);
-}
-
-/* Queue a group's copies out of its slot: the batches [first, first + count)
- * lie one after another from base, and a run grows while it continues in
- * the file, the slot and the device allocation of its first piece. */
-static int slot_copies(job *j, long long first, long long count, uint8_t *base, fy_stream *st)
-{
-    fy_gpu *g = j->d->g;
-    const plan *p = j->p;
-    uint64_t pos = 0, rsrc = 0, rlen = 0;
-    fy_dptr rdst = 0, raend = 0;
-    uint8_t *rhost = NULL;
-    for (long long b = first; b < first + count; b++) {
-        const batch *bt = &p->bt[b];
-        for (int64_t q = bt->first; q < bt->first + bt->count; q++) {
-            const piece *pc = &p->pc[q];
-            uint8_t *h = base + pos + (pc->off - bt->off);
-            if (rlen && h == rhost + rlen && xf_piece_continues(pc, rsrc, rlen, rdst, raend)) {
-                rlen += pc->len;
-                continue;
-            }
-            if (rlen) {
-                int rc = g->ops->copy_htod(g, rdst, rhost, (size_t)rlen, st);
-                if (rc < 0) return rc;
-            }
-            rsrc = pc->off, rlen = pc->len, rdst = pc->dst, rhost = h, raend = pc->aend;
-        }
-        pos += bt->len;
-    }
-    return rlen ? g->ops->copy_htod(g, rdst, rhost, (size_t)rlen, st) : 0;
-}
-
-/* A reader of gathered copies (the comment at the top). */
-static void gather_reader(job *j, fy_stream *st, own *o)
-{
-    fy_gpu *g = j->d->g;
-    const plan *p = j->p;
-    const long long G = j->gather, nslots = j->nslots;
-    long long k = -1, end = 0;
-    for (;;) {
-        if (atomic_load(&j->rc) < 0) return;
-        long long b = xf_next_batch(&j->q, &k, &end);
-        if (b >= p->nbt) return;
-        long long grp = b / G, first = grp * G, count = p->nbt - first < G ? p->nbt - first : G;
-        uint32_t s = (uint32_t)(grp % nslots);
-        ring_buf *slot = &j->d->ring[(uint64_t)s * (uint64_t)G];
-        /* the slot's previous group: its copies queued, then done */
-        pthread_mutex_lock(&j->lock);
-        while (j->slot_issued[s] < grp - nslots && atomic_load(&j->rc) == 0) pthread_cond_wait(&j->cv, &j->lock);
-        pthread_mutex_unlock(&j->lock);
-        if (atomic_load(&j->rc) < 0) return;
-        int rc = grp >= nslots ? g->ops->event_sync(g, slot->ev) : 0;
-        if (rc < 0) {
-            fail_and_wake(j, rc);
-            return;
-        }
-        uint64_t pos = 0;
-        for (long long x = first; x < b; x++) pos += p->bt[x].len;
-        const batch *bt = &p->bt[b];
-        uint64_t skew;
-        rc = read_batch(j, bt, slot->p + pos, &skew, o);
-        if (rc < 0) {
-            xf_read_failed(g->err, rc, j->f->shards[bt->shard].path, bt, j->direct);
-            fail_and_wake(j, rc);
-            return;
-        }
-        fy_progress_add(&j->prog, bt->len);
-        pthread_mutex_lock(&j->lock);
-        bool last = ++j->slot_filled[s] == (uint32_t)count;
-        pthread_mutex_unlock(&j->lock);
-        if (!last) continue;
-        rc = slot_copies(j, first, count, slot->p, st);
-        if (rc == 0) rc = g->ops->event_record(g, slot->ev, st);
-        if (rc < 0) {
-            /* copies may be queued out of the slot: wait for them before
-             * the ring can go (run_ring syncs every stream too) */
-            g->ops->stream_sync(g, st);
-            fail_and_wake(j, rc);
-            return;
-        }
-        pthread_mutex_lock(&j->lock);
-        j->slot_filled[s] = 0;
-        j->slot_issued[s] = grp;
-        pthread_cond_broadcast(&j->cv);
-        pthread_mutex_unlock(&j->lock);
-    }
 }
 
 /* A reader of one copy per buffer: buffers from the free list, or the oldest
@@ -355,7 +243,7 @@ static void buffer_reader(job *j, fy_stream *st, own *o)
     }
 }
 
-static void *ring_worker(void *arg)
+static void ring_worker(void *arg)
 {
     job *j = arg;
     fy_gpu *g = j->d->g;
@@ -364,33 +252,25 @@ static void *ring_worker(void *arg)
     int brc = g->ops->bind_thread(g);
     if (brc < 0) {
         job_fail(j, brc);
-        return NULL;
+        return;
     }
     own o = {-1, -1};
-    if (j->gather)
-        gather_reader(j, st, &o);
-    else
-        buffer_reader(j, st, &o);
+    buffer_reader(j, st, &o);
     xf_own_close(&o);
     pthread_mutex_lock(&j->lock);
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->lock);
-    return NULL;
 }
 
-int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, bool gather, const ferry_load_opts *o,
+int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, const ferry_load_opts *o,
                 fy_stream **streams, uint32_t nstreams, uint32_t nthreads, uint32_t nbuf)
 {
     const ferry_allocator *m = &d->ctx->mem;
     job j = {.d = d, .f = f, .p = p, .direct = direct, .streams = streams, .nstreams = nstreams, .o = o};
     int rc = 0;
-    /* gathered copies where the caller asks and the ring has two slots */
-    j.gather = gather && !direct && nbuf <= d->nring && nbuf / RING_GATHER >= 2 ? RING_GATHER : 0;
-    j.nslots = j.gather ? nbuf / j.gather : 0;
     /* runs of up to 64 batches (256 MiB of the default ring) for buffered
-     * reads; O_DIRECT reads leave the page cache alone and take one at a
-     * time, and so do gathered copies (a group's readers work side by side) */
-    xf_sched_init(&j.q, p, direct || j.gather ? 1 : 64, nthreads);
+     * reads; O_DIRECT reads leave the page cache alone and take one at a time */
+    xf_sched_init(&j.q, p, direct ? 1 : 64, nthreads);
     atomic_init(&j.rc, 0);
     atomic_init(&j.wid, 0);
     pthread_mutex_init(&j.lock, NULL);
@@ -402,14 +282,8 @@ int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct
     j.win = fy_calloc(m, (size_t)f->nshards, sizeof(void *));
     if (j.dfd) /* before any failure path: the cleanup closes what is >= 0 */
         for (int32_t s = 0; s < f->nshards; s++) j.dfd[s] = -1;
-    pthread_t *th = fy_calloc(m, nthreads, sizeof(pthread_t));
-    if (j.gather) {
-        j.slot_issued = fy_calloc(m, j.nslots, sizeof *j.slot_issued);
-        j.slot_filled = fy_calloc(m, j.nslots, sizeof *j.slot_filled);
-        if (j.slot_issued)
-            for (uint32_t s = 0; s < j.nslots; s++) j.slot_issued[s] = -1;
-    }
-    if (!j.free_list || !j.inflight || !j.dfd || !j.win || !th || (j.gather && (!j.slot_issued || !j.slot_filled))) {
+    xf_task *th = fy_calloc(m, nthreads, sizeof *th);
+    if (!j.free_list || !j.inflight || !j.dfd || !j.win || !th) {
         rc = fy_seterr(&d->err, -ENOMEM, "ferry_load: out of memory for the ring's lists (%u buffers, %u threads, %d shards)",
                        d->nring, nthreads, (int)f->nshards);
         goto out;
@@ -440,11 +314,11 @@ int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct
             }
         }
     }
-    uint32_t started = 0;
-    for (; started < nthreads; started++)
-        if (pthread_create(&th[started], NULL, ring_worker, &j) != 0) break;
-    if (started == 0) ring_worker(&j);
-    for (uint32_t t = 0; t < started; t++) pthread_join(th[t], NULL);
+    /* the readers run on the device's pool (pool.c) */
+    xf_group grp;
+    for (uint32_t t = 0; t < nthreads; t++) th[t] = (xf_task){.fn = ring_worker, .arg = &j};
+    xf_pool_start(&d->pool, &grp, th, nthreads);
+    xf_pool_wait(&d->pool, &grp);
     for (uint32_t s = 0; s < nstreams; s++) {
         int r = d->g->ops->stream_sync(d->g, streams[s]);
         if (r < 0) job_fail(&j, r);
@@ -456,10 +330,8 @@ out:
             if (j.dfd[s] >= 0) fy_close(j.dfd[s]);
     fy_free(m, j.free_list);
     fy_free(m, j.inflight);
-    fy_free(m, j.slot_issued);
-    fy_free(m, j.slot_filled);
     fy_free(m, j.dfd);
-    if (j.win) unmap_later(j.win, f);
+    if (j.win) unmap_later(d, j.win, f);
     fy_free(m, j.win);
     fy_free(m, th);
     pthread_mutex_destroy(&j.lock);

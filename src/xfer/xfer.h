@@ -2,7 +2,7 @@
 /* xfer.h - what other layers (the residency store, resid/) may ask of the
  * transfer engine: device blocks, pinned host blocks, moves between host
  * memory, files and the device, and the completion of a queued move. Nothing
- * here names the GPU backend: resid/ decides, xfer/ moves (DESIGN.md §3).
+ * here names the GPU backend: resid/ decides, xfer/ moves.
  * Internal to libferry (not exported by libferry.so). */
 #ifndef FERRY_XFER_H
 #define FERRY_XFER_H

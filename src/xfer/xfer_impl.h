@@ -20,30 +20,19 @@
 /* O_DIRECT loads' default readers and read size (load.c, xf_ring_geometry) */
 #define DIRECT_THREADS 8u
 #define DIRECT_READ (1ull << 20)
-/* FERRY_LOAD_GATHER_COPIES: buffered ring loads gather this many
- * consecutive buffers' reads into one copy (ring.c, gathered copies): the
- * readers' pieces stay 4 MiB, the size the page cache reads fastest at, and
- * the copies grow to 16 MiB. On the H200 bench_ring's steady state rose
- * from 45.5-49.5 GB/s (one copy per buffer) to 47.2-54.3 with the same 96 MiB
- * of pinned buffers, ahead in each of 4 rounds; the same pool in 2 MiB
- * copies ran at 46.5-49.5: the copy's size, not the pool's, made the
- * difference (bench/RESULTS.md, eighteenth session). ferry's own loads with
- * it were not measured on a GPU yet, hence opt-in. */
-#define RING_GATHER 4u
 #define REG_CHUNK (256ull << 20) /* largest copy from a registered mapping */
 /* A shard's mapping is registered in pieces of this many bytes (the last one
  * shorter), each by the loading thread just before its first copy, so that
  * the copies queued out of one piece run while the next registers. Measured
- * on the H200 with bench/reg_probe.py (bench/RESULTS.md, fourteenth session):
- * a 1 GiB copy queued before a 1 GiB registration landed while it ran; 10.4
- * GB of hot page cache registered and copied that way in 1 GiB pieces took
- * 0.34-0.40 s, against 0.49-0.50 s registered in one call and then copied
- * (0.31 + 0.19); the ferry load that does it was not measured there yet.
- * (The tenth session's 256 MiB pieces, registered on a helper thread while
- * the loading thread queued the copies, took 0.40 + 0.19 s: the driver
- * serialises its calls, so each copy call waited for a registration.) A copy
- * must never span two registrations (a copy crossing two adjacent ones
- * failed on the H200, in both sessions), so register.c splits copies there.
+ * on the H200 with bench/reg_probe.py: a 1 GiB copy queued before a 1 GiB
+ * registration landed while it ran; 10.4 GB of hot page cache registered and
+ * copied that way in 1 GiB pieces took 0.34-0.40 s, against 0.49-0.50 s
+ * registered in one call and then copied (0.31 + 0.19). 256 MiB pieces
+ * registered on a helper thread while the loading thread queued the copies
+ * took 0.40 + 0.19 s: the driver serialises its calls, so each copy call
+ * waited for a registration. A copy must never span two registrations (a
+ * copy crossing two adjacent ones failed on the H200), so register.c splits
+ * copies there.
  * Tests set a small size per device (fy_device_set_reg_piece). */
 #define REG_PIECE (1ull << 30)
 
@@ -61,6 +50,43 @@ typedef struct reg_entry {
     int users;
     bool held;
 } reg_entry;
+
+/* ---- pool.c: the device's reader pool ---- */
+
+#define POOL_MAX (2 * MAX_THREADS + 8) /* most threads one device's pool makes */
+
+typedef struct xf_group {
+    uint32_t left; /* tasks not done yet; under the pool's lock */
+} xf_group;
+
+typedef struct xf_task {
+    void (*fn)(void *arg);
+    void *arg;
+    xf_group *grp; /* NULL: detached (nobody waits; fn may free the task) */
+    struct xf_task *next;
+} xf_task;
+
+typedef struct xf_pool {
+    pthread_mutex_t lock;
+    pthread_cond_t work, done;
+    pthread_t th[POOL_MAX];
+    uint32_t nth, idle, queued;
+    xf_task *head, *tail;
+    bool stop;
+    pid_t pid; /* the process whose workers th[] are (a fork's child has none) */
+} xf_pool;
+
+void xf_pool_init(xf_pool *p);
+/* Queue tasks t[0..n-1] (fn and arg set) as group g, making workers so that
+ * idle ones cover what is queued (as many as they can up to POOL_MAX). */
+void xf_pool_start(xf_pool *p, xf_group *g, xf_task *t, uint32_t n);
+/* Run g's tasks no worker took yet in the caller, then wait for the rest. */
+void xf_pool_wait(xf_pool *p, xf_group *g);
+/* Queue a task nobody waits for; false (nothing queued) when the pool has
+ * no worker to run it or is stopping: the caller runs it. */
+bool xf_pool_detach(xf_pool *p, xf_task *t);
+/* Run what is still queued, then join every worker (ferry_device_close). */
+void xf_pool_stop(xf_pool *p);
 
 typedef struct ring_buf {
     uint8_t *p;
@@ -86,6 +112,7 @@ struct ferry_device {
      * (copies of separate moves on separate streams would share the link and
      * all land late); guarded by lock */
     fy_stream *lane;
+    xf_pool pool; /* the readers' threads (pool.c) */
 };
 
 struct ferry_loaded {
@@ -136,7 +163,7 @@ void xf_items_alloc_ends(ferry_device *d, item *it, int64_t n);
  * sequential run: when 12 threads' reads interleave on one descriptor, a cold
  * load fills the page cache with single-page folios, and the first read of
  * those afterwards (the next hot load) runs at half speed while the kernel
- * activates every page (bench/RESULTS.md, third GPU session). */
+ * activates every page (measured on the H100). */
 typedef struct sched {
     const plan *p;
     atomic_llong next;
@@ -214,24 +241,57 @@ int xf_read_failed(fy_err *err, int rc, const char *path, const batch *bt, bool 
 
 /* Readers fill nbuf buffers (at most d->nring: a larger ring serves a load
  * that asks for fewer) of the cached ring (O_DIRECT when direct), copies go
- * out on streams; waits until every copy landed. gather: buffered reads
- * gather their copies (ring.c; the caller asks only for a file in memory).
- * Under d->ring_lock. */
-int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, bool gather, const ferry_load_opts *o,
+ * out on streams; waits until every copy landed. Under d->ring_lock. */
+int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, const ferry_load_opts *o,
                 fy_stream **streams, uint32_t nstreams, uint32_t nthreads, uint32_t nbuf);
 /* cpu device: readers pread straight into the destination. */
 int xf_run_host(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o, uint32_t nthreads);
 
-/* ---- load.c: choosing a path and running a load ---- */
+/* ---- choose.c: the one decision of a load's route, readers, ring and pinning ---- */
 
+/* What a load will do (xf_choose): the route; its readers and the reads'
+ * size (bufsz: the plan's batches; for routes without a ring too); for the
+ * ring's routes the buffers it fills (fit_nbuf: fitted to its bytes; nbuf:
+ * as it would take them from the ring pinned now), whether it must pin first
+ * (pins), and the ring a pin ahead makes (pin_*: auto's buffered ring, which
+ * an O_DIRECT load reads into part of). */
+typedef struct xf_choice {
+    ferry_route route;
+    bool ring; /* reads into the device's ring (ring, direct; not the cpu device) */
+    uint32_t nthreads, nbuf, fit_nbuf;
+    uint64_t bufsz;
+    bool pins;
+    uint32_t pin_nbuf;
+    uint64_t pin_bufsz;
+    bool pin_direct;
+    double resident; /* auto's sampled page-cache fraction; -1 not measured */
+    const char *why; /* static text */
+} xf_choice;
+
+/* Decide for a load of `bytes` of f (NULL: none known, as for
+ * ferry_device_prepare) with validated options o; who names the caller in
+ * messages. 0 or an error with its message on d. */
+int xf_choose(ferry_device *d, const ferry_file *f, const ferry_load_opts *o, uint64_t bytes, const char *who,
+              xf_choice *c);
+/* Take the ring c chose (ahead: the ring a pin ahead makes), pinning it unless
+ * the ring pinned now serves; *nbuf the buffers to use, *pin_seconds the
+ * pinning's time (0 when nothing was pinned). Under d->ring_lock. */
+int xf_ring_take(ferry_device *d, const ferry_load_opts *o, const xf_choice *c, bool ahead, uint32_t *nbuf,
+                 double *pin_seconds);
+/* Whether d has any ring pinned. */
+bool xf_ring_pinned(ferry_device *d);
 /* Threads and ring size from load options (defaults measured on the H200
  * host), within ferry's limits. */
 int xf_ring_geometry(ferry_device *d, const ferry_load_opts *o, bool direct, uint32_t *nthreads, uint32_t *nbuf,
                      uint64_t *bufsz);
-/* Load tensors it[0..n-1] of f to their destinations: choose a path, plan, run.
- * t0: when the caller's part of the load began (fy_now(); its time up to here
- * is the device allocation, counted in seconds and alloc_seconds), or 0. */
+
+/* ---- load.c: running a load ---- */
+
+/* Load tensors it[0..n-1] of f to their destinations: choose (or take the
+ * choice pre made for these items), plan, run. t0: when the caller's part
+ * of the load began (fy_now(); its time up to here is the device
+ * allocation, counted in seconds and alloc_seconds), or 0. */
 int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, const ferry_load_opts *opts,
-                  ferry_load_stats *stats, double t0);
+                  const xf_choice *pre, ferry_load_stats *stats, double t0);
 
 #endif

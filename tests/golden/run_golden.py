@@ -258,14 +258,14 @@ class Runner:
         if good:
             self.check(r[2].startswith(b"ferry: ") and r[2].count(b"\n") == 1, "inspect ''", f"stderr: {short(r[2])}")
         # Device specs that name no device, and a device with a route it
-        # cannot take, are usage errors like a bad --path, whatever the PATH; no
+        # cannot take, are usage errors like a bad --route, whatever the PATH; no
         # load starts. Several PATHs: all must open before the first is loaded.
         for args in (["load", "--device", "gpu", any_file], ["load", "--device", "sim:banana", any_file],
-                     ["load", "--device", "cpu", "--path", "direct", any_file],
-                     ["load", "--device", "cpu", "--path", "register", any_file],
-                     ["load", "--device", "cpu", "--path", "cufile", "/no/such/file"],
+                     ["load", "--device", "cpu", "--route", "direct", any_file],
+                     ["load", "--device", "cpu", "--route", "register", any_file],
+                     ["load", "--device", "cpu", "--route", "cufile", "/no/such/file"], ["load", "--route", "cufile", any_file],
                      ["load", "--device", "sim:banana", "/no/such/file"],
-                     ["load", "--path", "foo", any_file], ["bench", "--device", "gpu", any_file]):
+                     ["load", "--route", "foo", any_file], ["bench", "--device", "gpu", any_file]):
             w = f"usage error: ferry {' '.join(args)}"
             r, good = self.run_checked(w, args, 2)
             if good:

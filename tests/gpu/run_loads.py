@@ -40,22 +40,22 @@ def main():
     for e in valid:
         path = os.path.join(a.golden, e["file"])
         for p in a.paths.split(","):
-            cmd = [a.ferry, "load", "--device", a.device, "--path", p, "--verify", "--json", path]
+            cmd = [a.ferry, "load", "--device", a.device, "--route", p, "--verify", "--json", path]
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
             ok = r.returncode == 0
             if ok:
                 try:
                     out = json.loads(r.stdout)
-                    ok = out.get("verified") is True and out["files"][0]["path_used"] in (p, "ring", "direct", "register", "pageable")
+                    ok = out.get("verified") is True and out["files"][0]["route"] in (p, "ring", "direct", "register", "pageable")
                     if p != "auto":
-                        ok = ok and out["files"][0]["path_used"] == p
+                        ok = ok and out["files"][0]["route"] == p
                 except (ValueError, KeyError, IndexError):
                     ok = False
             if ok:
                 passed += 1
             else:
                 failed += 1
-                print(f"FAIL {e['file']} --path {p}: exit {r.returncode}: {r.stderr.strip()[:300]}")
+                print(f"FAIL {e['file']} --route {p}: exit {r.returncode}: {r.stderr.strip()[:300]}")
     print(f"{len(valid)} checkpoints x {len(a.paths.split(','))} paths on {a.device}")
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0

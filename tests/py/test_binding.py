@@ -201,10 +201,34 @@ def test_enum_tables_come_from_the_library():
     assert _lib.TIER_NAMES[_lib.TIER_DEVICE] == "device" and _lib.TIER_NAMES[_lib.TIER_SOURCE] == "source"
     assert {"Q4_0", "Q4_K", "IQ2_XXS"} <= _lib.BLOCK_DTYPES
     assert not {"INVALID", "F32", "F4", "F6_E2M3", "BF16"} & _lib.BLOCK_DTYPES
-    for route in _lib.ROUTES:  # every route the library names is a path_kind
+    for route in _lib.ROUTES:  # every route the library names is a route=
         assert ferry._core.LoadOptions(route).opts.route == lib.ferry_route_parse(route.encode())
-    with pytest.raises(ValueError, match="path_kind must be one of " + ", ".join(_lib.ROUTES)):
+    with pytest.raises(ValueError, match="route must be one of " + ", ".join(_lib.ROUTES)):
         ferry._core.LoadOptions("teleport")
+
+
+def test_plan_route_asks_the_library(tmp_path):
+    """Device.plan_route is ferry_load_plan_route: the choice the load then makes."""
+    import ferry._store
+    p = tmp_path / "r.safetensors"
+    stwriter.write(str(p), [("a", "F32", [1024], bytes(4096))])
+    dev = ferry.Device("sim:64MiB")  # a device of its own: no ring pinned yet
+    f = ferry.File(p)
+    c = dev.plan_route(f)
+    assert c["route"] == "pageable" and not c["pins"] and c["buffers"] == 0 and c["why"]
+    c = dev.plan_route(f, route="ring", threads=2)
+    assert c["route"] == "ring" and c["pins"] and c["threads"] == 2 and c["buffers"] == 2
+    assert c["buffer_bytes"] == 4 << 20 and c["why"] == "asked for"
+    c = dev.plan_route(None, nbytes=10 << 20)
+    assert c["route"] == "ring" and c["buffers"] == 3 and c["pins"]
+    assert ferry._core.prepare(dev, ferry._core.LoadOptions(), 10 << 20) == 0
+    assert not dev.plan_route(None, nbytes=10 << 20)["pins"]
+    with pytest.raises(ferry.UnsupportedError, match="cufile is not a route"):
+        dev.plan_route(f, route="cufile")
+    ok, why = dev.probe_cufile(f)
+    assert not ok and "cuda device" in why and str(p) in why
+    with pytest.warns(DeprecationWarning, match="pins is deprecated"):
+        assert ferry._lib.PATHS == ferry._lib.ROUTES and ferry._store.TensorState("t", 0, "device", False, 2, 0, 0).pins == 2
 
 
 def test_struct_mirrors_match_the_library():

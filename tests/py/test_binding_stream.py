@@ -371,11 +371,11 @@ def test_forward_that_raises_leaves_nothing_held(tmp_path, sim_free):
         with torch.no_grad():
             with pytest.raises(RuntimeError):
                 m(torch.zeros(8, 15))  # the wrong width: the embedding raises
-            store.unpin("dit")  # what torch before 2.1 needs (its forward hook did not run)
-            assert all(s.pins == 0 for s in store.tensor_states("dit").values())
+            store.release_holds("dit")  # what torch before 2.1 needs (its forward hook did not run)
+            assert all(s.holds == 0 for s in store.tensor_states("dit").values())
             assert torch.equal(m(x_for()), want)  # and the next step runs
         store.offload("dit")
-        assert all(s.pins == 0 for s in store.tensor_states("dit").values())
+        assert all(s.holds == 0 for s in store.tensor_states("dit").values())
 
 
 def test_make_room_from_another_thread_during_a_block(tmp_path, sim_free):
@@ -469,7 +469,7 @@ def test_resident_blocks_are_held_for_the_step(tmp_path, sim_free):
 
         def look(mod, args):
             if st.steps >= 1:
-                seen.append({b.name: (st.engine.streams(st.k_of[b]), core.state(model, b.leader).pins)
+                seen.append({b.name: (st.engine.streams(st.k_of[b]), core.state(model, b.leader).holds)
                              for b in st.blocks})
 
         h = m.blocks[0].register_forward_pre_hook(look)  # runs after ferry's own pre-hook
@@ -483,11 +483,11 @@ def test_resident_blocks_are_held_for_the_step(tmp_path, sim_free):
             assert res and all(h == 1 for h in res), snap
         # after the step only the moves queued ahead for the next one hold
         # their blocks (a held leader keeps its group), and those stream
-        queued = {b.leader for b in st.blocks if core.state(model, b.leader).pins}
+        queued = {b.leader for b in st.blocks if core.state(model, b.leader).holds}
         assert queued and all(st.engine.streams(st.k_of[b]) for b in st.blocks if b.leader in queued)
         assert len(queued) == store.stream_stats("dit")["prefetch"]
         for i in range(len(model)):
-            assert core.state(model, i).pins == (1 if i in queued else 0), core.state(model, i)
+            assert core.state(model, i).holds == (1 if i in queued else 0), core.state(model, i)
 
 
 def test_remeasure_keeps_room_for_pytorch_until_a_step_ran(tmp_path, sim_free, monkeypatch):

@@ -381,10 +381,15 @@ def test_load_options_checked(tmp_path):
     p = tmp_path / "x.safetensors"
     st_file(p, [("a", "F32", [4096], 1)])
     with pytest.raises(ValueError):
-        ft.load_file(p, "sim:1GiB", owner="ferry", path_kind="teleport")
-    got = ft.load_file(p, "sim:1GiB", owner="ferry", path_kind="ring", ring_buffers=2,
+        ft.load_file(p, "sim:1GiB", owner="ferry", route="teleport")
+    got = ft.load_file(p, "sim:1GiB", owner="ferry", route="ring", ring_buffers=2,
                        ring_buffer_bytes="64KiB", threads=1)
     assert got["a"].numel() == 4096
+    # path_kind=, the old name of route=, still works for one release, with a warning
+    st = {}
+    with pytest.warns(DeprecationWarning, match="path_kind= is deprecated, use route="):
+        got = ft.load_file(p, "sim:1GiB", owner="ferry", path_kind="ring", stats=st)
+    assert got["a"].numel() == 4096 and st["route"] == "ring"
 
 
 def test_loaded_outlives_its_file_handle_finalizer(tmp_path):
@@ -407,11 +412,12 @@ def test_stats(tmp_path):
     p = tmp_path / "s.safetensors"
     st_file(p, [("a", "F32", [4096], 1)])
     st = {}
-    ft.load_file(p, "sim:1GiB", owner="ferry", path_kind="ring", stats=st)
-    assert st["path"] == "ring" and st["bytes"] == 16384 and st["seconds"] >= 0 and st["why"]
+    ft.load_file(p, "sim:1GiB", owner="ferry", route="ring", stats=st)
+    assert st["route"] == "ring" and st["bytes"] == 16384 and st["seconds"] >= 0 and st["why"]
+    assert st["path"] == st["route"]  # the deprecated key, kept for one release
     st = {}
     ft.load_file(p, stats=st)
-    assert st["path"] == "view" and st["bytes"] == 0
+    assert st["route"] == "view" and st["bytes"] == 0
 
 
 def test_device_path_on_ferry_cpu_device(tmp_path):

@@ -3,8 +3,8 @@
 # What ferry load and ferry bench print for a new user:
 # without a GPU, load names the devices that do work here (sim:SIZE, cpu); a
 # one-tensor file is "1 tensor"; a file too small to time gets a time, not a
-# GB/s figure; bench --device cpu shows no host->device link and no path cpu
-# cannot take; hash and convert count "1 tensor" too. ferry load --path
+# GB/s figure; bench --device cpu shows no host->device link and no route cpu
+# cannot take; hash and convert count "1 tensor" too. ferry load --route
 # register --repeat registers once and says so.
 #   test_load_bench_messages.sh FERRY SOURCE
 set -u
@@ -33,10 +33,10 @@ hasnt "$out" "GB/s via" "load of a tiny file"
 
 # --repeat on the register path registers once: the first load says it
 # registered, the repeats that they reused the registration
-out=$("$ferry" load --device sim:1GiB --path register --repeat 3 "$one" 2>&1) || fail "load --path register failed: $out"
-[ "$(grep -c 'registered in .* ms' <<<"$out")" -eq 1 ] || fail "load --path register --repeat 3: not one 'registered in': $out"
-[ "$(grep -c 'registration reused' <<<"$out")" -eq 2 ] || fail "load --path register --repeat 3: not two reuses: $out"
-out=$("$ferry" load --device sim:1GiB --path register --repeat 2 --json "$one" 2>&1) || fail "load --json failed: $out"
+out=$("$ferry" load --device sim:1GiB --route register --repeat 3 "$one" 2>&1) || fail "load --route register failed: $out"
+[ "$(grep -c 'registered in .* ms' <<<"$out")" -eq 1 ] || fail "load --route register --repeat 3: not one 'registered in': $out"
+[ "$(grep -c 'registration reused' <<<"$out")" -eq 2 ] || fail "load --route register --repeat 3: not two reuses: $out"
+out=$("$ferry" load --device sim:1GiB --route register --repeat 2 --json "$one" 2>&1) || fail "load --json failed: $out"
 [ "$(grep -c '"registration": "registered"' <<<"$out")" -eq 1 ] || fail "load --json: no first registration: $out"
 [ "$(grep -c '"registration": "reused"' <<<"$out")" -eq 1 ] || fail "load --json: no reuse: $out"
 has "$out" '"register_seconds": 0.0' "load --json of a reused registration"
@@ -48,9 +48,9 @@ out=$("$ferry" load --device sim:1GiB --repeat 3 --json "$one" "$src/tests/fuzz/
 out=$("$ferry" load --device sim:1GiB --repeat 2 --verify --json "$one" 2>&1) || fail "load --repeat 2 --verify failed: $out"
 [ "$(grep -c '"device_memory": "new"' <<<"$out")" -eq 2 ] || fail "load --repeat 2 --verify: not new memory each time: $out"
 [ "$(grep -c '"verified": true' <<<"$out")" -eq 3 ] || fail "load --repeat 2 --verify: not verified: $out"
-out=$("$ferry" load --device sim:1GiB --path register --pinned-budget 4KiB "$one" "$one" 2>&1)
+out=$("$ferry" load --device sim:1GiB --route register --pinned-budget 4KiB "$one" "$one" 2>&1)
 [ $? -eq 0 ] || fail "load --pinned-budget 4KiB of a one-page file failed: $out"
-out=$("$ferry" load --device sim:1GiB --path register --pinned-budget 1 "$one" 2>&1) && fail "a budget of 1 byte was not refused: $out"
+out=$("$ferry" load --device sim:1GiB --route register --pinned-budget 1 "$one" 2>&1) && fail "a budget of 1 byte was not refused: $out"
 has "$out" "exceeds the pinned budget" "load --pinned-budget 1"
 
 out=$("$ferry" bench --device cpu "$one" 2>&1) || fail "bench --device cpu failed: $out"
@@ -61,7 +61,21 @@ has "$out" "host memory copy" "bench --device cpu"
 has "$out" "times are shown, not rates" "bench of a tiny file"
 
 out=$("$ferry" bench --device sim:1GiB "$one" 2>&1) || fail "bench --device sim failed: $out"
-hasnt "$out" "use --path" "bench's cufile row"
+hasnt "$out" "use --path" "bench's cufile probe"
+has "$out" "probe: cuFile (GPUDirect Storage) unavailable:" "bench's cufile probe"
+out=$("$ferry" bench --device sim:1GiB --json "$one" 2>/dev/null) || fail "bench --json failed: $out"
+has "$out" '"probes": {' "bench --json's probes"
+has "$out" '"route": "ring"' "bench --json's runs"
+# --route is the option; --path its deprecated spelling, one line on stderr
+out=$("$ferry" load --device sim:1GiB --route ring --json "$one" 2>&1) || fail "load --route ring failed: $out"
+has "$out" '"route": "ring"' "load --json"
+hasnt "$out" '"path_used"' "load --json"
+hasnt "$out" "deprecated" "load --route"
+out=$("$ferry" load --device sim:1GiB --path ring --json "$one" 2>&1 >/dev/null) || fail "load --path ring failed: $out"
+[ "$out" = "ferry load: --path is deprecated, use --route" ] || fail "load --path: not one deprecation line: $out"
+out=$("$ferry" load --help 2>&1)
+hasnt "$out" "--path" "load --help"
+has "$out" "--route R" "load --help"
 # the copy-limit probe fits a small device (it asked for 256 MiB whatever the device had)
 out=$("$ferry" bench --device sim:64MiB "$one" 2>&1) || fail "bench --device sim:64MiB failed: $out"
 hasnt "$out" "out of device memory" "bench on a 64 MiB device"

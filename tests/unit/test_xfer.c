@@ -239,10 +239,8 @@ static ferry_device *open_dev(ferry_ctx *ctx, const char *spec)
 /* The ring of opts o: its buffers and their O_DIRECT slack. */
 static uint64_t ring_pinned(uint32_t nbuf, uint64_t bytes) { return nbuf * (page_round(bytes) + 2 * PAGE); }
 
-/* The small ring's buffers: 2 (one copy per buffer), or 8 with gathered
- * copies while the gathered case runs its fault loops (two slots of
- * RING_GATHER buffers). */
-static uint32_t small_bufs = 2, small_flags = 0;
+/* The small ring's buffers. */
+static uint32_t small_bufs = 2;
 
 static ferry_load_opts small_opts(ferry_route p)
 {
@@ -253,7 +251,6 @@ static ferry_load_opts small_opts(ferry_route p)
     o.threads = 3;
     o.ring_buffers = small_bufs;
     o.ring_buffer_bytes = 4096;
-    o.flags = small_flags;
     return o;
 }
 #define SMALL_RING ring_pinned(small_bufs, 4096)
@@ -375,7 +372,7 @@ static void test_paths(ferry_ctx *ctx)
                 memset(&st, 0x55, sizeof st);
                 st.size = sizeof st;
                 char what[160];
-                snprintf(what, sizeof what, "%s --path %s (variant %d)", files[k], ferry_route_name(p), v);
+                snprintf(what, sizeof what, "%s --route %s (variant %d)", files[k], ferry_route_name(p), v);
                 int rc = ferry_load(d, f, &o, &l, &st);
                 if (rc < 0) fprintf(stderr, "%s: %s\n", what, ferry_ctx_errmsg(ctx));
                 CHECK_EQ(rc, 0);
@@ -682,7 +679,7 @@ static void test_load_into(ferry_ctx *ctx)
             if (all_paths[pi] == FERRY_ROUTE_DIRECT && !direct_ok) continue;
             if (k == 2 && all_paths[pi] != FERRY_ROUTE_RING) continue; /* 1300 tiny tensors: once is enough */
             char what[160];
-            snprintf(what, sizeof what, "load_into %s --path %s", files[k], ferry_route_name(all_paths[pi]));
+            snprintf(what, sizeof what, "load_into %s --route %s", files[k], ferry_route_name(all_paths[pi]));
             load_into_case(ctx, d, f, all_paths[pi], (uint32_t)(k * 10 + (size_t)pi + 1), what);
         }
         ferry_file_close(f);
@@ -720,7 +717,7 @@ static void test_load_into(ferry_ctx *ctx)
     o = small_opts(FERRY_ROUTE_COUNT);
     CHECK_EQ(ferry_load_into(d, f, idx, dp, 2, &o, NULL), FERRY_E_INVAL);
     o.route = FERRY_ROUTE_CUFILE;
-    CHECK_EQ(ferry_load_into(d, f, idx, dp, 2, &o, NULL), FERRY_E_NODEV);
+    CHECK_EQ(ferry_load_into(d, f, idx, dp, 2, &o, NULL), FERRY_E_UNSUPPORTED);
     CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "cufile");
     /* a destination too small (9000 bytes into 16 KiB is fine; into the
      * last 100 bytes of it is not), and one that is no device memory: a
@@ -839,7 +836,7 @@ static void fd0_guard(void)
 static void fault_loop(ferry_ctx *ctx, const ferry_file *f, const char *fname, ferry_route p, int kind, bool warm)
 {
     char what[200];
-    snprintf(what, sizeof what, "%s --path %s, %s faults, %s device", fname, ferry_route_name(p), kind_name[kind],
+    snprintf(what, sizeof what, "%s --route %s, %s faults, %s device", fname, ferry_route_name(p), kind_name[kind],
              warm ? "warm" : "cold");
     ferry_load_opts o = small_opts(p);
     ferry_load_opts bad = o;
@@ -937,7 +934,7 @@ static void fault_loop(ferry_ctx *ctx, const ferry_file *f, const char *fname, f
 static void fault_loop_into(ferry_ctx *ctx, const ferry_file *f, const char *fname, ferry_route p, int kind)
 {
     char what[200];
-    snprintf(what, sizeof what, "load_into %s --path %s, %s faults", fname, ferry_route_name(p), kind_name[kind]);
+    snprintf(what, sizeof what, "load_into %s --route %s, %s faults", fname, ferry_route_name(p), kind_name[kind]);
     ferry_device *d = open_dev(ctx, "sim:64MiB");
     if (!d) return;
     dests x;
@@ -1001,113 +998,6 @@ static void test_faults(ferry_ctx *ctx)
         }
         ferry_file_close(f);
     }
-}
-
-/* Gathered copies (ring.c): with 8 buffers for 3 readers (two slots of four)
- * a buffered ring load reads each batch into its group's slot and copies a
- * group at once. Every layout (odd offsets, shards, tiny and empty tensors,
- * tensors cut into many batches) loads bit-exact with and without
- * FERRY_LOAD_GATHER_COPIES, from the page cache and out of a tmpfs
- * mapping alike; gathered makes fewer copies where tensors continue one
- * another (the sim counts them through its fault counter); and the fault
- * loops of the ring path pass on the gathered ring too. */
-static void test_gathered(ferry_ctx *ctx)
-{
-    static const char *const files[] = {"edge.safetensors", "small.safetensors", "odd.safetensors",
-                                        "tiny.safetensors", "empty.safetensors", "sh.safetensors.index.json"};
-    const long many = 1000000;
-    for (size_t k = 0; k < sizeof files / sizeof files[0]; k++) {
-        ferry_file *f = open_file(ctx, files[k]);
-        ferry_device *d = open_dev(ctx, "sim:256MiB");
-        long copies[2] = {0, 0};
-        for (int each = 0; f && d && each < 2; each++) {
-            ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
-            o.ring_buffers = 8;
-            o.flags = each ? 0 : FERRY_LOAD_GATHER_COPIES;
-            ferry_loaded *l = NULL;
-            CHECK(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, many) >= 0);
-            CHECK_EQ(ferry_load(d, f, &o, &l, NULL), 0);
-            copies[each] = many - fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, 0);
-            char what[128];
-            snprintf(what, sizeof what, "%s, %s", files[k], each ? "a copy per buffer" : "gathered");
-            CHECK(l != NULL);
-            if (l) CHECK_EQ(verify_loaded(l, f, what), 0);
-            ferry_loaded_free(l);
-            CHECK_EQ(use_of(d).dev, 0);
-        }
-        CHECK(copies[0] <= copies[1]);
-        /* 8 tensors of 256 KiB back to back in 4 KiB batches: one copy per
-         * buffer is 512 copies at least, gathered four batches to a copy */
-        if (k == 0) CHECK(copies[0] * 4 <= copies[1] && copies[1] >= 512);
-        /* a file out of the page cache is read in runs per reader, a copy
-         * per buffer (where the file system lets its pages go: the file is
-         * closed first, since pages mapped by its verification stay) */
-        if (k == 0 && f && d) {
-            ferry_file_close(f);
-            char p[512];
-            path_of(p, sizeof p, files[k]);
-            int fd = open(p, O_RDONLY);
-            if (fd >= 0) {
-                fsync(fd);
-                posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-                close(fd);
-            }
-            f = open_file(ctx, files[k]);
-            if (f && xf_resident_sampled(f) < 0.99) {
-                ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
-                o.ring_buffers = 8;
-                o.flags = FERRY_LOAD_GATHER_COPIES;
-                ferry_loaded *l = NULL;
-                CHECK(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, many) >= 0);
-                CHECK_EQ(ferry_load(d, f, &o, &l, NULL), 0);
-                CHECK_EQ(many - fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, 0), copies[1]);
-                if (l) CHECK_EQ(verify_loaded(l, f, "edge, not cached"), 0);
-                ferry_loaded_free(l);
-            } else if (f) {
-                fprintf(stderr, "gathered: the page cache kept the file; its uncached part skipped\n");
-            }
-        }
-        ferry_device_close(d);
-        ferry_file_close(f);
-    }
-    { /* a tmpfs file, copied out of the load's mapping into the slots */
-        struct statfs sf;
-        char p[256];
-        snprintf(p, sizeof p, "/dev/shm/ferry-test-gathered-%d.safetensors", (int)getpid());
-        bool copied = statfs("/dev/shm", &sf) == 0 && sf.f_type == 0x01021994 && copy_file("edge.safetensors", p);
-        ferry_file *f = NULL;
-        if (copied && ferry_file_open(ctx, p, 0, &f) == 0) {
-            ferry_device *d = open_dev(ctx, "sim:256MiB");
-            ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
-            o.ring_buffers = 8;
-            o.flags = FERRY_LOAD_GATHER_COPIES;
-            ferry_loaded *l = NULL;
-            long many_left = fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, many);
-            CHECK(many_left >= 0);
-            CHECK_EQ(ferry_load(d, f, &o, &l, NULL), 0);
-            /* gathered out of the mapping too: at most a copy per group of four */
-            CHECK(many - fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_COPY, 0) <= 512 / 4);
-            if (l) CHECK_EQ(verify_loaded(l, f, "tmpfs, gathered"), 0);
-            ferry_loaded_free(l);
-            ferry_device_close(d);
-            ferry_file_close(f);
-        } else {
-            fprintf(stderr, "gathered: no tmpfs at /dev/shm; its part skipped\n");
-        }
-        unlink(p);
-    }
-    small_bufs = 8, small_flags = FERRY_LOAD_GATHER_COPIES;
-    static const char *const faulted[] = {"small.safetensors", "sh.safetensors.index.json"};
-    for (size_t k = 0; k < 2; k++) {
-        ferry_file *f = open_file(ctx, faulted[k]);
-        if (!f) continue;
-        for (int kind = 0; kind < K_COUNT; kind++) {
-            fault_loop(ctx, f, faulted[k], FERRY_ROUTE_RING, kind, false);
-            fault_loop(ctx, f, faulted[k], FERRY_ROUTE_RING, kind, true);
-        }
-        ferry_file_close(f);
-    }
-    small_bufs = 2, small_flags = 0;
 }
 
 /* ---- 3. pre-registration ---- */
@@ -1561,9 +1451,9 @@ static void test_api(ferry_ctx *ctx)
     ferry_loaded *l = NULL;
     ferry_load_opts o = small_opts(FERRY_ROUTE_CUFILE);
     ferry_load_stats st = {.size = sizeof st};
-    CHECK_EQ(ferry_load(d, f, &o, &l, &st), FERRY_E_NODEV);
+    CHECK_EQ(ferry_load(d, f, &o, &l, &st), FERRY_E_UNSUPPORTED);
     CHECK(l == NULL);
-    CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "cufile");
+    CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "cufile is not a route");
     CHECK_EQ(use_of(d).dev, 0);
 
     CHECK_EQ(ferry_load(NULL, f, NULL, &l, NULL), FERRY_E_INVAL);
@@ -1582,7 +1472,7 @@ static void test_api(ferry_ctx *ctx)
     for (size_t k = 0; k < sizeof bad_paths / sizeof *bad_paths; k++) {
         o = small_opts((ferry_route)bad_paths[k]);
         CHECK_EQ(ferry_load(d, f, &o, &l, NULL), FERRY_E_INVAL);
-        CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "unknown path");
+        CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "unknown route");
         CHECK(l == NULL);
     }
     usage u = use_of(d);
@@ -1771,6 +1661,193 @@ out:
     ferry_file_close(f);
 }
 
+/* ferry_load_plan_route answers what the load then does (one decision for
+ * both), and cufile is a probe, not a route */
+static void test_route_choice(ferry_ctx *ctx)
+{
+    uint64_t sizes[3] = {5, MiB + 1, 3 * 4096};
+    tdef *t = defs("rc", sizes, 3);
+    write_st("rc.safetensors", t, 3, 24, 1);
+    free(t);
+    ferry_file *f = open_file(ctx, "rc.safetensors");
+    ferry_device *d = open_dev(ctx, "sim:256MiB");
+    ferry_route_choice c = {.size = sizeof c};
+    ferry_load_stats st = {.size = sizeof st};
+    ferry_loaded *l = NULL;
+    if (!f || !d) goto out;
+    CHECK_EQ(ferry_load_plan_route(NULL, f, NULL, 0, &c), FERRY_E_INVAL);
+    CHECK_EQ(ferry_load_plan_route(d, f, NULL, 0, NULL), FERRY_E_INVAL);
+    c.size = 2;
+    CHECK_EQ(ferry_load_plan_route(d, f, NULL, 0, &c), FERRY_E_INVAL);
+    CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "out->size");
+    c.size = sizeof c;
+    ferry_load_opts bad = {.size = sizeof bad, .route = FERRY_ROUTE_COUNT};
+    CHECK_EQ(ferry_load_plan_route(d, f, &bad, 0, &c), FERRY_E_INVAL);
+    CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "unknown route");
+    /* small, cached, no ring pinned: pageable, nothing to pin; the load agrees */
+    CHECK_EQ(ferry_load_plan_route(d, f, NULL, 0, &c), 0);
+    CHECK_EQ(c.route, FERRY_ROUTE_PAGEABLE);
+    CHECK_EQ(c.pins, 0);
+    CHECK_EQ(c.buffers, 0);
+    CHECK_EQ(c.buffer_bytes, 0);
+    CHECK(c.resident >= 0.5);
+    CHECK_EQ(ferry_load(d, f, NULL, &l, &st), 0);
+    CHECK_EQ(st.route, c.route);
+    CHECK(st.why == c.why);
+    ferry_loaded_free(l);
+    /* the ring asked for: it would pin 2 buffers of 4 MiB (fitted to ~1 MiB) */
+    ferry_load_opts r = {.size = sizeof r, .route = FERRY_ROUTE_RING, .threads = 3};
+    CHECK_EQ(ferry_load_plan_route(d, f, &r, 0, &c), 0);
+    CHECK_EQ(c.route, FERRY_ROUTE_RING);
+    CHECK_EQ(c.threads, 3);
+    CHECK_EQ(c.buffers, 2);
+    CHECK_EQ(c.buffer_bytes, 4 * MiB);
+    CHECK_EQ(c.pins, 1);
+    CHECK(c.resident == -1);
+    CHECK_STR_HAS(c.why, "asked for");
+    l = NULL;
+    CHECK_EQ(ferry_load(d, f, &r, &l, &st), 0);
+    CHECK(st.pin_seconds > 0);
+    CHECK_EQ(use_of(d).pinned, ring_pinned(2, 4 * MiB));
+    ferry_loaded_free(l);
+    /* now pinned: nothing to pin, and auto takes the ring */
+    CHECK_EQ(ferry_load_plan_route(d, f, &r, 0, &c), 0);
+    CHECK_EQ(c.pins, 0);
+    CHECK_EQ(ferry_load_plan_route(d, f, NULL, 0, &c), 0);
+    CHECK_EQ(c.route, FERRY_ROUTE_RING);
+    CHECK_EQ(c.pins, 0);
+    /* a larger load than the ring holds: more buffers, so it would pin */
+    CHECK_EQ(ferry_load_plan_route(d, f, &r, 20 * MiB, &c), 0);
+    CHECK_EQ(c.buffers, 5);
+    CHECK_EQ(c.pins, 1);
+    /* no file: auto answers the ring ferry_device_prepare pins */
+    CHECK_EQ(ferry_load_plan_route(d, NULL, NULL, 10 * MiB, &c), 0);
+    CHECK_EQ(c.route, FERRY_ROUTE_RING);
+    CHECK_EQ(c.buffers, 3);
+    CHECK_EQ(c.pins, 1);
+    CHECK_STR_HAS(c.why, "no file");
+    CHECK_EQ(ferry_device_prepare(d, NULL, 10 * MiB), 0);
+    CHECK_EQ(ferry_load_plan_route(d, NULL, NULL, 10 * MiB, &c), 0);
+    CHECK_EQ(c.pins, 0);
+    /* registered: the register route, no ring */
+    CHECK_EQ(ferry_device_register_file(d, f, 0), 0);
+    CHECK_EQ(ferry_load_plan_route(d, f, NULL, 0, &c), 0);
+    CHECK_EQ(c.route, FERRY_ROUTE_REGISTER);
+    CHECK_EQ(c.buffers, 0);
+    CHECK_EQ(c.pins, 0);
+    ferry_device_unregister_file(d, f);
+    /* cufile: reserved, refused by every entry point with the reason */
+    ferry_load_opts cf = {.size = sizeof cf, .route = FERRY_ROUTE_CUFILE};
+    CHECK_EQ(ferry_load_plan_route(d, f, &cf, 0, &c), FERRY_E_UNSUPPORTED);
+    CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "rc.safetensors");
+    CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "cufile is not a route");
+    CHECK_EQ(ferry_device_prepare(d, &cf, MiB), FERRY_E_UNSUPPORTED);
+    char why[300];
+    CHECK_EQ(ferry_device_probe_cufile(d, f, why, sizeof why), FERRY_E_NODEV);
+    CHECK_STR_HAS(why, "rc.safetensors");
+    CHECK_STR_HAS(why, "cuda device");
+    CHECK_EQ(ferry_device_probe_cufile(d, NULL, why, sizeof why), FERRY_E_NODEV);
+    CHECK_EQ(ferry_device_probe_cufile(d, NULL, NULL, 0), FERRY_E_NODEV);
+    CHECK_EQ(ferry_device_probe_cufile(NULL, f, why, sizeof why), FERRY_E_INVAL);
+    CHECK_EQ(why[0], 0);
+    ferry_device_close(d);
+    /* the cpu device: its readers, no ring; routes it cannot take refused */
+    d = open_dev(ctx, "cpu");
+    if (d) {
+        CHECK_EQ(ferry_load_plan_route(d, f, &r, 0, &c), 0);
+        CHECK_EQ(c.route, FERRY_ROUTE_RING);
+        CHECK_EQ(c.threads, 3);
+        CHECK_EQ(c.buffers, 0);
+        CHECK_EQ(c.pins, 0);
+        r.route = FERRY_ROUTE_DIRECT;
+        CHECK_EQ(ferry_load_plan_route(d, f, &r, 0, &c), FERRY_E_UNSUPPORTED);
+    }
+out:
+    ferry_device_close(d);
+    ferry_file_close(f);
+}
+
+/* Threads of this process now (/proc/self/task), -1 unknown. */
+static int task_count(void)
+{
+    DIR *tasks = opendir("/proc/self/task");
+    if (!tasks) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(tasks));) n += e->d_name[0] != '.';
+    closedir(tasks);
+    return n;
+}
+
+/* The readers run on the device's pool: the first load makes its threads,
+ * later loads (ring, its pin ahead, a tmpfs file's unmapping, the cpu
+ * device's readers) make none, and ferry_device_close joins them. */
+static void test_reader_pool(ferry_ctx *ctx)
+{
+    ferry_file *f = open_file(ctx, "odd.safetensors");
+    for (int cpu = 0; f && cpu < 2; cpu++) {
+        int before = task_count();
+        ferry_device *d = open_dev(ctx, cpu ? "cpu" : "sim:256MiB");
+        if (!d) break;
+        ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
+        int after_first = -1;
+        for (int i = 0; i < 6; i++) {
+            ferry_loaded *l = NULL;
+            ferry_load_stats st = {.size = sizeof st};
+            if (i == 3) o.threads = 2; /* fewer readers: the pool's idle ones serve */
+            CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
+            if (l) CHECK_EQ(verify_loaded(l, f, cpu ? "pool, cpu" : "pool, sim"), 0);
+            ferry_loaded_free(l);
+            if (i == 0) after_first = task_count();
+            else CHECK_EQ(task_count(), after_first);
+        }
+        CHECK(after_first > before); /* the pool's threads stay between loads */
+#if !defined(__SANITIZE_THREAD__) /* (ThreadSanitizer refuses threads started after such a fork) */
+        /* a child of fork() has none of the pool's threads: it makes its own */
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            ferry_loaded *l = NULL;
+            int rc = ferry_load(d, f, &o, &l, NULL);
+            if (rc == 0 && verify_loaded(l, f, "pool, forked child") != 0) rc = -1;
+            ferry_loaded_free(l);
+            ferry_device_close(d);
+            _exit(rc == 0 ? 0 : 3);
+        }
+        int status = 0;
+        if (pid > 0) waitpid(pid, &status, 0);
+        CHECK(pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+#endif
+        ferry_device_close(d);
+        /* and are joined at close: the 3 readers' at least (a sanitizer's
+         * own thread may have started meanwhile, so not the count before) */
+        CHECK(task_count() <= after_first - 3);
+    }
+    ferry_file_close(f);
+    /* a file in tmpfs: the load's mapping is unmapped on the pool, and
+     * closing the device waits for that */
+    struct statfs sf;
+    char p[256];
+    snprintf(p, sizeof p, "/dev/shm/ferry-test-pool-%d.safetensors", (int)getpid());
+    if (statfs("/dev/shm", &sf) == 0 && sf.f_type == 0x01021994 && copy_file("odd.safetensors", p)) {
+        ferry_file *g = NULL;
+        ferry_device *d = open_dev(ctx, "sim:256MiB");
+        if (d && ferry_file_open(ctx, p, 0, &g) == 0) {
+            int before = task_count();
+            ferry_load_opts o = small_opts(FERRY_ROUTE_RING);
+            for (int i = 0; i < 3; i++) {
+                ferry_loaded *l = NULL;
+                CHECK_EQ(ferry_load(d, g, &o, &l, NULL), 0);
+                if (l) CHECK_EQ(verify_loaded(l, g, "pool, tmpfs"), 0);
+                ferry_loaded_free(l);
+                if (i > 0) CHECK(task_count() <= before + 8);
+            }
+        }
+        ferry_device_close(d);
+        ferry_file_close(g);
+        unlink(p);
+    }
+}
+
 /* ---- ring reuse ---- */
 
 /* O_DIRECT loads default to their own geometry (8 readers of 1 MiB, 16
@@ -1920,7 +1997,7 @@ static void test_huge(ferry_ctx *ctx)
         o.route = pa;
         ferry_loaded *l = NULL;
         char what[64];
-        snprintf(what, sizeof what, "64 MiB + 4097 bytes --path %s", ferry_route_name(pa));
+        snprintf(what, sizeof what, "64 MiB + 4097 bytes --route %s", ferry_route_name(pa));
         int rc = ferry_load(d, f, &o, &l, NULL);
         if (rc < 0) fprintf(stderr, "%s: %s\n", what, ferry_ctx_errmsg(ctx));
         CHECK_EQ(rc, 0);
@@ -2457,6 +2534,10 @@ static void test_regressions(ferry_ctx *ctx)
     write_st("bus.safetensors", t, 6, 10, 0);
     free(t);
     fflush(NULL);
+    /* no device's reader pool across the fork: ThreadSanitizer refuses a
+     * child that starts threads after a multi-threaded parent forked it */
+    ferry_device_close(d);
+    d = NULL;
     pid_t pid = fork();
     if (pid == 0) {
         ferry_file *b = open_file(ctx, "bus.safetensors");
@@ -2620,6 +2701,8 @@ static ferry_ctx *ctx;
     CASE(resident_sampled, test_resident_sampled(ctx))                           \
     CASE(pageable, test_pageable(ctx))                                           \
     CASE(prepare, test_prepare(ctx))                                             \
+    CASE(route_choice, test_route_choice(ctx))                                   \
+    CASE(reader_pool, test_reader_pool(ctx))                                     \
     CASE(load_into, test_load_into(ctx))                                         \
     CASE(alloc_edges, test_alloc_edges(ctx))                                     \
     CASE(register, test_register(ctx))                                           \
@@ -2637,7 +2720,6 @@ static ferry_ctx *ctx;
     CASE(progress, test_progress(ctx))                                           \
     CASE(concurrent, test_concurrent(ctx))                                       \
     CASE(faults, test_faults(ctx))                                               \
-    CASE(gathered, test_gathered(ctx))                                           \
     CASE(regressions, test_regressions(ctx))                                     \
     CASE(moves, test_moves(ctx))
 CHECK_CASES(CASES)

@@ -17,30 +17,32 @@
 static int run(int argc, char **argv);
 
 const cli_cmd cmd_bench = {
-    "bench", "measure the disk and copy limits and every load path against them",
+    "bench", "measure the disk and copy limits and every load route against them",
     "usage: ferry bench [--device DEV] [--cold] [--json] PATH\n"
     "\n"
     "In one run: the raw limits (an O_DIRECT read of the checkpoint with 8 threads,\n"
     "and pinned host->device and device->host copies), then a load through each\n"
-    "path (ring, direct, register; register again once the file is registered),\n"
+    "route (ring, direct, register; register again once the file is registered),\n"
     "each as GB/s and as a ratio of its limit: hot loads against the pinned copy\n"
     "rate, cold loads against the O_DIRECT read rate. A limit is itself measured\n"
     "once, so a load can beat it a little (a ratio above 1: the table says why).\n"
     "Below 64 MiB a load is mostly its setup: a smaller file gets times, no rates.\n"
+    "On a GPU it also probes GPUDirect Storage (cuFile) and says whether it could\n"
+    "read the file, and why not (a probe: ferry loads through no cuFile route).\n"
     "\n"
     "options:\n"
     "  --device DEV  cuda:N (default cuda:0), sim:SIZE or cpu. Without a GPU, bench\n"
     "                says so and measures the disk and a simulated device instead.\n"
-    "                cpu has one path, ring (pread into host memory), measured\n"
+    "                cpu has one route, ring (pread into host memory), measured\n"
     "                against a host memory copy.\n"
-    "  --cold        also run each path cold (the file dropped from the page cache\n"
+    "  --cold        also run each route cold (the file dropped from the page cache\n"
     "                with POSIX_FADV_DONTNEED before each run)\n"
     "  --json        print one JSON object\n"
     "  -h, --help    show this help\n",
     run};
 
 /* Below this a load's time is mostly its setup (threads, buffers, the first
- * copy): rates of smaller files say nothing about the paths. */
+ * copy): rates of smaller files say nothing about the routes. */
 #define RATE_MIN_BYTES (64ull << 20)
 
 typedef struct rd_job {
@@ -263,18 +265,10 @@ static int run(int argc, char **argv)
             ferry_device_unregister_file(dev, f);
         }
     }
-    if (!cpu) {
-        row *r = row_add(rows, &nr, "cufile", "-", 0, "-");
-        ferry_load_opts o = {.size = sizeof o, .route = FERRY_ROUTE_CUFILE};
-        ferry_loaded *l = NULL;
-        if (ferry_load(dev, f, &o, &l, NULL) < 0) {
-            snprintf(r->note, sizeof r->note, "unavailable: %s", ferry_ctx_errmsg(ctx));
-            /* the library's advice is for ferry load; bench takes no --path */
-            char *adv = strstr(r->note, " (use --path auto)");
-            if (adv && !adv[strlen(" (use --path auto)")]) *adv = 0;
-        }
-        ferry_loaded_free(l);
-    }
+    /* GPUDirect Storage is probed, not loaded through: whether cuFile could
+     * read this file, and why not */
+    char cufile_why[320] = "";
+    int cufile_rc = cpu ? FERRY_E_NODEV : ferry_device_probe_cufile(dev, f, cufile_why, sizeof cufile_why);
     /* A ratio above 1 is a load that beat its limit, itself one measurement
      * taken before the loads: say why that can be, on the row. */
     bool above = false;
@@ -297,7 +291,7 @@ static int run(int argc, char **argv)
                  *note ? "; " : "", cli_human(h, sizeof h, ferry_file_total_bytes(f)));
     }
     if (cpu) snprintf(note + strlen(note), sizeof note - strlen(note),
-                      "%scpu: host memory, so only the ring path (direct, register and cufile need a GPU or sim:SIZE)",
+                      "%scpu: host memory, so only the ring route (direct and register need a GPU or sim:SIZE)",
                       *note ? "; " : "");
     if (json) {
         json_t *o = json_object(), *a = json_array();
@@ -309,13 +303,16 @@ static int run(int argc, char **argv)
         else json_object_set_new(o, "limits", json_pack("{s:f,s:f,s:f}", "direct_read_gbps", disk, "pinned_htod_gbps",
                                                        h2d, "pinned_dtoh_gbps", d2h));
         for (int i = 0; i < nr; i++) {
-            json_t *x = json_pack("{s:s,s:s,s:b,s:f,s:f,s:s}", "path", rows[i].name, "cache", rows[i].cache, "ok",
+            json_t *x = json_pack("{s:s,s:s,s:b,s:f,s:f,s:s}", "route", rows[i].name, "cache", rows[i].cache, "ok",
                                   rows[i].ok, "gbps", rows[i].gbps, "seconds", rows[i].seconds, "note", rows[i].note);
             json_object_set_new(x, "ratio", rows[i].limit > 0 && rows[i].ok ? json_real(rows[i].gbps / rows[i].limit) : json_null());
             json_object_set_new(x, "limit", json_string(rows[i].limit_name));
             json_array_append_new(a, x);
         }
         json_object_set_new(o, "runs", a);
+        if (!cpu)
+            json_object_set_new(o, "probes",
+                                json_pack("{s:{s:b,s:s}}", "cufile", "available", cufile_rc == 0, "why", cufile_why));
         json_object_set_new(o, "peak_rss_bytes", json_integer((json_int_t)cli_vmhwm_kib() * 1024));
         json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
         fputc('\n', stdout);
@@ -330,7 +327,7 @@ static int run(int argc, char **argv)
         else
             printf("limits: O_DIRECT read %s; pinned copy host->device %.2f GB/s, device->host %.2f GB/s\n\n", dk, h2d,
                    d2h);
-        printf("%-26s %-5s %9s %8s  %s\n", "PATH", "CACHE", small ? "ms" : "GB/s", "RATIO", "OF / NOTE");
+        printf("%-26s %-5s %9s %8s  %s\n", "ROUTE", "CACHE", small ? "ms" : "GB/s", "RATIO", "OF / NOTE");
         for (int i = 0; i < nr; i++) {
             row *r = &rows[i];
             if (r->ok && small)
@@ -341,6 +338,8 @@ static int run(int argc, char **argv)
             else
                 printf("%-26s %-5s %9s %8s  %s\n", r->name, r->cache, "-", "-", r->note);
         }
+        if (!cpu) printf("\nprobe: cuFile (GPUDirect Storage) %s: %s\n", cufile_rc == 0 ? "could read the file" : "unavailable",
+                         cufile_why);
         if (above) printf("\nA ratio above 1 beat its limit, which is measured once before the loads (see its row).\n");
         printf("\npeak RSS (VmHWM): %.1f MiB\n", (double)cli_vmhwm_kib() / 1024.0);
     }

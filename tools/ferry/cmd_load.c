@@ -16,7 +16,7 @@ const cli_cmd cmd_load = {
     "Check that every PATH opens, then load every tensor of each checkpoint into\n"
     "device memory, one after the other, and report bytes,\n"
     "seconds, GB/s (from 64 MiB up: a smaller load is mostly its setup), the\n"
-    "transfer path used (and why), for the register path whether the load\n"
+    "route taken (and why), for the register route whether the load\n"
     "registered the file or reused a registration, and the process's peak RSS\n"
     "(VmHWM). A progress bar is drawn when stderr is a terminal.\n"
     "\n"
@@ -24,17 +24,18 @@ const cli_cmd cmd_load = {
     "  --device DEV        cuda:N (default cuda:0); sim:SIZE, e.g. sim:24GiB: a GPU\n"
     "                      emulated in host memory (tests, capacity planning); or cpu:\n"
     "                      pageable host memory, read into straight (ring/auto only)\n"
-    "  --path P            auto (default), ring, direct, register, pageable or cufile:\n"
+    "  --route R           auto (default), ring, direct, register or pageable:\n"
     "                        ring      threaded pread from the page cache into pinned buffers\n"
     "                        direct    the same with O_DIRECT reads (cold files)\n"
     "                        register  page-lock the file mapping and copy from it directly\n"
     "                        pageable  copy straight from the mapping, unpinned (the\n"
     "                                  driver stages it; nothing pinned first)\n"
-    "                        cufile    GPUDirect Storage (not available yet)\n"
     "                      auto picks from page-cache residency: ring when mostly\n"
     "                      cached, direct when cold, register when already registered,\n"
     "                      pageable for a cached load of at most 32 MiB while no ring\n"
-    "                      is pinned (pinning one costs more than such a copy)\n"
+    "                      is pinned (pinning one costs more than such a copy).\n"
+    "                      GPUDirect Storage (cuFile) is not a route: `ferry bench`\n"
+    "                      reports its probe (whether it could read the file, and why not)\n"
     "  --threads N         reader threads (default min(12, CPUs); direct: min(8, CPUs))\n"
     "  --streams N         copy streams (default 4, at least 2)\n"
     "  --buffers N         pinned staging buffers (default 2 x threads)\n"
@@ -46,19 +47,16 @@ const cli_cmd cmd_load = {
     "                      server reloading weights in place would (memory freed and\n"
     "                      allocated again copies ~10% slower for a moment: the\n"
     "                      driver clears it); with --verify each gets fresh memory.\n"
-    "                      With --path register the first load's registration is\n"
+    "                      With --route register the first load's registration is\n"
     "                      kept for the repeats (registered once per checkpoint)\n"
     "  --pinned-budget SIZE  most bytes a register load may page-lock (default: no limit)\n"
-    "  --gather-copies     ring, a file in memory: four staging buffers' reads go\n"
-    "                      out in one copy instead of one copy each (experimental:\n"
-    "                      faster in some runs, much slower in others)\n"
     "  --verify            copy every tensor back and compare its XXH3-64 with the file's\n"
     "  --json              print one JSON object\n"
     "  -h, --help          show this help\n",
     run};
 
 /* Below this a load's time is mostly setting it up (threads, buffers, the first
- * copy), so a GB/s figure would say nothing about the path: text output gives
+ * copy), so a GB/s figure would say nothing about the route: text output gives
  * the time alone (--json keeps gbps). */
 #define RATE_MIN_BYTES (64ull << 20)
 
@@ -121,7 +119,7 @@ static int run(int argc, char **argv)
     const char *dev_spec = "cuda:0";
     const char **paths = calloc((size_t)argc, sizeof *paths);
     int npaths = 0;
-    bool json = false, do_verify = false, opts = true, gather = false;
+    bool json = false, do_verify = false, opts = true;
     uint32_t repeat = 1;
     ferry_load_opts lo = {.size = sizeof lo};
     if (!paths) return cli_fail("out of memory");
@@ -131,17 +129,21 @@ static int run(int argc, char **argv)
         if (opts && cli_is_help(a)) { free(paths); return cli_help(&cmd_load); }
         if (opts && strcmp(a, "--json") == 0) json = true;
         else if (opts && strcmp(a, "--verify") == 0) do_verify = true;
-        else if (opts && strcmp(a, "--gather-copies") == 0) gather = true;
         else if (opts && strcmp(a, "--") == 0) opts = false;
-        else if (opts && (strcmp(a, "--device") == 0 || strcmp(a, "--path") == 0 || strcmp(a, "--threads") == 0 ||
+        else if (opts && (strcmp(a, "--device") == 0 || strcmp(a, "--route") == 0 || strcmp(a, "--path") == 0 ||
+                          strcmp(a, "--threads") == 0 ||
                           strcmp(a, "--streams") == 0 || strcmp(a, "--buffers") == 0 || strcmp(a, "--buffer-size") == 0 ||
                           strcmp(a, "--repeat") == 0 || strcmp(a, "--pinned-budget") == 0)) {
             int ex = EXIT_OK;
             if (!v) ex = cli_usage_error(&cmd_load, "%s needs a value", a);
             else if (strcmp(a, "--device") == 0) dev_spec = v;
-            else if (strcmp(a, "--path") == 0) {
+            else if (strcmp(a, "--route") == 0 || strcmp(a, "--path") == 0) {
+                /* --path: the deprecated spelling, kept out of --help */
+                if (a[2] == 'p') fprintf(stderr, "ferry load: --path is deprecated, use --route\n");
                 int p = ferry_route_parse(v);
-                if (p < 0) ex = cli_usage_error(&cmd_load, "--path takes auto, ring, direct, register, pageable or cufile, not '%s'", v);
+                if (p < 0 || p == FERRY_ROUTE_CUFILE)
+                    ex = cli_usage_error(&cmd_load, "--route takes auto, ring, direct, register or pageable, not '%s'%s",
+                                         v, p == FERRY_ROUTE_CUFILE ? " (cuFile is a probe: ferry bench reports it)" : "");
                 else lo.route = (ferry_route)p;
             } else if (strcmp(a, "--threads") == 0) {
                 if (!parse_u32(v, 1, 64, &lo.threads)) ex = cli_usage_error(&cmd_load, "--threads takes 1..64");
@@ -171,7 +173,7 @@ static int run(int argc, char **argv)
      * ferry_load refuses it any route but ring and auto: say so before any work */
     if (strcmp(dev_spec, "cpu") == 0 && lo.route != FERRY_ROUTE_AUTO && lo.route != FERRY_ROUTE_RING) {
         free(paths);
-        return cli_usage_error(&cmd_load, "--device cpu reads straight into host memory: use --path ring or auto, not %s",
+        return cli_usage_error(&cmd_load, "--device cpu reads straight into host memory: use --route ring or auto, not %s",
                                ferry_route_name(lo.route));
     }
 
@@ -211,8 +213,7 @@ static int run(int argc, char **argv)
      * that the repeats of one checkpoint, which keep the file open, reuse it
      * as a caller of ferry_device_register_file would; each file is closed
      * after its repeats, so the pages of one checkpoint at most stay locked. */
-    lo.flags = (lo.route == FERRY_ROUTE_REGISTER ? FERRY_LOAD_KEEP_REGISTRATION : 0) |
-               (gather ? FERRY_LOAD_GATHER_COPIES : 0);
+    lo.flags = lo.route == FERRY_ROUTE_REGISTER ? FERRY_LOAD_KEEP_REGISTRATION : 0;
     ferry_file *f = NULL;
     ferry_loaded *l = NULL; /* kept through a checkpoint's repeats */
     int64_t *all_idx = NULL, nall = 0;
@@ -268,7 +269,7 @@ static int run(int argc, char **argv)
         json_object_set_new(o, "bytes", json_integer((json_int_t)st.bytes));
         json_object_set_new(o, "seconds", json_real(st.seconds));
         json_object_set_new(o, "gbps", json_real(gbps));
-        json_object_set_new(o, "path_used", json_string(ferry_route_name(st.route)));
+        json_object_set_new(o, "route", json_string(ferry_route_name(st.route)));
         json_object_set_new(o, "why", json_string(st.why));
         json_object_set_new(o, "resident_before", json_real(st.resident));
         json_object_set_new(o, "setup_seconds", json_real(st.setup_seconds));

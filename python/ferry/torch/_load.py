@@ -129,8 +129,8 @@ def _parse_device(device, owner):
     return device
 
 
-def load_file(path, device="cpu", *, path_kind="auto", ring_buffers=None, ring_buffer_bytes=None,
-              threads=None, progress=None, owner="torch", stats=None, process_group=None):
+def load_file(path, device="cpu", *, route="auto", ring_buffers=None, ring_buffer_bytes=None,
+              threads=None, progress=None, owner="torch", stats=None, process_group=None, path_kind=None):
     """Load every tensor of a checkpoint (safetensors, *.safetensors.index.json,
     GGUF, PyTorch zip) as a dict name -> torch.Tensor, sorted by name, with the
     same dtypes, shapes and bytes as safetensors.torch.load_file.
@@ -141,8 +141,8 @@ def load_file(path, device="cpu", *, path_kind="auto", ring_buffers=None, ring_b
     device "cuda" / "cuda:N" / int N (plain "cuda": the current device): each
     tensor is allocated with torch.empty (PyTorch's allocator owns it) and one
     ferry_load_into fills them all through ferry's pinned ring; returns when the
-    data is on the device. path_kind ("auto", "ring", "direct", "register",
-    "pageable", "cufile"), ring_buffers, ring_buffer_bytes (int or "16MiB") and threads set
+    data is on the device. route ("auto", "ring", "direct", "register",
+    "pageable"; path_kind is its deprecated name), ring_buffers, ring_buffer_bytes (int or "16MiB") and threads set
     ferry_load_opts; progress(done, total) is called from ferry's worker
     threads (an exception it raises is raised here after the load). On cpu
     nothing is read, so progress is called once with (total, total).
@@ -163,9 +163,10 @@ def load_file(path, device="cpu", *, path_kind="auto", ring_buffers=None, ring_b
     errors, ferry.FormatError / UnsupportedError / NoDeviceError / ... for the
     library's.
 
-    stats: a dict to fill with the load's ferry_load_stats (path used, bytes,
-    seconds of the transfer itself, resident fraction, why that path); on cpu
-    path is "view" and nothing is read.
+    stats: a dict to fill with the load's ferry_load_stats (route taken, bytes,
+    seconds of the transfer itself, resident fraction, why that route); on cpu
+    route is "view" and nothing is read. ("path", the same as route, is its
+    deprecated name.)
 
     process_group: a torch.distributed ProcessGroup (or
     torch.distributed.group.WORLD) whose every rank makes this same call: each
@@ -176,6 +177,7 @@ def load_file(path, device="cpu", *, path_kind="auto", ring_buffers=None, ring_b
     and stats also gets bytes_read (this rank's), bytes_total, rank and world.
     owner="ferry" is not supported with it (_dist)."""
     path = os.fspath(path)
+    path_kind = _core.route_arg(route, path_kind, "ferry.torch.load_file")
     if owner not in ("torch", "ferry"):
         raise ValueError(f"owner must be 'torch' or 'ferry', not {owner!r}")
     device = _parse_device(device, owner)
@@ -214,7 +216,7 @@ def _load_file(path, device, path_kind, ring_buffers, ring_buffer_bytes, threads
             total = sum(t.nbytes for t in infos)
             progress(total, total)
         if stats is not None:
-            stats.update(path="view", bytes=0, seconds=0.0, resident=-1.0,
+            stats.update(route="view", path="view", bytes=0, seconds=0.0, resident=-1.0,
                          why="zero-copy views of a private mapping: nothing read")
         return _by_name(out)
     index = _cuda_index(device)
@@ -222,11 +224,11 @@ def _load_file(path, device, path_kind, ring_buffers, ring_buffer_bytes, threads
     h = _core._Handle(path, 0)
     # The ring is pinned on a thread while the tensors are listed and
     # allocated here (pinning the default ring cost ~5 ms on the H200, about
-    # what this side's work takes for a few hundred tensors); a load auto
-    # copies pageable (small, no ring yet) gains nothing from it.
-    pin, kind = None, path_kind or "auto"
+    # what this side's work takes for a few hundred tensors), when the
+    # library says the load would pin one (ferry_load_plan_route).
+    pin = None
     total = _core.lib.ferry_file_total_bytes(h.f)
-    if kind in ("ring", "direct") or (kind == "auto" and total > _lib.PAGEABLE_MAX):
+    if _core.route_choice(fdev, h, opts)["pins"]:
         pin = threading.Thread(target=_core.prepare, args=(fdev, opts, total), name="ferry-pin", daemon=True)
         pin.start()
     tdev = torch.device("cuda", index)

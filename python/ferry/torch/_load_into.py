@@ -33,13 +33,15 @@ class _Progress:
         self.done += n
 
 
-def load_model(model, filename, strict=True, device=None, *, path_kind="auto", ring_buffers=None,
-               ring_buffer_bytes=None, threads=None, progress=None):
+def load_model(model, filename, strict=True, device=None, *, route="auto", ring_buffers=None,
+               ring_buffer_bytes=None, threads=None, progress=None, path_kind=None):
     """Fill model from the checkpoint filename: safetensors.torch.load_model's
     name and arguments (model, filename, strict, device; returns
     (missing_keys, unexpected_keys)), for every format ferry reads, with no
     intermediate state dict. See _load_into for what it does; progress=True
-    draws a tqdm bar (as load_file)."""
+    draws a tqdm bar (as load_file); route as load_file's (path_kind: its
+    deprecated name)."""
+    path_kind = _core.route_arg(route, path_kind, "ferry.torch.load_model")
     progress, bar = _core.progress_fn(progress, os.path.basename(os.fspath(filename)))
     try:
         return _load_into(model, filename, strict=strict, device=device, path_kind=path_kind,
@@ -50,14 +52,14 @@ def load_model(model, filename, strict=True, device=None, *, path_kind="auto", r
             bar.close()
 
 
-def load_into(module, path, *, strict=True, device=None, path_kind="auto", ring_buffers=None,
-              ring_buffer_bytes=None, threads=None, progress=None):
+def load_into(module, path, *, strict=True, device=None, route="auto", ring_buffers=None,
+              ring_buffer_bytes=None, threads=None, progress=None, path_kind=None):
     """Deprecated: load_model, under safetensors' name. Kept for one release;
     warns DeprecationWarning."""
     warnings.warn("ferry.torch.load_into is deprecated: use ferry.torch.load_model (safetensors.torch's name; "
                   "the same arguments, strict and device also positional)", DeprecationWarning, stacklevel=2)
-    return load_model(module, path, strict=strict, device=device, path_kind=path_kind, ring_buffers=ring_buffers,
-                      ring_buffer_bytes=ring_buffer_bytes, threads=threads, progress=progress)
+    return load_model(module, path, strict=strict, device=device, route=route, ring_buffers=ring_buffers,
+                      ring_buffer_bytes=ring_buffer_bytes, threads=threads, progress=progress, path_kind=path_kind)
 
 
 def _load_into(module, path, *, strict=True, device=None, path_kind="auto", ring_buffers=None,

@@ -9,6 +9,7 @@ _store_hooks) and _StoreTensors (calls on single tensors; _store_tensors).
 import contextlib
 import os
 import threading
+import warnings
 
 import torch
 
@@ -107,9 +108,10 @@ class Store(_StoreViews, _StoreHooks, _StoreTensors):
 
     def __init__(self, device="cuda", *, device_budget=None, device_reserve=None, host_budget=None,
                  pinned_budget=None, host_reserve=None, spill_below=None, spill_above=None, spill_dir=None,
-                 path_kind="auto", threads=None, ring_buffers=None, ring_buffer_bytes=None, pinned_reserve=None,
-                 stream_copies="auto"):
+                 route="auto", threads=None, ring_buffers=None, ring_buffer_bytes=None, pinned_reserve=None,
+                 stream_copies="auto", path_kind=None):
         self._core = None
+        path_kind = _core.route_arg(route, path_kind, "ferry.torch.Store")
         if stream_copies not in _lib.STREAM_COPIES:
             raise ValueError(f"stream_copies must be one of {sorted(_lib.STREAM_COPIES)}, not {stream_copies!r}")
         self._stream_copies = stream_copies
@@ -327,9 +329,14 @@ class Store(_StoreViews, _StoreHooks, _StoreTensors):
             self._leave(name)
 
     def unpin(self, name):
-        """Drop the pins the forward hooks hold on a model. Needed only with
+        """Deprecated name of release_holds (kept for one release)."""
+        warnings.warn("Store.unpin is deprecated, use Store.release_holds", DeprecationWarning, stacklevel=2)
+        return self.release_holds(name)
+
+    def release_holds(self, name):
+        """Drop the holds the forward hooks keep on a model. Needed only with
         torch before 2.1 after a forward that raised (its forward hook did not
-        run, so the model stayed pinned and cannot be evicted)."""
+        run, so the model stayed held and cannot be evicted)."""
         with self._lock:
             m = self._model(name)
             a = self._attached.get(name)

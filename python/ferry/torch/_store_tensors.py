@@ -64,7 +64,7 @@ class _StoreTensors:
                 self._core.mark_dirty(m, i)
 
     def tensor_state(self, name, tensor):
-        """TensorState(name, nbytes, tier, dirty, pins, group, dptr) of one
+        """TensorState(name, nbytes, tier, dirty, holds, group, dptr) of one
         tensor (by name, index or the tensor itself)."""
         with self._lock:
             m = self._model(name)
