@@ -41,7 +41,7 @@ FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out)
     st.bytes_read = s->c.read;
     st.evicted = s->c.evicted;
     st.dropped = s->c.dropped;
-    st.device_cached = s->cached;
+    st.device_cached = s->arena.cached;
     rs_pool_adopt(s);
     st.pinned_pool_bytes = s->pool_bytes;
     st.pinned_reserve = s->pin_target;
@@ -51,8 +51,8 @@ FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out)
         pthread_mutex_unlock(&s->pin_lock);
     }
     st.pinned_cache_bytes = s->cache_used;
-    st.device_allocs = s->c.dev_allocs;
-    st.device_frees = s->c.dev_frees;
+    st.device_allocs = s->arena.allocs;
+    st.device_frees = s->arena.frees;
     st.fence_waits = s->c.fence_waits;
     st.fence_orders = s->c.fence_orders;
     st.models = s->nmodels;

@@ -24,6 +24,14 @@ FERRY_API const char *ferry_tier_name(ferry_tier t)
 
 /* ---- opening ---- */
 
+/* The arena's drain: before device memory goes back to the driver, the
+ * kernels that may still read what it held (releases dropped early) finish. */
+static void drain_reuse(void *arg)
+{
+    ferry_store *s = arg;
+    if (s->reuse) rs_reuse_wait_all(s);
+}
+
 static uint64_t or_default(uint64_t v, uint64_t d) { return v ? v : d; }
 
 FERRY_API int ferry_store_new(ferry_device *dev, const ferry_store_opts *opts, ferry_store **out)
@@ -75,6 +83,9 @@ FERRY_API int ferry_store_new(ferry_device *dev, const ferry_store_opts *opts, f
     s->spill_dir = d;
     s->o.spill_dir = d;
     s->o.load = &s->load;
+    rs_arena_init(&s->arena, dev, s->m, &s->err, o.device_budget);
+    s->arena.drain = drain_reuse;
+    s->arena.drain_arg = s;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->landed, NULL);
     pthread_cond_init(&s->mq_cv, NULL);
@@ -107,7 +118,7 @@ FERRY_API void ferry_store_free(ferry_store *s)
     rs_pinner_stop(s);
     for (int i = 0; i < s->nmodels; i++) rs_model_free(s->models[i]);
     fy_free(s->m, s->models);
-    rs_dev_release_all(s);
+    rs_arena_destroy(&s->arena);
     for (int c = 0; c < s->nchunks; c++) rs_chunk_drop(s, &s->chunks[c]);
     fy_free(s->m, s->chunks);
     fy_spill_close(s->spill);

@@ -11,6 +11,8 @@
 #include "common/ranges.h"
 #include "xfer/xfer.h"
 #include "io/memstat.h"
+#include "arena.h"
+#include "lru.h"
 #include "policy.h"
 #include "spill.h"
 
@@ -30,7 +32,7 @@ typedef struct rtensor {
     int holds;
     int64_t group;
     fy_dptr dptr;   /* DEVICE */
-    uint64_t dsize; /* its device memory's size (nbytes rounded up to 512; device_used counts nbytes) */
+    uint64_t dsize; /* its device memory's size (nbytes rounded up to 512; arena.used counts nbytes) */
     void *host;     /* PINNED / HOST */
     uint64_t soff;  /* SPILL: offset in the spill file */
     bool keep;      /* evict_tensors: stays on the device with its group */
@@ -80,6 +82,10 @@ struct ferry_model {
      * its block alone, never at every tensor of the model */
     int64_t *gmem, *gat, *gcnt;
     uint64_t *gmark, gstamp; /* rs_select: a group's mark, the last mark given */
+    /* make-room's candidates: the groups with device memory (a reference per
+     * member holding some: rs_dev_alloc, rs_dev_free), by group id, list 1 the
+     * streamed blocks', list 0 the others', each oldest use first */
+    rs_lru dev;
     rs_plan *plan;    /* NULL unless ferry_model_plan made one */
     int64_t refs;     /* taken by ferry_store_find, not yet put back; ferry_store_remove waits for 0 */
     bool pinned_cache; /* ferry_model_set_pinned_cache: every clean tensor read from the
@@ -94,18 +100,8 @@ typedef struct pchunk {
     bool reserved; /* pinned ahead (opts.pinned_reserve): kept while the store lives */
 } pchunk;
 
-/* a device segment: one driver allocation, carved into tensors (blocks.c) */
-typedef struct dseg {
-    uint64_t base, size, used; /* used: bytes carved out now */
-    int64_t nlive;             /* tensors carved out now */
-    bool small;                /* serves requests under 1 MiB only */
-    bool streams;              /* holds streamed tensors (else others) while it holds any */
-    fy_ranges fr;              /* its free space */
-} dseg;
-
 typedef struct counters {
     uint64_t htod, dtoh, written, read, evicted, dropped;
-    uint64_t dev_allocs, dev_frees; /* driver calls for device memory */
     uint64_t fence_waits, fence_orders; /* reuse of released memory: host waits, lane orderings */
     double s_htod, s_dtoh;
 } counters;
@@ -122,7 +118,7 @@ struct ferry_store {
     ferry_model **models;
     int nmodels, cap_models;
     uint64_t clock;
-    uint64_t device_used, host_used, pinned_used; /* pinned_used: of the pool, in use */
+    uint64_t host_used, pinned_used; /* pinned_used: of the pool, in use */
     pchunk *chunks;
     int nchunks;
     uint64_t pool_bytes;
@@ -133,12 +129,12 @@ struct ferry_store {
     /* device memory: segments from the driver, carved into tensors and kept
      * when they leave, for reuse (no driver call, and memory the copy engine
      * has written before: bench_alloc) until ferry_store_make_room gives the
-     * free ones back (blocks.c) */
-    dseg *segs; /* sorted by base */
-    int nsegs, cap_segs;
-    uint64_t cached; /* free bytes inside segments */
+     * free ones back (arena.h, blocks.c); arena.used is the device tensors'
+     * bytes, arena.budget follows o.device_budget */
+    rs_arena arena;
     uint64_t cache_used; /* of pinned_used: clean copies of streamed blocks */
     counters c;
+    uint64_t room_visits; /* groups make-room has looked at (a count for tests) */
     /* the open job */
     bool job_open;
     char *job; /* the open job, else the last one (NULL before the first) */
@@ -299,26 +295,16 @@ void rs_release_copy(ferry_store *s, rtensor *t);
  * the flags are the caller's to clear. */
 void rs_cache_buffer_free(ferry_store *s, rtensor *t);
 
-/* ---- blocks.c: the store's device memory ---- */
+/* ---- the device arena (arena.h) on a store's tensors ---- */
 /* Give whole free segments back to the driver until at least want bytes were
  * returned (UINT64_MAX: all). */
-uint64_t rs_cache_release(ferry_store *s, uint64_t want);
-/* The device bytes a tensor of n bytes takes: n rounded up to 512 (every
- * tensor's start is that aligned; cuMemAlloc gives 256). */
-static inline uint64_t rs_dev_size(uint64_t n) { return (n + 511) / 512 * 512; }
-/* rs_dev_alloc's answer when strict and t fits nowhere in the free space
- * while a new segment would take the store more than 1/16 past its budget. */
-#define RS_FRAGMENTED 1
-/* Device memory for t (t->dptr, t->dsize): carved from the store's free
- * space, else from a new segment (strict: RS_FRAGMENTED rather than a new
- * segment past the budget). 0 or a negative code (message in s->err). */
+static inline uint64_t rs_cache_release(ferry_store *s, uint64_t want) { return rs_arena_release(&s->arena, want); }
+/* Device memory for t (t->dptr, t->dsize) from the arena (strict: see
+ * rs_arena_alloc); the group index learns its group has device memory. 0,
+ * RS_FRAGMENTED or a negative code (message in s->err). */
 int rs_dev_alloc(ferry_store *s, rtensor *t, bool strict);
-/* The segment holding device address p: its base and size (0, 0: none). */
-void rs_dev_block(const ferry_store *s, uint64_t p, uint64_t *base, uint64_t *size);
-/* t's device memory goes back to the store's free space. */
+/* t's device memory goes back to the arena (the group index learns it). */
 void rs_dev_free(ferry_store *s, rtensor *t);
-/* Every segment back to the driver (the store is going). */
-void rs_dev_release_all(ferry_store *s);
 
 /* ---- model.c, groups.c: the model catalogue ---- */
 void rs_model_free(ferry_model *m);
@@ -328,8 +314,11 @@ ferry_model *rs_find_model(ferry_store *s, const char *name);
  * in *nt. Costs the groups' size, not the model's. 0 or a negative code
  * (message on m). */
 int rs_select(ferry_model *m, const int64_t *tensors, int64_t n, int64_t **out, int64_t *nt);
-/* Rebuild m's group index (after groups changed). */
+/* Rebuild m's group index (after groups changed), and its device index. */
 void rs_group_index(ferry_model *m);
+/* Rebuild m's device index (m->dev) from its tensors (after groups or their
+ * streams flags changed). */
+void rs_dev_reindex(ferry_model *m);
 
 /* ---- evict.c: eviction ---- */
 /* Take the listed device tensors off the device: clean ones dropped, dirty
