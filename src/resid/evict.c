@@ -120,10 +120,10 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     }
     /* dirty bytes come before clean copies kept for speed: make them room */
     if (dirty && s->cache_used &&
-        (s->host_used + s->pinned_used + dirty > s->o.host_budget || s->pinned_used + dirty > s->o.pinned_budget))
+        (s->host_used + s->pool.used + dirty > s->o.host_budget || s->pool.used + dirty > s->o.pinned_budget))
         rs_uncache_bytes(s, dirty);
-    fy_hoststate h = {.host_budget = s->o.host_budget, .host_used = s->host_used + s->pinned_used,
-                      .pinned_budget = s->o.pinned_budget, .pinned_used = s->pinned_used,
+    fy_hoststate h = {.host_budget = s->o.host_budget, .host_used = s->host_used + s->pool.used,
+                      .pinned_budget = s->o.pinned_budget, .pinned_used = s->pool.used,
                       .spill_below = s->o.spill_below, .spill_above = s->o.spill_above, .spilling = s->spilling,
                       .available = avail};
     save *sv = fy_calloc(m, (size_t)(n ? n : 1), sizeof *sv);
@@ -579,7 +579,7 @@ FERRY_API int64_t ferry_store_make_room(ferry_store *s, uint64_t bytes, uint64_t
     /* and disk space held for reuse, and pinned RAM nobody uses: each
      * given back with the lock dropped */
     if (rc >= 0) rs_spill_flush(s);
-    pchunk *idle = NULL;
+    rs_pchunk *idle = NULL;
     int nidle = rc >= 0 ? rs_pool_trim_take(s, &idle) : 0;
     pthread_mutex_unlock(&s->lock);
     rs_chunks_drop(s, idle, nidle);

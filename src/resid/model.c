@@ -274,7 +274,7 @@ FERRY_API int ferry_model_set_pinned_cache(ferry_model *m, int on)
     ferry_store *s = m->s;
     pthread_mutex_lock(&s->lock);
     m->pinned_cache = on;
-    pchunk *idle = NULL;
+    rs_pchunk *idle = NULL;
     int nidle = 0;
     if (!on) { /* the copies no longer wanted go (a moving one's when it lands) */
         for (int64_t i = 0; i < m->n; i++)

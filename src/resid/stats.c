@@ -42,14 +42,10 @@ FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out)
     st.evicted = s->c.evicted;
     st.dropped = s->c.dropped;
     st.device_cached = s->arena.cached;
-    rs_pool_adopt(s);
-    st.pinned_pool_bytes = s->pool_bytes;
-    st.pinned_reserve = s->pin_target;
-    if (s->pinner_on) {
-        pthread_mutex_lock(&s->pin_lock);
-        st.pinned_reserved = s->pin_done;
-        pthread_mutex_unlock(&s->pin_lock);
-    }
+    rs_pinpool_adopt(&s->pool);
+    st.pinned_pool_bytes = s->pool.bytes;
+    st.pinned_reserve = s->pool.target;
+    st.pinned_reserved = rs_pinpool_reserved(&s->pool);
     st.pinned_cache_bytes = s->cache_used;
     st.device_allocs = s->arena.allocs;
     st.device_frees = s->arena.frees;

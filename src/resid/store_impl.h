@@ -13,13 +13,9 @@
 #include "io/memstat.h"
 #include "arena.h"
 #include "lru.h"
+#include "pinpool.h"
 #include "policy.h"
 #include "spill.h"
-
-#define PCHUNK (256ull << 20) /* pinned pool grows by this much (at least) */
-#define RCHUNK PCHUNK /* the pinner pins the reserve in pieces of this much: a transfer that
-                         starts while one is pinned shares the host with it until it is done
-                         (1 GiB pieces took 26 ms off a 10 GB load that started with one) */
 
 typedef struct rtensor {
     const struct ferry_model *owner; /* with group: a group's identity across models */
@@ -92,14 +88,6 @@ struct ferry_model {
                           checkpoint keeps a pinned copy as room allows */
 };
 
-/* pinned pool: chunks of pinned memory, each with its free ranges */
-typedef struct pchunk {
-    uint8_t *base;
-    uint64_t size;
-    fy_ranges fr;
-    bool reserved; /* pinned ahead (opts.pinned_reserve): kept while the store lives */
-} pchunk;
-
 typedef struct counters {
     uint64_t htod, dtoh, written, read, evicted, dropped;
     uint64_t fence_waits, fence_orders; /* reuse of released memory: host waits, lane orderings */
@@ -118,11 +106,9 @@ struct ferry_store {
     ferry_model **models;
     int nmodels, cap_models;
     uint64_t clock;
-    uint64_t host_used, pinned_used; /* pinned_used: of the pool, in use */
-    pchunk *chunks;
-    int nchunks;
-    uint64_t pool_bytes;
-    uint64_t pool_growing; /* being pinned for the pool with the lock dropped (rs_pool_alloc) */
+    uint64_t host_used; /* pageable copies (the pool's bytes in use are pool.used) */
+    /* the pinned pool and its pinner (pinpool.h); pool.budget is o.pinned_budget */
+    rs_pinpool pool;
     fy_spill *spill;
     bool spilling;
     int64_t evicting; /* tensors marked evicting (their copies run with the lock dropped) */
@@ -151,23 +137,6 @@ struct ferry_store {
     bool mover_on, mover_stop;
     struct ferry_op *mq, **mq_tail;
     pthread_cond_t mq_cv;
-    /* the pinner: a thread, started by ferry_store_new when opts.pinned_reserve
-     * asks for a pool pinned ahead, that pins it in RCHUNK pieces without the
-     * store's lock and hands each over through pin_lock (rs_pool_adopt moves
-     * them into chunks, under the store's lock); the pin_ fields are pin_lock's */
-    pthread_t pinner;
-    bool pinner_on, pin_stop;
-    pthread_mutex_t pin_lock;
-    pthread_cond_t pin_cv;   /* a piece was pinned, or the pinner stopped */
-    pchunk *pin_ready;       /* pinned, not yet adopted (room for every piece, made up front) */
-    int pin_nready;
-    uint64_t pin_left;       /* bytes still to pin (0 once done, failed or stopped) */
-    uint64_t pin_done;       /* bytes pinned ahead so far */
-    uint64_t pin_target;     /* opts.pinned_reserve, capped at pinned_budget */
-    int pin_busy;            /* transfers running (rs_pin_yield): the pinner waits for none ... */
-    int pin_wanted;          /* ... unless an allocation waits for a piece */
-    int pin_rc;              /* the error that stopped it, with its message */
-    char pin_msg[FY_ERRMSG_MAX];
     /* holds to drop once work queued on a caller's stream is done */
     struct rs_release *releases;
     /* fences of releases whose holds dropped early (rs_defer_releases): the
@@ -260,35 +229,18 @@ int rs_device_failed(ferry_store *s, ferry_model *m, int rc);
  * while, after marking what they work on; their callers look at the store
  * again afterwards rather than trusting what they saw before. */
 
-/* ---- pool.c: the pinned pool and tensors' host copies ---- */
+/* ---- the pinned pool (pinpool.h) on a store; copies.c: tensors' host copies ---- */
 /* n bytes of the pool. Where no free range fits, it waits for the pinner's
  * next piece or pins a new chunk, with s->lock dropped meanwhile: the caller
  * has marked what it works on (moving, evicting) before calling. */
-int rs_pool_alloc(ferry_store *s, uint64_t n, void **out);
-/* Never fails: a range the free list cannot take is lost to fragmentation. */
-void rs_pool_free(ferry_store *s, void *p, uint64_t n);
-/* Take the pool's chunks that hold nothing (not the reserve's) out of it:
- * their count, the list in *out (NULL when none); rs_chunks_drop unpins and
- * frees them, with the lock dropped. */
-int rs_pool_trim_take(ferry_store *s, pchunk **out);
-void rs_chunks_drop(ferry_store *s, pchunk *v, int n);
-/* Unpin c and free its free list (c itself is the caller's). */
-void rs_chunk_drop(ferry_store *s, pchunk *c);
-/* Move the pieces the pinner has pinned into the pool; false when one could
- * not be moved (out of memory for the list of chunks). */
-bool rs_pool_adopt(ferry_store *s);
-/* Start the pinner for s->pin_target bytes (ferry_store_new, before the
- * store is shared): 0 or a negative code (message on s). */
-int rs_pinner_start(ferry_store *s);
-/* A move (from its device allocations to its queued copies) or an
- * eviction's saves start (+1) or end (-1): the pinner pins between them, not
- * beside them (its page faults and registrations halved a 10 GB load's rate
- * on the H200 host), unless an allocation is waiting for a piece. Any
- * thread, no lock needed; nothing without a pinner. */
-void rs_pin_yield(ferry_store *s, int d);
-/* Stop the pinner and free every piece it pinned that was never adopted
- * (ferry_store_free; no lock held). */
-void rs_pinner_stop(ferry_store *s);
+static inline int rs_pool_alloc(ferry_store *s, uint64_t n, void **out) { return rs_pinpool_alloc(&s->pool, n, out); }
+static inline void rs_pool_free(ferry_store *s, void *p, uint64_t n) { rs_pinpool_free(&s->pool, p, n); }
+/* The pool's idle chunks (not the reserve's) taken out; rs_chunks_drop
+ * unpins and frees them, with the lock dropped. */
+static inline int rs_pool_trim_take(ferry_store *s, rs_pchunk **out) { return rs_pinpool_trim_take(&s->pool, out); }
+static inline void rs_chunks_drop(ferry_store *s, rs_pchunk *v, int n) { rs_pinpool_drop(&s->pool, v, n); }
+/* A move or an eviction's saves start (+1) or end (-1) (rs_pinpool_yield). */
+static inline void rs_pin_yield(ferry_store *s, int d) { rs_pinpool_yield(&s->pool, d); }
 /* Drop whatever copy t has off the device (after it came back, or on removal). */
 void rs_release_copy(ferry_store *s, rtensor *t);
 /* Give t's pinned cache buffer (cached, or being filled) back to the pool;

@@ -1,20 +1,22 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* test_resources.c - the store's resources, each alone through its own
- * header and nothing of the store: the device arena (arena.h) on a sim
- * device, the ordered lists of make-room's candidates (lru.h), and the spill
- * file (spill.h). */
+ * header and nothing of the store: the device arena (arena.h) and the
+ * pinned pool with its pinner (pinpool.h) on a sim device, the ordered lists
+ * of make-room's candidates (lru.h), and the spill file (spill.h). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/stat.h>
 
 #include "check.h"
 #include "ferry.h"
 #include "resid/arena.h"
 #include "resid/lru.h"
+#include "resid/pinpool.h"
 #include "resid/spill.h"
 
 #define MiB ((uint64_t)1 << 20)
@@ -152,6 +154,86 @@ static void test_arena(ferry_ctx *ctx)
     rs_arena_destroy(&a);
     CHECK_EQ(a.nsegs, 0);
     CHECK_EQ(dev_free(d), free0);
+    fy_err_destroy(&err);
+    ferry_device_close(d);
+}
+
+/* The pinned pool under an owner's lock of its own: chunks pinned on demand
+ * (the budget's last bits: exactly the request) and carved, a freed range
+ * reused, the budget refused, idle chunks trimmed and unpinned; then the
+ * pinner: a reserve pinned ahead in the background, adopted, given out
+ * without pinning more, kept by trimming. */
+static void test_pinpool(ferry_ctx *ctx)
+{
+    ferry_device *d = NULL;
+    if (ferry_device_open(ctx, "sim:64MiB", &d) != 0) {
+        CHECK(0);
+        return;
+    }
+    CHECK_EQ(fy_xfer_bind(d), 0);
+    fy_err err;
+    fy_err_init(&err);
+    pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    rs_pinpool p;
+    rs_pinpool_init(&p, d, &ctx->mem, &err, &lock, 8 * MiB, 0);
+    CHECK_EQ(rs_pinpool_start(&p), 0); /* no reserve: no pinner */
+    CHECK(!p.pinner_on);
+    pthread_mutex_lock(&lock);
+    void *a = NULL, *b = NULL, *c = NULL, *x = NULL;
+    CHECK_EQ(rs_pinpool_alloc(&p, 100, &a), 0); /* a chunk of 4 KiB (RS_PCHUNK is past the budget) */
+    CHECK_EQ(p.nchunks, 1);
+    CHECK_EQ(p.bytes, 4096);
+    CHECK_EQ(p.used, 4096);
+    CHECK_EQ(rs_pinpool_alloc(&p, MiB, &b), 0);
+    CHECK_EQ(p.nchunks, 2);
+    memset(a, 1, 4096); /* (real memory) */
+    memset(b, 2, MiB);
+    rs_pinpool_free(&p, a, 100);
+    CHECK_EQ(p.used, MiB);
+    CHECK_EQ(rs_pinpool_alloc(&p, 4000, &x), 0); /* the freed range again */
+    CHECK(x == a);
+    CHECK_EQ(p.nchunks, 2);
+    CHECK_EQ(rs_pinpool_alloc(&p, 8 * MiB, &c), FERRY_E_BUDGET);
+    CHECK_EQ(rs_pinpool_alloc(&p, 7 * MiB - 4096, &c), 0); /* the budget's rest, exactly */
+    CHECK_EQ(p.bytes, 8 * MiB);
+    CHECK_EQ(rs_pinpool_alloc(&p, 1, &x), FERRY_E_BUDGET);
+    rs_pinpool_free(&p, a, 4000);
+    rs_pinpool_free(&p, b, MiB);
+    CHECK_EQ(p.used, 7 * MiB - 4096);
+    rs_pchunk *idle = NULL;
+    int n = rs_pinpool_trim_take(&p, &idle); /* the two idle chunks, not the one in use */
+    CHECK_EQ(n, 2);
+    CHECK_EQ(p.nchunks, 1);
+    CHECK_EQ(p.bytes, 7 * MiB - 4096);
+    pthread_mutex_unlock(&lock);
+    rs_pinpool_drop(&p, idle, n); /* (unpinned without the owner's lock) */
+    pthread_mutex_lock(&lock);
+    rs_pinpool_free(&p, c, 7 * MiB - 4096);
+    CHECK_EQ(p.used, 0);
+    pthread_mutex_unlock(&lock);
+    rs_pinpool_destroy(&p);
+    CHECK_EQ(p.nchunks, 0);
+
+    /* the pinner: 8 MiB ahead (one piece), in the background */
+    rs_pinpool_init(&p, d, &ctx->mem, &err, &lock, 16 * MiB, 8 * MiB + 100);
+    CHECK_EQ(p.target, 8 * MiB); /* (whole pages) */
+    CHECK_EQ(rs_pinpool_start(&p), 0);
+    CHECK(p.pinner_on);
+    rs_pinpool_yield(&p, +1); /* a transfer: the pinner waits for it ... */
+    rs_pinpool_yield(&p, -1); /* ... to end */
+    CHECK_EQ(rs_pinpool_wait(&p), 0);
+    CHECK_EQ(rs_pinpool_reserved(&p), 8 * MiB);
+    pthread_mutex_lock(&lock);
+    CHECK_EQ(rs_pinpool_alloc(&p, MiB, &a), 0); /* from the adopted piece: nothing pinned beside it */
+    CHECK_EQ(p.nchunks, 1);
+    CHECK_EQ(p.bytes, 8 * MiB);
+    CHECK(p.chunks[0].reserved);
+    rs_pinpool_free(&p, a, MiB);
+    CHECK_EQ(rs_pinpool_trim_take(&p, &idle), 0); /* the reserve stays */
+    CHECK_EQ(p.bytes, 8 * MiB);
+    pthread_mutex_unlock(&lock);
+    rs_pinpool_destroy(&p);
+    pthread_mutex_destroy(&lock);
     fy_err_destroy(&err);
     ferry_device_close(d);
 }
@@ -302,6 +384,7 @@ static void test_spill_file(void)
 static ferry_ctx *ctx;
 #define CASES(CASE)                    \
     CASE(arena, test_arena(ctx))       \
+    CASE(pinpool, test_pinpool(ctx))   \
     CASE(lru, test_lru(ctx))              \
     CASE(spill_file, test_spill_file())
 CHECK_CASES(CASES)
