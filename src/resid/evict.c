@@ -111,7 +111,7 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     /* a dirty tensor is read back on the store's streams: not before the
      * kernels of releases deferred meanwhile, which may still change it in
      * place (a group held by one member; a tensor marked dirty afterwards) */
-    if (dirty && s->reuse) rs_reuse_wait_all(s);
+    if (dirty && s->fences.reuse) rs_reuse_wait_all(s);
     uint64_t avail = 0;
     if (need_avail) { /* (a cgroup read: with the lock dropped, the tensors marked) */
         pthread_mutex_unlock(&s->lock);
@@ -327,9 +327,9 @@ int64_t rs_make_room_ex(ferry_store *s, uint64_t bytes, ferry_model *pm, const b
      * they may go now, the copies into their memory ordered after those
      * kernels on the device (rs_defer_releases), so the host does not wait
      * for the GPU and keeps queueing work ahead of it */
-    if (rc == FERRY_E_BUDGET && s->releases && rs_defer_releases(s) > 0)
+    if (rc == FERRY_E_BUDGET && s->fences.pending && rs_defer_releases(s) > 0)
         rc = make_room_once(s, bytes, pm, prot, spare, could);
-    if ((rc == FERRY_E_BUDGET || (all && rc >= 0)) && s->releases && rs_reap_releases(s, true) > 0) {
+    if ((rc == FERRY_E_BUDGET || (all && rc >= 0)) && s->fences.pending && rs_reap_releases(s, true) > 0) {
         int64_t more = make_room_once(s, bytes, pm, prot, spare, could);
         rc = all && rc >= 0 && more >= 0 ? rc + more : more;
     }

@@ -353,7 +353,7 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
     /* memory that released tensors left while kernels may still read it:
      * this move's writes come after those kernels (on the device where all
      * its copies take the lane) */
-    if (s->reuse) (void)rs_reuse_order(s, !ring); /* (on failure the host has waited instead) */
+    if (s->fences.reuse) (void)rs_reuse_order(s, !ring); /* (on failure the host has waited instead) */
     op->spill_fd = s->spill ? fy_spill_fd(s->spill) : -1;
     op->idx = idx, op->dp = dp, op->hr = hr, op->fr = fr;
     op->nh = nh, op->nf = nf, op->nc = nc;

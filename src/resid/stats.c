@@ -49,8 +49,8 @@ FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out)
     st.pinned_cache_bytes = s->cache_used;
     st.device_allocs = s->arena.allocs;
     st.device_frees = s->arena.frees;
-    st.fence_waits = s->c.fence_waits;
-    st.fence_orders = s->c.fence_orders;
+    st.fence_waits = s->fences.waits;
+    st.fence_orders = s->fences.orders;
     st.models = s->nmodels;
     for (int i = 0; i < s->nmodels; i++) st.tensors += s->models[i]->n;
     pthread_mutex_unlock(&s->lock);

@@ -29,7 +29,7 @@ FERRY_API const char *ferry_tier_name(ferry_tier t)
 static void drain_reuse(void *arg)
 {
     ferry_store *s = arg;
-    if (s->reuse) rs_reuse_wait_all(s);
+    if (s->fences.reuse) rs_reuse_wait_all(s);
 }
 
 static uint64_t or_default(uint64_t v, uint64_t d) { return v ? v : d; }
@@ -84,6 +84,7 @@ FERRY_API int ferry_store_new(ferry_device *dev, const ferry_store_opts *opts, f
     s->o.spill_dir = d;
     s->o.load = &s->load;
     rs_arena_init(&s->arena, dev, s->m, &s->err, o.device_budget);
+    rs_fences_init(&s->fences, dev, s->m);
     s->arena.drain = drain_reuse;
     s->arena.drain_arg = s;
     pthread_mutex_init(&s->lock, NULL);
@@ -118,6 +119,7 @@ FERRY_API void ferry_store_free(ferry_store *s)
     for (int i = 0; i < s->nmodels; i++) rs_model_free(s->models[i]);
     fy_free(s->m, s->models);
     rs_arena_destroy(&s->arena);
+    rs_fences_destroy(&s->fences); /* (what the arena's drain left: nothing, as a rule) */
     rs_pinpool_destroy(&s->pool); /* (the pinner stops first) */
     fy_spill_close(s->spill);
     if (s->sampler) fy_memsampler_stop(s->sampler, NULL);

@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* store_impl.h - what the residency store's files share: a store, its models
- * and their tensors, and the functions that run under the store's lock (the
- * pinned pool, the device block cache, selection, eviction). Private to
- * resid/. The store reaches devices only through xfer.h. */
+ * and their tensors, and the functions that run under the store's lock
+ * (selection, moves, eviction, and the store's wrappers of its resources:
+ * the device arena, arena.h; the pinned pool, pinpool.h; make-room's device
+ * index, lru.h; the spill file, spill.h). Private to resid/; the resources
+ * never include it (ctest layering_resources). The store reaches devices
+ * only through xfer.h. */
 #ifndef FERRY_STORE_IMPL_H
 #define FERRY_STORE_IMPL_H
 
@@ -12,6 +15,7 @@
 #include "xfer/xfer.h"
 #include "io/memstat.h"
 #include "arena.h"
+#include "fences.h"
 #include "lru.h"
 #include "pinpool.h"
 #include "policy.h"
@@ -90,7 +94,6 @@ struct ferry_model {
 
 typedef struct counters {
     uint64_t htod, dtoh, written, read, evicted, dropped;
-    uint64_t fence_waits, fence_orders; /* reuse of released memory: host waits, lane orderings */
     double s_htod, s_dtoh;
 } counters;
 
@@ -137,12 +140,12 @@ struct ferry_store {
     bool mover_on, mover_stop;
     struct ferry_op *mq, **mq_tail;
     pthread_cond_t mq_cv;
-    /* holds to drop once work queued on a caller's stream is done */
-    struct rs_release *releases;
-    /* fences of releases whose holds dropped early (rs_defer_releases): the
-     * memory their clean tensors left may be reused, but each new write to
-     * the device is ordered after them first (rs_reuse_order); kept until done */
-    struct rs_release *reuse;
+    /* release fences (fences.h): pending, the holds to drop once work queued
+     * on a caller's stream is done (an item is a held rtensor); reuse, those
+     * whose holds dropped early (rs_defer_releases): the memory their clean
+     * tensors left may be reused, each new write to the device ordered after
+     * them first (rs_reuse_order); kept until done */
+    rs_fences fences;
 };
 
 /* ---- fetch.c: moves to the device, synchronous and queued ---- */
@@ -196,14 +199,14 @@ void rs_settle(ferry_store *s, ferry_model *m, const int64_t *ti, int64_t nt, bo
  * Returns the holds dropped. */
 int64_t rs_reap_releases(ferry_store *s, bool wait);
 /* Short of room while kernels may still read released tensors: drop the
- * pending holds of the clean ones now (their fences go to s->reuse), so
+ * pending holds of the clean ones now (their fences go to s->fences.reuse), so
  * eviction can take them without the host waiting for the kernels; the
  * copies into their memory wait on the device instead (rs_reuse_order).
  * Dirty tensors keep their pending holds (evicting one reads it back).
  * Returns the holds dropped. */
 int64_t rs_defer_releases(ferry_store *s);
 /* Before a move writes device memory: order it after every fence of
- * s->reuse still running. lane: all its copies run on the lane (pinned and
+ * s->fences.reuse still running. lane: all its copies run on the lane (pinned and
  * RAM copies), which then waits on the device; else (file reads through the
  * ring or the spill file, on streams of their own) the host waits.
  * all: the host waits for every one (before memory goes back to the driver). */

@@ -9,7 +9,7 @@
 # store_impl.h, and one that takes a ferry_store.
 set -u
 SRC=$1
-RESOURCES="arena.h blocks.c lru.h lru.c pinpool.h pool.c spill.h spill.c policy.h policy.c"
+RESOURCES="arena.h blocks.c fences.h fences.c lru.h lru.c pinpool.h pool.c spill.h spill.c policy.h policy.c"
 check() { # DIR: 0 when every resource in DIR keeps the rule, else names what breaks it
     d=$1 bad=0
     for f in $RESOURCES; do

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* test_resources.c - the store's resources, each alone through its own
- * header and nothing of the store: the device arena (arena.h) and the
- * pinned pool with its pinner (pinpool.h) on a sim device, the ordered lists
- * of make-room's candidates (lru.h), and the spill file (spill.h). */
+ * header and nothing of the store: the device arena (arena.h), the pinned
+ * pool with its pinner (pinpool.h) and the release fences (fences.h) on a
+ * sim device (xfer_test.h gives the fences a stream), the ordered lists of
+ * make-room's candidates (lru.h), and the spill file (spill.h). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
@@ -15,9 +16,11 @@
 #include "check.h"
 #include "ferry.h"
 #include "resid/arena.h"
+#include "resid/fences.h"
 #include "resid/lru.h"
 #include "resid/pinpool.h"
 #include "resid/spill.h"
+#include "xfer/xfer_test.h"
 
 #define MiB ((uint64_t)1 << 20)
 
@@ -238,6 +241,71 @@ static void test_pinpool(ferry_ctx *ctx)
     ferry_device_close(d);
 }
 
+/* counts the items a fence let go */
+static int gone[4];
+static void fence_done(void *item, void *arg)
+{
+    (void)arg;
+    gone[(int *)item - gone]++;
+}
+static bool fence_early(void *item, void *arg)
+{
+    return item == arg; /* (the one named lets go early) */
+}
+
+/* The release fences on a sim stream: pending per item, reaped once the
+ * stream is done (each item let go once), one deferred early to the reuse
+ * list and writes ordered after it, the rest waited for. */
+static void test_fences(ferry_ctx *ctx)
+{
+    ferry_device *d = NULL;
+    if (ferry_device_open(ctx, "sim:64MiB", &d) != 0) {
+        CHECK(0);
+        return;
+    }
+    CHECK_EQ(fy_xfer_bind(d), 0);
+    fy_gpu *g = fy_device_gpu(d);
+    fy_stream *st = NULL;
+    CHECK_EQ(g->ops->stream_new(g, &st), 0);
+    uint64_t raw = g->ops->stream_raw(g, st);
+    rs_fences fs;
+    rs_fences_init(&fs, d, &ctx->mem);
+    bool device = true;
+    for (int k = 0; k < 3; k++) CHECK_EQ(rs_fences_add(&fs, raw, &gone[k], &device), 0);
+    CHECK(!device);
+    CHECK_EQ(rs_fences_add(&fs, raw, &gone[0], &device), 0);
+    CHECK_EQ(rs_fences_pending(&fs, &gone[0]), 2);
+    CHECK_EQ(rs_fences_pending(&fs, &gone[3]), 0);
+    CHECK_EQ(g->ops->stream_sync(g, st), 0);
+    CHECK_EQ(rs_fences_reap(&fs, false, fence_done, NULL), 4); /* all done: no wait */
+    CHECK_EQ(gone[0], 2);
+    CHECK_EQ(gone[1], 1);
+    CHECK_EQ(gone[2], 1);
+    CHECK(fs.pending == NULL);
+    CHECK_EQ(fs.waits, 0);
+    /* one deferred: its item lets go now, its fence orders the next writes */
+    CHECK_EQ(rs_fences_add(&fs, raw, &gone[1], &device), 0);
+    CHECK_EQ(rs_fences_add(&fs, raw, &gone[2], &device), 0);
+    CHECK_EQ(rs_fences_defer(&fs, fence_early, &gone[1]), 1);
+    CHECK_EQ(rs_fences_pending(&fs, &gone[1]), 0);
+    CHECK_EQ(rs_fences_pending(&fs, &gone[2]), 1);
+    CHECK(fs.reuse != NULL);
+    CHECK_EQ(rs_fences_order(&fs, true), 0); /* the lane waits for it (or it was done) */
+    rs_fences_wait_all(&fs);
+    CHECK(fs.reuse == NULL);
+    CHECK_EQ(rs_fences_reap(&fs, true, fence_done, NULL), 1); /* waited for when not done */
+    CHECK_EQ(gone[1], 1); /* (the deferred one was not called back) */
+    CHECK_EQ(gone[2], 2);
+    CHECK(fs.pending == NULL);
+    /* what is left at the end is waited for and freed */
+    CHECK_EQ(rs_fences_add(&fs, raw, &gone[3], &device), 0);
+    rs_fences_destroy(&fs);
+    CHECK(fs.pending == NULL && fs.reuse == NULL);
+    CHECK_EQ(gone[3], 0);
+    g->ops->stream_free(g, st);
+    ferry_device_close(d);
+}
+
 /* the ids of list li, front to back */
 static int lru_list(const rs_lru *l, int li, int64_t *out, int max)
 {
@@ -385,6 +453,7 @@ static ferry_ctx *ctx;
 #define CASES(CASE)                    \
     CASE(arena, test_arena(ctx))       \
     CASE(pinpool, test_pinpool(ctx))   \
+    CASE(fences, test_fences(ctx))     \
     CASE(lru, test_lru(ctx))              \
     CASE(spill_file, test_spill_file())
 CHECK_CASES(CASES)
