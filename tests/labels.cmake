@@ -35,7 +35,8 @@ set(FERRY_THREADS_TESTS
   test_stream.engine_cyclic test_stream.engine_squeeze
   test_file.hash test_file.allocator test_gpu.threads
   test_memstat.sampler_fake test_memstat.sampler_real test_memstat.v1_sampler
-  test_soak.short load_sim_views test_store.evict_unlocked)
+  test_soak.short load_sim_views test_store.evict_unlocked test_resources.pinpool
+  test_resources.fences)
 
 set(FERRY_GPU_TESTS gpu_async_cuda)
 

@@ -21,7 +21,7 @@ bool rs_wants_cache(const ferry_model *m, const rtensor *t)
 
 bool rs_cache_admits(ferry_store *s, uint64_t n, uint64_t avail)
 {
-    return s->pinned_used + n <= s->o.pinned_budget && s->host_used + s->pinned_used + n <= s->o.host_budget &&
+    return s->pool.used + n <= s->o.pinned_budget && s->host_used + s->pool.used + n <= s->o.host_budget &&
            avail >= s->o.spill_below + n;
 }
 

@@ -111,7 +111,7 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     /* a dirty tensor is read back on the store's streams: not before the
      * kernels of releases deferred meanwhile, which may still change it in
      * place (a group held by one member; a tensor marked dirty afterwards) */
-    if (dirty && s->reuse) rs_reuse_wait_all(s);
+    if (dirty && s->fences.reuse) rs_reuse_wait_all(s);
     uint64_t avail = 0;
     if (need_avail) { /* (a cgroup read: with the lock dropped, the tensors marked) */
         pthread_mutex_unlock(&s->lock);
@@ -120,10 +120,10 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     }
     /* dirty bytes come before clean copies kept for speed: make them room */
     if (dirty && s->cache_used &&
-        (s->host_used + s->pinned_used + dirty > s->o.host_budget || s->pinned_used + dirty > s->o.pinned_budget))
+        (s->host_used + s->pool.used + dirty > s->o.host_budget || s->pool.used + dirty > s->o.pinned_budget))
         rs_uncache_bytes(s, dirty);
-    fy_hoststate h = {.host_budget = s->o.host_budget, .host_used = s->host_used + s->pinned_used,
-                      .pinned_budget = s->o.pinned_budget, .pinned_used = s->pinned_used,
+    fy_hoststate h = {.host_budget = s->o.host_budget, .host_used = s->host_used + s->pool.used,
+                      .pinned_budget = s->o.pinned_budget, .pinned_used = s->pool.used,
                       .spill_below = s->o.spill_below, .spill_above = s->o.spill_above, .spilling = s->spilling,
                       .available = avail};
     save *sv = fy_calloc(m, (size_t)(n ? n : 1), sizeof *sv);
@@ -293,9 +293,9 @@ out:
 /* Room on the device: the budget's room, and the device's real free memory. */
 uint64_t rs_room_now(ferry_store *s)
 {
-    uint64_t room = s->o.device_budget > s->device_used ? s->o.device_budget - s->device_used : 0;
+    uint64_t room = s->o.device_budget > s->arena.used ? s->o.device_budget - s->arena.used : 0;
     uint64_t fr = 0, tot = 0;
-    if (ferry_device_mem_info(s->dev, &fr, &tot) == 0 && fr + s->cached < room) room = fr + s->cached;
+    if (ferry_device_mem_info(s->dev, &fr, &tot) == 0 && fr + s->arena.cached < room) room = fr + s->arena.cached;
     return room;
 }
 
@@ -327,9 +327,9 @@ int64_t rs_make_room_ex(ferry_store *s, uint64_t bytes, ferry_model *pm, const b
      * they may go now, the copies into their memory ordered after those
      * kernels on the device (rs_defer_releases), so the host does not wait
      * for the GPU and keeps queueing work ahead of it */
-    if (rc == FERRY_E_BUDGET && s->releases && rs_defer_releases(s) > 0)
+    if (rc == FERRY_E_BUDGET && s->fences.pending && rs_defer_releases(s) > 0)
         rc = make_room_once(s, bytes, pm, prot, spare, could);
-    if ((rc == FERRY_E_BUDGET || (all && rc >= 0)) && s->releases && rs_reap_releases(s, true) > 0) {
+    if ((rc == FERRY_E_BUDGET || (all && rc >= 0)) && s->fences.pending && rs_reap_releases(s, true) > 0) {
         int64_t more = make_room_once(s, bytes, pm, prot, spare, could);
         rc = all && rc >= 0 && more >= 0 ? rc + more : more;
     }
@@ -342,7 +342,7 @@ int64_t rs_hold_at_most(ferry_store *s, uint64_t held_max)
 {
     int64_t got = 0;
     rs_cache_release(s, UINT64_MAX);
-    while (s->device_used && s->device_used + s->cached > held_max) {
+    while (s->arena.used && s->arena.used + s->arena.cached > held_max) {
         /* ask for the room there is plus the excess: the policy evicts at
          * least the excess more (whole groups), freeing pieces that merge
          * into whole free segments, given back at once. (The room is the
@@ -350,8 +350,8 @@ int64_t rs_hold_at_most(ferry_store *s, uint64_t held_max)
          * the device has, the budget's room asked for more than could ever
          * be freed, and nothing went.) */
         uint64_t room = rs_room_now(s);
-        uint64_t excess = s->device_used + s->cached - held_max;
-        int64_t more = rs_make_room_locked(s, room + (excess < s->device_used ? excess : s->device_used), NULL, NULL, NULL);
+        uint64_t excess = s->arena.used + s->arena.cached - held_max;
+        int64_t more = rs_make_room_locked(s, room + (excess < s->arena.used ? excess : s->arena.used), NULL, NULL, NULL);
         if (more <= 0) break; /* nothing more can go: the rest stays */
         got += more;
         rs_cache_release(s, UINT64_MAX);
@@ -361,10 +361,133 @@ int64_t rs_hold_at_most(ferry_store *s, uint64_t held_max)
 
 int rs_fit_budget(ferry_store *s)
 {
-    if (s->device_used <= s->o.device_budget) return 0;
-    uint64_t excess = s->device_used - s->o.device_budget, could = 0;
+    if (s->arena.used <= s->o.device_budget) return 0;
+    uint64_t excess = s->arena.used - s->o.device_budget, could = 0;
     int64_t rc = rs_make_room_locked(s, excess, NULL, NULL, &could);
     return rc < 0 ? (int)rc : 0;
+}
+
+/* make-room's candidates, gathered in the policy's order (fy_policy_choose:
+ * priority, model's last use, streamed blocks first, group's use, then the
+ * model's place in the store and the group's id) from each model's device
+ * index (m->dev), so that only groups with device memory are looked at: the
+ * models are sorted by (priority, last use); models that tie are merged
+ * group by group; a model's streamed blocks' list comes before its others'.
+ * Each group looked at (s->room_visits) gets its device bytes and its
+ * protection from its own members, as in a walk of every tensor; the
+ * unprotected ones with bytes are kept, until they make need (need
+ * UINT64_MAX, or not enough: all of them). c[k].id is k, the walk's order,
+ * which is the policy's, so fy_policy_choose decides as it would over every
+ * group of the store. */
+typedef struct room_walk {
+    fy_cand *c;
+    ferry_model **gm; /* per candidate: its model ... */
+    int64_t *gid;     /* ... and its group */
+    int64_t n, cap;
+} room_walk;
+
+static void room_walk_free(ferry_store *s, room_walk *w)
+{
+    fy_free(s->m, w->c);
+    fy_free(s->m, w->gm);
+    fy_free(s->m, w->gid);
+    *w = (room_walk){0};
+}
+
+static int walk_push(ferry_store *s, room_walk *w, const fy_cand *cd, ferry_model *m, int64_t g)
+{
+    if (w->n == w->cap) {
+        int64_t cap = w->cap ? 2 * w->cap : 64;
+        fy_cand *c = fy_realloc(s->m, w->c, (size_t)cap * sizeof *c);
+        if (c) w->c = c;
+        ferry_model **gm = c ? fy_realloc(s->m, w->gm, (size_t)cap * sizeof *gm) : NULL;
+        if (gm) w->gm = gm;
+        int64_t *gid = gm ? fy_realloc(s->m, w->gid, (size_t)cap * sizeof *gid) : NULL;
+        if (!gid)
+            return fy_seterr(&s->err, -ENOMEM, "making room: out of memory for %" PRId64 " candidates", cap);
+        w->gid = gid;
+        w->cap = cap;
+    }
+    w->c[w->n] = *cd;
+    w->c[w->n].id = w->n;
+    w->gm[w->n] = m;
+    w->gid[w->n] = g;
+    w->n++;
+    return 0;
+}
+
+static int cmp_models(const void *a, const void *b, void *arg)
+{
+    ferry_model *const *v = arg;
+    const ferry_model *x = v[*(const int *)a], *y = v[*(const int *)b];
+    if (x->priority != y->priority) return x->priority < y->priority ? -1 : 1;
+    if (x->last_use != y->last_use) return x->last_use < y->last_use ? -1 : 1;
+    return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b);
+}
+
+static int room_walk_run(ferry_store *s, room_walk *w, uint64_t need, ferry_model *pm, const bool *prot, bool spare)
+{
+    *w = (room_walk){0};
+    int nm = s->nmodels;
+    int *ord = fy_calloc(s->m, (size_t)(nm ? nm : 1), sizeof *ord);
+    int64_t *at = fy_calloc(s->m, (size_t)(nm ? nm : 1), sizeof *at); /* per model of a class: its next group */
+    if (!ord || !at) {
+        fy_free(s->m, ord), fy_free(s->m, at);
+        return fy_seterr(&s->err, -ENOMEM, "making room: out of memory for %d models", nm);
+    }
+    for (int i = 0; i < nm; i++) ord[i] = i;
+    qsort_r(ord, (size_t)nm, sizeof *ord, cmp_models, s->models);
+    uint64_t got = 0;
+    int rc = 0;
+    for (int lo = 0; lo < nm && rc == 0 && (need == UINT64_MAX || got < need);) {
+        int hi = lo + 1; /* models ord[lo .. hi-1] tie on (priority, last use) */
+        while (hi < nm && s->models[ord[hi]]->priority == s->models[ord[lo]]->priority &&
+               s->models[ord[hi]]->last_use == s->models[ord[lo]]->last_use)
+            hi++;
+        for (int li = 1; li >= 0 && rc == 0 && (need == UINT64_MAX || got < need); li--) {
+            for (int q = lo; q < hi; q++) {
+                ferry_model *m = s->models[ord[q]];
+                /* a planned model's resident set is spared: its whole list of others */
+                at[q - lo] = li == 0 && spare && m == pm ? RS_LRU_END : rs_lru_first(&m->dev, li);
+            }
+            while (rc == 0 && (need == UINT64_MAX || got < need)) {
+                int best = -1; /* the tying models' next groups: the oldest use, then the first model */
+                for (int q = lo; q < hi; q++) {
+                    if (at[q - lo] == RS_LRU_END) continue;
+                    if (best < 0 ||
+                        s->models[ord[q]]->t[at[q - lo]].use < s->models[ord[best]]->t[at[best - lo]].use ||
+                        (s->models[ord[q]]->t[at[q - lo]].use == s->models[ord[best]]->t[at[best - lo]].use &&
+                         ord[q] < ord[best]))
+                        best = q;
+                }
+                if (best < 0) break;
+                ferry_model *m = s->models[ord[best]];
+                int64_t g = at[best - lo];
+                at[best - lo] = rs_lru_next(&m->dev, g);
+                s->room_visits++;
+                fy_cand cd = {.priority = m->priority, .last_use = m->last_use, .streams = m->t[g].streams,
+                              .use = m->t[g].use};
+                for (int64_t j = 0; j < m->gcnt[g] && !cd.protect; j++) {
+                    int64_t i = m->gmem[m->gat[g] + j];
+                    const rtensor *u = &m->t[i];
+                    if (u->tier != FERRY_TIER_DEVICE && !u->moving) continue;
+                    if (u->tier == FERRY_TIER_DEVICE) cd.bytes += u->nbytes;
+                    /* a group with a member still landing stays whole: not a candidate */
+                    if (u->holds || u->moving || u->evicting || u->busy || u->wanted || (m == pm && prot && prot[i]) ||
+                        (spare && m == pm && !u->streams))
+                        cd.protect = true;
+                }
+                if (cd.protect || cd.bytes == 0) continue;
+                if ((rc = walk_push(s, w, &cd, m, g)) < 0) break;
+                got += cd.bytes;
+            }
+        }
+        lo = hi;
+    }
+    fy_free(s->m, ord);
+    fy_free(s->m, at);
+    if (rc < 0) room_walk_free(s, w);
+    return rc;
 }
 
 static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, bool spare,
@@ -381,55 +504,21 @@ static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, c
     uint64_t need = bytes == UINT64_MAX ? UINT64_MAX : (bytes > room ? bytes - room : 0);
     if (could) *could = 0;
     if (need == 0) return 0;
-    /* candidates: device groups of every model */
-    int64_t nc = 0;
-    for (int i = 0; i < s->nmodels; i++) nc += s->models[i]->n;
-    fy_cand *c = fy_calloc(s->m, (size_t)(nc ? nc : 1), sizeof *c);
-    int64_t *out = fy_calloc(s->m, (size_t)(nc ? nc : 1), sizeof *out);
-    int64_t *gm = fy_calloc(s->m, (size_t)(nc ? nc : 1), sizeof *gm); /* candidate -> model */
-    if (!c || !out || !gm) {
-        fy_free(s->m, c), fy_free(s->m, out), fy_free(s->m, gm);
-        return fy_seterr(&s->err, -ENOMEM, "making room: out of memory for %" PRId64 " candidates", nc);
-    }
-    int64_t *gid = fy_calloc(s->m, (size_t)(nc ? nc : 1), sizeof *gid); /* candidate -> group id */
-    int64_t maxn = 1;
-    for (int i = 0; i < s->nmodels; i++) maxn = s->models[i]->n > maxn ? s->models[i]->n : maxn;
-    int64_t *cof = fy_calloc(s->m, (size_t)maxn, sizeof *cof); /* a model's group id -> its candidate */
-    if (!gid || !cof) {
-        fy_free(s->m, c), fy_free(s->m, out), fy_free(s->m, gm), fy_free(s->m, gid), fy_free(s->m, cof);
-        return fy_seterr(&s->err, -ENOMEM, "making room: out of memory for %" PRId64 " candidates", nc);
-    }
-    int64_t k = 0;
-    for (int i = 0; i < s->nmodels; i++) {
-        ferry_model *m = s->models[i];
-        for (int64_t j = 0; j < m->n; j++) {
-            if (m->t[j].group != j) continue; /* one candidate per group, at its id */
-            fy_cand *cd = &c[k];
-            cd->priority = m->priority;
-            cd->last_use = m->last_use;
-            cd->streams = m->t[j].streams;
-            cd->use = m->t[j].use;
-            cd->id = k;
-            gm[k] = i;
-            gid[k] = j;
-            cof[j] = k;
-            k++;
-        }
-        /* bytes and protection of each of this model's groups, in one pass */
-        for (int64_t q = 0; q < m->n; q++) {
-            rtensor *u = &m->t[q];
-            if (u->tier != FERRY_TIER_DEVICE && !u->moving) continue;
-            int64_t lo = cof[u->group]; /* a group id is its leader's index, which has a candidate */
-            if (u->tier == FERRY_TIER_DEVICE) c[lo].bytes += u->nbytes;
-            /* a group with a member still landing stays whole: not a candidate */
-            if (u->holds || u->moving || u->evicting || u->busy || u->wanted || (m == pm && prot && prot[q]))
-                c[lo].protect = true;
-            if (spare && m == pm && !u->streams) c[lo].protect = true;
-        }
+    /* candidates, in the policy's order, from the models' device indexes:
+     * only groups with device memory are looked at, and only until enough is
+     * found (all of them when not enough can be) */
+    room_walk w;
+    int64_t rc = room_walk_run(s, &w, need, pm, prot, spare);
+    if (rc < 0) return rc;
+    fy_cand *c = w.c;
+    int64_t k = w.n;
+    int64_t *out = fy_calloc(s->m, (size_t)(k ? k : 1), sizeof *out);
+    if (!out) {
+        room_walk_free(s, &w);
+        return fy_seterr(&s->err, -ENOMEM, "making room: out of memory for %" PRId64 " candidates", k);
     }
     uint64_t freed = 0;
     int64_t chosen = fy_policy_choose(c, k, need, out, &freed);
-    int64_t rc = 0;
     if (chosen < 0) {
         if (could) *could = freed + room;
         rc = fy_seterr(&s->err, FERRY_E_BUDGET,
@@ -439,9 +528,9 @@ static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, c
         /* the chosen groups' device tensors, in eviction order */
         int64_t nt = 0;
         for (int64_t q = 0; q < chosen; q++) {
-            ferry_model *m = s->models[gm[out[q]]];
-            for (int64_t j = 0; j < m->n; j++)
-                if (m->t[j].group == gid[out[q]] && m->t[j].tier == FERRY_TIER_DEVICE) nt++;
+            const ferry_model *m = w.gm[out[q]];
+            int64_t g = w.gid[out[q]];
+            for (int64_t j = 0; j < m->gcnt[g]; j++) nt += m->t[m->gmem[m->gat[g] + j]].tier == FERRY_TIER_DEVICE;
         }
         rtensor **ts = fy_calloc(s->m, (size_t)(nt ? nt : 1), sizeof *ts);
         if (!ts) {
@@ -449,10 +538,14 @@ static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, c
         } else {
             nt = 0;
             for (int64_t q = 0; q < chosen; q++) {
-                ferry_model *m = s->models[gm[out[q]]];
-                for (int64_t j = 0; j < m->n; j++)
-                    if (m->t[j].group == gid[out[q]] && m->t[j].tier == FERRY_TIER_DEVICE) ts[nt++] = &m->t[j];
+                ferry_model *m = w.gm[out[q]];
+                int64_t g = w.gid[out[q]];
+                for (int64_t j = 0; j < m->gcnt[g]; j++) {
+                    rtensor *u = &m->t[m->gmem[m->gat[g] + j]];
+                    if (u->tier == FERRY_TIER_DEVICE) ts[nt++] = u;
+                }
             }
+            room_walk_free(s, &w); /* (the eviction drops the lock: the models may change) */
             int erc = rs_evict_tensors(s, ts, nt);
             uint64_t got = 0; /* tensor bytes evicted (the API's unit; each freed its dsize) */
             for (int64_t q = 0; q < nt; q++)
@@ -461,11 +554,8 @@ static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, c
             rc = erc < 0 ? erc : (int64_t)got;
         }
     }
-    fy_free(s->m, c);
+    room_walk_free(s, &w);
     fy_free(s->m, out);
-    fy_free(s->m, gm);
-    fy_free(s->m, gid);
-    fy_free(s->m, cof);
     return rc;
 }
 
@@ -482,14 +572,14 @@ FERRY_API int64_t ferry_store_make_room(ferry_store *s, uint64_t bytes, uint64_t
     if (rc >= 0) rs_cache_release(s, UINT64_MAX);
     uint64_t fr = 0, tot = 0;
     if (rc >= 0 && bytes != UINT64_MAX && ferry_device_mem_info(s->dev, &fr, &tot) == 0 && fr < bytes) {
-        uint64_t held = s->device_used + s->cached, short_by = bytes - fr;
+        uint64_t held = s->arena.used + s->arena.cached, short_by = bytes - fr;
         int64_t more = rs_hold_at_most(s, held > short_by ? held - short_by : 0);
         if (more > 0) rc += more;
     }
     /* and disk space held for reuse, and pinned RAM nobody uses: each
      * given back with the lock dropped */
     if (rc >= 0) rs_spill_flush(s);
-    pchunk *idle = NULL;
+    rs_pchunk *idle = NULL;
     int nidle = rc >= 0 ? rs_pool_trim_take(s, &idle) : 0;
     pthread_mutex_unlock(&s->lock);
     rs_chunks_drop(s, idle, nidle);

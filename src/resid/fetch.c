@@ -182,6 +182,32 @@ void rs_mover_stop(ferry_store *s)
     if (on) pthread_join(s->mover, NULL);
 }
 
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The groups of sel[0..nsel-1] were used at clock: those on the device
+ * move to the back of m's device index in the order of their ids (the
+ * policy's order among equals), so each finds its place at once; the others
+ * keep clock for when they come. room: nsel entries of scratch. Costs the
+ * request's size (and a sort of its groups), not the model's. */
+static void touch_groups(ferry_model *m, const int64_t *sel, int64_t nsel, int64_t *room, uint64_t clock)
+{
+    int64_t ng = 0;
+    uint64_t stamp = ++m->gstamp;
+    for (int64_t k = 0; k < nsel; k++) {
+        int64_t g = m->t[sel[k]].group;
+        if (m->gmark[g] == stamp) continue;
+        m->gmark[g] = stamp;
+        if (rs_lru_listed(&m->dev, g)) room[ng++] = g;
+        else rs_lru_touch(&m->dev, g, clock);
+    }
+    qsort(room, (size_t)ng, sizeof *room, cmp_i64);
+    for (int64_t k = 0; k < ng; k++) rs_lru_touch(&m->dev, room[k], clock);
+}
+
 /* Queue the moves of tensors[0..n-1] and their groups; *out the op (its
  * tensors marked moving). background: a move that reads files runs on the
  * mover; else (and for copies from RAM alone) the transfers run here. */
@@ -221,6 +247,7 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
         m->t[sel[k]].use = s->clock; /* the groups asked for: used now */
         m->t[sel[k]].wanted++;       /* and not evicted while this call makes room */
     }
+    touch_groups(m, sel, nsel, idx, s->clock); /* (idx is free until the transfers) */
     /* from here the tensors off the device are the op's: nobody evicts,
      * reads or moves them, while the room is made (evictions drop the lock)
      * and the transfers run */
@@ -277,7 +304,7 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
              * that pieces merge or whole segments come free; when nothing
              * more can go, take the segment anyway (a move that fits by bytes
              * does not fail) */
-            uint64_t room = s->o.device_budget > s->device_used ? s->o.device_budget - s->device_used : 0;
+            uint64_t room = s->o.device_budget > s->arena.used ? s->o.device_budget - s->arena.used : 0;
             int64_t more = rs_make_room_ex(s, room + rs_dev_size(t->nbytes), m, NULL, NULL, true);
             rc = rs_dev_alloc(s, t, more > 0);
         }
@@ -326,7 +353,7 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
     /* memory that released tensors left while kernels may still read it:
      * this move's writes come after those kernels (on the device where all
      * its copies take the lane) */
-    if (s->reuse) (void)rs_reuse_order(s, !ring); /* (on failure the host has waited instead) */
+    if (s->fences.reuse) (void)rs_reuse_order(s, !ring); /* (on failure the host has waited instead) */
     op->spill_fd = s->spill ? fy_spill_fd(s->spill) : -1;
     op->idx = idx, op->dp = dp, op->hr = hr, op->fr = fr;
     op->nh = nh, op->nf = nf, op->nc = nc;

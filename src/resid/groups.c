@@ -27,6 +27,19 @@ void rs_group_index(ferry_model *m)
         int64_t g = m->t[i].group;
         m->gmem[m->gat[g] + m->gcnt[g]++] = i;
     }
+    rs_dev_reindex(m);
+}
+
+void rs_dev_reindex(ferry_model *m)
+{
+    rs_lru_clear(&m->dev);
+    for (int64_t g = 0; g < m->n; g++) {
+        if (m->t[g].group != g) continue; /* a group's id is its leader's index */
+        int32_t live = 0;
+        for (int64_t k = 0; k < m->gcnt[g]; k++) live += m->t[m->gmem[m->gat[g] + k]].dptr != 0;
+        rs_lru_append(&m->dev, g, m->t[g].streams, m->t[g].use, live);
+    }
+    rs_lru_sort(&m->dev);
 }
 
 int rs_select(ferry_model *m, const int64_t *tensors, int64_t n, int64_t **out, int64_t *nt)

@@ -58,6 +58,7 @@ void rs_model_free(ferry_model *m)
     fy_free(s->m, m->gat);
     fy_free(s->m, m->gcnt);
     fy_free(s->m, m->gmark);
+    rs_lru_destroy(&m->dev);
     fy_free(s->m, m->files);
     fy_free(s->m, m->name);
     fy_err_destroy(&m->err);
@@ -101,7 +102,7 @@ FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *cons
         !(m->gmem = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->gmem)) ||
         !(m->gat = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->gat)) ||
         !(m->gcnt = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->gcnt)) ||
-        !(m->gmark = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->gmark))) {
+        !(m->gmark = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->gmark)) || rs_lru_init(&m->dev, s->m, n) < 0) {
         rc = fy_seterr(&s->err, -ENOMEM, "ferry_store_add: out of memory for a model of %" PRId64 " tensors (%zu bytes)",
                        n, sizeof *m + (size_t)n * (sizeof *m->t + 5 * sizeof *m->by_name));
         goto out;
@@ -273,7 +274,7 @@ FERRY_API int ferry_model_set_pinned_cache(ferry_model *m, int on)
     ferry_store *s = m->s;
     pthread_mutex_lock(&s->lock);
     m->pinned_cache = on;
-    pchunk *idle = NULL;
+    rs_pchunk *idle = NULL;
     int nidle = 0;
     if (!on) { /* the copies no longer wanted go (a moving one's when it lands) */
         for (int64_t i = 0; i < m->n; i++)

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* pool.c - the store's pinned pool (chunks pinned once, best-fit ranges,
- * trimmed by make_room) and the host copies of evicted tensors. */
+/* pool.c - the pinned pool (pinpool.h): chunks pinned once, best-fit
+ * ranges, trimmed by make_room, and the pinner that pins a reserve ahead. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
@@ -8,13 +8,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store_impl.h"
+#include "pinpool.h"
+
+void rs_pinpool_init(rs_pinpool *p, ferry_device *dev, const ferry_allocator *m, fy_err *err, pthread_mutex_t *outer,
+                     uint64_t budget, uint64_t target)
+{
+    *p = (rs_pinpool){.dev = dev, .m = m, .err = err, .outer = outer, .budget = budget,
+                      .target = (target < budget ? target : budget) & ~4095ull};
+}
 
 /* ---- pinned pool ---- */
 
 /* The best-fitting free range for n bytes over every chunk: its chunk (-1:
  * none) and index in *bi. */
-static int pool_best(const ferry_store *s, uint64_t n, size_t *bi)
+static int pool_best(const rs_pinpool *s, uint64_t n, size_t *bi)
 {
     int bc = -1;
     for (int c = 0; c < s->nchunks; c++) {
@@ -26,7 +33,7 @@ static int pool_best(const ferry_store *s, uint64_t n, size_t *bi)
 }
 
 /* A chunk of size bytes, pinned and all free (any thread: the pinner's too). */
-static int chunk_make(ferry_store *s, uint64_t size, bool reserved, pchunk *c)
+static int chunk_make(rs_pinpool *s, uint64_t size, bool reserved, rs_pchunk *c)
 {
     memset(c, 0, sizeof *c);
     if (fy_ranges_give(&c->fr, s->m, 0, size) < 0) return -ENOMEM;
@@ -40,24 +47,24 @@ static int chunk_make(ferry_store *s, uint64_t size, bool reserved, pchunk *c)
     return 0;
 }
 
-void rs_chunk_drop(ferry_store *s, pchunk *c)
+static void chunk_drop(rs_pinpool *s, rs_pchunk *c)
 {
     fy_xfer_pinned_free(s->dev, c->base);
     fy_ranges_free(&c->fr, s->m);
 }
 
 /* c into the pool; false when the list of chunks cannot grow. */
-static bool chunk_add(ferry_store *s, const pchunk *c)
+static bool chunk_add(rs_pinpool *s, const rs_pchunk *c)
 {
-    pchunk *nc = fy_realloc(s->m, s->chunks, (size_t)(s->nchunks + 1) * sizeof *nc);
+    rs_pchunk *nc = fy_realloc(s->m, s->chunks, (size_t)(s->nchunks + 1) * sizeof *nc);
     if (!nc) return false;
     s->chunks = nc;
     nc[s->nchunks++] = *c;
-    s->pool_bytes += c->size;
+    s->bytes += c->size;
     return true;
 }
 
-bool rs_pool_adopt(ferry_store *s)
+bool rs_pinpool_adopt(rs_pinpool *s)
 {
     if (!s->pinner_on) return true;
     pthread_mutex_lock(&s->pin_lock);
@@ -70,7 +77,7 @@ bool rs_pool_adopt(ferry_store *s)
 
 /* Bytes the pinner has yet to hand over (pinning or pinned), which the
  * budget already promised to the reserve. */
-static uint64_t pin_owed(ferry_store *s)
+static uint64_t pin_owed(rs_pinpool *s)
 {
     if (!s->pinner_on) return 0;
     pthread_mutex_lock(&s->pin_lock);
@@ -80,19 +87,19 @@ static uint64_t pin_owed(ferry_store *s)
     return owed;
 }
 
-int rs_pool_alloc(ferry_store *s, uint64_t n, void **out)
+int rs_pinpool_alloc(rs_pinpool *s, uint64_t n, void **out)
 {
     n = (n + 4095) & ~4095ull;
     size_t bi = 0;
     int bc;
     for (;;) {
-        bool stuck = !rs_pool_adopt(s);
+        bool stuck = !rs_pinpool_adopt(s);
         if ((bc = pool_best(s, n, &bi)) >= 0) break;
         /* the reserve is still being pinned and n fits one of its pieces:
          * wait for the next piece (pinning one of our own beside it would
          * only halve the rate of both), with the store's lock dropped */
-        if (stuck || !s->pinner_on || n > RCHUNK) break;
-        pthread_mutex_unlock(&s->lock);
+        if (stuck || !s->pinner_on || n > RS_RCHUNK) break;
+        pthread_mutex_unlock(s->outer);
         pthread_mutex_lock(&s->pin_lock);
         s->pin_wanted++; /* the pinner stops yielding to transfers */
         pthread_cond_broadcast(&s->pin_cv);
@@ -100,70 +107,70 @@ int rs_pool_alloc(ferry_store *s, uint64_t n, void **out)
         s->pin_wanted--;
         bool more = s->pin_nready > 0;
         pthread_mutex_unlock(&s->pin_lock);
-        pthread_mutex_lock(&s->lock);
+        pthread_mutex_lock(s->outer);
         if (!more && (bc = pool_best(s, n, &bi)) < 0) break; /* the pinner is done and every piece was looked at */
         if (bc >= 0) break;
     }
     if (bc < 0) { /* grow: pinned with the lock dropped, the bytes promised meanwhile */
-        uint64_t size = n > PCHUNK ? (n + (2u << 20) - 1) & ~((2ull << 20) - 1) : PCHUNK;
-        uint64_t held = s->pool_bytes + pin_owed(s) + s->pool_growing;
-        if (held + size > s->o.pinned_budget) {
-            if (held + n > s->o.pinned_budget) return FERRY_E_BUDGET;
+        uint64_t size = n > RS_PCHUNK ? (n + (2u << 20) - 1) & ~((2ull << 20) - 1) : RS_PCHUNK;
+        uint64_t held = s->bytes + pin_owed(s) + s->growing;
+        if (held + size > s->budget) {
+            if (held + n > s->budget) return FERRY_E_BUDGET;
             size = n; /* the last bit of the budget */
         }
-        s->pool_growing += size;
-        pthread_mutex_unlock(&s->lock);
-        pchunk c;
+        s->growing += size;
+        pthread_mutex_unlock(s->outer);
+        rs_pchunk c;
         int rc = chunk_make(s, size, false, &c);
-        pthread_mutex_lock(&s->lock);
-        s->pool_growing -= size;
+        pthread_mutex_lock(s->outer);
+        s->growing -= size;
         if (rc < 0) return rc;
         if (!chunk_add(s, &c)) {
-            pthread_mutex_unlock(&s->lock);
-            rs_chunk_drop(s, &c);
-            pthread_mutex_lock(&s->lock);
+            pthread_mutex_unlock(s->outer);
+            chunk_drop(s, &c);
+            pthread_mutex_lock(s->outer);
             return -ENOMEM;
         }
         bc = s->nchunks - 1;
         bi = 0;
     }
-    pchunk *c = &s->chunks[bc];
+    rs_pchunk *c = &s->chunks[bc];
     *out = c->base + c->fr.v[bi].off;
     fy_ranges_take(&c->fr, bi, n);
-    s->pinned_used += n;
+    s->used += n;
     return 0;
 }
 
 /* Never fails: when the chunk's free list cannot grow, the range is lost to
  * fragmentation until the store is freed. */
-void rs_pool_free(ferry_store *s, void *p, uint64_t n)
+void rs_pinpool_free(rs_pinpool *s, void *p, uint64_t n)
 {
     n = (n + 4095) & ~4095ull;
     for (int ci = 0; ci < s->nchunks; ci++) {
-        pchunk *c = &s->chunks[ci];
+        rs_pchunk *c = &s->chunks[ci];
         if ((uint8_t *)p < c->base || (uint8_t *)p >= c->base + c->size) continue;
         (void)fy_ranges_give(&c->fr, s->m, (uint64_t)((uint8_t *)p - c->base), n);
         break;
     }
-    s->pinned_used -= n;
+    s->used -= n;
 }
 
 /* Take the pool's chunks that hold nothing (not the reserve's) out of it. */
-int rs_pool_trim_take(ferry_store *s, pchunk **out)
+int rs_pinpool_trim_take(rs_pinpool *s, rs_pchunk **out)
 {
     *out = NULL;
     int n = 0;
     for (int c = 0; c < s->nchunks; c++) {
-        const pchunk *ch = &s->chunks[c];
+        const rs_pchunk *ch = &s->chunks[c];
         n += !ch->reserved && ch->fr.n == 1 && ch->fr.v[0].off == 0 && ch->fr.v[0].len == ch->size;
     }
     if (n == 0 || !(*out = fy_calloc(s->m, (size_t)n, sizeof **out))) return 0; /* (no memory: kept for now) */
     n = 0;
     for (int c = 0; c < s->nchunks;) {
-        pchunk *ch = &s->chunks[c];
+        rs_pchunk *ch = &s->chunks[c];
         if (!ch->reserved && ch->fr.n == 1 && ch->fr.v[0].off == 0 && ch->fr.v[0].len == ch->size) {
             (*out)[n++] = *ch;
-            s->pool_bytes -= ch->size;
+            s->bytes -= ch->size;
             s->chunks[c] = s->chunks[--s->nchunks];
         } else {
             c++;
@@ -172,9 +179,9 @@ int rs_pool_trim_take(ferry_store *s, pchunk **out)
     return n;
 }
 
-void rs_chunks_drop(ferry_store *s, pchunk *v, int n)
+void rs_pinpool_drop(rs_pinpool *s, rs_pchunk *v, int n)
 {
-    for (int k = 0; k < n; k++) rs_chunk_drop(s, &v[k]);
+    for (int k = 0; k < n; k++) chunk_drop(s, &v[k]);
     fy_free(s->m, v);
 }
 
@@ -182,23 +189,23 @@ void rs_chunks_drop(ferry_store *s, pchunk *v, int n)
 
 static void *pinner_run(void *arg)
 {
-    ferry_store *s = arg;
+    rs_pinpool *s = arg;
     fy_xfer_bind(s->dev);
     pthread_mutex_lock(&s->pin_lock);
     for (;;) {
         while (!s->pin_stop && s->pin_left > 0 && s->pin_busy > 0 && s->pin_wanted == 0)
             pthread_cond_wait(&s->pin_cv, &s->pin_lock); /* between transfers */
         if (s->pin_stop || s->pin_left == 0) break;
-        uint64_t n = s->pin_left < RCHUNK ? s->pin_left : RCHUNK;
+        uint64_t n = s->pin_left < RS_RCHUNK ? s->pin_left : RS_RCHUNK;
         pthread_mutex_unlock(&s->pin_lock);
-        pchunk c;
+        rs_pchunk c;
         int rc = chunk_make(s, n, true, &c);
         pthread_mutex_lock(&s->pin_lock);
         if (rc < 0) {
             s->pin_rc = rc;
             snprintf(s->pin_msg, sizeof s->pin_msg,
                      "pinning the pool ahead stopped after %" PRIu64 " of %" PRIu64 " bytes: %s", s->pin_done,
-                     s->pin_target, rc == -ENOMEM ? "out of memory" : ferry_device_errmsg(s->dev));
+                     s->target, rc == -ENOMEM ? "out of memory" : ferry_device_errmsg(s->dev));
             s->pin_left = 0;
             break;
         }
@@ -213,31 +220,31 @@ static void *pinner_run(void *arg)
     return NULL;
 }
 
-int rs_pinner_start(ferry_store *s)
+int rs_pinpool_start(rs_pinpool *s)
 {
-    if (!s->pin_target) return 0;
-    uint64_t pieces = (s->pin_target + RCHUNK - 1) / RCHUNK;
+    if (!s->target) return 0;
+    uint64_t pieces = (s->target + RS_RCHUNK - 1) / RS_RCHUNK;
     s->pin_ready = fy_calloc(s->m, (size_t)pieces, sizeof *s->pin_ready);
     if (!s->pin_ready)
-        return fy_seterr(&s->err, -ENOMEM, "ferry_store_new: out of memory for the pinned reserve's %" PRIu64 " pieces",
+        return fy_seterr(s->err, -ENOMEM, "ferry_store_new: out of memory for the pinned reserve's %" PRIu64 " pieces",
                          pieces);
     pthread_mutex_init(&s->pin_lock, NULL);
     pthread_cond_init(&s->pin_cv, NULL);
-    s->pin_left = s->pin_target;
+    s->pin_left = s->target;
     int e = pthread_create(&s->pinner, NULL, pinner_run, s);
     if (e) {
         pthread_cond_destroy(&s->pin_cv);
         pthread_mutex_destroy(&s->pin_lock);
         fy_free(s->m, s->pin_ready);
         s->pin_ready = NULL;
-        return fy_seterr(&s->err, -e, "ferry_store_new: cannot start the thread that pins the reserve: %s",
+        return fy_seterr(s->err, -e, "ferry_store_new: cannot start the thread that pins the reserve: %s",
                          ferry_strerror(-e));
     }
     s->pinner_on = true;
     return 0;
 }
 
-void rs_pin_yield(ferry_store *s, int d)
+void rs_pinpool_yield(rs_pinpool *s, int d)
 {
     if (!s->pinner_on) return;
     pthread_mutex_lock(&s->pin_lock);
@@ -246,7 +253,7 @@ void rs_pin_yield(ferry_store *s, int d)
     pthread_mutex_unlock(&s->pin_lock);
 }
 
-void rs_pinner_stop(ferry_store *s)
+static void pinner_stop(rs_pinpool *s)
 {
     if (!s->pinner_on) return;
     pthread_mutex_lock(&s->pin_lock);
@@ -254,7 +261,7 @@ void rs_pinner_stop(ferry_store *s)
     pthread_cond_broadcast(&s->pin_cv); /* (waiting for the transfers to end) */
     pthread_mutex_unlock(&s->pin_lock);
     pthread_join(s->pinner, NULL);
-    for (int k = 0; k < s->pin_nready; k++) rs_chunk_drop(s, &s->pin_ready[k]);
+    for (int k = 0; k < s->pin_nready; k++) chunk_drop(s, &s->pin_ready[k]);
     fy_free(s->m, s->pin_ready);
     s->pin_ready = NULL;
     s->pin_nready = 0;
@@ -263,44 +270,34 @@ void rs_pinner_stop(ferry_store *s)
     s->pinner_on = false;
 }
 
-FERRY_API int ferry_store_wait_pinned(ferry_store *s)
+int rs_pinpool_wait(rs_pinpool *s)
 {
-    if (!s) return FERRY_E_INVAL;
-    if (!s->pinner_on) return 0; /* set before the store is shared, cleared as it goes */
+    if (!s->pinner_on) return 0; /* set before the pool is shared, cleared as it goes */
     pthread_mutex_lock(&s->pin_lock);
     while (s->pin_left > 0) pthread_cond_wait(&s->pin_cv, &s->pin_lock);
     int rc = s->pin_rc;
     char msg[FY_ERRMSG_MAX];
     if (rc < 0) memcpy(msg, s->pin_msg, sizeof msg);
     pthread_mutex_unlock(&s->pin_lock);
-    if (rc < 0) fy_seterr(&s->err, rc, "%s", msg);
+    if (rc < 0) fy_seterr(s->err, rc, "%s", msg);
     return rc;
 }
 
-/* ---- tensors' host copies ---- */
-
-void rs_cache_buffer_free(ferry_store *s, rtensor *t)
+uint64_t rs_pinpool_reserved(rs_pinpool *s)
 {
-    rs_pool_free(s, t->host, t->nbytes);
-    s->cache_used -= t->nbytes;
-    t->host = NULL;
+    if (!s->pinner_on) return 0;
+    pthread_mutex_lock(&s->pin_lock);
+    uint64_t n = s->pin_done;
+    pthread_mutex_unlock(&s->pin_lock);
+    return n;
 }
 
-/* Drop whatever copy t has off the device (after it came back, or on removal). */
-void rs_release_copy(ferry_store *s, rtensor *t)
+void rs_pinpool_destroy(rs_pinpool *s)
 {
-    if (t->cached) { /* a pinned copy kept beside the device copy, or the tensor's copy in PINNED */
-        t->cached = false;
-        rs_cache_buffer_free(s, t);
-    } else if (t->tier == FERRY_TIER_PINNED) {
-        rs_pool_free(s, t->host, t->nbytes);
-    } else if (t->tier == FERRY_TIER_HOST) {
-        fy_free(s->m, t->host);
-        s->host_used -= t->nbytes;
-    } else if (t->tier == FERRY_TIER_SPILL) {
-        fy_spill_release(s->spill, t->soff, t->nbytes);
-    }
-    t->host = NULL;
-    t->soff = 0;
+    pinner_stop(s);
+    for (int c = 0; c < s->nchunks; c++) chunk_drop(s, &s->chunks[c]);
+    fy_free(s->m, s->chunks);
+    s->chunks = NULL;
+    s->nchunks = 0;
+    s->bytes = 0;
 }
-

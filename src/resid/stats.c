@@ -41,20 +41,16 @@ FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out)
     st.bytes_read = s->c.read;
     st.evicted = s->c.evicted;
     st.dropped = s->c.dropped;
-    st.device_cached = s->cached;
-    rs_pool_adopt(s);
-    st.pinned_pool_bytes = s->pool_bytes;
-    st.pinned_reserve = s->pin_target;
-    if (s->pinner_on) {
-        pthread_mutex_lock(&s->pin_lock);
-        st.pinned_reserved = s->pin_done;
-        pthread_mutex_unlock(&s->pin_lock);
-    }
+    st.device_cached = s->arena.cached;
+    rs_pinpool_adopt(&s->pool);
+    st.pinned_pool_bytes = s->pool.bytes;
+    st.pinned_reserve = s->pool.target;
+    st.pinned_reserved = rs_pinpool_reserved(&s->pool);
     st.pinned_cache_bytes = s->cache_used;
-    st.device_allocs = s->c.dev_allocs;
-    st.device_frees = s->c.dev_frees;
-    st.fence_waits = s->c.fence_waits;
-    st.fence_orders = s->c.fence_orders;
+    st.device_allocs = s->arena.allocs;
+    st.device_frees = s->arena.frees;
+    st.fence_waits = s->fences.waits;
+    st.fence_orders = s->fences.orders;
     st.models = s->nmodels;
     for (int i = 0; i < s->nmodels; i++) st.tensors += s->models[i]->n;
     pthread_mutex_unlock(&s->lock);

@@ -24,6 +24,14 @@ FERRY_API const char *ferry_tier_name(ferry_tier t)
 
 /* ---- opening ---- */
 
+/* The arena's drain: before device memory goes back to the driver, the
+ * kernels that may still read what it held (releases dropped early) finish. */
+static void drain_reuse(void *arg)
+{
+    ferry_store *s = arg;
+    if (s->fences.reuse) rs_reuse_wait_all(s);
+}
+
 static uint64_t or_default(uint64_t v, uint64_t d) { return v ? v : d; }
 
 FERRY_API int ferry_store_new(ferry_device *dev, const ferry_store_opts *opts, ferry_store **out)
@@ -75,12 +83,16 @@ FERRY_API int ferry_store_new(ferry_device *dev, const ferry_store_opts *opts, f
     s->spill_dir = d;
     s->o.spill_dir = d;
     s->o.load = &s->load;
+    rs_arena_init(&s->arena, dev, s->m, &s->err, o.device_budget);
+    rs_fences_init(&s->fences, dev, s->m);
+    s->arena.drain = drain_reuse;
+    s->arena.drain_arg = s;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->landed, NULL);
     pthread_cond_init(&s->mq_cv, NULL);
     s->mq_tail = &s->mq;
-    s->pin_target = (o.pinned_reserve < o.pinned_budget ? o.pinned_reserve : o.pinned_budget) & ~4095ull;
-    int rc = rs_pinner_start(s);
+    rs_pinpool_init(&s->pool, dev, s->m, &s->err, &s->lock, o.pinned_budget, o.pinned_reserve);
+    int rc = rs_pinpool_start(&s->pool);
     if (rc < 0) { /* (the message reached the context through s->err) */
         ferry_store_free(s);
         return rc;
@@ -104,12 +116,11 @@ FERRY_API void ferry_store_free(ferry_store *s)
     rs_reap_releases(s, true);
     pthread_mutex_unlock(&s->lock);
     rs_mover_stop(s); /* every queued move landed above, so its queue is empty */
-    rs_pinner_stop(s);
     for (int i = 0; i < s->nmodels; i++) rs_model_free(s->models[i]);
     fy_free(s->m, s->models);
-    rs_dev_release_all(s);
-    for (int c = 0; c < s->nchunks; c++) rs_chunk_drop(s, &s->chunks[c]);
-    fy_free(s->m, s->chunks);
+    rs_arena_destroy(&s->arena);
+    rs_fences_destroy(&s->fences); /* (what the arena's drain left: nothing, as a rule) */
+    rs_pinpool_destroy(&s->pool); /* (the pinner stops first) */
     fy_spill_close(s->spill);
     if (s->sampler) fy_memsampler_stop(s->sampler, NULL);
     fy_free(s->m, s->spill_dir);
@@ -119,6 +130,12 @@ FERRY_API void ferry_store_free(ferry_store *s)
     fy_free(s->m, s->job);
     fy_err_destroy(&s->err);
     fy_free(s->m, s);
+}
+
+FERRY_API int ferry_store_wait_pinned(ferry_store *s)
+{
+    if (!s) return FERRY_E_INVAL;
+    return rs_pinpool_wait(&s->pool);
 }
 
 FERRY_API const char *ferry_store_errmsg(ferry_store *s) { return s ? fy_err_public(&s->err) : ""; }

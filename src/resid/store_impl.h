@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* store_impl.h - what the residency store's files share: a store, its models
- * and their tensors, and the functions that run under the store's lock (the
- * pinned pool, the device block cache, selection, eviction). Private to
- * resid/. The store reaches devices only through xfer.h. */
+ * and their tensors, and the functions that run under the store's lock
+ * (selection, moves, eviction, and the store's wrappers of its resources:
+ * the device arena, arena.h; the pinned pool, pinpool.h; make-room's device
+ * index, lru.h; the spill file, spill.h). Private to resid/; the resources
+ * never include it (ctest layering_resources). The store reaches devices
+ * only through xfer.h. */
 #ifndef FERRY_STORE_IMPL_H
 #define FERRY_STORE_IMPL_H
 
@@ -11,13 +14,12 @@
 #include "common/ranges.h"
 #include "xfer/xfer.h"
 #include "io/memstat.h"
+#include "arena.h"
+#include "fences.h"
+#include "lru.h"
+#include "pinpool.h"
 #include "policy.h"
 #include "spill.h"
-
-#define PCHUNK (256ull << 20) /* pinned pool grows by this much (at least) */
-#define RCHUNK PCHUNK /* the pinner pins the reserve in pieces of this much: a transfer that
-                         starts while one is pinned shares the host with it until it is done
-                         (1 GiB pieces took 26 ms off a 10 GB load that started with one) */
 
 typedef struct rtensor {
     const struct ferry_model *owner; /* with group: a group's identity across models */
@@ -30,7 +32,7 @@ typedef struct rtensor {
     int holds;
     int64_t group;
     fy_dptr dptr;   /* DEVICE */
-    uint64_t dsize; /* its device memory's size (nbytes rounded up to 512; device_used counts nbytes) */
+    uint64_t dsize; /* its device memory's size (nbytes rounded up to 512; arena.used counts nbytes) */
     void *host;     /* PINNED / HOST */
     uint64_t soff;  /* SPILL: offset in the spill file */
     bool keep;      /* evict_tensors: stays on the device with its group */
@@ -80,33 +82,18 @@ struct ferry_model {
      * its block alone, never at every tensor of the model */
     int64_t *gmem, *gat, *gcnt;
     uint64_t *gmark, gstamp; /* rs_select: a group's mark, the last mark given */
+    /* make-room's candidates: the groups with device memory (a reference per
+     * member holding some: rs_dev_alloc, rs_dev_free), by group id, list 1 the
+     * streamed blocks', list 0 the others', each oldest use first */
+    rs_lru dev;
     rs_plan *plan;    /* NULL unless ferry_model_plan made one */
     int64_t refs;     /* taken by ferry_store_find, not yet put back; ferry_store_remove waits for 0 */
     bool pinned_cache; /* ferry_model_set_pinned_cache: every clean tensor read from the
                           checkpoint keeps a pinned copy as room allows */
 };
 
-/* pinned pool: chunks of pinned memory, each with its free ranges */
-typedef struct pchunk {
-    uint8_t *base;
-    uint64_t size;
-    fy_ranges fr;
-    bool reserved; /* pinned ahead (opts.pinned_reserve): kept while the store lives */
-} pchunk;
-
-/* a device segment: one driver allocation, carved into tensors (blocks.c) */
-typedef struct dseg {
-    uint64_t base, size, used; /* used: bytes carved out now */
-    int64_t nlive;             /* tensors carved out now */
-    bool small;                /* serves requests under 1 MiB only */
-    bool streams;              /* holds streamed tensors (else others) while it holds any */
-    fy_ranges fr;              /* its free space */
-} dseg;
-
 typedef struct counters {
     uint64_t htod, dtoh, written, read, evicted, dropped;
-    uint64_t dev_allocs, dev_frees; /* driver calls for device memory */
-    uint64_t fence_waits, fence_orders; /* reuse of released memory: host waits, lane orderings */
     double s_htod, s_dtoh;
 } counters;
 
@@ -122,23 +109,21 @@ struct ferry_store {
     ferry_model **models;
     int nmodels, cap_models;
     uint64_t clock;
-    uint64_t device_used, host_used, pinned_used; /* pinned_used: of the pool, in use */
-    pchunk *chunks;
-    int nchunks;
-    uint64_t pool_bytes;
-    uint64_t pool_growing; /* being pinned for the pool with the lock dropped (rs_pool_alloc) */
+    uint64_t host_used; /* pageable copies (the pool's bytes in use are pool.used) */
+    /* the pinned pool and its pinner (pinpool.h); pool.budget is o.pinned_budget */
+    rs_pinpool pool;
     fy_spill *spill;
     bool spilling;
     int64_t evicting; /* tensors marked evicting (their copies run with the lock dropped) */
     /* device memory: segments from the driver, carved into tensors and kept
      * when they leave, for reuse (no driver call, and memory the copy engine
      * has written before: bench_alloc) until ferry_store_make_room gives the
-     * free ones back (blocks.c) */
-    dseg *segs; /* sorted by base */
-    int nsegs, cap_segs;
-    uint64_t cached; /* free bytes inside segments */
+     * free ones back (arena.h, blocks.c); arena.used is the device tensors'
+     * bytes, arena.budget follows o.device_budget */
+    rs_arena arena;
     uint64_t cache_used; /* of pinned_used: clean copies of streamed blocks */
     counters c;
+    uint64_t room_visits; /* groups make-room has looked at (a count for tests) */
     /* the open job */
     bool job_open;
     char *job; /* the open job, else the last one (NULL before the first) */
@@ -155,29 +140,12 @@ struct ferry_store {
     bool mover_on, mover_stop;
     struct ferry_op *mq, **mq_tail;
     pthread_cond_t mq_cv;
-    /* the pinner: a thread, started by ferry_store_new when opts.pinned_reserve
-     * asks for a pool pinned ahead, that pins it in RCHUNK pieces without the
-     * store's lock and hands each over through pin_lock (rs_pool_adopt moves
-     * them into chunks, under the store's lock); the pin_ fields are pin_lock's */
-    pthread_t pinner;
-    bool pinner_on, pin_stop;
-    pthread_mutex_t pin_lock;
-    pthread_cond_t pin_cv;   /* a piece was pinned, or the pinner stopped */
-    pchunk *pin_ready;       /* pinned, not yet adopted (room for every piece, made up front) */
-    int pin_nready;
-    uint64_t pin_left;       /* bytes still to pin (0 once done, failed or stopped) */
-    uint64_t pin_done;       /* bytes pinned ahead so far */
-    uint64_t pin_target;     /* opts.pinned_reserve, capped at pinned_budget */
-    int pin_busy;            /* transfers running (rs_pin_yield): the pinner waits for none ... */
-    int pin_wanted;          /* ... unless an allocation waits for a piece */
-    int pin_rc;              /* the error that stopped it, with its message */
-    char pin_msg[FY_ERRMSG_MAX];
-    /* holds to drop once work queued on a caller's stream is done */
-    struct rs_release *releases;
-    /* fences of releases whose holds dropped early (rs_defer_releases): the
-     * memory their clean tensors left may be reused, but each new write to
-     * the device is ordered after them first (rs_reuse_order); kept until done */
-    struct rs_release *reuse;
+    /* release fences (fences.h): pending, the holds to drop once work queued
+     * on a caller's stream is done (an item is a held rtensor); reuse, those
+     * whose holds dropped early (rs_defer_releases): the memory their clean
+     * tensors left may be reused, each new write to the device ordered after
+     * them first (rs_reuse_order); kept until done */
+    rs_fences fences;
 };
 
 /* ---- fetch.c: moves to the device, synchronous and queued ---- */
@@ -231,14 +199,14 @@ void rs_settle(ferry_store *s, ferry_model *m, const int64_t *ti, int64_t nt, bo
  * Returns the holds dropped. */
 int64_t rs_reap_releases(ferry_store *s, bool wait);
 /* Short of room while kernels may still read released tensors: drop the
- * pending holds of the clean ones now (their fences go to s->reuse), so
+ * pending holds of the clean ones now (their fences go to s->fences.reuse), so
  * eviction can take them without the host waiting for the kernels; the
  * copies into their memory wait on the device instead (rs_reuse_order).
  * Dirty tensors keep their pending holds (evicting one reads it back).
  * Returns the holds dropped. */
 int64_t rs_defer_releases(ferry_store *s);
 /* Before a move writes device memory: order it after every fence of
- * s->reuse still running. lane: all its copies run on the lane (pinned and
+ * s->fences.reuse still running. lane: all its copies run on the lane (pinned and
  * RAM copies), which then waits on the device; else (file reads through the
  * ring or the spill file, on streams of their own) the host waits.
  * all: the host waits for every one (before memory goes back to the driver). */
@@ -264,61 +232,34 @@ int rs_device_failed(ferry_store *s, ferry_model *m, int rc);
  * while, after marking what they work on; their callers look at the store
  * again afterwards rather than trusting what they saw before. */
 
-/* ---- pool.c: the pinned pool and tensors' host copies ---- */
+/* ---- the pinned pool (pinpool.h) on a store; copies.c: tensors' host copies ---- */
 /* n bytes of the pool. Where no free range fits, it waits for the pinner's
  * next piece or pins a new chunk, with s->lock dropped meanwhile: the caller
  * has marked what it works on (moving, evicting) before calling. */
-int rs_pool_alloc(ferry_store *s, uint64_t n, void **out);
-/* Never fails: a range the free list cannot take is lost to fragmentation. */
-void rs_pool_free(ferry_store *s, void *p, uint64_t n);
-/* Take the pool's chunks that hold nothing (not the reserve's) out of it:
- * their count, the list in *out (NULL when none); rs_chunks_drop unpins and
- * frees them, with the lock dropped. */
-int rs_pool_trim_take(ferry_store *s, pchunk **out);
-void rs_chunks_drop(ferry_store *s, pchunk *v, int n);
-/* Unpin c and free its free list (c itself is the caller's). */
-void rs_chunk_drop(ferry_store *s, pchunk *c);
-/* Move the pieces the pinner has pinned into the pool; false when one could
- * not be moved (out of memory for the list of chunks). */
-bool rs_pool_adopt(ferry_store *s);
-/* Start the pinner for s->pin_target bytes (ferry_store_new, before the
- * store is shared): 0 or a negative code (message on s). */
-int rs_pinner_start(ferry_store *s);
-/* A move (from its device allocations to its queued copies) or an
- * eviction's saves start (+1) or end (-1): the pinner pins between them, not
- * beside them (its page faults and registrations halved a 10 GB load's rate
- * on the H200 host), unless an allocation is waiting for a piece. Any
- * thread, no lock needed; nothing without a pinner. */
-void rs_pin_yield(ferry_store *s, int d);
-/* Stop the pinner and free every piece it pinned that was never adopted
- * (ferry_store_free; no lock held). */
-void rs_pinner_stop(ferry_store *s);
+static inline int rs_pool_alloc(ferry_store *s, uint64_t n, void **out) { return rs_pinpool_alloc(&s->pool, n, out); }
+static inline void rs_pool_free(ferry_store *s, void *p, uint64_t n) { rs_pinpool_free(&s->pool, p, n); }
+/* The pool's idle chunks (not the reserve's) taken out; rs_chunks_drop
+ * unpins and frees them, with the lock dropped. */
+static inline int rs_pool_trim_take(ferry_store *s, rs_pchunk **out) { return rs_pinpool_trim_take(&s->pool, out); }
+static inline void rs_chunks_drop(ferry_store *s, rs_pchunk *v, int n) { rs_pinpool_drop(&s->pool, v, n); }
+/* A move or an eviction's saves start (+1) or end (-1) (rs_pinpool_yield). */
+static inline void rs_pin_yield(ferry_store *s, int d) { rs_pinpool_yield(&s->pool, d); }
 /* Drop whatever copy t has off the device (after it came back, or on removal). */
 void rs_release_copy(ferry_store *s, rtensor *t);
 /* Give t's pinned cache buffer (cached, or being filled) back to the pool;
  * the flags are the caller's to clear. */
 void rs_cache_buffer_free(ferry_store *s, rtensor *t);
 
-/* ---- blocks.c: the store's device memory ---- */
+/* ---- the device arena (arena.h) on a store's tensors ---- */
 /* Give whole free segments back to the driver until at least want bytes were
  * returned (UINT64_MAX: all). */
-uint64_t rs_cache_release(ferry_store *s, uint64_t want);
-/* The device bytes a tensor of n bytes takes: n rounded up to 512 (every
- * tensor's start is that aligned; cuMemAlloc gives 256). */
-static inline uint64_t rs_dev_size(uint64_t n) { return (n + 511) / 512 * 512; }
-/* rs_dev_alloc's answer when strict and t fits nowhere in the free space
- * while a new segment would take the store more than 1/16 past its budget. */
-#define RS_FRAGMENTED 1
-/* Device memory for t (t->dptr, t->dsize): carved from the store's free
- * space, else from a new segment (strict: RS_FRAGMENTED rather than a new
- * segment past the budget). 0 or a negative code (message in s->err). */
+static inline uint64_t rs_cache_release(ferry_store *s, uint64_t want) { return rs_arena_release(&s->arena, want); }
+/* Device memory for t (t->dptr, t->dsize) from the arena (strict: see
+ * rs_arena_alloc); the group index learns its group has device memory. 0,
+ * RS_FRAGMENTED or a negative code (message in s->err). */
 int rs_dev_alloc(ferry_store *s, rtensor *t, bool strict);
-/* The segment holding device address p: its base and size (0, 0: none). */
-void rs_dev_block(const ferry_store *s, uint64_t p, uint64_t *base, uint64_t *size);
-/* t's device memory goes back to the store's free space. */
+/* t's device memory goes back to the arena (the group index learns it). */
 void rs_dev_free(ferry_store *s, rtensor *t);
-/* Every segment back to the driver (the store is going). */
-void rs_dev_release_all(ferry_store *s);
 
 /* ---- model.c, groups.c: the model catalogue ---- */
 void rs_model_free(ferry_model *m);
@@ -328,8 +269,11 @@ ferry_model *rs_find_model(ferry_store *s, const char *name);
  * in *nt. Costs the groups' size, not the model's. 0 or a negative code
  * (message on m). */
 int rs_select(ferry_model *m, const int64_t *tensors, int64_t n, int64_t **out, int64_t *nt);
-/* Rebuild m's group index (after groups changed). */
+/* Rebuild m's group index (after groups changed), and its device index. */
 void rs_group_index(ferry_model *m);
+/* Rebuild m's device index (m->dev) from its tensors (after groups or their
+ * streams flags changed). */
+void rs_dev_reindex(ferry_model *m);
 
 /* ---- evict.c: eviction ---- */
 /* Take the listed device tensors off the device: clean ones dropped, dirty

@@ -111,6 +111,7 @@ static int plan_compute(ferry_store *s, ferry_model *m, rs_plan *p, bool mark)
         /* a block that stays resident now needs no pinned copy beside it */
         if (!rs_wants_cache(m, t) && t->cached && t->tier == FERRY_TIER_DEVICE && !t->moving) rs_uncache(s, t);
     }
+    if (mark) rs_dev_reindex(m); /* groups change lists with their streams flags */
     p->got = g;
 out:
     fy_free(s->m, bb);
@@ -127,6 +128,7 @@ void rs_plan_free(ferry_store *s, ferry_model *m)
     fy_free(s->m, m->plan);
     m->plan = NULL;
     for (int64_t i = 0; i < m->n; i++) m->t[i].streams = false;
+    rs_dev_reindex(m);
 }
 
 static int cmp_i64(const void *a, const void *b)
@@ -240,6 +242,7 @@ FERRY_API int ferry_store_set_device_budget(ferry_store *s, uint64_t bytes)
     pthread_mutex_lock(&s->lock);
     bool shrank = bytes < s->o.device_budget;
     s->o.device_budget = bytes;
+    s->arena.budget = bytes;
     rs_replan(s);
     int rc = 0;
     if (shrank) {

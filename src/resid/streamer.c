@@ -76,7 +76,7 @@ static bool copies_fit(ferry_streamer *st, uint64_t streamed)
     if (fy_host_available(&avail, NULL, 0) < 0) return false; /* (a cgroup read: outside the lock) */
     ferry_store *s = st->s;
     pthread_mutex_lock(&s->lock);
-    uint64_t other = s->pinned_used - s->cache_used; /* the pool's dirty saves */
+    uint64_t other = s->pool.used - s->cache_used; /* the pool's dirty saves */
     bool ok = other + streamed <= s->o.pinned_budget && s->host_used + other + streamed <= s->o.host_budget &&
               avail + s->cache_used >= s->o.spill_below + streamed;
     pthread_mutex_unlock(&s->lock);

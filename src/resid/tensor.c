@@ -86,7 +86,7 @@ FERRY_API int ferry_model_device_addrs(ferry_model *m, const int64_t *tensors, i
         uint64_t d = r->tier == FERRY_TIER_DEVICE || r->moving ? r->dptr : 0;
         out[3 * k] = d;
         out[3 * k + 1] = out[3 * k + 2] = 0;
-        if (d) rs_dev_block(m->s, d, &out[3 * k + 1], &out[3 * k + 2]);
+        if (d) rs_arena_block(&m->s->arena, d, &out[3 * k + 1], &out[3 * k + 2]);
     }
     pthread_mutex_unlock(&m->s->lock);
     return 0;

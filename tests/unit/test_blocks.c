@@ -91,25 +91,25 @@ static uint64_t dev_free(run *r)
 }
 
 /* the store's own books: free bytes in segments == cached; carved == the
- * device tensors' dsize; device_used == their nbytes */
+ * device tensors' dsize; arena.used == their nbytes */
 static void check_books(run *r)
 {
     ferry_store *s = r->s;
     uint64_t freeb = 0, carved = 0, dsz = 0, nb = 0, segbytes = 0;
-    for (int i = 0; i < s->nsegs; i++) {
-        freeb += s->segs[i].size - s->segs[i].used;
-        carved += s->segs[i].used;
-        segbytes += s->segs[i].size;
+    for (int i = 0; i < s->arena.nsegs; i++) {
+        freeb += s->arena.segs[i].size - s->arena.segs[i].used;
+        carved += s->arena.segs[i].used;
+        segbytes += s->arena.segs[i].size;
     }
     for (int64_t i = 0; i < r->m->n; i++)
         if (r->m->t[i].tier == FERRY_TIER_DEVICE) dsz += r->m->t[i].dsize, nb += r->m->t[i].nbytes;
-    CHECK_EQ(freeb, s->cached);
+    CHECK_EQ(freeb, s->arena.cached);
     CHECK_EQ(carved, dsz);
-    CHECK_EQ(nb, s->device_used);
+    CHECK_EQ(nb, s->arena.used);
     CHECK_EQ(segbytes, dev_held(r));
 }
 
-/* ferry.h: after make_room "the room is real". The room once counted s->cached,
+/* ferry.h: after make_room "the room is real". The room once counted s->arena.cached,
  * the free pieces of segments that still hold tensors, which cannot go back:
  * make_room returned 0 with 128 of the 160 MiB asked for free on the device. */
 static void test_make_room_real(ferry_ctx *ctx)
@@ -127,7 +127,7 @@ static void test_make_room_real(ferry_ctx *ctx)
     int64_t rc = ferry_store_make_room(r.s, 160 * MiB, NULL);
     CHECK(rc >= 0);
     fprintf(stderr, "make_room(160 MiB) = %" PRId64 "; device free now %" PRIu64 " MiB (cached %" PRIu64 " MiB)\n", rc,
-            dev_free(&r) / MiB, r.s->cached / MiB);
+            dev_free(&r) / MiB, r.s->arena.cached / MiB);
     CHECK(dev_free(&r) >= 160 * MiB);
     check_books(&r);
     stop(&r);
