@@ -40,6 +40,21 @@ static char dir[256], spill_dir[300];
 
 static uint8_t byte_at(uint32_t seed, int t, uint64_t j) { return (uint8_t)((seed * 131u + (uint32_t)t * 7919u + j * 31u) >> 3); }
 
+/* Start a safetensors file dir/name: its header hdr (h bytes; hdr has room for
+ * 7 more) padded to 8 bytes, then the open file for its data; path gets its
+ * path. */
+static FILE *start_checkpoint(const char *name, char *hdr, size_t h, char path[512])
+{
+    while (h % 8) hdr[h++] = ' ';
+    snprintf(path, 512, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL);
+    uint64_t hl = h;
+    fwrite(&hl, 8, 1, f);
+    fwrite(hdr, 1, h, f);
+    return f;
+}
+
 /* A safetensors file of nblk modules "blk.K" with a weight (wbytes) and a bias
  * (16 bytes), U8. */
 static void write_model(const char *name, int nblk, uint64_t wbytes, uint32_t seed)
@@ -57,12 +72,7 @@ static void write_model(const char *name, int nblk, uint64_t wbytes, uint32_t se
         off += wbytes + 16;
     }
     h += (size_t)snprintf(hdr + h, sizeof hdr - h, "}");
-    while (h % 8) hdr[h++] = ' ';
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    uint64_t hl = h;
-    fwrite(&hl, 8, 1, f);
-    fwrite(hdr, 1, h, f);
+    FILE *f = start_checkpoint(name, hdr, h, path);
     for (int k = 0; k < 2 * nblk; k++) {
         uint64_t n = k % 2 ? 16 : wbytes;
         for (uint64_t j = 0; j < n; j++) fputc(byte_at(seed, k, j), f);
@@ -1648,14 +1658,10 @@ static void write_sparse_model(const char *name, int n, uint64_t each)
                               ",%" PRIu64 "]}",
                               k ? "," : "", k, each, (uint64_t)k * each, (uint64_t)(k + 1) * each);
     h += (size_t)snprintf(hdr + h, sizeof hdr - h, "}");
-    while (h % 8) hdr[h++] = ' ';
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    uint64_t hl = h;
-    fwrite(&hl, 8, 1, f);
-    fwrite(hdr, 1, h, f);
+    FILE *f = start_checkpoint(name, hdr, h, path);
+    long data = ftell(f);
     fclose(f);
-    CHECK_EQ(truncate(path, (off_t)(8 + h + (uint64_t)n * each)), 0);
+    CHECK_EQ(truncate(path, (off_t)data + (off_t)((uint64_t)n * each)), 0);
 }
 
 typedef struct evictor {
