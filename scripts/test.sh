@@ -67,8 +67,11 @@ fi
 # ThreadSanitizer: the tests labelled threads (tests/labels.cmake: the cases
 # whose code runs on several threads), not the whole suite: TSan is slow, and
 # the single-threaded cases have nothing to show it. The targets built are the
-# ones those tests run: a threads label on a test of another binary needs it added.
-if targets="ferry test_xfer test_store test_stream test_file test_gpu test_memstat test_soak" \
+# ones those tests run: the CLI, and each unit-test binary (the part of a case's
+# name before its dot) that tests/labels.cmake's threads list names.
+threads_bins=$(sed -n '/^set(FERRY_THREADS_TESTS/,/)/p' tests/labels.cmake | tr ' ()' '\n\n\n' |
+    sed -n 's/^\(test_[a-z0-9_]*\)\..*/\1/p' | sort -u | tr '\n' ' ')
+if targets="ferry $threads_bins" \
     build tsan build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_TSAN=ON; then
     echo "== [tsan] threaded cases under ThreadSanitizer"
     # gcc 12's TSan refuses the address layout some kernels randomise into
