@@ -36,6 +36,16 @@ static int sim_alloc(uint64_t nbytes, const char *label, int *fd, char *err, siz
         close(f);
         return -e;
     }
+    /* The keeper allocates the pages itself: they are charged to its own
+     * memory cgroup, not to the client that writes them, and memory that is
+     * short fails here (-ENOSPC or -ENOMEM to the client's put) instead of
+     * faulting in the client's writes. */
+    if (nbytes && fallocate(f, 0, 0, (off_t)nbytes) != 0) {
+        int e = errno;
+        snprintf(err, n, "allocating %llu bytes of memfd memory: %s", (unsigned long long)nbytes, strerror(e));
+        close(f);
+        return e == ENOMEM ? -ENOSPC : -e;
+    }
     /* no client can shrink it under another's mapping (SIGBUS there) */
     if (fcntl(f, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
         int e = errno;

@@ -1032,6 +1032,9 @@ static void test_clean_exit(void)
     int pfd, gfd;
     uint64_t pentry, off, n, gentry;
     CHECK_EQ(ferry_keep_put_begin(k, &d, 4096, &pfd, &pentry), 0); /* left unfinished */
+    struct stat pst;
+    CHECK_EQ(fstat(pfd, &pst), 0); /* its memory is the keeper's already: allocated, not left to the writer */
+    CHECK((uint64_t)pst.st_blocks * 512 >= 4096);
     CHECK_EQ(ferry_keep_get(k, &a, &gfd, &off, &n, &gentry, NULL), 1); /* left attached */
     CHECK_EQ(count_memfds(kp), 4);
     ferry_keep_status *s = NULL;
