@@ -156,8 +156,9 @@ FERRY_API void ferry_keep_status_free(ferry_keep_status *s);
  * replaces the first keeper. Dirty tensors are never fed nor served. A
  * keeper that fails later (killed, hung past the timeout, refusing) costs
  * the store only the cache: it reads its checkpoints, records the error
- * (ferry_store_get_keeper_stats) and connects again at a later move, at
- * most once a second. No socket call or copy runs under the store's lock. */
+ * (ferry_store_get_keeper_stats) and connects again at a later move (a
+ * second after the failure, twice as late after each failed try, up to
+ * 30 s). No socket call or copy runs under the store's lock. */
 FERRY_API int ferry_store_use_keeper(ferry_store *s, const char *socket, int timeout_ms);
 
 typedef struct ferry_store_keeper_stats {

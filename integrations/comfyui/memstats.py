@@ -155,11 +155,12 @@ class Tracker:
             loads, files = list(self._loads), set(self._files)
             given_back = list(self._residency)
         moved = read = kept = 0
-        if store and st["store"]:
-            moved = sum(store.get(k, 0) - st["store"].get(k, 0)
+        if store:
+            was = st["store"] or {}  # (a store made during the prompt started from nothing)
+            moved = sum(store.get(k, 0) - was.get(k, 0)
                         for k in ("bytes_htod", "bytes_dtoh", "bytes_read", "bytes_written"))
-            read = store.get("bytes_read", 0) - st["store"].get("bytes_read", 0)
-            kept = store.get("bytes_from_keeper", 0) - st["store"].get("bytes_from_keeper", 0)
+            read = store.get("bytes_read", 0) - was.get("bytes_read", 0)
+            kept = store.get("bytes_from_keeper", 0) - was.get("bytes_from_keeper", 0)
         tiers = (store or {}).get("tier_bytes", {})
         rec = {
             "prompt_id": prompt_id,

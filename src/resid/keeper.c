@@ -16,7 +16,8 @@
 
 #define KEEP_PATH_MAX 4096u /* the protocol's longest path and tensor name (docs/KEEPER.md) */
 #define KEEP_NAME_MAX 1024u
-#define RETRY_S 1.0         /* after a failure, the next connection is tried no sooner */
+#define RETRY_S 1.0         /* after a failure, the next connection is tried no sooner, */
+#define RETRY_MAX_S 30.0    /* and twice as late after each failed try, up to this */
 
 void rs_keeper_init(rs_keeper *kp, const ferry_allocator *m)
 {
@@ -42,10 +43,11 @@ static void down(rs_keeper *kp, const char *msg)
     kp->k = NULL;
     kp->gen++;
     kp->st.errors++;
+    kp->backoff = kp->backoff > 0 ? (2 * kp->backoff < RETRY_MAX_S ? 2 * kp->backoff : RETRY_MAX_S) : RETRY_S;
     size_t l = strnlen(msg, sizeof kp->st.last_error - 1); /* (cut to fit) */
     memcpy(kp->st.last_error, msg, l);
     kp->st.last_error[l] = '\0';
-    kp->retry_at = fy_now() + RETRY_S;
+    kp->retry_at = fy_now() + kp->backoff;
 }
 
 /* A connection, made now where there is none and the wait is over; NULL
@@ -60,6 +62,7 @@ static ferry_keep *up(rs_keeper *kp)
         return NULL;
     }
     kp->st.connects++;
+    kp->backoff = 0; /* (a keeper that answers again starts the pace over) */
     return kp->k;
 }
 
@@ -92,6 +95,7 @@ int rs_keeper_use(rs_keeper *kp, const char *socket, int timeout_ms, char *err, 
     kp->socket = copy;
     kp->timeout_ms = timeout_ms;
     kp->retry_at = 0;
+    kp->backoff = 0;
     kp->st.connects++;
     atomic_store(&kp->used, true);
     pthread_mutex_unlock(&kp->lock);

@@ -4,7 +4,8 @@
  * the identities of the checkpoint files it asks about, what it asked and
  * got, and how it gives up: any failure of the connection closes it,
  * records why, and the store reads checkpoints until a later call connects
- * again (at most once a second). The keeper's lock is a leaf: nothing takes
+ * again (a second after the failure, twice as late after each failed try, up
+ * to 30 s). The keeper's lock is a leaf: nothing takes
  * another lock while holding it, and the store's lock is never held when it
  * is taken. Depends on common/, io/ and the keeper's client
  * (ferry_experimental.h). */
@@ -67,6 +68,7 @@ typedef struct rs_keeper {
     uint64_t gen;       /* the connection's generation: bumped each time one goes */
     uint64_t batch;     /* rs_keeper_get's calls, for rs_kfile.checked */
     double retry_at;    /* while down: no connection is tried before */
+    double backoff;     /* the wait after the last failure (doubling while they follow each other) */
     ferry_store_keeper_stats st; /* counters (size, used and connected filled by rs_keeper_stats) */
 } rs_keeper;
 
