@@ -221,6 +221,35 @@ static inline bool kcase_open(kcase *c, const char *name, bool store, bool keepe
     return c->m != NULL;
 }
 
+/* The keeper as it is now serves the checkpoint whole: a fresh store loads
+ * it with the file's bytes (reading what the keeper lacks, and feeding it),
+ * and the next fresh one is served every tensor, the same bytes. */
+static inline void check_serves_whole(ferry_device *d)
+{
+    loaded a = load_fresh(d, true);
+    CHECK_EQ(a.rc, 0);
+    CHECK_EQ(a.bad, 0);
+    a = load_fresh(d, true);
+    CHECK_EQ(a.rc, 0);
+    CHECK_EQ(a.k.hits, NT);
+    CHECK_EQ(a.read, 0);
+    CHECK_EQ(a.bad, 0);
+}
+
+/* Each test binary's main: its cases under a deadline, SIGPIPE fatal (the
+ * store must never raise one), one context. */
+static inline int kmain(int argc, char **argv, const check_case *cases, int n)
+{
+    int rc = check_args_(argc, argv, cases, n);
+    if (rc >= 0) return rc;
+    alarm(300); /* a hung case fails instead of hanging ctest */
+    signal(SIGPIPE, SIG_DFL);
+    CHECK_EQ(ferry_ctx_new(NULL, &ctx), 0);
+    if (ctx) check_run_(cases, n);
+    ferry_ctx_free(ctx);
+    return check_summary();
+}
+
 static inline void kcase_close(kcase *c)
 {
     ferry_store_free(c->s);

@@ -103,12 +103,7 @@ static void test_killed(void)
     /* whatever a killed keeper left, a new one serves whole bytes */
     c.kp = kc_start(sock, logpath, 64 << 20, false);
     CHECK(c.kp > 0);
-    loaded a = load_fresh(d, true);
-    CHECK_EQ(a.rc, 0);
-    CHECK_EQ(a.bad, 0);
-    a = load_fresh(d, true);
-    CHECK_EQ(a.k.hits, NT);
-    CHECK_EQ(a.bad, 0);
+    check_serves_whole(d);
 out:
     kcase_close(&c);
 }
@@ -193,13 +188,7 @@ static void test_faults(void)
         fprintf(stderr, "faults (%s): %d runs, %d of them moved\n", fed ? "served" : "fed", runs, ok);
         CHECK(runs > 3);
         CHECK(ok >= 1);
-        /* what is left in the keeper is whole */
-        loaded a = load_fresh(d, true);
-        CHECK_EQ(a.rc, 0);
-        CHECK_EQ(a.bad, 0);
-        a = load_fresh(d, true);
-        CHECK_EQ(a.k.hits, NT);
-        CHECK_EQ(a.bad, 0);
+        check_serves_whole(d); /* what is left in the keeper is whole */
     }
 out:
     kcase_close(&c);
@@ -211,14 +200,4 @@ out:
     CASE(faults, test_faults())
 CHECK_CASES(CASES)
 
-int main(int argc, char **argv)
-{
-    int rc = check_args(argc, argv);
-    if (rc >= 0) return rc;
-    alarm(300); /* a hung case fails instead of hanging ctest */
-    signal(SIGPIPE, SIG_DFL); /* (a SIGPIPE anywhere would kill the test: the store must never raise one) */
-    CHECK_EQ(ferry_ctx_new(NULL, &ctx), 0);
-    if (ctx) check_run();
-    ferry_ctx_free(ctx);
-    return check_summary();
-}
+int main(int argc, char **argv) { return kmain(argc, argv, check_cases, check_ncases); }
