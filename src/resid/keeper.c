@@ -34,19 +34,20 @@ void rs_keeper_destroy(rs_keeper *kp)
     pthread_mutex_destroy(&kp->lock);
 }
 
-/* The connection failed (rc, message msg): close it (its attachments and
- * pending entries go with it on the keeper's side), record why, and wait
- * RETRY_S before the next try. Under kp->lock. */
+/* The connection failed (message msg, which may be the connection's own:
+ * kept before it is closed): close it (its attachments and pending entries
+ * go with it on the keeper's side), record why, and wait before the next
+ * try. Under kp->lock. */
 static void down(rs_keeper *kp, const char *msg)
 {
+    size_t l = strnlen(msg, sizeof kp->st.last_error - 1); /* (cut to fit) */
+    memmove(kp->st.last_error, msg, l);
+    kp->st.last_error[l] = '\0';
     ferry_keep_close(kp->k);
     kp->k = NULL;
     kp->gen++;
     kp->st.errors++;
     kp->backoff = kp->backoff > 0 ? (2 * kp->backoff < RETRY_MAX_S ? 2 * kp->backoff : RETRY_MAX_S) : RETRY_S;
-    size_t l = strnlen(msg, sizeof kp->st.last_error - 1); /* (cut to fit) */
-    memcpy(kp->st.last_error, msg, l);
-    kp->st.last_error[l] = '\0';
     kp->retry_at = fy_now() + kp->backoff;
 }
 

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,6 +34,7 @@ static inline pid_t kc_start(const char *sock, const char *log, uint64_t budget,
 {
     pid_t pid = fork();
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* (a test that dies, even mid-SIGSTOP, leaves no keeper behind) */
         int lf = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
         if (lf >= 0) dup2(lf, 2);
         if (lf > 2) close(lf);
