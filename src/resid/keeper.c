@@ -148,9 +148,10 @@ static bool file_ok(rs_keeper *kp, const rs_kreq *r)
     return rc == 0;
 }
 
+/* r's keeper id, with the identity its file had when it was asked for. */
 static ferry_keep_id ident_of(const rs_kreq *r)
 {
-    ferry_keep_id id = {r->kf->path, r->name, r->index, r->kf->size, r->kf->mtime, r->kf->digest};
+    ferry_keep_id id = {r->kf->path, r->name, r->index, r->fsize, r->fmtime, r->fdigest};
     return id;
 }
 
@@ -160,7 +161,7 @@ static bool local_error(int rc) { return rc == -EINVAL || rc == -ENOMEM; }
 
 int64_t rs_keeper_get(rs_keeper *kp, rs_kreq *r, int64_t n)
 {
-    for (int64_t i = 0; i < n; i++) r[i].kind = RS_KV_NONE, r[i].attached = false;
+    for (int64_t i = 0; i < n; i++) r[i].kind = RS_KV_NONE, r[i].attached = r[i].asked = false;
     int64_t hits = 0;
     long page = sysconf(_SC_PAGESIZE);
     uint64_t pg = page > 0 ? (uint64_t)page : 4096;
@@ -168,6 +169,8 @@ int64_t rs_keeper_get(rs_keeper *kp, rs_kreq *r, int64_t n)
     kp->batch++;
     for (int64_t i = 0; i < n && up(kp); i++) {
         if (!file_ok(kp, &r[i]) || !r[i].name || strlen(r[i].name) > KEEP_NAME_MAX) continue;
+        r[i].asked = true;
+        r[i].fsize = r[i].kf->size, r[i].fmtime = r[i].kf->mtime, r[i].fdigest = r[i].kf->digest;
         ferry_keep_id id = ident_of(&r[i]);
         int fd = -1, stale = 0;
         uint64_t off = 0, nb = 0, entry = 0;
@@ -232,7 +235,7 @@ void rs_keeper_detach(rs_keeper *kp, rs_kreq *r, int64_t n, bool served)
 static int feed_one(rs_keeper *kp, const rs_kreq *r, rs_kfill_fn fill, void *arg)
 {
     pthread_mutex_lock(&kp->lock);
-    if (!up(kp) || !r->kf->known || r->kf->refused || !r->name || strlen(r->name) > KEEP_NAME_MAX) {
+    if (!r->asked || !up(kp)) {
         pthread_mutex_unlock(&kp->lock);
         return 1;
     }

@@ -56,6 +56,9 @@ typedef struct rs_kreq {
     uint64_t maplen;
     uint64_t entry, gen; /* the keeper's entry, attached on the connection of that generation */
     bool attached;   /* until rs_keeper_detach (kind stays: it was a hit) */
+    bool asked;      /* rs_keeper_get asked for it, with its file's identity then: */
+    uint64_t fsize, fdigest;
+    int64_t fmtime;  /* (a feed goes under that identity, and only if the file still has it) */
 } rs_kreq;
 
 typedef struct rs_keeper {
@@ -98,10 +101,11 @@ void rs_keeper_detach(rs_keeper *kp, rs_kreq *r, int64_t n, bool served);
 /* Fill dst (r->nbytes) with r's bytes: 0 or < 0 (the entry is then not
  * committed). */
 typedef int (*rs_kfill_fn)(void *arg, const rs_kreq *r, void *dst);
-/* Feed the keeper the misses of r[0..n-1] (kind RS_KV_NONE), each filled by
- * fill into the memory the keeper hands out and committed only when whole
- * and its file unchanged (fstat); stops at the first the keeper refuses for
- * room. Never fails the caller. */
+/* Feed the keeper the misses of r[0..n-1] (kind RS_KV_NONE) that
+ * rs_keeper_get asked for, each under the identity its file had then: filled
+ * by fill into the memory the keeper hands out, committed only when whole and
+ * the file still has that size and mtime (fstat); stops at the first the
+ * keeper refuses for room. Never fails the caller. */
 void rs_keeper_feed(rs_keeper *kp, const rs_kreq *r, int64_t n, rs_kfill_fn fill, void *arg);
 
 #endif
