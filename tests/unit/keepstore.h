@@ -188,9 +188,14 @@ static inline pid_t setup_case(const char *name)
     return kp;
 }
 
+/* Stop the case's keeper (cleanly, else its log is shown) and remove the dir. */
 static inline void end_case(pid_t kp)
 {
-    if (kp > 0) CHECK_EQ(kc_stop(kp), 0);
+    int st = kp > 0 ? kc_stop(kp) : 0;
+    CHECK_EQ(st, 0);
+    FILE *lf = st != 0 ? fopen(logpath, "r") : NULL;
+    for (char line[1024]; lf && fgets(line, sizeof line, lf);) fprintf(stderr, "keeper log: %s", line);
+    if (lf) fclose(lf);
     check_rmtree(dir);
 }
 
