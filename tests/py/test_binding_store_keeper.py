@@ -74,6 +74,7 @@ class Keeper:
     def kill(self):
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
+        self.log.close()
 
     def close(self):
         if self.proc.poll() is None:
@@ -152,12 +153,14 @@ def test_default_socket_and_errors(where, monkeypatch):
 def test_keeper_killed(where):
     path = write_model(os.path.join(where, "m.safetensors"))
     k = Keeper(os.path.join(where, "k.sock"), where)
-    core = _store.StoreCore(_core.device(SIM), keeper=k.sock)
-    handles, infos = core.open_files([str(path)])
-    m = core.add("m", handles, infos)
-    core.to_device(m)
-    core.evict(m)
-    k.kill()
+    try:
+        core = _store.StoreCore(_core.device(SIM), keeper=k.sock)
+        handles, infos = core.open_files([str(path)])
+        m = core.add("m", handles, infos)
+        core.to_device(m)
+        core.evict(m)
+    finally:
+        k.kill()
     core.to_device(m)  # from the checkpoint
     st = core.stats()
     assert st["bytes_read"] == 2 * TOTAL
