@@ -17,6 +17,8 @@
 extern "C" {
 #endif
 
+/* ---- identities -------------------------------------------------------- */
+
 /* What a keeper entry is: a tensor (by name, or by index with an empty name)
  * of a checkpoint file as the client sees the file now. A GET whose
  * file_size, mtime_ns or header_digest differ from the entry's is a miss, and
@@ -35,6 +37,18 @@ typedef struct ferry_keep_id {
  * min(size, 1 MiB) bytes) for the file at path: 0 or -errno. */
 FERRY_API int ferry_keep_file_identity(const char *path, uint64_t *file_size, int64_t *mtime_ns,
                                        uint64_t *header_digest);
+
+/* The same identity for shard i of an open file, taken from what f reads (its
+ * descriptor) rather than from whatever a path names now: path (may be NULL:
+ * not resolved or checked) receives the absolute path that names the shard
+ * now, and the call fails with -ESTALE when no path does (the file was
+ * removed, or another file was renamed over it since f was opened: f still
+ * reads the old one, which must not be fed to the keeper under the new one's
+ * identity). header_digest may be NULL (not computed: no read). 0, -ESTALE,
+ * -ENAMETOOLONG (the path does not fit n), FERRY_E_INVAL or -errno; no
+ * message is set. */
+FERRY_API int ferry_file_keep_identity(const ferry_file *f, int i, char *path, size_t n, uint64_t *file_size,
+                                       int64_t *mtime_ns, uint64_t *header_digest);
 
 /* The default socket: $XDG_RUNTIME_DIR/ferry/keep.sock, else
  * /tmp/ferry-keep-UID/keep.sock. 0, or -ENAMETOOLONG when it does not fit n. */
@@ -130,6 +144,39 @@ typedef struct ferry_keep_status {
 /* What the keeper holds now: *out (free with ferry_keep_status_free). */
 FERRY_API int ferry_keep_status_get(ferry_keep *k, ferry_keep_status **out);
 FERRY_API void ferry_keep_status_free(ferry_keep_status *s);
+
+/* ---- the residency store with a keeper --------------------------------- */
+
+/* From now on the store asks the keeper at socket (NULL: the default) for
+ * each clean tensor it would read from a checkpoint, and feeds the keeper
+ * the tensors it did read (docs/KEEPER.md, "The store and the keeper").
+ * Connects at once: 0, or -errno with the message on the store (no keeper
+ * running there: -ENOENT or -ECONNREFUSED); the store is then as it was.
+ * timeout_ms bounds every wait for the keeper (0: 5000). A second call
+ * replaces the first keeper. Dirty tensors are never fed nor served. A
+ * keeper that fails later (killed, hung past the timeout, refusing) costs
+ * the store only the cache: it reads its checkpoints, records the error
+ * (ferry_store_get_keeper_stats) and connects again at a later move (a
+ * second after the failure, twice as late after each failed try, up to
+ * 30 s). No socket call or copy runs under the store's lock. */
+FERRY_API int ferry_store_use_keeper(ferry_store *s, const char *socket, int timeout_ms);
+
+typedef struct ferry_store_keeper_stats {
+    uint32_t size;          /* sizeof(ferry_store_keeper_stats), set by the caller */
+    int32_t used;           /* ferry_store_use_keeper succeeded once */
+    int32_t connected;      /* connected now (0 after a failure, until a move connects again) */
+    uint64_t bytes_served;  /* tensor bytes the keeper served (not in ferry_store_stats.bytes_read) */
+    uint64_t bytes_fed;     /* tensor bytes committed to the keeper */
+    uint64_t hits, misses;  /* tensors asked for */
+    uint64_t stale;         /* of the misses: the keeper held the tensor for another file identity */
+    uint64_t refused;       /* feeds the keeper refused for room (its budget held by attached entries) */
+    uint64_t errors;        /* connections lost or refused: each time the store went on without it */
+    uint64_t connects;      /* connections made (the first, and each after an error) */
+    char last_error[256];   /* the last error's message ("" before any) */
+} ferry_store_keeper_stats;
+
+/* What the store got from its keeper so far. 0 or FERRY_E_INVAL. */
+FERRY_API int ferry_store_get_keeper_stats(ferry_store *s, ferry_store_keeper_stats *out);
 
 #ifdef __cplusplus
 }

@@ -36,7 +36,9 @@ set(FERRY_THREADS_TESTS
   test_file.hash test_file.allocator test_gpu.threads
   test_memstat.sampler_fake test_memstat.sampler_real test_memstat.v1_sampler
   test_soak.short load_sim_views test_store.evict_unlocked test_resources.pinpool
-  test_resources.fences)
+  test_resources.fences test_resources.keeper
+  test_keepstore.served test_keepstore.changed test_keepstore.dirty test_keepstore.pinned_cache
+  test_keepfail.killed test_keepfail.hung test_keepfail.faults)
 
 set(FERRY_GPU_TESTS gpu_async_cuda)
 

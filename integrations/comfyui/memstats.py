@@ -154,10 +154,13 @@ class Tracker:
         with self._lock:
             loads, files = list(self._loads), set(self._files)
             given_back = list(self._residency)
-        moved = 0
-        if store and st["store"]:
-            moved = sum(store.get(k, 0) - st["store"].get(k, 0)
+        moved = read = kept = 0
+        if store:
+            was = st["store"] or {}  # (a store made during the prompt started from nothing)
+            moved = sum(store.get(k, 0) - was.get(k, 0)
                         for k in ("bytes_htod", "bytes_dtoh", "bytes_read", "bytes_written"))
+            read = store.get("bytes_read", 0) - was.get("bytes_read", 0)
+            kept = store.get("bytes_from_keeper", 0) - was.get("bytes_from_keeper", 0)
         tiers = (store or {}).get("tier_bytes", {})
         rec = {
             "prompt_id": prompt_id,
@@ -167,7 +170,7 @@ class Tracker:
             "anon": {"start": st["anon"], "end": anon, "peak": max(s.anon_peak, anon)},
             "ferry": {"device": tiers.get("device", 0), "pinned": tiers.get("pinned", 0),
                       "host": tiers.get("host", 0), "moved": moved, "mapped": _mapped(files),
-                      "store": store is not None},
+                      "read": read, "from_keeper": kept, "store": store is not None},
             "loads": loads,
             "residency": given_back,
         }
@@ -194,7 +197,7 @@ class Tracker:
         for st in per.values():
             for k, v in st.get("tier_bytes", {}).items():
                 out["tier_bytes"][k] = out["tier_bytes"].get(k, 0) + v
-            for k in ("bytes_htod", "bytes_dtoh", "bytes_read", "bytes_written"):
+            for k in ("bytes_htod", "bytes_dtoh", "bytes_read", "bytes_written", "bytes_from_keeper"):
                 out[k] = out.get(k, 0) + st.get(k, 0)
         return out
 

@@ -20,7 +20,10 @@ Only the moves are ferry's:
   resident set plus a window of blocks when it does not. Text encoders come
   to the device whole and stay pinned there while ComfyUI has them loaded.
 - Unloading drops the weights (they are clean: the checkpoint has them);
-  nothing is copied back to host memory. Streamed blocks come from the
+  nothing is copied back to host memory. Where a keeper (`ferry keep`) is
+  running, the store asks it for those weights before reading a checkpoint
+  and feeds it what it reads (FERRY_COMFYUI_KEEPER), so a restarted ComfyUI
+  finds them in memory; a keeper that dies costs only its cache. Streamed blocks come from the
   checkpoint through ferry's pinned ring (FERRY_COMFYUI_STREAM_COPIES says
   otherwise), so host memory stays at the ring's size.
 - LoRAs and other weight patches are applied as each patched layer runs
@@ -104,7 +107,21 @@ def _store(spec):
             _held[spec] = {}
             logging.info("ferry: a store on %s holds the ferry nodes' models (streamed blocks: %s copies)",
                          spec, settings.stream_copies)
+            _use_keeper(st, spec)
         return st
+
+
+def _use_keeper(st, spec):
+    """The store asks a running keeper first (settings.keeper): none running
+    there, or any other failure, leaves it reading checkpoints."""
+    if settings.keeper is None:
+        return
+    where = "the default socket" if settings.keeper is True else settings.keeper
+    try:
+        st.use_keeper(settings.keeper)
+        logging.info("ferry: the store on %s asks the keeper at %s for its weights first", spec, where)
+    except Exception as e:  # (OSError: nothing running there) the store works without
+        logging.info("ferry: no keeper for the store on %s (%s): it reads the checkpoints", spec, e)
 
 
 def _drop_gone():

@@ -42,6 +42,14 @@ memory stays at the ring's size), pinned (a pinned copy of each block as the
 host budget allows: faster steps, that much more host memory) or auto (pinned
 when all of them fit the host budget)."""
 
+KEEPER_ENV = "FERRY_COMFYUI_KEEPER"
+"""Whether ferry's store asks a keeper (`ferry keep`, ferry's docs/KEEPER.md)
+for the weights it would read from checkpoints, and feeds it those it reads,
+so that a restarted ComfyUI finds them in memory: unset or 1, the keeper at
+the default socket when one is running there; a socket path, the keeper
+there when one is running; 0, none. A keeper that is not running, or dies
+later, only costs its cache: the store reads the checkpoints."""
+
 
 def _flag(name, default):
     v = os.environ.get(name, "").strip().lower()
@@ -74,6 +82,16 @@ stream_copies = os.environ.get(STREAM_COPIES_ENV, "").strip().lower() or "ring"
 if stream_copies not in ("ring", "pinned", "auto"):
     logging.warning("ferry: %s=%r is none of ring, pinned, auto; ring is used", STREAM_COPIES_ENV, stream_copies)
     stream_copies = "ring"
+keeper = os.environ.get(KEEPER_ENV, "").strip() or True
+if keeper is not True:
+    if keeper.lower() in ("0", "false", "no", "off"):
+        keeper = None
+    elif keeper.lower() in ("1", "true", "yes", "on"):
+        keeper = True
+    elif not keeper.startswith("/"):
+        logging.warning("ferry: %s=%r is none of 0, 1 or an absolute socket path; the default socket is used",
+                        KEEPER_ENV, keeper)
+        keeper = True
 if sim_device is not None and not sim_device.startswith("sim:"):
     logging.warning("ferry: %s=%r is not sim:SIZE; ignored", DEVICE_ENV, sim_device)
     sim_device = None

@@ -22,7 +22,7 @@ import sys
 
 from ._signatures import FUNCTIONS, _P, _cp, _i32, _i64, _vp
 from ._structs import (  # noqa: F401  (the mirrors are _lib's names for the rest of the binding)
-    JobStats, LoadOpts, LoadStats, MemRange, Plan, PlanOpts, PROGRESS_FN, RouteChoice, StoreOpts,
+    JobStats, KeeperStats, LoadOpts, LoadStats, MemRange, Plan, PlanOpts, PROGRESS_FN, RouteChoice, StoreOpts,
     STREAM_COPIES, StreamerOpts, StreamerStats, Struct, TensorInfo, TensorState,
 )
 
@@ -81,11 +81,12 @@ path = os.path.abspath(path)
 
 
 # every function this binding declares: name -> (restype, argtypes);
-# tests/py/test_binding_signatures.py checks each against include/ferry.h
+# tests/py/test_binding_signatures.py checks each against include/ferry.h and
+# include/ferry_experimental.h
 SIGNATURES = {}
 
-# functions of ferry.h this binding leaves out, and why (the same test checks
-# that every other exported function is in SIGNATURES)
+# functions of those headers this binding leaves out, and why (the same test
+# checks that every other exported function is in SIGNATURES)
 UNBOUND = {
     "ferry_file_tensor_gathered_bytes": "strided PyTorch views: the CLI's cat and hash (torch reads them itself)",
     "ferry_file_tensor_gather": "strided PyTorch views: the CLI's cat and hash (torch reads them itself)",
@@ -95,6 +96,13 @@ UNBOUND = {
     "ferry_xxh3": "checkpoint hashes: the CLI's `ferry hash` and `ferry load --verify`",
     "ferry_device_register_file": "page-locking a file's mapping for the register route: the CLI's load and bench",
     "ferry_device_unregister_file": "page-locking a file's mapping for the register route: the CLI's load and bench",
+    # ferry_experimental.h: the keeper itself is the CLI's (`ferry keep`); the store talks to it in C
+    **{name: "the keeper's daemon and client: the CLI's `ferry keep`; the store uses them in C" for name in (
+        "ferry_keep_serve", "ferry_keep_connect", "ferry_keep_close", "ferry_keep_errmsg", "ferry_keep_put_begin",
+        "ferry_keep_put_commit", "ferry_keep_get", "ferry_keep_release", "ferry_keep_drop", "ferry_keep_status_get",
+        "ferry_keep_status_free")},
+    "ferry_keep_file_identity": "keeper identities: the store computes its own (ferry_file_keep_identity) in C",
+    "ferry_file_keep_identity": "keeper identities: the store computes its own in C",
 }
 
 
@@ -233,7 +241,8 @@ class StoreStats(Struct):
     ]
 
 
-MIRRORS = (TensorInfo, LoadOpts, LoadStats, RouteChoice, StoreOpts, TensorState, PlanOpts, Plan, StoreStats, MemRange, JobStats)
+MIRRORS = (TensorInfo, LoadOpts, LoadStats, RouteChoice, StoreOpts, TensorState, PlanOpts, Plan, StoreStats, MemRange, JobStats,
+           KeeperStats)
 
 
 def mirror_mismatch(cls):

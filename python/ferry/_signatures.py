@@ -7,8 +7,8 @@ one against include/ferry.h.
 """
 import ctypes
 
-from ._structs import (JobStats, LoadOpts, LoadStats, Plan, PlanOpts, RouteChoice, StoreOpts, StreamerOpts,
-                       StreamerStats, TensorInfo, TensorState)
+from ._structs import (JobStats, KeeperStats, LoadOpts, LoadStats, Plan, PlanOpts, RouteChoice, StoreOpts,
+                       StreamerOpts, StreamerStats, TensorInfo, TensorState)
 
 _vp = ctypes.c_void_p
 _i32, _u32, _i64, _u64 = ctypes.c_int, ctypes.c_uint32, ctypes.c_int64, ctypes.c_uint64
@@ -88,6 +88,10 @@ FUNCTIONS = {
     "ferry_streamer_block_position": (_i64, [_vp, _i64]),
     "ferry_streamer_block_streams": (_i32, [_vp, _i64]),
     "ferry_streamer_get_stats": (_i32, [_vp, _P(StreamerStats)]),
+    # ferry_experimental.h: the store with a keeper
+    "ferry_store_use_keeper": (_i32, [_vp, _cp, _i32]),
+    "ferry_store_get_keeper_stats": (_i32, [_vp, _P(KeeperStats)]),
+    "ferry_keep_default_socket": (_i32, [_cp, ctypes.c_size_t]),
     "ferry_model_evict": (_i32, [_vp, _P(_i64), _i64]),
     "ferry_model_mark_dirty": (_i32, [_vp, _i64]),
     "ferry_model_hold": (_i32, [_vp, _i64]),

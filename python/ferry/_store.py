@@ -16,6 +16,10 @@ ferry_store_new (the store does not exist yet).
 
 The library reads no environment: when no spill_dir is given, $FERRY_SPILL_DIR
 (if set and not empty) is passed, as the CLI does.
+
+A keeper (`ferry keep`, docs/KEEPER.md; ferry_experimental.h) may serve the
+store's clean tensors: StoreCore(keeper=True) or use_keeper() at the default
+socket, keeper=PATH at another.
 """
 import collections
 import ctypes
@@ -88,6 +92,25 @@ def stats_dict(st, spill_path="", source=""):
     out["tier_bytes"] = {tier_name(i): st.tier_bytes[i] for i in range(len(_lib.TIER_NAMES))}
     out["spilling"] = bool(st.spilling)
     return out
+
+
+def keeper_socket():
+    """The keeper's default socket path (ferry_keep_default_socket):
+    $XDG_RUNTIME_DIR/ferry/keep.sock, else /tmp/ferry-keep-UID/keep.sock."""
+    buf = ctypes.create_string_buffer(4096)
+    rc = lib.ferry_keep_default_socket(buf, len(buf))
+    if rc < 0:
+        raise OSError(-rc, "ferry keep: the default socket path is too long ($XDG_RUNTIME_DIR)")
+    return os.fsdecode(buf.value)
+
+
+def _keeper_path(keeper):
+    """keeper= as the socket to pass: None for the default (True), bytes for a path."""
+    if keeper is True:
+        return None
+    if isinstance(keeper, (str, bytes, os.PathLike)):
+        return os.fsencode(os.fspath(keeper))
+    raise TypeError(f"keeper must be None, True (the default socket) or a socket path, not {keeper!r}")
 
 
 def job_dict(st, job):
@@ -235,7 +258,8 @@ class StoreCore:
     _store_free = lib.ferry_store_free
 
     def __init__(self, dev, *, device_budget=0, device_reserve=0, host_budget=0, pinned_budget=0,
-                 host_reserve=0, spill_below=0, spill_above=0, spill_dir=None, load_opts=None, pinned_reserve=0):
+                 host_reserve=0, spill_below=0, spill_above=0, spill_dir=None, load_opts=None, pinned_reserve=0,
+                 keeper=None):
         self.s = None
         self.dev = dev
         self.models = {}  # name -> Model, in the order added
@@ -257,6 +281,27 @@ class StoreCore:
         # before the store exists its messages go to the device's context
         check(lib.ferry_store_new(dev.dev, ctypes.byref(o), ctypes.byref(out)), dev.ctx, dev.spec)
         self.s = out
+        if keeper is not None and keeper is not False:
+            self.use_keeper(keeper)
+
+    def use_keeper(self, keeper=True, timeout=None):
+        """From now on ask the keeper at keeper (True: the default socket; a
+        path) for clean tensors before reading checkpoints, and feed it what
+        is read (ferry_store_use_keeper). Raises (OSError: FileNotFoundError
+        or ConnectionRefusedError when no keeper runs there) and leaves the
+        store as it was. timeout: seconds to wait for each answer (None: 5)."""
+        ms = 0 if timeout is None else max(1, int(timeout * 1000))
+        self.check(lib.ferry_store_use_keeper(self.s, _keeper_path(keeper), ms))
+
+    def keeper_stats(self):
+        """ferry_store_get_keeper_stats as a dict: used, connected (bools),
+        bytes_served, bytes_fed, hits, misses, stale, refused, errors,
+        connects, last_error."""
+        st = _lib.KeeperStats()
+        self.check(lib.ferry_store_get_keeper_stats(self.s, ctypes.byref(st)))
+        d = _struct_dict(st)
+        d["used"], d["connected"] = bool(st.used), bool(st.connected)
+        return d
 
     def check(self, rc, filename=None):
         """rc, or the exception for it with the message left on the store."""
@@ -446,7 +491,11 @@ class StoreCore:
         st = _lib.StoreStats()
         self.check(lib.ferry_store_get_stats(self.s, ctypes.byref(st)))
         d = lib.ferry_store_spill_dir(self.s)  # NULL before the first spill
-        return stats_dict(st, os.fsdecode(d) if d else "", host_source())
+        out = stats_dict(st, os.fsdecode(d) if d else "", host_source())
+        k = self.keeper_stats()
+        out["bytes_from_keeper"] = k["bytes_served"]  # (not in bytes_read: that is checkpoints and the spill file)
+        out["keeper"] = k
+        return out
 
     def job_begin(self, name):
         self.check(lib.ferry_store_job_begin(self.s, name.encode("utf-8")))

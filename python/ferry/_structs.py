@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""_structs - the ctypes mirrors of ferry.h's structs (and the progress
-callback's type), transcribed from the header because ctypes needs them.
+"""_structs - the ctypes mirrors of ferry.h's structs (and of the one of
+ferry_experimental.h the binding uses: KeeperStats), and the progress
+callback's type, transcribed from the header because ctypes needs them.
 _lib checks each against the layout the loaded library reports
 (ferry_abi_sizeof, _offsetof, _field) at import and re-exports them; the
 one whose size depends on the library (ferry_store_stats: an array of one
@@ -224,4 +225,23 @@ class JobStats(Struct):
         ("seconds_dtoh", ctypes.c_double),
         ("evicted", ctypes.c_uint64),
         ("dropped", ctypes.c_uint64),
+    ]
+
+
+class KeeperStats(Struct):
+    """ferry_experimental.h's ferry_store_keeper_stats (ferry_store_get_keeper_stats)."""
+    _ferry_name_ = "ferry_store_keeper_stats"
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("used", ctypes.c_int32),
+        ("connected", ctypes.c_int32),
+        ("bytes_served", ctypes.c_uint64),
+        ("bytes_fed", ctypes.c_uint64),
+        ("hits", ctypes.c_uint64),
+        ("misses", ctypes.c_uint64),
+        ("stale", ctypes.c_uint64),
+        ("refused", ctypes.c_uint64),
+        ("errors", ctypes.c_uint64),
+        ("connects", ctypes.c_uint64),
+        ("last_error", ctypes.c_char * 256),
     ]

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "ferry_experimental.h"
 
 typedef struct field {
     const char *name;
@@ -110,6 +111,16 @@ static const field f_streamer_stats[] = {
 static const field f_convert_opts[] = {F(ferry_convert_opts, size), F(ferry_convert_opts, dtype),
                                        F(ferry_convert_opts, align), {NULL, 0}};
 
+/* ferry_experimental.h's */
+static const field f_store_keeper_stats[] = {
+    F(ferry_store_keeper_stats, size),     F(ferry_store_keeper_stats, used),
+    F(ferry_store_keeper_stats, connected), F(ferry_store_keeper_stats, bytes_served),
+    F(ferry_store_keeper_stats, bytes_fed), F(ferry_store_keeper_stats, hits),
+    F(ferry_store_keeper_stats, misses),   F(ferry_store_keeper_stats, stale),
+    F(ferry_store_keeper_stats, refused),  F(ferry_store_keeper_stats, errors),
+    F(ferry_store_keeper_stats, connects), F(ferry_store_keeper_stats, last_error),
+    {NULL, 0}};
+
 static const struct {
     const char *name;
     size_t size;
@@ -131,6 +142,7 @@ static const struct {
     {"ferry_convert_opts", sizeof(ferry_convert_opts), f_convert_opts},
     {"ferry_streamer_opts", sizeof(ferry_streamer_opts), f_streamer_opts},
     {"ferry_streamer_stats", sizeof(ferry_streamer_stats), f_streamer_stats},
+    {"ferry_store_keeper_stats", sizeof(ferry_store_keeper_stats), f_store_keeper_stats},
 };
 
 static int find_struct(const char *type)

@@ -20,7 +20,7 @@
 
 enum {
     S_OPEN, S_CLOSE, S_READ, S_WRITE, S_PREAD, S_PWRITE, S_STAT, S_FSTAT, S_FSTATFS, S_FALLOCATE,
-    S_FTRUNCATE, S_FCHMOD, S_FSYNC, S_MMAP, S_MUNMAP, S_MINCORE, S_MKOSTEMP, S_RENAME, S_UNLINK, S_COUNT
+    S_FTRUNCATE, S_FCHMOD, S_FSYNC, S_MMAP, S_MUNMAP, S_MINCORE, S_MKOSTEMP, S_RENAME, S_UNLINK, S_READLINK, S_COUNT
 };
 
 /* open(2) is variadic; the table's entry takes its mode always. */
@@ -50,6 +50,7 @@ static struct sys_entry {
     [S_MKOSTEMP] = {.name = "mkostemp", .real = (fy_sys_fn)mkostemp},
     [S_RENAME] = {.name = "rename", .real = (fy_sys_fn)rename},
     [S_UNLINK] = {.name = "unlink", .real = (fy_sys_fn)unlink},
+    [S_READLINK] = {.name = "readlink", .real = (fy_sys_fn)readlink},
 };
 
 static fy_sys_fn sys_fn(int i)
@@ -78,6 +79,7 @@ typedef int mincore_fn(void *, size_t, unsigned char *);
 typedef int mkostemp_fn(char *, int);
 typedef int rename_fn(const char *, const char *);
 typedef int path_fn(const char *);
+typedef ssize_t readlink_fn(const char *, char *, size_t);
 
 static int find(const char *name)
 {
@@ -258,6 +260,32 @@ int fy_reopen_ro(int fd, const char *path)
     return rc;
 }
 
+int fy_fd_path(int fd, char *buf, size_t n)
+{
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/thread-self/fd/%d", fd);
+    if (n < 2) return -ENAMETOOLONG;
+    ssize_t r = SYS(S_READLINK, readlink_fn)(proc, buf, n);
+    if (r < 0) return -errno;
+    if ((size_t)r >= n) return -ENAMETOOLONG;
+    buf[r] = '\0';
+    if (buf[0] != '/') return -ENOENT; /* an anonymous file ("memfd:...", "pipe:[...]") has no path */
+    return (int)r;
+}
+
+int fy_file_ident(int fd, const char *path, uint64_t *size, int64_t *mtime_ns)
+{
+    struct stat a, b;
+    int rc = fault();
+    if (rc == 0) rc = x_fstat(fd, &a);
+    if (rc < 0) return rc;
+    if (path && (SYS(S_STAT, stat_fn)(path, &b) != 0 || b.st_dev != a.st_dev || b.st_ino != a.st_ino))
+        return -ESTALE;
+    *size = (uint64_t)a.st_size;
+    *mtime_ns = (int64_t)a.st_mtim.tv_sec * 1000000000 + a.st_mtim.tv_nsec;
+    return 0;
+}
+
 /* ---- mappings ------------------------------------------------------------- */
 
 static int map(int fd, uint64_t size, int prot, int flags, void **out)
@@ -275,6 +303,20 @@ static int map(int fd, uint64_t size, int prot, int flags, void **out)
 }
 
 int fy_map_ro(int fd, uint64_t size, void **out) { return map(fd, size, PROT_READ, MAP_SHARED, out); }
+
+int fy_map_at(int fd, uint64_t off, uint64_t len, bool writable, void **out)
+{
+    *out = NULL;
+    if (len == 0) return 0;
+    if (off > (uint64_t)INT64_MAX || len > SIZE_MAX) return -EINVAL;
+    int rc = fault();
+    if (rc) return rc;
+    void *p = SYS(S_MMAP, mmap_fn)(NULL, (size_t)len, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd,
+                                   (off_t)off);
+    if (p == MAP_FAILED) return -errno;
+    *out = p;
+    return 0;
+}
 
 int fy_map_private(int fd, uint64_t size, void **out)
 {

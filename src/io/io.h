@@ -81,6 +81,15 @@ ssize_t fy_pread_some(int fd, void *buf, size_t n, uint64_t off);
  * not opened). The new descriptor, or -errno. Not a fault point: its callers
  * fall back to fd, so an injected failure would pass unnoticed. */
 int fy_reopen_ro(int fd, const char *path);
+/* The absolute path of the file behind fd now (readlink of
+ * /proc/thread-self/fd/FD; a removed file's ends in " (deleted)"): its
+ * length, or -errno (-ENOENT for a file that has no path, -ENAMETOOLONG when
+ * it does not fit n). Not a fault point: its caller goes on without the path. */
+int fy_fd_path(int fd, char *buf, size_t n);
+/* The size and mtime (ns) of the file behind fd (fstat); with path, also
+ * that path names that same file now (stat: device and inode), else
+ * -ESTALE. 0 or -errno. */
+int fy_file_ident(int fd, const char *path, uint64_t *size, int64_t *mtime_ns);
 
 /* ---- mappings ---- */
 
@@ -91,6 +100,10 @@ int fy_map_ro(int fd, uint64_t size, void **out);
  * the device: registering a MAP_PRIVATE mapping hung the process on an H200
  * host (gpu/cuda.c, cu_host_register). Size 0 gives NULL. */
 int fy_map_private(int fd, uint64_t size, void **out);
+/* MAP_SHARED of len bytes of fd from off (a multiple of the page size),
+ * PROT_READ, or PROT_READ | PROT_WRITE when writable (memory another process
+ * shares, such as the keeper's). len 0 gives NULL (no call). 0 or -errno. */
+int fy_map_at(int fd, uint64_t off, uint64_t len, bool writable, void **out);
 /* munmap; p NULL or size 0: nothing. Not a fault point. */
 void fy_unmap(void *p, uint64_t size);
 /* fy_unmap for a large, faulted-in mapping that other threads may be waiting

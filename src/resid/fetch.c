@@ -97,7 +97,12 @@ static void run_transfers(ferry_store *s, ferry_op *op)
     int64_t *idx = op->idx;
     uint64_t *dp = op->dp;
     rs_op_fail(op, s, fy_xfer_bind(s->dev)); /* (the mover's thread) */
-    if (op->rc == 0) read_cached(op, s, m, idx, op->nc);
+    /* what the keeper holds is copied from it, and not read (t->kept) */
+    uint64_t kept = op->rc == 0 ? rs_kept_fetch(s, op) : 0;
+    int64_t nc = 0;
+    for (int64_t k = 0; k < op->nc; k++)
+        if (!m->t[idx[k]].kept) idx[nc++] = idx[k];
+    if (op->rc == 0) read_cached(op, s, m, idx, nc);
     uint64_t cached_read = op->read;
     /* Streamed blocks are read with pread, never through a mapping of the
      * load's own: a file in tmpfs is otherwise mapped and faulted in page by
@@ -113,7 +118,7 @@ static void run_transfers(ferry_store *s, ferry_op *op)
         int64_t cnt = 0;
         for (int64_t q = 0; q < op->nt; q++) {
             rtensor *t = &m->t[op->ti[q]];
-            if (t->file == k && t->tier == FERRY_TIER_SOURCE && !t->caching && t->nbytes) {
+            if (t->file == k && t->tier == FERRY_TIER_SOURCE && !t->caching && !t->kept && t->nbytes) {
                 idx[cnt] = t->idx;
                 dp[cnt++] = t->dptr;
                 op->moved += t->nbytes;
@@ -122,10 +127,12 @@ static void run_transfers(ferry_store *s, ferry_op *op)
         if (cnt) rs_op_fail(op, s, ferry_load_into(s->dev, m->files[k], idx, dp, cnt, &lo, NULL));
     }
     op->read = op->moved + cached_read;
+    op->moved += kept;
     if (op->rc == 0 && op->nf)
         rs_op_fail(op, s, fy_xfer_fd_to_device(s->dev, op->spill_fd, s->spill_dir, op->fr, op->nf, &s->load, NULL, NULL));
     if (op->rc == 0 && op->nh) rs_op_fail(op, s, fy_xfer_host_to_device(s->dev, op->hr, op->nh, &op->xop)); /* queued */
     rs_pin_yield(s, -1); /* taken in queue_moves, before the allocations */
+    rs_kept_finish(s, op); /* the keeper fed what was read (its copies to the device run meanwhile) */
     for (int64_t i = 0; i < op->nh; i++) op->moved += op->hr[i].len;
     for (int64_t i = 0; i < op->nf; i++) op->moved += op->fr[i].len, op->read += op->fr[i].len;
     fy_free(s->m, op->idx);

@@ -52,6 +52,9 @@ void rs_model_free(ferry_model *m)
         rs_release_copy(s, t); /* (of a device tensor: its cached pinned copy, if any) */
     }
     rs_plan_free(s, m);
+    if (m->kf_at) rs_kfile_clear(&s->keeper, m->kf, m->kf_at[m->nfiles]);
+    fy_free(s->m, m->kf);
+    fy_free(s->m, m->kf_at);
     fy_free(s->m, m->t);
     fy_free(s->m, m->by_name);
     fy_free(s->m, m->gmem);
@@ -89,7 +92,8 @@ FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *cons
         goto out;
     }
     int64_t n = 0;
-    for (int k = 0; k < nfiles; k++) n += ferry_file_tensor_count(files[k]);
+    int nshards = 0;
+    for (int k = 0; k < nfiles; k++) n += ferry_file_tensor_count(files[k]), nshards += ferry_file_shard_count(files[k]);
     m = fy_calloc(s->m, 1, sizeof *m);
     if (m) { /* model_free needs both on the failure path below */
         m->s = s;
@@ -102,7 +106,9 @@ FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *cons
         !(m->gmem = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->gmem)) ||
         !(m->gat = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->gat)) ||
         !(m->gcnt = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->gcnt)) ||
-        !(m->gmark = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->gmark)) || rs_lru_init(&m->dev, s->m, n) < 0) {
+        !(m->gmark = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->gmark)) ||
+        !(m->kf = fy_calloc(s->m, (size_t)(nshards ? nshards : 1), sizeof *m->kf)) ||
+        !(m->kf_at = fy_calloc(s->m, (size_t)nfiles + 1, sizeof *m->kf_at)) || rs_lru_init(&m->dev, s->m, n) < 0) {
         rc = fy_seterr(&s->err, -ENOMEM, "ferry_store_add: out of memory for a model of %" PRId64 " tensors (%zu bytes)",
                        n, sizeof *m + (size_t)n * (sizeof *m->t + 5 * sizeof *m->by_name));
         goto out;
@@ -121,6 +127,7 @@ FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *cons
     m->priority = priority;
     m->nfiles = nfiles;
     memcpy(m->files, files, (size_t)nfiles * sizeof *files);
+    for (int k = 0; k < nfiles; k++) m->kf_at[k + 1] = m->kf_at[k] + ferry_file_shard_count(files[k]);
     m->n = n;
     int64_t i = 0;
     for (int k = 0; k < nfiles; k++)
@@ -131,6 +138,7 @@ FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *cons
             t->owner = m;
             t->file = k;
             t->idx = j;
+            t->shard = ti.shard;
             t->name = ti.name;
             t->nbytes = ti.nbytes;
             t->tier = FERRY_TIER_SOURCE;

@@ -57,6 +57,14 @@ FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out)
     return fy_struct_out(out, &st, sizeof st);
 }
 
+FERRY_API int ferry_store_get_keeper_stats(ferry_store *s, ferry_store_keeper_stats *out)
+{
+    if (!s || !out || out->size < FERRY_STRUCT_MIN) return FERRY_E_INVAL;
+    ferry_store_keeper_stats st;
+    rs_keeper_stats(&s->keeper, &st); /* (the keeper's lock, not the store's) */
+    return fy_struct_out(out, &st, sizeof st);
+}
+
 FERRY_API int ferry_store_job_begin(ferry_store *s, const char *name)
 {
     if (!s || !name) return FERRY_E_INVAL;

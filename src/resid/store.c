@@ -91,6 +91,7 @@ FERRY_API int ferry_store_new(ferry_device *dev, const ferry_store_opts *opts, f
     pthread_cond_init(&s->landed, NULL);
     pthread_cond_init(&s->mq_cv, NULL);
     s->mq_tail = &s->mq;
+    rs_keeper_init(&s->keeper, s->m);
     rs_pinpool_init(&s->pool, dev, s->m, &s->err, &s->lock, o.pinned_budget, o.pinned_reserve);
     int rc = rs_pinpool_start(&s->pool);
     if (rc < 0) { /* (the message reached the context through s->err) */
@@ -122,6 +123,7 @@ FERRY_API void ferry_store_free(ferry_store *s)
     rs_fences_destroy(&s->fences); /* (what the arena's drain left: nothing, as a rule) */
     rs_pinpool_destroy(&s->pool); /* (the pinner stops first) */
     fy_spill_close(s->spill);
+    rs_keeper_destroy(&s->keeper); /* (after the models: their identities are the keeper's to free) */
     if (s->sampler) fy_memsampler_stop(s->sampler, NULL);
     fy_free(s->m, s->spill_dir);
     pthread_cond_destroy(&s->landed);
@@ -130,6 +132,14 @@ FERRY_API void ferry_store_free(ferry_store *s)
     fy_free(s->m, s->job);
     fy_err_destroy(&s->err);
     fy_free(s->m, s);
+}
+
+FERRY_API int ferry_store_use_keeper(ferry_store *s, const char *socket, int timeout_ms)
+{
+    if (!s || timeout_ms < 0) return FERRY_E_INVAL;
+    char err[FY_ERRMSG_MAX - 64];
+    int rc = rs_keeper_use(&s->keeper, socket, timeout_ms, err, sizeof err); /* (no store lock: a socket call) */
+    return rc < 0 ? fy_seterr(&s->err, rc, "ferry_store_use_keeper: %s", err) : 0;
 }
 
 FERRY_API int ferry_store_wait_pinned(ferry_store *s)

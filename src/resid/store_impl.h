@@ -3,7 +3,7 @@
  * and their tensors, and the functions that run under the store's lock
  * (selection, moves, eviction, and the store's wrappers of its resources:
  * the device arena, arena.h; the pinned pool, pinpool.h; make-room's device
- * index, lru.h; the spill file, spill.h). Private to resid/; the resources
+ * index, lru.h; the spill file, spill.h; the keeper, keeper.h). Private to resid/; the resources
  * never include it (ctest layering_resources). The store reaches devices
  * only through xfer.h. */
 #ifndef FERRY_STORE_IMPL_H
@@ -16,6 +16,7 @@
 #include "io/memstat.h"
 #include "arena.h"
 #include "fences.h"
+#include "keeper.h"
 #include "lru.h"
 #include "pinpool.h"
 #include "policy.h"
@@ -24,6 +25,7 @@
 typedef struct rtensor {
     const struct ferry_model *owner; /* with group: a group's identity across models */
     int32_t file;
+    int32_t shard; /* of its file (ferry_tensor_info.shard) */
     int64_t idx; /* in its file */
     const char *name;
     uint64_t nbytes;
@@ -52,6 +54,8 @@ typedef struct rtensor {
     int busy;       /* reads or writes of its bytes running with the lock dropped: its copies
                        stay where they are (no move, eviction or uncaching) until 0 */
     int wanted;     /* moves being queued that asked for its group: not evicted meanwhile */
+    bool kept;      /* its move took its bytes from the keeper (kept.c; the moving op's own,
+                       written with the lock dropped, false again before the op is QUEUED) */
 } rtensor;
 
 /* A model's streaming plan (ferry_model_plan): the caller's request, kept so
@@ -90,6 +94,10 @@ struct ferry_model {
     int64_t refs;     /* taken by ferry_store_find, not yet put back; ferry_store_remove waits for 0 */
     bool pinned_cache; /* ferry_model_set_pinned_cache: every clean tensor read from the
                           checkpoint keeps a pinned copy as room allows */
+    /* the keeper's view of its files' shards: file k's are kf[kf_at[k] ..
+     * kf_at[k + 1] - 1] (guarded by the keeper's lock, not the store's) */
+    rs_kfile *kf;
+    int *kf_at;
 };
 
 typedef struct counters {
@@ -146,6 +154,10 @@ struct ferry_store {
      * tensors left may be reused, each new write to the device ordered after
      * them first (rs_reuse_order); kept until done */
     rs_fences fences;
+    /* the keeper (keeper.h; ferry_store_use_keeper): asked for clean tensors
+     * before their checkpoints are read, fed after (kept.c); its lock is
+     * never taken with this store's held */
+    rs_keeper keeper;
 };
 
 /* ---- fetch.c: moves to the device, synchronous and queued ---- */
@@ -172,12 +184,26 @@ struct ferry_op {
     fy_fdrange *fr;
     int64_t nh, nf, nc;
     int spill_fd;
+    struct rs_kreq *kr;     /* its tensors asked of the keeper (kept.c), while the transfers run */
+    int64_t nkr;
     struct ferry_op *mnext; /* in the mover's queue */
 };
 
 /* ---- fetch.c: queueing moves, their transfers, the mover ---- */
 /* Stop the mover thread (after every queued move has landed). */
 void rs_mover_stop(ferry_store *s);
+
+/* ---- kept.c: a move's clean tensors through the keeper ---- */
+/* Before op's transfers read checkpoints (lock dropped): ask the keeper for
+ * its tensors in tier SOURCE; the hits are copied to the device (waited) or
+ * into the pinned cache buffers being filled, and marked kept, so the
+ * checkpoint reads skip them. Returns the bytes copied to the device. A
+ * failed copy is op's error (rs_op_fail). */
+uint64_t rs_kept_fetch(ferry_store *s, ferry_op *op);
+/* After the checkpoint reads (lock dropped): when they succeeded, feed the
+ * keeper what was read (from the pinned cache buffers, else the checkpoint
+ * again); then clear the marks. Called once after rs_kept_fetch. */
+void rs_kept_finish(ferry_store *s, ferry_op *op);
 
 /* ---- land.c: landing moves; waiting for a tensor's marks to clear ---- */
 /* The first error of op's moves, with the device's message. */

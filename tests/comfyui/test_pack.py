@@ -15,7 +15,10 @@ Three ComfyUI processes, side by side:
   host   the pack with FERRY_HOST_LIMIT_GB at 1 MiB: SDXL, and a Wan model that
          ferry's store streams on a sim device under that host budget;
   sim    the pack with ferry's store on a sim device smaller than each model
-         (FERRY_COMFYUI_DEVICE): two Wan models swapped, SDXL with a LoRA.
+         (FERRY_COMFYUI_DEVICE): two Wan models swapped, SDXL with a LoRA;
+         a keeper (`ferry keep`, the CLI beside the library) runs on the
+         default socket of its XDG_RUNTIME_DIR, which the store uses (the
+         host process's has none: its store reads the checkpoints).
 Every prompt's outputs (latent and image, the harness's digest) must be
 bit-identical to stock's; the pack's loads must have gone through ferry (its
 stats JSON and its log line: weights as views of the file), except the
@@ -34,6 +37,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import sys
 import time
 
@@ -46,6 +50,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "data"))
 
 import harness  # noqa: E402
 import prompts  # noqa: E402
+from keeper import start_keeper  # noqa: E402
 
 COMFYUI = harness.require_comfyui(pytest)
 LIBRARY = os.path.abspath(os.environ.get("FERRY_LIBRARY") or os.path.join(ROOT, "build", "libferry.so"))
@@ -61,7 +66,9 @@ HOST_LIMIT = 1 << 20                    # bytes: far below what any prompt takes
 SIM_DEVICE = "sim:2MiB"                 # smaller than each FP32 Wan (2.2 MiB) and every text encoder
 # the pack's view of ferry: this checkout's package and library
 PACK_ENV = {"FERRY_LIBRARY": LIBRARY, "PYTHONPATH": os.path.join(ROOT, "python"),
-            "FERRY_COMFYUI_DISABLE": None, "FERRY_HOST_LIMIT_GB": None, "FERRY_COMFYUI_USS": None}
+            "FERRY_COMFYUI_DISABLE": None, "FERRY_HOST_LIMIT_GB": None, "FERRY_COMFYUI_USS": None,
+            "FERRY_COMFYUI_KEEPER": None}
+KEEP_CLI = os.path.join(os.path.dirname(LIBRARY), "ferry")  # `ferry keep`, built beside the library
 # ComfyUI's messages on weights a loader did not place (test_stock.check_weight_messages)
 WEIGHT_MESSAGES = ("unet missing", "unet unexpected", "clip missing", "clip unexpected",
                    "Missing VAE keys", "Leftover VAE keys", "left over keys")
@@ -119,6 +126,11 @@ class Proc:
 @pytest.fixture(scope="module")
 def procs(tmp_path_factory):
     top = tmp_path_factory.mktemp("pack")
+    xdg = {name: str(top / f"xdg-{name}") for name in ("sim", "host")}  # runtime dirs: a keeper in the sim's
+    for d in xdg.values():
+        os.mkdir(d, 0o700)
+    keeper_log = open(top / "keeper.log", "ab")
+    keeper = start_keeper(KEEP_CLI, xdg["sim"], keeper_log)
     models_dir = str(top / "models")
     files = comfy_models.write_models(models_dir)
     # the SDXL checkpoint as a legacy (pre-1.6, non-zip) torch.save file: ferry
@@ -172,10 +184,11 @@ def procs(tmp_path_factory):
                  dict(PACK_ENV, FERRY_COMFYUI_STATS=stats["pack"])),
         "sim": ([with_pack(_gguf_prompt(stock[t]) if t.startswith("wan_q") else stock[t]) for t in sim_order],
                 sim_order, (PACK,),
-                dict(PACK_ENV, FERRY_COMFYUI_STATS=stats["sim"], FERRY_COMFYUI_DEVICE=SIM_DEVICE)),
+                dict(PACK_ENV, FERRY_COMFYUI_STATS=stats["sim"], FERRY_COMFYUI_DEVICE=SIM_DEVICE,
+                     XDG_RUNTIME_DIR=xdg["sim"])),
         "host": ([with_pack(sdxl), with_pack(stock["wan_a"])], ["sdxl", "wan_a"], (PACK,),
                  dict(PACK_ENV, FERRY_COMFYUI_STATS=stats["host"], FERRY_HOST_LIMIT_GB=repr(HOST_LIMIT / 2 ** 30),
-                      FERRY_COMFYUI_DEVICE=SIM_DEVICE)),
+                      FERRY_COMFYUI_DEVICE=SIM_DEVICE, XDG_RUNTIME_DIR=xdg["host"])),
     }
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
@@ -189,6 +202,11 @@ def procs(tmp_path_factory):
         r = p.result
         print(f"  {name}: start-up {r.get('startup_s')} s, "
               + ", ".join(f"{t} {run.get('execute_s')} s" for t, run in zip(p.tags, r["runs"])))
+    if keeper is not None:
+        keeper.send_signal(signal.SIGTERM)
+        out["keeper_exit"] = keeper.wait(10)
+    keeper_log.close()
+    out["keeper"] = keeper is not None
     out["files"] = files
     out["qtypes"] = qtypes
     out["ckpt"] = (ckpt, before)
@@ -449,6 +467,28 @@ def test_residency_on_sim(procs):
     assert all(e["reason"] for e in back), back
     lines = sim.ferry_lines()
     assert any(l.startswith("ferry: a store on sim:2MiB holds the ferry nodes' models") for l in lines), lines[:8]
+
+
+def test_keeper_on_sim(procs):
+    """The sim process's store used the keeper running on its default socket
+    (FERRY_COMFYUI_KEEPER unset): streamed blocks after the first step and the
+    Wan prompt run again came from it, with stock's outputs
+    (test_residency_on_sim); the host process's store, with no keeper on its
+    socket, said so and read its checkpoints."""
+    if not procs["keeper"]:
+        pytest.skip(f"no ferry CLI at {KEEP_CLI} to run a keeper")
+    sim, host = procs["sim"], procs["host"]
+    assert procs["keeper_exit"] == 0
+    assert any(l.startswith("ferry: the store on sim:2MiB asks the keeper at the default socket")
+               for l in sim.ferry_lines()), sim.ferry_lines()[:10]
+    assert any(l.startswith("ferry: no keeper for the store on sim:2MiB") for l in host.ferry_lines()), \
+        host.ferry_lines()[:10]
+    # wan_a (its first step's blocks read, the later steps' served), then wan_a again after wan_b
+    # (all served, nothing read)
+    first, again = sim.stats[0]["ferry"], sim.stats[2]["ferry"]
+    assert first["from_keeper"] > 0 and first["read"] > 0, first
+    assert again["from_keeper"] > 0 and again["read"] == 0, again
+    assert all(r["ferry"]["from_keeper"] == 0 for r in host.stats), [r["ferry"] for r in host.stats]
 
 
 def test_lazy_layers_keep_the_file_dtype(tmp_path):

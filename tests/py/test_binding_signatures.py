@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The Python mirror of include/ferry.h: every function the header exports is
-bound by python/ferry/_lib.py with the same return and argument types, or
-listed in _lib.UNBOUND with a reason; every bound function is in the header.
+"""The Python mirror of include/ferry.h and include/ferry_experimental.h: every
+function the headers export is bound by python/ferry/_lib.py with the same
+return and argument types, or listed in _lib.UNBOUND with a reason; every
+bound function is in a header.
 The header's declarations are read with a small parser of its FERRY_API
 lines (one declaration may span several lines; comments and preprocessor
 lines are dropped first)."""
@@ -13,7 +14,8 @@ import pytest
 
 from ferry import _lib
 
-HEADER = os.path.join(os.path.dirname(__file__), "..", "..", "include", "ferry.h")
+HEADERS = [os.path.join(os.path.dirname(__file__), "..", "..", "include", h)
+           for h in ("ferry.h", "ferry_experimental.h")]
 
 # C scalar type -> the ctypes type the binding must use
 SCALARS = {
@@ -24,7 +26,7 @@ SCALARS = {
 }
 # opaque handles (pointers to them are void pointers in the binding)
 OPAQUE = {"ferry_ctx", "ferry_file", "ferry_device", "ferry_store", "ferry_model", "ferry_loaded",
-          "ferry_op", "ferry_streamer"}
+          "ferry_op", "ferry_streamer", "ferry_keep"}
 
 
 def header_functions(text):
@@ -102,8 +104,11 @@ def same(want, got):
 
 @pytest.fixture(scope="module")
 def header():
-    with open(HEADER) as f:
-        return header_functions(f.read())
+    text = ""
+    for h in HEADERS:
+        with open(h) as f:
+            text += f.read() + "\n"
+    return header_functions(text)
 
 
 def mirrors():
@@ -117,15 +122,16 @@ def test_the_parser_reads_the_header(header):
     assert header["ferry_version"][:2] == ("int", [])
     assert header["ferry_file_tensor_read"][1] == ["const ferry_file *", "int64_t", "uint64_t", "void *", "size_t"]
     assert len(header) > 90
+    assert header["ferry_store_use_keeper"][:2] == ("int", ["ferry_store *", "const char *", "int"])  # the second header
 
 
 def test_every_exported_function_is_bound_or_listed(header):
     missing = sorted(n for n in header if n not in _lib.SIGNATURES and n not in _lib.UNBOUND)
-    assert not missing, f"ferry.h exports functions the binding neither binds nor lists in UNBOUND: {missing}"
+    assert not missing, f"the headers export functions the binding neither binds nor lists in UNBOUND: {missing}"
     both = sorted(n for n in _lib.UNBOUND if n in _lib.SIGNATURES)
     assert not both, f"bound and listed as unbound: {both}"
     stale = sorted(n for n in list(_lib.SIGNATURES) + list(_lib.UNBOUND) if n not in header)
-    assert not stale, f"the binding names functions ferry.h does not export: {stale}"
+    assert not stale, f"the binding names functions the headers do not export: {stale}"
 
 
 def test_every_binding_matches_the_header(header):
@@ -136,7 +142,7 @@ def test_every_binding_matches_the_header(header):
         if not same(expected(cret, enums, table), res):
             wrong.append(f"{name}: returns {cret}, bound as {res}")
         if len(cargs) != len(args):
-            wrong.append(f"{name}: {len(cargs)} arguments in ferry.h, {len(args)} bound")
+            wrong.append(f"{name}: {len(cargs)} arguments in the header, {len(args)} bound")
             continue
         for k, (c, got) in enumerate(zip(cargs, args)):
             if not same(expected(c, enums, table), got):

@@ -25,18 +25,12 @@
 
 #include "check.h"
 #include "fds.h"
+#include "keeper_child.h"
 #include "ferry_experimental.h"
 #include "keep/keep.h"
 #include "keep/keep_proto.h"
 
 static char dir[512], sock[600], logpath[600];
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---- codec -------------------------------------------------------------- */
 
@@ -391,67 +385,7 @@ static void test_codec_reject(void)
 
 /* ---- a keeper in a child ------------------------------------------------ */
 
-/* Start a keeper on sock with this budget, its stderr into logpath; waits
- * until it answers (at most 5 s). Its pid, or -1. When count_fds is set, the
- * child exits 3 if its descriptors after serving differ from before. */
-static pid_t start_keeper(uint64_t budget, bool check_fds)
-{
-    pid_t pid = fork();
-    if (pid == 0) {
-        int lf = open(logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-        if (lf >= 0) dup2(lf, 2);
-        if (lf > 2) close(lf);
-        int before = count_fds();
-        ferry_keep_opts o = {.socket = sock, .device = "sim", .budget = budget, .stop_fd = -1, .handle_signals = 1};
-        char err[1400];
-        int rc = ferry_keep_serve(&o, err, sizeof err);
-        if (rc < 0) {
-            fprintf(stderr, "serve: %s\n", err);
-            exit(1);
-        }
-        if (check_fds && count_fds() != before) {
-            fprintf(stderr, "serve left %d descriptors open\n", count_fds() - before);
-            exit(3);
-        }
-        exit(0);
-    }
-    double t0 = now();
-    while (now() - t0 < 5) {
-        ferry_keep *k;
-        char err[1400];
-        if (ferry_keep_connect(sock, 1000, &k, err, sizeof err) == 0) {
-            ferry_keep_close(k);
-            return pid;
-        }
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) return -1;
-        usleep(10000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    return -1;
-}
-
-/* Wait for pid at most secs; its wait status, or -1 (then it is killed). */
-static int wait_for(pid_t pid, double secs)
-{
-    double t0 = now();
-    int st;
-    while (now() - t0 < secs) {
-        if (waitpid(pid, &st, WNOHANG) == pid) return st;
-        usleep(5000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
-    return -1;
-}
-
-static int stop_keeper(pid_t pid)
-{
-    kill(pid, SIGTERM);
-    int st = wait_for(pid, 10);
-    return st >= 0 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+static pid_t start_keeper(uint64_t budget, bool check_fds) { return kc_start(sock, logpath, budget, check_fds); }
 
 static bool log_has(const char *s)
 {
@@ -549,7 +483,7 @@ static void test_put_get_two_processes(void)
         if (ferry_keep_put_commit(k, entry) < 0) _exit(13);
         _exit(0);
     }
-    int st = wait_for(w, 10);
+    int st = kc_wait(w, 10);
     CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
     /* a reader process finds the bytes, after the writer is gone */
     pid_t r = fork();
@@ -569,7 +503,7 @@ static void test_put_get_two_processes(void)
         if (pwrite(fd, "x", 1, 0) == 1) _exit(15);
         _exit(0);
     }
-    st = wait_for(r, 10);
+    st = kc_wait(r, 10);
     CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
     if (st >= 0 && WIFEXITED(st) && WEXITSTATUS(st)) fprintf(stderr, "reader exited %d\n", WEXITSTATUS(st));
     /* the reader's attachment ended with it */
@@ -588,7 +522,7 @@ static void test_put_get_two_processes(void)
     CHECK_EQ(ferry_keep_drop(k, FERRY_KEEP_DROP_FILE, &id), 1);
     CHECK_EQ(get_check(k, &id, 1 << 20, 0, NULL), 0);
     ferry_keep_close(k);
-    CHECK_EQ(stop_keeper(kp), 0);
+    CHECK_EQ(kc_stop(kp), 0);
     check_rmtree(dir);
 }
 
@@ -645,7 +579,7 @@ static void test_stale(void)
     byi.index = 6;
     CHECK_EQ(get_check(k, &byi, 100, 9, NULL), 0);
     ferry_keep_close(k);
-    CHECK_EQ(stop_keeper(kp), 0);
+    CHECK_EQ(kc_stop(kp), 0);
     check_rmtree(dir);
 }
 
@@ -696,7 +630,7 @@ static void test_lru(void)
     close(fdD);
     close(fdE);
     ferry_keep_close(k);
-    CHECK_EQ(stop_keeper(kp), 0);
+    CHECK_EQ(kc_stop(kp), 0);
     check_rmtree(dir);
 }
 
@@ -745,13 +679,13 @@ static void test_same_user(void)
         if (r < 0 && errno != ECONNRESET) _exit(23);
         _exit(0);
     }
-    int st = wait_for(c, 10);
+    int st = kc_wait(c, 10);
     CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
     CHECK(log_has("uid 65534: the keeper serves only its own user"));
     /* and the keeper's own user is still served */
     ferry_keep *k = conn();
     ferry_keep_close(k);
-    CHECK_EQ(stop_keeper(kp), 0);
+    CHECK_EQ(kc_stop(kp), 0);
 
     /* the other way: a client refuses a listener of another uid */
     char other[700], osock[800];
@@ -905,10 +839,10 @@ static void test_kill_client(void)
         if (!k) break;
         /* the keeper notices the close on its next poll: wait for it */
         ferry_keep_status *s = NULL;
-        double t0 = now();
+        double t0 = kc_now();
         for (;;) {
             CHECK_EQ(ferry_keep_status_get(k, &s), 0);
-            if (!s || (s->npending == 0 && s->nclients == 1) || now() - t0 > 5) break;
+            if (!s || (s->npending == 0 && s->nclients == 1) || kc_now() - t0 > 5) break;
             ferry_keep_status_free(s);
             s = NULL;
             usleep(2000);
@@ -937,7 +871,7 @@ static void test_kill_client(void)
     CHECK_EQ(get_check(k, &id, 4096, 0x77, NULL), 1);
     ferry_keep_close(k);
     CHECK(log_has("unfinished puts discarded"));
-    CHECK_EQ(stop_keeper(kp), 0);
+    CHECK_EQ(kc_stop(kp), 0);
     check_rmtree(dir);
 }
 
@@ -961,9 +895,9 @@ static void test_kill_keeper(void)
     if (p != MAP_FAILED) munmap(p, n);
     close(fd);
     /* the next call is an error naming the socket, at once */
-    double t0 = now();
+    double t0 = kc_now();
     CHECK(ferry_keep_get(k, &id, &fd, &off, &n, &entry, NULL) < 0);
-    CHECK(now() - t0 < 2);
+    CHECK(kc_now() - t0 < 2);
     CHECK_STR_HAS(ferry_keep_errmsg(k), sock);
     CHECK_STR_HAS(ferry_keep_errmsg(k), "closed the connection");
     CHECK(ferry_keep_status_get(k, &(ferry_keep_status *){NULL}) < 0); /* and stays one */
@@ -979,7 +913,7 @@ static void test_kill_keeper(void)
         k = conn();
         CHECK_EQ(get_check(k, &id, 4096, 5, NULL), 0);
         ferry_keep_close(k);
-        CHECK_EQ(stop_keeper(kp), 0);
+        CHECK_EQ(kc_stop(kp), 0);
     }
     /* a socket whose listener never answers: a timeout, not a hang */
     int l = socket(AF_UNIX, SOCK_STREAM, 0);
@@ -988,9 +922,9 @@ static void test_kill_keeper(void)
     memcpy(a.sun_path, sock, strlen(sock) + 1);
     CHECK_EQ(bind(l, (struct sockaddr *)&a, sizeof a), 0);
     CHECK_EQ(listen(l, 4), 0);
-    t0 = now();
+    t0 = kc_now();
     CHECK_EQ(ferry_keep_connect(sock, 300, &k, err, sizeof err), -ETIMEDOUT);
-    CHECK(now() - t0 < 2);
+    CHECK(kc_now() - t0 < 2);
     CHECK_STR_HAS(err, "no answer from the keeper in 300 ms");
     close(l);
     check_rmtree(dir);
@@ -1054,7 +988,7 @@ static void test_clean_exit(void)
     CHECK_EQ(count_memfds(kp), 3);
     /* SIGTERM while a client is connected: exit 0, the child saw its
      * descriptors back where they were (exit 3 otherwise), socket gone */
-    CHECK_EQ(stop_keeper(kp), 0);
+    CHECK_EQ(kc_stop(kp), 0);
     CHECK(access(sock, F_OK) != 0 && errno == ENOENT);
     CHECK(log_has("stopping: 2 entries"));
     close(pfd);
@@ -1071,7 +1005,7 @@ static void test_clean_exit(void)
         CHECK_EQ(ferry_keep_drop(k, FERRY_KEEP_DROP_ALL, NULL), 2);
         CHECK_EQ(count_memfds(kp), 0);
         ferry_keep_close(k);
-        CHECK_EQ(stop_keeper(kp), 0);
+        CHECK_EQ(kc_stop(kp), 0);
     }
     CHECK_EQ(count_fds(), fds0);
     check_rmtree(dir);
@@ -1110,7 +1044,7 @@ static void test_many_clients(void)
     }
     int ok = 0;
     for (int c = 0; c < 8; c++) {
-        int st = wait_for(kids[c], 20);
+        int st = kc_wait(kids[c], 20);
         ok += st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
     }
     CHECK_EQ(ok, 8);
@@ -1124,7 +1058,7 @@ static void test_many_clients(void)
         ferry_keep_status_free(s);
     }
     ferry_keep_close(k);
-    CHECK_EQ(stop_keeper(kp), 0);
+    CHECK_EQ(kc_stop(kp), 0);
     check_rmtree(dir);
 }
 
@@ -1180,7 +1114,7 @@ static void test_bad_client(void)
     ferry_keep_close(k);
     CHECK(log_has("malformed message"));
     CHECK(log_has("bad message header"));
-    CHECK_EQ(stop_keeper(kp), 0);
+    CHECK_EQ(kc_stop(kp), 0);
     check_rmtree(dir);
 }
 

@@ -3,7 +3,8 @@
  * header and nothing of the store: the device arena (arena.h), the pinned
  * pool with its pinner (pinpool.h) and the release fences (fences.h) on a
  * sim device (xfer_test.h gives the fences a stream), the ordered lists of
- * make-room's candidates (lru.h), and the spill file (spill.h). */
+ * make-room's candidates (lru.h), the spill file (spill.h), and the keeper
+ * connection (keeper.h) against a keeper served on a thread. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
@@ -12,11 +13,13 @@
 #include <string.h>
 #include <pthread.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "ferry.h"
 #include "resid/arena.h"
 #include "resid/fences.h"
+#include "resid/keeper.h"
 #include "resid/lru.h"
 #include "resid/pinpool.h"
 #include "resid/spill.h"
@@ -449,13 +452,108 @@ static void test_spill_file(void)
     fy_err_destroy(&err);
 }
 
+/* A keeper served on a thread until its stop pipe is written. */
+typedef struct served {
+    ferry_keep_opts o;
+    int rc;
+} served;
+
+static void *serve(void *arg)
+{
+    served *v = arg;
+    char err[512];
+    v->rc = ferry_keep_serve(&v->o, err, sizeof err);
+    if (v->rc < 0) fprintf(stderr, "serve: %s\n", err);
+    return NULL;
+}
+
+static int fill_from_file(void *arg, const rs_kreq *r, void *dst)
+{
+    return ferry_file_tensor_read(arg, r->index, 0, dst, (size_t)r->nbytes);
+}
+
+/* The keeper connection through keeper.h alone: no keeper there (an error,
+ * nothing used), then one on a thread: misses, a feed, hits with the file's
+ * bytes, released; the keeper stopped: the connection's loss recorded, no
+ * hit, nothing fails. */
+static void test_keeper(ferry_ctx *c)
+{
+    char sock[400], path[400], err[1400];
+    snprintf(sock, sizeof sock, "%s/k.sock", dir);
+    snprintf(path, sizeof path, "%s/k.safetensors", dir);
+    static const char hdr[] = "{\"a\":{\"dtype\":\"U8\",\"shape\":[5000],\"data_offsets\":[0,5000]},"
+                              "\"b\":{\"dtype\":\"U8\",\"shape\":[40],\"data_offsets\":[5000,5040]}}";
+    FILE *fp = fopen(path, "wb");
+    uint64_t hl = sizeof hdr - 1;
+    fwrite(&hl, 8, 1, fp);
+    fwrite(hdr, 1, hl, fp);
+    for (int i = 0; i < 5040; i++) fputc(i * 13 + 1, fp);
+    fclose(fp);
+    ferry_file *f = NULL;
+    CHECK_EQ(ferry_file_open(c, path, 0, &f), 0);
+    rs_keeper kp;
+    rs_keeper_init(&kp, &c->mem);
+    CHECK(rs_keeper_use(&kp, sock, 1000, err, sizeof err) < 0);
+    CHECK_STR_HAS(err, sock);
+    CHECK(!rs_keeper_used(&kp));
+    int stop[2] = {-1, -1};
+    CHECK_EQ(pipe(stop), 0);
+    served v = {.o = {.socket = sock, .device = "sim", .budget = 1 << 20, .stop_fd = stop[0]}};
+    pthread_t th;
+    CHECK_EQ(pthread_create(&th, NULL, serve, &v), 0);
+    int rc = -1;
+    for (int tries = 0; tries < 500 && rc < 0; tries++) {
+        rc = rs_keeper_use(&kp, sock, 1000, err, sizeof err);
+        if (rc < 0) usleep(10000);
+    }
+    CHECK_EQ(rc, 0);
+    rs_kfile kf = {0};
+    rs_kreq r[2] = {{.kf = &kf, .f = f, .name = "a", .index = 0, .nbytes = 5000},
+                    {.kf = &kf, .f = f, .name = "b", .index = 1, .nbytes = 40}};
+    ferry_store_keeper_stats st;
+    CHECK_EQ(rs_keeper_get(&kp, r, 2), 0);
+    CHECK(kf.known && kf.path && kf.size == 8 + hl + 5040);
+    rs_keeper_feed(&kp, r, 2, fill_from_file, f);
+    rs_keeper_stats(&kp, &st);
+    CHECK_EQ(st.misses, 2);
+    CHECK_EQ(st.bytes_fed, 5040);
+    CHECK_EQ(rs_keeper_get(&kp, r, 2), 2);
+    uint8_t want[5000];
+    CHECK_EQ(ferry_file_tensor_read(f, 0, 0, want, 5000), 0);
+    CHECK(r[0].kind == RS_KV_HOST && r[0].attached && memcmp(r[0].host, want, 5000) == 0);
+    rs_keeper_detach(&kp, r, 2, true);
+    CHECK(!r[0].attached && r[0].kind == RS_KV_HOST); /* (still a hit: a feed skips it) */
+    rs_keeper_stats(&kp, &st);
+    CHECK_EQ(st.hits, 2);
+    CHECK_EQ(st.bytes_served, 5040);
+    CHECK_EQ(st.connected, 1);
+    /* the keeper gone: the next asks find no connection, and say why */
+    CHECK_EQ(write(stop[1], "x", 1), 1);
+    pthread_join(th, NULL);
+    CHECK_EQ(v.rc, 0);
+    CHECK_EQ(rs_keeper_get(&kp, r, 2), 0);
+    rs_keeper_feed(&kp, r, 2, fill_from_file, f);
+    rs_keeper_stats(&kp, &st);
+    CHECK(st.errors >= 1);
+    CHECK_EQ(st.connected, 0);
+    CHECK_STR_HAS(st.last_error, sock);
+    CHECK_EQ(st.bytes_fed, 5040);
+    close(stop[0]);
+    close(stop[1]);
+    rs_kfile_clear(&kp, &kf, 1);
+    CHECK(kf.path == NULL && !kf.known);
+    rs_keeper_destroy(&kp);
+    ferry_file_close(f);
+}
+
 static ferry_ctx *ctx;
 #define CASES(CASE)                    \
     CASE(arena, test_arena(ctx))       \
     CASE(pinpool, test_pinpool(ctx))   \
     CASE(fences, test_fences(ctx))     \
     CASE(lru, test_lru(ctx))              \
-    CASE(spill_file, test_spill_file())
+    CASE(spill_file, test_spill_file())   \
+    CASE(keeper, test_keeper(ctx))
 CHECK_CASES(CASES)
 
 int main(int argc, char **argv)

@@ -104,12 +104,18 @@ class Store(_StoreViews, _StoreHooks, _StoreTensors):
     memory (cgroup-aware), else reads them from the checkpoint through the
     pinned ring every step; "pinned" keeps copies of as many as fit; "ring"
     keeps none (host memory: the ring alone). stream_stats() says which
-    was used ("pinned_copies")."""
+    was used ("pinned_copies").
+
+    keeper: True (the default socket) or a socket path: a running keeper
+    (`ferry keep`, docs/KEEPER.md) serves the clean tensors it holds and is
+    fed those read (never a changed checkpoint's, never a dirty tensor);
+    OSError when none runs there; one that dies later costs only its cache.
+    None (the default): checkpoints only. See stats() and use_keeper()."""
 
     def __init__(self, device="cuda", *, device_budget=None, device_reserve=None, host_budget=None,
                  pinned_budget=None, host_reserve=None, spill_below=None, spill_above=None, spill_dir=None,
                  route="auto", threads=None, ring_buffers=None, ring_buffer_bytes=None, pinned_reserve=None,
-                 stream_copies="auto", path_kind=None):
+                 stream_copies="auto", keeper=None, path_kind=None):
         self._core = None
         path_kind = _core.route_arg(route, path_kind, "ferry.torch.Store")
         if stream_copies not in _lib.STREAM_COPIES:
@@ -132,7 +138,8 @@ class Store(_StoreViews, _StoreHooks, _StoreTensors):
             pinned_budget=_size_opt(pinned_budget, "pinned_budget"),
             host_reserve=_size_opt(host_reserve, "host_reserve"),
             spill_below=_size_opt(spill_below, "spill_below"), spill_above=_size_opt(spill_above, "spill_above"),
-            spill_dir=spill_dir, load_opts=opts.opts, pinned_reserve=_size_opt(pinned_reserve, "pinned_reserve"))
+            spill_dir=spill_dir, load_opts=opts.opts, pinned_reserve=_size_opt(pinned_reserve, "pinned_reserve"),
+            keeper=keeper)
 
     # ---- lookups ----
 
@@ -420,10 +427,18 @@ class Store(_StoreViews, _StoreHooks, _StoreTensors):
         """ferry_store_get_stats as a dict: tier_bytes {tier: bytes}, the
         budgets, host_available and host_source, spilling, spill_path,
         spill_file_bytes, bytes and seconds moved each way, bytes_written and
-        bytes_read, evicted, dropped, models, tensors, device_cached, pinned_pool_bytes,
-        pinned_reserve and pinned_reserved (of the pool pinned ahead, so far)."""
+        bytes_read (from checkpoints and the spill file), evicted, dropped, models, tensors,
+        device_cached, pinned_pool_bytes, pinned_reserve and pinned_reserved (of the pool
+        pinned ahead, so far); bytes_from_keeper (served by the keeper, not read) and keeper
+        (ferry_store_get_keeper_stats: used, connected, bytes_served, bytes_fed, hits, misses,
+        stale, refused, errors, connects, last_error)."""
         with self._lock:
             return self._live().stats()
+
+    def use_keeper(self, keeper=True, timeout=None):
+        """Start using a keeper (keeper= of the class); OSError when none runs there."""
+        with self._lock:
+            self._live().use_keeper(keeper, timeout)
 
     def wait_pinned(self):
         """Wait until the pool asked for with pinned_reserve= is pinned (a
