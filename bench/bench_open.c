@@ -67,7 +67,8 @@ int main(int argc, char **argv)
                 fprintf(stderr, "bench_open: %s\n", ferry_ctx_errmsg(ctx));
                 return 1;
             }
-            printf("{\"run\": %d, \"cache\": \"%s\", \"open_ms\": %.3f, \"rss_growth_kib\": %ld, \"tensors\": %lld, "
+            printf("{\"run\": %d, \"cache\": \"%s\", \"open_ms\": %.3f, \"rss_growth_kib\": %ld, "
+                   "\"tensors\": %lld, "
                    "\"bytes\": %llu}\n",
                    r, cold ? "cold" : "hot", ms, rss1 - rss0, (long long)ferry_file_tensor_count(f),
                    (unsigned long long)ferry_file_total_bytes(f));
@@ -76,8 +77,9 @@ int main(int argc, char **argv)
             ferry_file_close(f);
         }
     }
-    printf("worst of %d: cold open %.2f ms, +%.2f MiB RSS; hot open %.2f ms, +%.2f MiB RSS; VmHWM %.1f MiB\n", reps,
-           worst_ms[1], worst_kib[1] / 1024.0, worst_ms[0], worst_kib[0] / 1024.0, status_kib("VmHWM") / 1024.0);
+    printf("worst of %d: cold open %.2f ms, +%.2f MiB RSS; hot open %.2f ms, +%.2f MiB RSS; VmHWM %.1f MiB\n",
+           reps, worst_ms[1], worst_kib[1] / 1024.0, worst_ms[0], worst_kib[0] / 1024.0,
+           status_kib("VmHWM") / 1024.0);
     ferry_ctx_free(ctx);
     return 0;
 }

@@ -96,20 +96,19 @@ static long long huge_bytes(const void *p, size_t n)
         long long kb;
         if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
             in = lo < b && hi > a;
-        else if (in && sscanf(line, "AnonHugePages: %lld kB", &kb) == 1)
-            sum += kb << 10;
+        else if (in && sscanf(line, "AnonHugePages: %lld kB", &kb) == 1) sum += kb << 10;
     }
     fclose(f);
     return sum;
 }
 
-#define SYM(v, n)                                                                                                     \
-    do {                                                                                                              \
-        v = (__typeof__(v))dlsym(h, n);                                                                               \
-        if (!v) {                                                                                                     \
-            fprintf(stderr, "bench_pinrate: libcuda.so.1 has no %s\n", n);                                            \
-            return 1;                                                                                                 \
-        }                                                                                                             \
+#define SYM(v, n)                                                          \
+    do {                                                                   \
+        v = (__typeof__(v))dlsym(h, n);                                    \
+        if (!v) {                                                          \
+            fprintf(stderr, "bench_pinrate: libcuda.so.1 has no %s\n", n); \
+            return 1;                                                      \
+        }                                                                  \
     } while (0)
 
 int main(int argc, char **argv)
@@ -144,7 +143,8 @@ int main(int argc, char **argv)
     int dev;
     CUcontext ctx;
     CUstream st;
-    if (Init(0) || DeviceGet(&dev, 0) || PrimaryCtxRetain(&ctx, dev) || CtxSetCurrent(ctx) || StreamCreate(&st, 1)) {
+    if (Init(0) || DeviceGet(&dev, 0) || PrimaryCtxRetain(&ctx, dev) || CtxSetCurrent(ctx) ||
+        StreamCreate(&st, 1)) {
         fprintf(stderr, "bench_pinrate: no CUDA device\n");
         return 1;
     }

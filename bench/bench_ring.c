@@ -91,8 +91,10 @@ static void copy_nt(void *dst, const void *src, size_t n)
     const char *s = src;
     size_t i = 0;
     for (; i + 64 <= n; i += 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)(s + i)), b = _mm_loadu_si128((const __m128i *)(s + i + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32)), e = _mm_loadu_si128((const __m128i *)(s + i + 48));
+        __m128i a = _mm_loadu_si128((const __m128i *)(s + i)),
+                b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32)),
+                e = _mm_loadu_si128((const __m128i *)(s + i + 48));
         _mm_stream_si128((__m128i *)(d + i), a);
         _mm_stream_si128((__m128i *)(d + i + 16), b);
         _mm_stream_si128((__m128i *)(d + i + 32), c);
@@ -158,7 +160,8 @@ static void gang_work(worker *w)
         uint64_t first = (uint64_t)g * (uint64_t)s->gang;
         int count = (int)(np - first < (uint64_t)s->gang ? np - first : (uint64_t)s->gang);
         if (atomic_fetch_add(&s->slot_filled[k], 1) + 1 == count) {
-            uint64_t from = first * s->piece, len = (s->size - from < slot_bytes ? s->size - from : slot_bytes);
+            uint64_t from = first * s->piece,
+                     len = (s->size - from < slot_bytes ? s->size - from : slot_bytes);
             if (MemcpyHtoDAsync(s->d + from, s->pool + slot_bytes * (uint64_t)k, (size_t)len, w->st) ||
                 EventRecord(s->slot_ev[k], w->st))
                 atomic_store(&s->failed, 1);
@@ -229,15 +232,18 @@ static void *work(void *arg)
 /* hybrid: the helper that registers the tail piece by piece and queues its copies */
 typedef struct helper {
     shared *s;
-    uint64_t cut, reg;   /* the tail [cut, size); pieces of reg bytes */
-    char *map;           /* this rep's mapping */
+    uint64_t cut, reg; /* the tail [cut, size); pieces of reg bytes */
+    char *map;         /* this rep's mapping */
     CUstream st;
     double reg_seconds, done_at; /* in registration calls; when its copies had landed */
     int npieces;
     pthread_t th;
 } helper;
 
-static uint64_t round_page(uint64_t n) { return (n + 4095) & ~(uint64_t)4095; }
+static uint64_t round_page(uint64_t n)
+{
+    return (n + 4095) & ~(uint64_t)4095;
+}
 
 static void *help(void *arg)
 {
@@ -261,19 +267,20 @@ static void *help(void *arg)
     return NULL;
 }
 
-#define SYM(v, n)                                                                                                     \
-    do {                                                                                                              \
-        v = (__typeof__(v))dlsym(h, n);                                                                               \
-        if (!v) {                                                                                                     \
-            fprintf(stderr, "bench_ring: libcuda.so.1 has no %s\n", n);                                               \
-            return 1;                                                                                                 \
-        }                                                                                                             \
+#define SYM(v, n)                                                       \
+    do {                                                                \
+        v = (__typeof__(v))dlsym(h, n);                                 \
+        if (!v) {                                                       \
+            fprintf(stderr, "bench_ring: libcuda.so.1 has no %s\n", n); \
+            return 1;                                                   \
+        }                                                               \
     } while (0)
 
 int main(int argc, char **argv)
 {
     if (argc < 6) {
-        fprintf(stderr, "usage: bench_ring FILE dma|read|ring|mapcopy|mapnt|bounce|hybrid|gang THREADS BUFS_PER_THREAD SIZE_KIB [REPS]\n");
+        fprintf(stderr, "usage: bench_ring FILE dma|read|ring|mapcopy|mapnt|bounce|hybrid|gang THREADS "
+                        "BUFS_PER_THREAD SIZE_KIB [REPS]\n");
         return 2;
     }
     static const char *modes[] = {"dma", "read", "ring", "mapcopy", "mapnt", "bounce", "hybrid", "gang"};
@@ -390,7 +397,8 @@ int main(int argc, char **argv)
     for (int r = 0; r < reps; r++) {
         atomic_store(&s.next, 0);
         for (int t = 0; t < nth; t++) w[t].used = 0;
-        for (int k = 0; k < s.nslots; k++) atomic_store(&s.slot_issued[k], -1), atomic_store(&s.slot_filled[k], 0);
+        for (int k = 0; k < s.nslots; k++)
+            atomic_store(&s.slot_issued[k], -1), atomic_store(&s.slot_filled[k], 0);
         double t0 = now();
         if (mode == HYBRID) {
             void *m = mmap(NULL, s.size, PROT_READ, MAP_SHARED, s.fd, 0);
@@ -409,13 +417,15 @@ int main(int argc, char **argv)
         double secs = now() - t0;
         if (mode == HYBRID) {
             double tu = now();
-            for (uint64_t off = hp.cut; off < s.size && hp.npieces-- > 0; off += hp.reg) MemHostUnregister(hp.map + off);
+            for (uint64_t off = hp.cut; off < s.size && hp.npieces-- > 0; off += hp.reg)
+                MemHostUnregister(hp.map + off);
             double unreg = now() - tu;
             munmap(hp.map, s.size);
             if (dl < sizeof detail - 200)
-                dl += (size_t)snprintf(detail + dl, sizeof detail - dl,
-                                       "%s{\"ring_s\": %.4f, \"helper_s\": %.4f, \"register_s\": %.4f, \"unregister_s\": %.4f}",
-                                       r ? ", " : "", ring_done - t0, hp.done_at - t0, hp.reg_seconds, unreg);
+                dl += (size_t)snprintf(
+                    detail + dl, sizeof detail - dl,
+                    "%s{\"ring_s\": %.4f, \"helper_s\": %.4f, \"register_s\": %.4f, \"unregister_s\": %.4f}",
+                    r ? ", " : "", ring_done - t0, hp.done_at - t0, hp.reg_seconds, unreg);
         }
         if (atomic_load(&s.failed)) {
             printf("], \"error\": \"a read came up short or a CUDA call failed in rep %d\"}\n", r + 1);

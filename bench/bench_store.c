@@ -48,14 +48,16 @@ static void report(ferry_store *s, const char *step, uint64_t bytes, int (*fn)(f
     double sec = now() - t0;
     ferry_job_stats js = {.size = sizeof js};
     ferry_store_job_end(s, &js);
-    printf("{\"step\": \"%s\", \"bytes\": %" PRIu64 ", \"seconds\": %.4f, \"gbps\": %.2f, \"ms_per_gb\": %.3f, "
-           "\"bytes_written\": %" PRIu64 ", \"rss_start_mib\": %.1f, \"rss_peak_mib\": %.1f, \"rss_end_mib\": %.1f, "
-           "\"extra_rss_peak_mib\": %.1f, \"device\": %" PRIu64 ", \"pinned\": %" PRIu64 ", \"host\": %" PRIu64
-           ", \"spill\": %" PRIu64 "}\n",
+    printf("{\"step\": \"%s\", \"bytes\": %" PRIu64
+           ", \"seconds\": %.4f, \"gbps\": %.2f, \"ms_per_gb\": %.3f, "
+           "\"bytes_written\": %" PRIu64
+           ", \"rss_start_mib\": %.1f, \"rss_peak_mib\": %.1f, \"rss_end_mib\": %.1f, "
+           "\"extra_rss_peak_mib\": %.1f, \"device\": %" PRIu64 ", \"pinned\": %" PRIu64
+           ", \"host\": %" PRIu64 ", \"spill\": %" PRIu64 "}\n",
            step, bytes, sec, (double)bytes / sec / 1e9, sec * 1e3 / ((double)bytes / 1e9), js.bytes_written,
            (double)js.rss.start / 1048576, (double)js.rss.peak / 1048576, (double)js.rss.end / 1048576,
-           ((double)js.rss.peak - (double)js.rss.start) / 1048576, js.device_bytes, js.pinned_bytes, js.host_bytes,
-           js.spill_bytes);
+           ((double)js.rss.peak - (double)js.rss.start) / 1048576, js.device_bytes, js.pinned_bytes,
+           js.host_bytes, js.spill_bytes);
     fflush(stdout);
 }
 
@@ -99,13 +101,20 @@ static void spill_probe(const char *dir, const char *label)
     }
     double sec = now() - t0;
     free(buf);
-    printf("{\"step\": \"spill file probe: %s\", \"size\": %lld, \"resident\": %.3f, \"one_thread_read_gbps\": %.2f}\n",
+    printf("{\"step\": \"spill file probe: %s\", \"size\": %lld, \"resident\": %.3f, "
+           "\"one_thread_read_gbps\": %.2f}\n",
            label, (long long)size, resident, (double)total / sec / 1e9);
     fflush(stdout);
 }
 
-static int to_dev(ferry_model *m) { return ferry_model_to_device(m, NULL, 0); }
-static int evict(ferry_model *m) { return ferry_model_evict(m, NULL, 0); }
+static int to_dev(ferry_model *m)
+{
+    return ferry_model_to_device(m, NULL, 0);
+}
+static int evict(ferry_model *m)
+{
+    return ferry_model_evict(m, NULL, 0);
+}
 static int dirty_all(ferry_model *m)
 {
     for (int64_t i = 0; i < ferry_model_tensor_count(m); i++)
@@ -127,8 +136,12 @@ static void limits(ferry_device *d, const char *when)
  * say so ("[reserve]"). */
 static void ram_store(ferry_device *d, ferry_file *f, uint64_t B, const char *dir, bool reserve)
 {
-    ferry_store_opts o = {.size = sizeof o, .host_budget = B + (4ull << 30), .pinned_budget = B + (1ull << 30),
-                          .spill_dir = dir, .spill_below = 1, .spill_above = 2};
+    ferry_store_opts o = {.size = sizeof o,
+                          .host_budget = B + (4ull << 30),
+                          .pinned_budget = B + (1ull << 30),
+                          .spill_dir = dir,
+                          .spill_below = 1,
+                          .spill_above = 2};
     if (reserve) o.pinned_reserve = o.pinned_budget;
     const char *tag = reserve ? " [reserve]" : "";
     char step[160];
@@ -144,9 +157,11 @@ static void ram_store(ferry_device *d, ferry_file *f, uint64_t B, const char *di
         double t2 = now();
         ferry_store_stats st = {.size = sizeof st};
         ferry_store_get_stats(s, &st);
-        printf("{\"step\": \"pool pinned ahead [reserve]\", \"bytes\": %" PRIu64 ", \"seconds\": %.4f, \"gbps\": %.2f, "
+        printf("{\"step\": \"pool pinned ahead [reserve]\", \"bytes\": %" PRIu64
+               ", \"seconds\": %.4f, \"gbps\": %.2f, "
                "\"waited_after_the_load_s\": %.4f, \"pinned_pool_bytes\": %" PRIu64 "}\n",
-               st.pinned_reserved, t2 - t0, (double)st.pinned_reserved / (t2 - t0) / 1e9, t2 - t1, st.pinned_pool_bytes);
+               st.pinned_reserved, t2 - t0, (double)st.pinned_reserved / (t2 - t0) / 1e9, t2 - t1,
+               st.pinned_pool_bytes);
         fflush(stdout);
     }
     if (!reserve) {
@@ -158,15 +173,17 @@ static void ram_store(ferry_device *d, ferry_file *f, uint64_t B, const char *di
         double sec = now() - t1;
         ferry_job_stats js = {.size = sizeof js};
         ferry_store_job_end(s, &js);
-        printf("{\"step\": \"make_room(all): evict clean and give the device memory back\", \"bytes\": %" PRId64
-               ", \"seconds\": %.4f, \"ms_per_gb\": %.3f, \"bytes_written\": %" PRIu64 "}\n",
-               got, sec, sec * 1e3 / ((double)B / 1e9), js.bytes_written);
+        printf(
+            "{\"step\": \"make_room(all): evict clean and give the device memory back\", \"bytes\": %" PRId64
+            ", \"seconds\": %.4f, \"ms_per_gb\": %.3f, \"bytes_written\": %" PRIu64 "}\n",
+            got, sec, sec * 1e3 / ((double)B / 1e9), js.bytes_written);
         report(s, "load again", B, to_dev, m);
     }
     for (int r = 0; r < 2; r++) {
         dirty_all(m);
         snprintf(step, sizeof step, "%s%s",
-                 reserve ? (r ? "evict dirty to pinned RAM (second)" : "evict dirty to pinned RAM (first: pinned ahead)")
+                 reserve ? (r ? "evict dirty to pinned RAM (second)"
+                              : "evict dirty to pinned RAM (first: pinned ahead)")
                          : (r ? "evict dirty to pinned RAM (pool already pinned)"
                               : "evict dirty to pinned RAM (pins the pool)"),
                  tag);
@@ -228,8 +245,12 @@ int main(int argc, char **argv)
     }
 
     /* spill store: 1 byte of host budget, so every dirty byte goes to disk */
-    ferry_store_opts so = {.size = sizeof so, .host_budget = 1, .pinned_budget = 1, .spill_dir = argv[2],
-                           .spill_below = 1, .spill_above = 2};
+    ferry_store_opts so = {.size = sizeof so,
+                           .host_budget = 1,
+                           .pinned_budget = 1,
+                           .spill_dir = argv[2],
+                           .spill_below = 1,
+                           .spill_above = 2};
     if (ferry_store_new(d, &so, &s) < 0 || ferry_store_add(s, "model", &f, 1, 0, &m) < 0) die("spill store");
     report(s, "load", B, to_dev, m);
     dirty_all(m);

@@ -97,8 +97,8 @@ static double use(ferry_store *s, ferry_model *m, uint64_t bytes, const char *st
     double sec = now() - t0;
     ferry_store_get_stats(s, &b);
     printf("{\"step\": \"%s\", \"k\": %d, \"model\": \"%s\", \"bytes\": %" PRIu64 ", \"seconds\": %.4f, "
-           "\"gbps\": %.2f, \"read_bytes\": %" PRIu64 ", \"written_bytes\": %" PRIu64 ", \"pinned_cache_bytes\": %"
-           PRIu64 ", \"peak_rss_gib\": %.2f}\n",
+           "\"gbps\": %.2f, \"read_bytes\": %" PRIu64 ", \"written_bytes\": %" PRIu64
+           ", \"pinned_cache_bytes\": %" PRIu64 ", \"peak_rss_gib\": %.2f}\n",
            step, k, ferry_model_name(m), bytes, sec, (double)bytes / sec / 1e9, b.bytes_read - a.bytes_read,
            b.bytes_written - a.bytes_written, b.pinned_cache_bytes, peak_rss_gib());
     fflush(stdout);
@@ -131,8 +131,12 @@ static int64_t verify(ferry_model *m, ferry_file *f)
 static ferry_store *new_store(ferry_device *d, uint64_t A, uint64_t B)
 {
     uint64_t big = A > B ? A : B;
-    ferry_store_opts o = {.size = sizeof o, .device_budget = big + big / 16, .host_budget = A + B + (4ull << 30),
-                          .pinned_budget = A + B + (1ull << 30), .spill_below = 1, .spill_above = 2};
+    ferry_store_opts o = {.size = sizeof o,
+                          .device_budget = big + big / 16,
+                          .host_budget = A + B + (4ull << 30),
+                          .pinned_budget = A + B + (1ull << 30),
+                          .spill_below = 1,
+                          .spill_above = 2};
     ferry_store *s = NULL;
     if (ferry_store_new(d, &o, &s) < 0) die("store");
     return s;
@@ -159,7 +163,8 @@ int main(int argc, char **argv)
     /* 1-3: no pinned cache */
     ferry_store *s = new_store(d, A, B);
     ferry_model *ma, *mb, *m[2];
-    if (ferry_store_add(s, "a", &fa, 1, 0, &ma) < 0 || ferry_store_add(s, "b", &fb, 1, 0, &mb) < 0) die("add");
+    if (ferry_store_add(s, "a", &fa, 1, 0, &ma) < 0 || ferry_store_add(s, "b", &fb, 1, 0, &mb) < 0)
+        die("add");
     m[0] = ma, m[1] = mb;
     drop_cache(argv[1]);
     use(s, ma, A, "cold load", 0);
@@ -173,8 +178,10 @@ int main(int argc, char **argv)
 
     /* 4-5: the pinned cache on */
     s = new_store(d, A, B);
-    if (ferry_store_add(s, "a", &fa, 1, 0, &ma) < 0 || ferry_store_add(s, "b", &fb, 1, 0, &mb) < 0) die("add");
-    if (ferry_model_set_pinned_cache(ma, 1) < 0 || ferry_model_set_pinned_cache(mb, 1) < 0) die("pinned cache");
+    if (ferry_store_add(s, "a", &fa, 1, 0, &ma) < 0 || ferry_store_add(s, "b", &fb, 1, 0, &mb) < 0)
+        die("add");
+    if (ferry_model_set_pinned_cache(ma, 1) < 0 || ferry_model_set_pinned_cache(mb, 1) < 0)
+        die("pinned cache");
     m[0] = ma, m[1] = mb;
     use(s, ma, A, "first load, pinned cache on (page cache -> pinned -> device)", 0);
     use(s, mb, B, "first load, pinned cache on (page cache -> pinned -> device)", 1);
@@ -184,8 +191,8 @@ int main(int argc, char **argv)
     bad += verify(mb, fb);
     ferry_store_free(s);
     double lim1 = limit(d);
-    printf("{\"step\": \"end\", \"limit_start_gbps\": %.2f, \"limit_end_gbps\": %.2f, \"mismatched_tensors\": %" PRId64
-           ", \"peak_rss_gib\": %.2f}\n",
+    printf("{\"step\": \"end\", \"limit_start_gbps\": %.2f, \"limit_end_gbps\": %.2f, "
+           "\"mismatched_tensors\": %" PRId64 ", \"peak_rss_gib\": %.2f}\n",
            lim0, lim1, bad, peak_rss_gib());
     ferry_file_close(fa);
     ferry_file_close(fb);

@@ -47,7 +47,8 @@ int main(int argc, char **argv)
     ferry_device *d = NULL;
     ferry_file *f = NULL;
     ferry_loaded *all = NULL;
-    if (ferry_ctx_new(NULL, &ctx) < 0 || ferry_device_open(ctx, spec, &d) < 0 || ferry_file_open(ctx, path, 0, &f) < 0) {
+    if (ferry_ctx_new(NULL, &ctx) < 0 || ferry_device_open(ctx, spec, &d) < 0 ||
+        ferry_file_open(ctx, path, 0, &f) < 0) {
         fprintf(stderr, "block_loads: %s\n", ctx ? ferry_ctx_errmsg(ctx) : "no context");
         return 1;
     }
@@ -91,15 +92,18 @@ int main(int argc, char **argv)
             if (how == 0) rc = ferry_load_into(d, f, idx, dp, m, o, NULL);
             else
                 for (int k = 0; k < nb && rc == 0; k++)
-                    rc = ferry_load_into(d, f, idx + first[k], dp + first[k], first[k + 1] - first[k], o, NULL);
+                    rc = ferry_load_into(d, f, idx + first[k], dp + first[k], first[k + 1] - first[k], o,
+                                         NULL);
             double s = now() - t0;
             if (rc < 0) {
                 fprintf(stderr, "block_loads: %s\n", ferry_ctx_errmsg(ctx));
                 return 1;
             }
-            static const char *const what[] = {"one load", "a load per block", "a load per block, 16 readers, 8 MiB"};
-            printf("{\"round\": %d, \"how\": \"%s\", \"seconds\": %.4f, \"gbps\": %.2f, \"ms_per_block\": %.3f}\n", r,
-                   what[how], s, (double)bytes / s / 1e9, s * 1e3 / (how ? nb : 1));
+            static const char *const what[] = {"one load", "a load per block",
+                                               "a load per block, 16 readers, 8 MiB"};
+            printf("{\"round\": %d, \"how\": \"%s\", \"seconds\": %.4f, \"gbps\": %.2f, \"ms_per_block\": "
+                   "%.3f}\n",
+                   r, what[how], s, (double)bytes / s / 1e9, s * 1e3 / (how ? nb : 1));
             fflush(stdout);
         }
     }

@@ -46,8 +46,7 @@ extern "C" {
 #endif
 
 #include "ferry_version.h" /* FERRY_VERSION_MAJOR, _MINOR, _PATCH, _STRING */
-#define FERRY_VERSION_NUMBER \
-    (FERRY_VERSION_MAJOR * 10000 + FERRY_VERSION_MINOR * 100 + FERRY_VERSION_PATCH)
+#define FERRY_VERSION_NUMBER (FERRY_VERSION_MAJOR * 10000 + FERRY_VERSION_MINOR * 100 + FERRY_VERSION_PATCH)
 
 /* Version of the library actually loaded, as FERRY_VERSION_NUMBER. Thread-safe. */
 FERRY_API int ferry_version(void);
@@ -93,8 +92,8 @@ typedef struct ferry_allocator {
 } ferry_allocator;
 
 typedef struct ferry_ctx_opts {
-    uint32_t size;            /* sizeof(ferry_ctx_opts) */
-    uint32_t nthreads;        /* worker threads for hashing/IO; 0 = number of CPUs (max 64) */
+    uint32_t size;             /* sizeof(ferry_ctx_opts) */
+    uint32_t nthreads;         /* worker threads for hashing/IO; 0 = number of CPUs (max 64) */
     ferry_allocator allocator; /* zeroed = malloc/realloc/free */
     /* Caps for servers that open untrusted files, applied by every
      * ferry_file_open on this context (all shards of a checkpoint together);
@@ -256,15 +255,15 @@ FERRY_API const char *ferry_format_name(ferry_format fmt);
  * types ferry does not know (the message names the version or type number).
  * The handle is immutable: any number of threads may read it at once. It must
  * be closed before ctx is freed. */
-FERRY_API int ferry_file_open(ferry_ctx *ctx, const char *path, uint32_t flags,
-                              ferry_file **out);
+FERRY_API int ferry_file_open(ferry_ctx *ctx, const char *path, uint32_t flags, ferry_file **out);
 /* ferry_file_open flags */
-#define FERRY_OPEN_PRIVATE 0x1u /* map the files MAP_PRIVATE, PROT_READ | PROT_WRITE: the
-                                   views of ferry_file_tensor_data may be written, and a write
-                                   lands in a private copy of the touched page (copy-on-write):
-                                   the file never changes and other processes never see it.
-                                   Such a file cannot be page-locked: FERRY_ROUTE_REGISTER and
-                                   ferry_device_register_file refuse it (FERRY_E_UNSUPPORTED). */
+/* map the files MAP_PRIVATE, PROT_READ | PROT_WRITE: the
+ * views of ferry_file_tensor_data may be written, and a write
+ * lands in a private copy of the touched page (copy-on-write):
+ * the file never changes and other processes never see it.
+ * Such a file cannot be page-locked: FERRY_ROUTE_REGISTER and
+ * ferry_device_register_file refuse it (FERRY_E_UNSUPPORTED). */
+#define FERRY_OPEN_PRIVATE 0x1u
 /* Close a file: unmaps it. Every pointer obtained from it becomes invalid.
  * A registration still held on a device (ferry_device_register_file) is
  * dropped first, as ferry_device_unregister_file would. Not while a load
@@ -290,8 +289,7 @@ FERRY_API const char *ferry_file_shard_path(const ferry_file *f, int i);
  * Pointers stay valid while f is open. Returns 0, or FERRY_E_INVAL if i is out
  * of range. */
 FERRY_API int64_t ferry_file_metadata_count(const ferry_file *f);
-FERRY_API int ferry_file_metadata(const ferry_file *f, int64_t i, const char **key,
-                                  const char **value);
+FERRY_API int ferry_file_metadata(const ferry_file *f, int64_t i, const char **key, const char **value);
 
 /* How to read metadata value i (ferry_file_metadata_kind). */
 typedef enum ferry_meta_kind {
@@ -311,21 +309,22 @@ typedef enum ferry_meta_kind {
 FERRY_API int ferry_file_metadata_kind(const ferry_file *f, int64_t i);
 
 typedef struct ferry_tensor_info {
-    uint32_t size;         /* sizeof(ferry_tensor_info), set by the caller */
-    const char *name;      /* NUL-terminated UTF-8, valid while the file is open */
+    uint32_t size;    /* sizeof(ferry_tensor_info), set by the caller */
+    const char *name; /* NUL-terminated UTF-8, valid while the file is open */
     ferry_dtype dtype;
-    int32_t ndim;          /* 0 for a scalar */
-    const int64_t *shape;  /* ndim entries, valid while the file is open */
-    uint64_t nbytes;       /* byte size of the data */
-    uint64_t offset;       /* absolute byte offset of the data in its file */
-    int32_t shard;         /* which file holds it (ferry_file_shard_path) */
+    int32_t ndim;           /* 0 for a scalar */
+    const int64_t *shape;   /* ndim entries, valid while the file is open */
+    uint64_t nbytes;        /* byte size of the data */
+    uint64_t offset;        /* absolute byte offset of the data in its file */
+    int32_t shard;          /* which file holds it (ferry_file_shard_path) */
     const int64_t *strides; /* ndim element strides, or NULL when contiguous (row-major) */
-    uint32_t flags;        /* FERRY_TENSOR_* */
+    uint32_t flags;         /* FERRY_TENSOR_* */
 } ferry_tensor_info;
 
 /* ferry_tensor_info.flags */
-#define FERRY_TENSOR_NONCONTIGUOUS 0x1u /* strides are not row-major: nbytes spans the elements'
-                                           extent in the storage, not numel x size */
+/* strides are not row-major: nbytes spans the elements'
+ * extent in the storage, not numel x size */
+#define FERRY_TENSOR_NONCONTIGUOUS 0x1u
 #define FERRY_TENSOR_SHARED_STORAGE 0x2u /* another tensor views the same storage (PyTorch) */
 
 /* Tensors are numbered 0..count-1 in the order their data lies in the file(s)
@@ -345,8 +344,7 @@ FERRY_API int ferry_file_tensor_data(const ferry_file *f, int64_t i, const void 
  * SIGBUS if the file shrank since it was opened). Returns 0, FERRY_E_INVAL for
  * a range outside the tensor, -errno of a failed read, or FERRY_E_CORRUPT when
  * the file ends early. Thread-safe. Errors go to the ctx f was opened with. */
-FERRY_API int ferry_file_tensor_read(const ferry_file *f, int64_t i, uint64_t off, void *buf,
-                                     size_t len);
+FERRY_API int ferry_file_tensor_read(const ferry_file *f, int64_t i, uint64_t off, void *buf, size_t len);
 
 /* Tensor i's elements in row-major order, as ferry_file_convert writes them.
  * For a contiguous tensor they are its bytes: ferry_file_tensor_gathered_bytes
@@ -385,7 +383,7 @@ FERRY_API int ferry_file_convert(ferry_ctx *ctx, const ferry_file *f, const char
 
 /* ferry_file_convert with options. */
 typedef struct ferry_convert_opts {
-    uint32_t size;     /* sizeof(ferry_convert_opts) */
+    uint32_t size; /* sizeof(ferry_convert_opts) */
     /* FERRY_DTYPE_INVALID (0): every tensor keeps its dtype and bytes. F16,
      * BF16 or F32: every F16, BF16, F32 and F64 tensor is cast to it (IEEE 754
      * round to nearest, ties to even; a magnitude past the target's largest
@@ -397,7 +395,7 @@ typedef struct ferry_convert_opts {
      * a cast would ignore) are copied unchanged. Any other dtype is
      * FERRY_E_INVAL. */
     ferry_dtype dtype;
-    uint64_t align;    /* as ferry_file_convert's align; 0 = 8 */
+    uint64_t align; /* as ferry_file_convert's align; 0 = 8 */
 } ferry_convert_opts;
 /* ferry_file_convert with opts (NULL: all defaults): the same output, errors
  * and guarantees, the tensors cast as opts->dtype says. */
@@ -421,10 +419,8 @@ FERRY_API int ferry_file_convert_with(ferry_ctx *ctx, const ferry_file *f, const
  * progress, if set, is called from worker threads with the bytes hashed so far
  * and the total; it must be thread-safe and quick.
  * Returns 0, -ENOMEM, -errno of a failed read, or FERRY_E_CORRUPT. */
-FERRY_API int ferry_file_hash(ferry_ctx *ctx, const ferry_file *f, uint64_t *per_tensor,
-                              uint64_t *model,
-                              void (*progress)(void *opaque, uint64_t done, uint64_t total),
-                              void *opaque);
+FERRY_API int ferry_file_hash(ferry_ctx *ctx, const ferry_file *f, uint64_t *per_tensor, uint64_t *model,
+                              void (*progress)(void *opaque, uint64_t done, uint64_t total), void *opaque);
 
 /* XXH3-64 (seed 0) of a buffer: the same checksum as `xxhsum -H3`. Thread-safe. */
 FERRY_API uint64_t ferry_xxh3(const void *data, size_t len);
@@ -451,22 +447,22 @@ FERRY_API int ferry_device_mem_info(ferry_device *dev, uint64_t *free_bytes, uin
 
 /* How a load's bytes travel from the file to the device. */
 typedef enum ferry_route {
-    FERRY_ROUTE_AUTO = 0,  /* choose: register if registered, ring if mostly cached (pageable for
+    FERRY_ROUTE_AUTO = 0, /* choose: register if registered, ring if mostly cached (pageable for
                              a small one while no ring is pinned), else direct.
                              It never registers a file itself: a registered mapping is read by
                              the device, where a truncation is not an error ferry can give
                              (README, "Truncated checkpoints"), so that is the caller's choice */
-    FERRY_ROUTE_RING,      /* threaded pread into a ring of pinned buffers, async copies (a file
+    FERRY_ROUTE_RING,     /* threaded pread into a ring of pinned buffers, async copies (a file
                              in tmpfs/ramfs: copied out of a mapping, FERRY_LOAD_PREAD) */
-    FERRY_ROUTE_DIRECT,    /* the same ring filled with O_DIRECT reads (cold files) */
-    FERRY_ROUTE_REGISTER,  /* page-lock the read-only file mapping, copy from it directly
+    FERRY_ROUTE_DIRECT,   /* the same ring filled with O_DIRECT reads (cold files) */
+    FERRY_ROUTE_REGISTER, /* page-lock the read-only file mapping, copy from it directly
                              (registered shard by shard while the registered ones are copied,
                              unregistered after the load unless registered already or kept:
                              FERRY_LOAD_KEEP_REGISTRATION) */
-    FERRY_ROUTE_CUFILE,    /* reserved, not a route: a load or ferry_device_prepare asking for it
+    FERRY_ROUTE_CUFILE,   /* reserved, not a route: a load or ferry_device_prepare asking for it
                              fails with FERRY_E_UNSUPPORTED and auto never takes it. GPUDirect
                              Storage is a probe (ferry_device_probe_cufile) */
-    FERRY_ROUTE_PAGEABLE,  /* copy straight from the file mapping, unpinned: the driver stages
+    FERRY_ROUTE_PAGEABLE, /* copy straight from the file mapping, unpinned: the driver stages
                              the bytes through its own pinned buffers (8.1 GB/s on the H200, a
                              sixth of the ring) but nothing is pinned first. auto takes it for a
                              cached load of at most FERRY_PAGEABLE_MAX bytes while the device
@@ -486,7 +482,7 @@ FERRY_API int ferry_route_parse(const char *name);
 
 typedef struct ferry_load_opts {
     uint32_t size;              /* sizeof(ferry_load_opts) */
-    ferry_route route;           /* how the bytes travel; FERRY_ROUTE_AUTO by default */
+    ferry_route route;          /* how the bytes travel; FERRY_ROUTE_AUTO by default */
     uint32_t threads;           /* reader threads; 0 = default (min(12, CPUs); DIRECT: min(8, CPUs)) */
     uint32_t streams;           /* copy streams; 0 = default (4), at least 2 are used */
     uint32_t ring_buffers;      /* pinned staging buffers; 0 = default (2 x threads) */
@@ -498,7 +494,7 @@ typedef struct ferry_load_opts {
      * at a time, done never decreasing and ending at total */
     void (*progress)(void *opaque, uint64_t done, uint64_t total);
     void *opaque;
-    uint32_t flags;             /* FERRY_LOAD_* below; 0 by default */
+    uint32_t flags; /* FERRY_LOAD_* below; 0 by default */
 } ferry_load_opts;
 
 /* ferry_load_opts.flags */
@@ -533,20 +529,20 @@ typedef enum ferry_registration {
 } ferry_registration;
 
 typedef struct ferry_load_stats {
-    uint32_t size;          /* sizeof(ferry_load_stats), set by the caller */
-    ferry_route route;       /* the route actually taken */
-    uint64_t bytes;         /* tensor bytes moved */
-    double seconds;         /* wall time of the call (ferry_load: its device allocation included) */
-    double resident;        /* fraction of the data in the page cache before the load,
-                               estimated from 64 runs of 64 pages spread over the files (measured
-                               for FERRY_ROUTE_AUTO only; -1 otherwise; see
-                               ferry_file_resident for an exact count) */
-    const char *why;        /* why that path (auto's reasoning, or "asked for"): static
-                               text, valid for the life of the library */
+    uint32_t size;                   /* sizeof(ferry_load_stats), set by the caller */
+    ferry_route route;               /* the route actually taken */
+    uint64_t bytes;                  /* tensor bytes moved */
+    double seconds;                  /* wall time of the call (ferry_load: its device allocation included) */
+    double resident;                 /* fraction of the data in the page cache before the load,
+                                        estimated from 64 runs of 64 pages spread over the files (measured
+                                        for FERRY_ROUTE_AUTO only; -1 otherwise; see
+                                        ferry_file_resident for an exact count) */
+    const char *why;                 /* why that path (auto's reasoning, or "asked for"): static
+                                        text, valid for the life of the library */
     ferry_registration registration; /* REGISTER loads: registered now or reused */
-    double register_seconds; /* REGISTER loads: time spent page-locking the mapping's pieces
-                               (part of seconds; the copies queued before a piece run while
-                               it registers); 0 when reused */
+    double register_seconds;         /* REGISTER loads: time spent page-locking the mapping's pieces
+                                        (part of seconds; the copies queued before a piece run while
+                                        it registers); 0 when reused */
     /* Where a load's time goes before its first read (all part of seconds):
      * setup_seconds from the call to the first batch handed to the readers
      * (ferry_load's device allocation, the path choice, the plan, streams,
@@ -579,16 +575,16 @@ FERRY_API int ferry_device_prepare(ferry_device *dev, const ferry_load_opts *opt
  * and whether it would pin that ring first, as ferry_load, ferry_load_into
  * and ferry_device_prepare decide it (one function decides for all three). */
 typedef struct ferry_route_choice {
-    uint32_t size;          /* sizeof(ferry_route_choice), set by the caller */
-    ferry_route route;      /* the route a load would take now (never AUTO or CUFILE) */
-    uint32_t threads;       /* reader threads (at most: a load starts no more than it has batches) */
-    uint32_t buffers;       /* staging buffers its reads use (0: the route reads into no ring) */
-    uint64_t buffer_bytes;  /* bytes per staging buffer (0: no ring) */
-    int32_t pins;           /* 1: no ring pinned on the device serves it, so the load (or
-                               ferry_device_prepare) pins one first; 0 otherwise */
-    double resident;        /* auto with a file: the sampled page-cache fraction it went by;
-                               -1 otherwise */
-    const char *why;        /* why that route: static text, valid for the life of the library */
+    uint32_t size;         /* sizeof(ferry_route_choice), set by the caller */
+    ferry_route route;     /* the route a load would take now (never AUTO or CUFILE) */
+    uint32_t threads;      /* reader threads (at most: a load starts no more than it has batches) */
+    uint32_t buffers;      /* staging buffers its reads use (0: the route reads into no ring) */
+    uint64_t buffer_bytes; /* bytes per staging buffer (0: no ring) */
+    int32_t pins;          /* 1: no ring pinned on the device serves it, so the load (or
+                              ferry_device_prepare) pins one first; 0 otherwise */
+    double resident;       /* auto with a file: the sampled page-cache fraction it went by;
+                              -1 otherwise */
+    const char *why;       /* why that route: static text, valid for the life of the library */
 } ferry_route_choice;
 
 /* Decide, without loading, how a load of `bytes` of f (0: all of f's tensor
@@ -691,33 +687,33 @@ typedef enum ferry_tier {
 FERRY_API const char *ferry_tier_name(ferry_tier t);
 
 typedef struct ferry_store_opts {
-    uint32_t size;              /* sizeof(ferry_store_opts) */
-    uint64_t device_budget;     /* device bytes the store may hold; 0 = the device's free
-                                   memory when the store is made, minus device_reserve */
-    uint64_t device_reserve;    /* 0 = 512 MiB */
-    uint64_t host_budget;       /* host RAM (pinned + pageable) for dirty tensors; 0 = what the
-                                   system allows now (the cgroup's limit when the process is in
-                                   a limited cgroup v2, else MemAvailable) minus host_reserve */
-    uint64_t pinned_budget;     /* the pinned part of host_budget; 0 = a quarter of it */
-    uint64_t host_reserve;      /* 0 = 1 GiB */
-    uint64_t spill_below;       /* dirty evictions spill to disk while the host's available
-                                   memory is below this (0 = 2 x host_reserve) ... */
-    uint64_t spill_above;       /* ... and go back to RAM once it is above this again
-                                   (hysteresis; 0 = spill_below + 1 GiB) */
-    const char *spill_dir;      /* where the unnamed spill file lives (NULL: /var/tmp; the CLI
-                                   and the binding pass $FERRY_SPILL_DIR); tmpfs and ramfs are
-                                   refused. Copied: need not outlive the call */
+    uint32_t size;               /* sizeof(ferry_store_opts) */
+    uint64_t device_budget;      /* device bytes the store may hold; 0 = the device's free
+                                    memory when the store is made, minus device_reserve */
+    uint64_t device_reserve;     /* 0 = 512 MiB */
+    uint64_t host_budget;        /* host RAM (pinned + pageable) for dirty tensors; 0 = what the
+                                    system allows now (the cgroup's limit when the process is in
+                                    a limited cgroup v2, else MemAvailable) minus host_reserve */
+    uint64_t pinned_budget;      /* the pinned part of host_budget; 0 = a quarter of it */
+    uint64_t host_reserve;       /* 0 = 1 GiB */
+    uint64_t spill_below;        /* dirty evictions spill to disk while the host's available
+                                    memory is below this (0 = 2 x host_reserve) ... */
+    uint64_t spill_above;        /* ... and go back to RAM once it is above this again
+                                    (hysteresis; 0 = spill_below + 1 GiB) */
+    const char *spill_dir;       /* where the unnamed spill file lives (NULL: /var/tmp; the CLI
+                                    and the binding pass $FERRY_SPILL_DIR); tmpfs and ramfs are
+                                    refused. Copied: need not outlive the call */
     const ferry_load_opts *load; /* ring geometry for every move (NULL = defaults); copied */
-    uint64_t pinned_reserve;    /* pin this much of the pool ahead, on a thread of the store's own
-                                   that starts in ferry_store_new (capped at pinned_budget; 0 =
-                                   none: the pool is pinned as evictions need it). Pinning runs at
-                                   about 7 GB/s, so a first dirty eviction into a pool pinned on
-                                   demand runs at that rate, not the copy's; pinned ahead, it runs
-                                   at the copy's. It pins 256 MiB pieces between the store's
-                                   transfers (an eviction that needs a piece meanwhile waits for
-                                   the next; a tensor larger than a piece is pinned on demand).
-                                   The reserved part stays pinned while the store lives
-                                   (make_room does not unpin it) */
+    uint64_t pinned_reserve;     /* pin this much of the pool ahead, on a thread of the store's own
+                                    that starts in ferry_store_new (capped at pinned_budget; 0 =
+                                    none: the pool is pinned as evictions need it). Pinning runs at
+                                    about 7 GB/s, so a first dirty eviction into a pool pinned on
+                                    demand runs at that rate, not the copy's; pinned ahead, it runs
+                                    at the copy's. It pins 256 MiB pieces between the store's
+                                    transfers (an eviction that needs a piece meanwhile waits for
+                                    the next; a tensor larger than a piece is pinned on demand).
+                                    The reserved part stays pinned while the store lives
+                                    (make_room does not unpin it) */
 } ferry_store_opts;
 
 /* Make a store on dev (which must outlive it). The spill file is created only
@@ -840,39 +836,39 @@ FERRY_API int ferry_model_release_after(ferry_model *m, int64_t t, uint64_t cu_s
  * Pinned cache copies give way to dirty tensors' saves when the host budget
  * is short. */
 typedef struct ferry_plan_opts {
-    uint32_t size;          /* sizeof(ferry_plan_opts) */
-    const int64_t *blocks;  /* one tensor of each block, in the order a pass runs them; a
-                               block is that tensor's group (ferry_model_group), and no two
-                               blocks may share one. Copied */
+    uint32_t size;         /* sizeof(ferry_plan_opts) */
+    const int64_t *blocks; /* one tensor of each block, in the order a pass runs them; a
+                              block is that tensor's group (ferry_model_group), and no two
+                              blocks may share one. Copied */
     int64_t nblocks;
-    int64_t window;         /* blocks the window holds: the one computing and those in flight
-                               (0 = 3) */
-    uint64_t budget;        /* device bytes this model may plan for; 0 = the store's device
-                               budget, re-planned whenever ferry_store_set_device_budget
-                               changes it */
-    uint64_t reserve;       /* of them, left free for the caller (activations) */
-    int pinned_cache;       /* 0 = keep streamed blocks' clean copies in pinned RAM as room
-                               allows; -1 = never */
-    int64_t dry_run;        /* 1 = only say what this plan would be (out): nothing is marked
-                               and the model keeps the plan it had (choosing a window). 64 bits:
-                               the struct grows, so a caller built before it (size 56, padding
-                               where an int would go) never asks for one */
+    int64_t window;   /* blocks the window holds: the one computing and those in flight
+                         (0 = 3) */
+    uint64_t budget;  /* device bytes this model may plan for; 0 = the store's device
+                         budget, re-planned whenever ferry_store_set_device_budget
+                         changes it */
+    uint64_t reserve; /* of them, left free for the caller (activations) */
+    int pinned_cache; /* 0 = keep streamed blocks' clean copies in pinned RAM as room
+                         allows; -1 = never */
+    int64_t dry_run;  /* 1 = only say what this plan would be (out): nothing is marked
+                         and the model keeps the plan it had (choosing a window). 64 bits:
+                         the struct grows, so a caller built before it (size 56, padding
+                         where an int would go) never asks for one */
 } ferry_plan_opts;
 
 typedef struct ferry_plan {
-    uint32_t size;            /* sizeof(ferry_plan), set by the caller */
-    int64_t blocks;           /* blocks planned */
-    int64_t resident_blocks;  /* of which stay on the device */
-    int64_t streamed_blocks;  /* of which stream every pass */
-    uint64_t fixed_bytes;     /* the model's tensors outside every block (stay resident) */
-    uint64_t resident_bytes;  /* fixed_bytes + the resident blocks' */
-    uint64_t window_bytes;    /* device memory the window needs (its largest streamed blocks) */
-    uint64_t streamed_bytes;  /* bytes moved to the device per pass */
-    uint64_t budget;          /* the device bytes planned for (budget - reserve) */
-    int64_t window;           /* blocks the window holds: the one asked for, or fewer when the
-                                 budget holds no more beside the tensors outside the blocks */
-    uint64_t minimum_bytes;   /* the least budget that streams at all: the tensors outside the
-                                 blocks + the largest block + the reserve */
+    uint32_t size;           /* sizeof(ferry_plan), set by the caller */
+    int64_t blocks;          /* blocks planned */
+    int64_t resident_blocks; /* of which stay on the device */
+    int64_t streamed_blocks; /* of which stream every pass */
+    uint64_t fixed_bytes;    /* the model's tensors outside every block (stay resident) */
+    uint64_t resident_bytes; /* fixed_bytes + the resident blocks' */
+    uint64_t window_bytes;   /* device memory the window needs (its largest streamed blocks) */
+    uint64_t streamed_bytes; /* bytes moved to the device per pass */
+    uint64_t budget;         /* the device bytes planned for (budget - reserve) */
+    int64_t window;          /* blocks the window holds: the one asked for, or fewer when the
+                                budget holds no more beside the tensors outside the blocks */
+    uint64_t minimum_bytes;  /* the least budget that streams at all: the tensors outside the
+                                blocks + the largest block + the reserve */
 } ferry_plan;
 
 /* Plan how model m runs pass after pass within its budget: chooses the
@@ -947,40 +943,40 @@ typedef enum ferry_stream_copies {
 } ferry_stream_copies;
 
 typedef struct ferry_streamer_opts {
-    uint32_t size;          /* sizeof(ferry_streamer_opts) */
-    const int64_t *blocks;  /* one tensor of each block (the block is that tensor's group:
-                               ferry_model_group), in the order the caller expects them to run;
-                               block k below is blocks[k]. Copied */
+    uint32_t size;         /* sizeof(ferry_streamer_opts) */
+    const int64_t *blocks; /* one tensor of each block (the block is that tensor's group:
+                              ferry_model_group), in the order the caller expects them to run;
+                              block k below is blocks[k]. Copied */
     int64_t nblocks;
-    int64_t prefetch;       /* moves queued ahead of the block computing (the window holds
-                               prefetch + 1 blocks); 0 = 2; -1 = none (each block is moved
-                               when it is about to run) */
-    uint64_t budget;        /* device bytes to plan for; 0 = the store's device budget */
-    uint64_t reserve;       /* of them, left free for the caller (activations) */
-    int copies;             /* ferry_stream_copies */
+    int64_t prefetch; /* moves queued ahead of the block computing (the window holds
+                         prefetch + 1 blocks); 0 = 2; -1 = none (each block is moved
+                         when it is about to run) */
+    uint64_t budget;  /* device bytes to plan for; 0 = the store's device budget */
+    uint64_t reserve; /* of them, left free for the caller (activations) */
+    int copies;       /* ferry_stream_copies */
 } ferry_streamer_opts;
 
 typedef struct ferry_streamer_stats {
-    uint32_t size;              /* sizeof(ferry_streamer_stats), set by the caller */
-    int64_t passes;             /* passes ended */
-    int64_t blocks;             /* blocks of the model */
-    int64_t resident_blocks;    /* of which the plan keeps on the device now */
-    int64_t streamed_blocks;    /* of which stream every pass */
-    int64_t prefetch;           /* moves queued ahead now (after shrinking) */
-    int64_t prefetch_asked;     /* what the options asked for */
-    uint64_t budget;            /* device bytes planned for now (after shrinking) */
-    uint64_t budget_asked;      /* what the options or ferry_streamer_set_budget asked for */
-    uint64_t minimum_bytes;     /* fixed + largest block + reserve: below it no pass runs */
+    uint32_t size;           /* sizeof(ferry_streamer_stats), set by the caller */
+    int64_t passes;          /* passes ended */
+    int64_t blocks;          /* blocks of the model */
+    int64_t resident_blocks; /* of which the plan keeps on the device now */
+    int64_t streamed_blocks; /* of which stream every pass */
+    int64_t prefetch;        /* moves queued ahead now (after shrinking) */
+    int64_t prefetch_asked;  /* what the options asked for */
+    uint64_t budget;         /* device bytes planned for now (after shrinking) */
+    uint64_t budget_asked;   /* what the options or ferry_streamer_set_budget asked for */
+    uint64_t minimum_bytes;  /* fixed + largest block + reserve: below it no pass runs */
     uint64_t fixed_bytes, resident_bytes, window_bytes, streamed_bytes; /* as ferry_plan */
-    int pinned_copies;          /* 1 when streamed blocks keep pinned copies (see copies) */
-    uint64_t pass_htod;         /* bytes moved to the device by the last pass */
-    uint64_t pass_read;         /* of them, read from checkpoints and the spill file */
-    double pass_seconds;        /* host time from the last pass_begin to its pass_end */
-    uint64_t shrinks;           /* times a failed move shrank the window or the resident set */
-    uint64_t grows;             /* times the plan grew back to what was asked */
-    uint64_t retries;           /* moves tried again after a failure for room */
-    uint64_t prefetch_skipped;  /* moves ahead not queued for want of room (queued later, when
-                                   their block runs) */
+    int pinned_copies;         /* 1 when streamed blocks keep pinned copies (see copies) */
+    uint64_t pass_htod;        /* bytes moved to the device by the last pass */
+    uint64_t pass_read;        /* of them, read from checkpoints and the spill file */
+    double pass_seconds;       /* host time from the last pass_begin to its pass_end */
+    uint64_t shrinks;          /* times a failed move shrank the window or the resident set */
+    uint64_t grows;            /* times the plan grew back to what was asked */
+    uint64_t retries;          /* moves tried again after a failure for room */
+    uint64_t prefetch_skipped; /* moves ahead not queued for want of room (queued later, when
+                                  their block runs) */
 } ferry_streamer_stats;
 
 /* Make a streamer for model m and plan it (nothing moves yet). Groups each
@@ -1039,17 +1035,17 @@ FERRY_API int ferry_model_hold(ferry_model *m, int64_t t);
 FERRY_API int ferry_model_release(ferry_model *m, int64_t t);
 
 typedef struct ferry_tensor_state {
-    uint32_t size;      /* sizeof(ferry_tensor_state), set by the caller */
-    const char *name;   /* valid while the model exists */
+    uint32_t size;    /* sizeof(ferry_tensor_state), set by the caller */
+    const char *name; /* valid while the model exists */
     uint64_t nbytes;
     ferry_tier tier;
-    int dirty;          /* differs from the checkpoint */
-    int holds;          /* ferry_model_hold count: never evicted while > 0 */
-    int64_t group;      /* tensors with the same group move together */
-    uint64_t dptr;      /* device address while tier == DEVICE, else 0 */
-    int cached;         /* a clean copy is also kept in the pinned pool (a streamed block, or
-                           a model with ferry_model_set_pinned_cache on) */
-    int streams;        /* its block streams under the model's plan */
+    int dirty;     /* differs from the checkpoint */
+    int holds;     /* ferry_model_hold count: never evicted while > 0 */
+    int64_t group; /* tensors with the same group move together */
+    uint64_t dptr; /* device address while tier == DEVICE, else 0 */
+    int cached;    /* a clean copy is also kept in the pinned pool (a streamed block, or
+                      a model with ferry_model_set_pinned_cache on) */
+    int streams;   /* its block streams under the model's plan */
 } ferry_tensor_state;
 FERRY_API int ferry_model_tensor_state(ferry_model *m, int64_t t, ferry_tensor_state *out);
 /* The device addresses of tensors[0..n-1] in one call (a framework's hook
@@ -1094,23 +1090,23 @@ FERRY_API int ferry_model_write(ferry_model *m, int64_t t, const void *buf);
 FERRY_API int64_t ferry_store_make_room(ferry_store *s, uint64_t bytes, uint64_t *could);
 
 typedef struct ferry_store_stats {
-    uint32_t size;            /* sizeof(ferry_store_stats), set by the caller */
+    uint32_t size;                         /* sizeof(ferry_store_stats), set by the caller */
     uint64_t tier_bytes[FERRY_TIER_COUNT]; /* bytes of tensors now in each tier */
     uint64_t device_budget, pinned_budget, host_budget;
-    uint64_t host_available;  /* the host's available memory now (cgroup-aware) */
-    int spilling;             /* dirty evictions currently go to disk (hysteresis state) */
-    uint64_t spill_file_bytes; /* spill file's allocated size */
-    uint64_t bytes_htod, bytes_dtoh;  /* moved to / from the device since the store was made */
+    uint64_t host_available;         /* the host's available memory now (cgroup-aware) */
+    int spilling;                    /* dirty evictions currently go to disk (hysteresis state) */
+    uint64_t spill_file_bytes;       /* spill file's allocated size */
+    uint64_t bytes_htod, bytes_dtoh; /* moved to / from the device since the store was made */
     double seconds_htod, seconds_dtoh;
-    uint64_t bytes_written;   /* written to the spill file */
-    uint64_t bytes_read;      /* read from checkpoints and the spill file */
-    uint64_t evicted;         /* tensors that left the device */
-    uint64_t dropped;         /* of which clean (nothing written) */
+    uint64_t bytes_written; /* written to the spill file */
+    uint64_t bytes_read;    /* read from checkpoints and the spill file */
+    uint64_t evicted;       /* tensors that left the device */
+    uint64_t dropped;       /* of which clean (nothing written) */
     int64_t models, tensors;
-    uint64_t device_cached;   /* free device memory the store holds for reuse: the free pieces of
-                                 its segments (make_room gives whole free segments back) */
-    uint64_t pinned_pool_bytes; /* page-locked host RAM the store holds for dirty tensors
-                                   (pinned once, reused; make_room unpins what is unused) */
+    uint64_t device_cached;      /* free device memory the store holds for reuse: the free pieces of
+                                    its segments (make_room gives whole free segments back) */
+    uint64_t pinned_pool_bytes;  /* page-locked host RAM the store holds for dirty tensors
+                                    (pinned once, reused; make_room unpins what is unused) */
     uint64_t pinned_cache_bytes; /* of the pool, clean copies (streamed blocks, pinned_cache models) */
     uint64_t device_allocs, device_frees; /* driver calls the store made for device memory
                                              (a steady streamed pass should make none) */
@@ -1144,11 +1140,11 @@ typedef struct ferry_mem_range {
     uint64_t start, end, peak;
 } ferry_mem_range;
 typedef struct ferry_job_stats {
-    uint32_t size;            /* sizeof(ferry_job_stats), set by the caller */
+    uint32_t size; /* sizeof(ferry_job_stats), set by the caller */
     double seconds;
     ferry_mem_range rss, uss, pss;
-    ferry_mem_range cgroup;   /* memory.current (peak: memory.peak when the kernel has it,
-                                 else sampled); all 0 when not in a cgroup v2 */
+    ferry_mem_range cgroup; /* memory.current (peak: memory.peak when the kernel has it,
+                               else sampled); all 0 when not in a cgroup v2 */
     uint64_t device_bytes, pinned_bytes, host_bytes, spill_bytes; /* tiers at the end */
     uint64_t bytes_htod, bytes_dtoh, bytes_written, bytes_read;   /* during the job */
     double seconds_htod, seconds_dtoh;

@@ -90,7 +90,8 @@ FERRY_API const char *ferry_keep_errmsg(const ferry_keep *k);
  * the bytes into (mmap it shared, or pwrite), *entry its id. Invisible to GET
  * until committed; discarded if this connection closes first. 0 or -errno
  * (-ENOSPC: the budget cannot make room). */
-FERRY_API int ferry_keep_put_begin(ferry_keep *k, const ferry_keep_id *id, uint64_t nbytes, int *fd, uint64_t *entry);
+FERRY_API int ferry_keep_put_begin(ferry_keep *k, const ferry_keep_id *id, uint64_t nbytes, int *fd,
+                                   uint64_t *entry);
 /* Make the entry visible; it replaces an entry of the same key, and drops the
  * file's entries of another size, mtime or digest. */
 FERRY_API int ferry_keep_put_commit(ferry_keep *k, uint64_t entry);
@@ -99,8 +100,8 @@ FERRY_API int ferry_keep_put_commit(ferry_keep *k, uint64_t entry);
  * make room) until ferry_keep_release or the connection closes. 0: a miss
  * (*stale = 1 when an entry of another file identity was there and was
  * dropped; stale may be NULL). -errno on error. */
-FERRY_API int ferry_keep_get(ferry_keep *k, const ferry_keep_id *id, int *fd, uint64_t *offset, uint64_t *nbytes,
-                             uint64_t *entry, int *stale);
+FERRY_API int ferry_keep_get(ferry_keep *k, const ferry_keep_id *id, int *fd, uint64_t *offset,
+                             uint64_t *nbytes, uint64_t *entry, int *stale);
 FERRY_API int ferry_keep_release(ferry_keep *k, uint64_t entry);
 
 enum { FERRY_KEEP_DROP_ENTRY = 0, FERRY_KEEP_DROP_FILE = 1, FERRY_KEEP_DROP_ALL = 2 };
@@ -135,7 +136,7 @@ typedef struct ferry_keep_status {
     uint64_t pending_bytes; /* of which pending */
     uint32_t nentries;      /* committed entries */
     uint32_t npending;
-    uint32_t nclients; /* connections, this one included */
+    uint32_t nclients;                       /* connections, this one included */
     uint32_t listed_entries, listed_clients; /* as many as fit in one reply */
     ferry_keep_entry_info *entries;
     ferry_keep_client_info *clients;
@@ -162,17 +163,17 @@ FERRY_API void ferry_keep_status_free(ferry_keep_status *s);
 FERRY_API int ferry_store_use_keeper(ferry_store *s, const char *socket, int timeout_ms);
 
 typedef struct ferry_store_keeper_stats {
-    uint32_t size;          /* sizeof(ferry_store_keeper_stats), set by the caller */
-    int32_t used;           /* ferry_store_use_keeper succeeded once */
-    int32_t connected;      /* connected now (0 after a failure, until a move connects again) */
-    uint64_t bytes_served;  /* tensor bytes the keeper served (not in ferry_store_stats.bytes_read) */
-    uint64_t bytes_fed;     /* tensor bytes committed to the keeper */
-    uint64_t hits, misses;  /* tensors asked for */
-    uint64_t stale;         /* of the misses: the keeper held the tensor for another file identity */
-    uint64_t refused;       /* feeds the keeper refused for room (its budget held by attached entries) */
-    uint64_t errors;        /* connections lost or refused: each time the store went on without it */
-    uint64_t connects;      /* connections made (the first, and each after an error) */
-    char last_error[256];   /* the last error's message ("" before any) */
+    uint32_t size;         /* sizeof(ferry_store_keeper_stats), set by the caller */
+    int32_t used;          /* ferry_store_use_keeper succeeded once */
+    int32_t connected;     /* connected now (0 after a failure, until a move connects again) */
+    uint64_t bytes_served; /* tensor bytes the keeper served (not in ferry_store_stats.bytes_read) */
+    uint64_t bytes_fed;    /* tensor bytes committed to the keeper */
+    uint64_t hits, misses; /* tensors asked for */
+    uint64_t stale;        /* of the misses: the keeper held the tensor for another file identity */
+    uint64_t refused;      /* feeds the keeper refused for room (its budget held by attached entries) */
+    uint64_t errors;       /* connections lost or refused: each time the store went on without it */
+    uint64_t connects;     /* connections made (the first, and each after an error) */
+    char last_error[256];  /* the last error's message ("" before any) */
 } ferry_store_keeper_stats;
 
 /* What the store got from its keeper so far. 0 or FERRY_E_INVAL. */

@@ -38,19 +38,19 @@
 
 typedef struct options {
     const char *checkpoint;
-    const char *device;  /* ferry_device_open's spec */
-    uint64_t budget;     /* device bytes the store (and so the streamer) may use */
-    const char *prefix;  /* blocks are the tensors named PREFIX<N>.* */
+    const char *device; /* ferry_device_open's spec */
+    uint64_t budget;    /* device bytes the store (and so the streamer) may use */
+    const char *prefix; /* blocks are the tensors named PREFIX<N>.* */
     long passes;
-    double block_ms;     /* the stand-in compute's time per block */
-    int copies;          /* ferry_stream_copies */
+    double block_ms; /* the stand-in compute's time per block */
+    int copies;      /* ferry_stream_copies */
     int json;
 } options;
 
 /* One block: its tensors (model indices) and their bytes, and the one the
  * stand-in compute reads back, the block's largest (tensors[check]). */
 typedef struct block {
-    uint64_t number;      /* N of PREFIX<N>. */
+    uint64_t number; /* N of PREFIX<N>. */
     const int64_t *tensors;
     int64_t n;
     uint64_t bytes;
@@ -59,9 +59,9 @@ typedef struct block {
 } block;
 
 typedef struct pass_result {
-    double seconds;       /* the engine's pass time: pass_begin to pass_end */
-    double waited;        /* of it, spent inside block_begin and block_end (waiting for moves) */
-    uint64_t htod, read;  /* bytes moved to the device, and of them read from the checkpoint */
+    double seconds;      /* the engine's pass time: pass_begin to pass_end */
+    double waited;       /* of it, spent inside block_begin and block_end (waiting for moves) */
+    uint64_t htod, read; /* bytes moved to the device, and of them read from the checkpoint */
 } pass_result;
 
 /* Print "stream: " and the message on stderr; returns ret (for `return fail(2, ...)`). */
@@ -78,26 +78,31 @@ __attribute__((format(printf, 2, 3))) static int fail(int ret, const char *fmt, 
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: stream CHECKPOINT [options]\n"
-            "Run a model larger than its device budget block by block with ferry's streaming engine,\n"
-            "a sleep standing in for each block's kernels.\n"
-            "  --device SPEC     sim:SIZE[,RATE/s] or cuda[:N] (default sim:512MiB,2GB/s)\n"
-            "  --budget SIZE     device bytes for the model (default 256MiB)\n"
-            "  --prefix P        blocks are the tensors named P<N>.* (default blocks.)\n"
-            "  --passes N        passes over the blocks (default 4)\n"
-            "  --block-ms MS     stand-in compute per block, in milliseconds (default 5)\n"
-            "  --copies C        where streamed blocks come from after the first pass:\n"
-            "                    auto, pinned (copies in pinned RAM) or ring (the checkpoint) (default auto)\n"
-            "  --json            print one JSON object instead of text\n"
-            "Exits 0, 1 on failure (the library's message on stderr), 2 for a bad command line.\n");
+    fprintf(
+        out,
+        "usage: stream CHECKPOINT [options]\n"
+        "Run a model larger than its device budget block by block with ferry's streaming engine,\n"
+        "a sleep standing in for each block's kernels.\n"
+        "  --device SPEC     sim:SIZE[,RATE/s] or cuda[:N] (default sim:512MiB,2GB/s)\n"
+        "  --budget SIZE     device bytes for the model (default 256MiB)\n"
+        "  --prefix P        blocks are the tensors named P<N>.* (default blocks.)\n"
+        "  --passes N        passes over the blocks (default 4)\n"
+        "  --block-ms MS     stand-in compute per block, in milliseconds (default 5)\n"
+        "  --copies C        where streamed blocks come from after the first pass:\n"
+        "                    auto, pinned (copies in pinned RAM) or ring (the checkpoint) (default auto)\n"
+        "  --json            print one JSON object instead of text\n"
+        "Exits 0, 1 on failure (the library's message on stderr), 2 for a bad command line.\n");
 }
 
 /* The options, or 2 after a message (0 with --help: *help set). */
 static int parse_args(int argc, char **argv, options *o, int *help)
 {
-    *o = (options){.device = "sim:512MiB,2GB/s", .budget = 256ull << 20, .prefix = "blocks.", .passes = 4,
-                   .block_ms = 5, .copies = FERRY_STREAM_COPIES_AUTO};
+    *o = (options){.device = "sim:512MiB,2GB/s",
+                   .budget = 256ull << 20,
+                   .prefix = "blocks.",
+                   .passes = 4,
+                   .block_ms = 5,
+                   .copies = FERRY_STREAM_COPIES_AUTO};
     *help = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -160,7 +165,10 @@ static void sleep_ms(double ms)
     }
 }
 
-static double mib(uint64_t bytes) { return (double)bytes / (1 << 20); }
+static double mib(uint64_t bytes)
+{
+    return (double)bytes / (1 << 20);
+}
 
 /* N when name is PREFIX<N>.something, else -1. */
 static int64_t block_number(const char *name, const char *prefix)
@@ -221,13 +229,14 @@ static int find_blocks(ferry_model *m, const options *o, int64_t **idx, block **
     free(e);
     *nblocks = nb;
     if (nb == 0) {
-        return fail(-1, "%s: no tensor is named %s<N>.* (--prefix names the blocks)", o->checkpoint, o->prefix);
+        return fail(-1, "%s: no tensor is named %s<N>.* (--prefix names the blocks)", o->checkpoint,
+                    o->prefix);
     }
     for (int64_t k = 0; k < nb; k++) {
         int rc = ferry_model_group(m, (*blocks)[k].tensors, (*blocks)[k].n);
         if (rc < 0) {
-            return fail(-1, "%s: grouping block %s%" PRIu64 ".: %s", o->checkpoint, o->prefix, (*blocks)[k].number,
-                        ferry_model_errmsg(m));
+            return fail(-1, "%s: grouping block %s%" PRIu64 ".: %s", o->checkpoint, o->prefix,
+                        (*blocks)[k].number, ferry_model_errmsg(m));
         }
     }
     return 0;
@@ -239,14 +248,14 @@ static int find_blocks(ferry_model *m, const options *o, int64_t **idx, block **
  * block's largest tensor back from the device and compares it with the
  * checkpoint (its bytes in the file mapping, no copy). 0, or -1 after a
  * message. */
-static int compute(ferry_model *m, ferry_file *f, const options *o, const block *b, uint64_t *addrs, void *buf,
-                   int check)
+static int compute(ferry_model *m, ferry_file *f, const options *o, const block *b, uint64_t *addrs,
+                   void *buf, int check)
 {
     /* 3 figures a tensor: its address, and the base and size of the device
      * block of the store's that holds it */
     if (ferry_model_device_addrs(m, b->tensors, b->n, addrs) < 0) {
-        return fail(-1, "%s: block %s%" PRIu64 ".: its tensors' device addresses: %s", o->checkpoint, o->prefix,
-                    b->number, ferry_model_errmsg(m));
+        return fail(-1, "%s: block %s%" PRIu64 ".: its tensors' device addresses: %s", o->checkpoint,
+                    o->prefix, b->number, ferry_model_errmsg(m));
     }
     if (b->check_bytes > 0 && addrs[3 * b->check] == 0) { /* after block_begin the block is on the device */
         return fail(-1, "%s: block %s%" PRIu64 ".: not on the device after ferry_streamer_block_begin",
@@ -273,8 +282,10 @@ static int compute(ferry_model *m, ferry_file *f, const options *o, const block 
     if (memcmp(buf, want, (size_t)ts.nbytes) != 0) {
         uint64_t at = 0;
         while (((const unsigned char *)buf)[at] == ((const unsigned char *)want)[at]) at++;
-        return fail(-1, "%s: tensor %s (%" PRIu64 " bytes) read back from the device differs from the checkpoint,"
-                    " first at byte %" PRIu64, o->checkpoint, ts.name, ts.nbytes, at);
+        return fail(-1,
+                    "%s: tensor %s (%" PRIu64 " bytes) read back from the device differs from the checkpoint,"
+                    " first at byte %" PRIu64,
+                    o->checkpoint, ts.name, ts.nbytes, at);
     }
     return 0;
 }
@@ -292,8 +303,9 @@ static void json_string(const char *s)
     putchar('"');
 }
 
-static void report_json(const options *o, ferry_device *dev, int64_t ntensors, uint64_t model_bytes, int64_t nblocks,
-                        const pass_result *pr, long done, int64_t verified, const ferry_streamer_stats *e)
+static void report_json(const options *o, ferry_device *dev, int64_t ntensors, uint64_t model_bytes,
+                        int64_t nblocks, const pass_result *pr, long done, int64_t verified,
+                        const ferry_streamer_stats *e)
 {
     printf("{\"checkpoint\": ");
     json_string(o->checkpoint);
@@ -301,21 +313,23 @@ static void report_json(const options *o, ferry_device *dev, int64_t ntensors, u
     json_string(ferry_device_desc(dev));
     printf(", \"prefix\": ");
     json_string(o->prefix);
-    printf(", \"tensors\": %" PRId64 ", \"model_bytes\": %" PRIu64 ", \"blocks\": %" PRId64 ", \"budget\": %" PRIu64
-           ", \"passes\": %ld, \"passes_done\": %ld, \"blocks_verified\": %" PRId64 ", \"per_pass\": [",
+    printf(", \"tensors\": %" PRId64 ", \"model_bytes\": %" PRIu64 ", \"blocks\": %" PRId64
+           ", \"budget\": %" PRIu64 ", \"passes\": %ld, \"passes_done\": %ld, \"blocks_verified\": %" PRId64
+           ", \"per_pass\": [",
            ntensors, model_bytes, nblocks, o->budget, o->passes, done, verified);
     for (long p = 0; p < done; p++)
-        printf("%s{\"seconds\": %.6f, \"waited_seconds\": %.6f, \"bytes_htod\": %" PRIu64 ", \"bytes_read\": %" PRIu64
-               "}",
+        printf("%s{\"seconds\": %.6f, \"waited_seconds\": %.6f, \"bytes_htod\": %" PRIu64
+               ", \"bytes_read\": %" PRIu64 "}",
                p ? ", " : "", pr[p].seconds, pr[p].waited, pr[p].htod, pr[p].read);
-    printf("], \"plan\": {\"resident_blocks\": %" PRId64 ", \"streamed_blocks\": %" PRId64 ", \"prefetch\": %" PRId64
-           ", \"prefetch_asked\": %" PRId64 ", \"budget\": %" PRIu64 ", \"minimum_bytes\": %" PRIu64
-           ", \"fixed_bytes\": %" PRIu64 ", \"resident_bytes\": %" PRIu64 ", \"window_bytes\": %" PRIu64
-           ", \"streamed_bytes\": %" PRIu64 ", \"shrinks\": %" PRIu64 ", \"grows\": %" PRIu64 ", \"retries\": %" PRIu64
-           ", \"prefetch_skipped\": %" PRIu64 ", \"pinned_copies\": %s}}\n",
-           e->resident_blocks, e->streamed_blocks, e->prefetch, e->prefetch_asked, e->budget, e->minimum_bytes,
-           e->fixed_bytes, e->resident_bytes, e->window_bytes, e->streamed_bytes, e->shrinks, e->grows, e->retries,
-           e->prefetch_skipped, e->pinned_copies ? "true" : "false");
+    printf("], \"plan\": {\"resident_blocks\": %" PRId64 ", \"streamed_blocks\": %" PRId64
+           ", \"prefetch\": %" PRId64 ", \"prefetch_asked\": %" PRId64 ", \"budget\": %" PRIu64
+           ", \"minimum_bytes\": %" PRIu64 ", \"fixed_bytes\": %" PRIu64 ", \"resident_bytes\": %" PRIu64
+           ", \"window_bytes\": %" PRIu64 ", \"streamed_bytes\": %" PRIu64 ", \"shrinks\": %" PRIu64
+           ", \"grows\": %" PRIu64 ", \"retries\": %" PRIu64 ", \"prefetch_skipped\": %" PRIu64
+           ", \"pinned_copies\": %s}}\n",
+           e->resident_blocks, e->streamed_blocks, e->prefetch, e->prefetch_asked, e->budget,
+           e->minimum_bytes, e->fixed_bytes, e->resident_bytes, e->window_bytes, e->streamed_bytes,
+           e->shrinks, e->grows, e->retries, e->prefetch_skipped, e->pinned_copies ? "true" : "false");
 }
 
 int main(int argc, char **argv)
@@ -341,10 +355,10 @@ int main(int argc, char **argv)
     void *buf = NULL;
     pass_result *pr = NULL;
     long done = 0;
-    int64_t most = 0;      /* tensors in the largest block */
-    uint64_t largest = 0;  /* bytes of the largest tensor checked */
+    int64_t most = 0;     /* tensors in the largest block */
+    uint64_t largest = 0; /* bytes of the largest tensor checked */
     ferry_streamer_stats e = {.size = sizeof e};
-    const uint64_t S = 0;  /* the stream the blocks run on (see the top of the file) */
+    const uint64_t S = 0; /* the stream the blocks run on (see the top of the file) */
 
     if ((rc = ferry_ctx_new(NULL, &ctx)) < 0) {
         fail(1, "%s", ferry_ctx_errmsg(NULL));
@@ -399,10 +413,11 @@ int main(int argc, char **argv)
     }
     if (!o.json) {
         (void)ferry_streamer_get_stats(st, &e);
-        printf("%s: %" PRId64 " tensors, %.1f MiB; %" PRId64 " blocks %s<N>., %.1f MiB outside them\n", o.checkpoint,
-               ferry_model_tensor_count(m), mib(ferry_file_total_bytes(f)), nb, o.prefix, mib(e.fixed_bytes));
-        printf("%s, budget %.1f MiB: %" PRId64 " blocks resident, %" PRId64 " streamed\n", ferry_device_desc(dev),
-               mib(o.budget), e.resident_blocks, e.streamed_blocks);
+        printf("%s: %" PRId64 " tensors, %.1f MiB; %" PRId64 " blocks %s<N>., %.1f MiB outside them\n",
+               o.checkpoint, ferry_model_tensor_count(m), mib(ferry_file_total_bytes(f)), nb, o.prefix,
+               mib(e.fixed_bytes));
+        printf("%s, budget %.1f MiB: %" PRId64 " blocks resident, %" PRId64 " streamed\n",
+               ferry_device_desc(dev), mib(o.budget), e.resident_blocks, e.streamed_blocks);
     }
 
     for (long p = 0; p < o.passes; p++) {
@@ -418,7 +433,7 @@ int main(int argc, char **argv)
             waited += now() - t;
             if (rc < 0) {
                 fail(1, "%s: pass %ld, block %s%" PRIu64 ".: %s", o.checkpoint, p + 1, o.prefix,
-                        blocks[k].number, ferry_model_errmsg(m));
+                     blocks[k].number, ferry_model_errmsg(m));
                 goto end_pass;
             }
             if (compute(m, f, &o, &blocks[k], addrs, buf, check) < 0) {
@@ -431,8 +446,8 @@ int main(int argc, char **argv)
             rc = ferry_streamer_block_end(st, k, S);
             waited += now() - t;
             if (rc < 0) {
-                fail(1, "%s: pass %ld, after block %s%" PRIu64 ".: %s", o.checkpoint, p + 1,
-                        o.prefix, blocks[k].number, ferry_model_errmsg(m));
+                fail(1, "%s: pass %ld, after block %s%" PRIu64 ".: %s", o.checkpoint, p + 1, o.prefix,
+                     blocks[k].number, ferry_model_errmsg(m));
                 goto end_pass;
             }
         }
@@ -448,22 +463,26 @@ int main(int argc, char **argv)
         pr[p] = (pass_result){e.pass_seconds, waited, e.pass_htod, e.pass_read};
         done++;
         if (!o.json)
-            printf("pass %ld: %.3f s (%.3f s waiting for moves), %.1f MiB to the device, %.1f MiB read from the file%s\n",
+            printf("pass %ld: %.3f s (%.3f s waiting for moves), %.1f MiB to the device, %.1f MiB read from "
+                   "the file%s\n",
                    p + 1, e.pass_seconds, waited, mib(e.pass_htod), mib(e.pass_read),
                    check ? ", every block checked" : "");
     }
 
     (void)ferry_streamer_get_stats(st, &e);
     if (o.json) {
-        report_json(&o, dev, ferry_model_tensor_count(m), ferry_file_total_bytes(f), nb, pr, done, verified, &e);
+        report_json(&o, dev, ferry_model_tensor_count(m), ferry_file_total_bytes(f), nb, pr, done, verified,
+                    &e);
     } else {
-        printf("plan: %" PRId64 " of %" PRId64 " blocks resident (%.1f MiB with the tensors outside the blocks), %" PRId64
+        printf("plan: %" PRId64 " of %" PRId64
+               " blocks resident (%.1f MiB with the tensors outside the blocks), %" PRId64
                " streamed (%.1f MiB a pass), prefetch %" PRId64 " (asked %" PRId64 ")\n",
-               e.resident_blocks, nb, mib(e.resident_bytes), e.streamed_blocks, mib(e.streamed_bytes), e.prefetch,
-               e.prefetch_asked);
+               e.resident_blocks, nb, mib(e.resident_bytes), e.streamed_blocks, mib(e.streamed_bytes),
+               e.prefetch, e.prefetch_asked);
         printf("      minimum budget %.1f MiB (%" PRIu64 " bytes), %" PRIu64 " shrinks, %" PRIu64
                " grows, pinned copies: %s; %" PRId64 " blocks read back and checked\n",
-               mib(e.minimum_bytes), e.minimum_bytes, e.shrinks, e.grows, e.pinned_copies ? "yes" : "no", verified);
+               mib(e.minimum_bytes), e.minimum_bytes, e.shrinks, e.grows, e.pinned_copies ? "yes" : "no",
+               verified);
     }
     status = 0;
 out:

@@ -14,112 +14,179 @@ typedef struct field {
     size_t off;
 } field;
 
+/* clang-format off */
 #define F(T, m) {#m, offsetof(T, m)}
+/* clang-format on */
 
-static const field f_allocator[] = {F(ferry_allocator, alloc), F(ferry_allocator, realloc), F(ferry_allocator, free),
-                                    F(ferry_allocator, opaque), {NULL, 0}};
-static const field f_ctx_opts[] = {F(ferry_ctx_opts, size), F(ferry_ctx_opts, nthreads), F(ferry_ctx_opts, allocator),
-                                   F(ferry_ctx_opts, max_header_bytes), F(ferry_ctx_opts, max_tensors), {NULL, 0}};
-static const field f_tensor_info[] = {F(ferry_tensor_info, size),   F(ferry_tensor_info, name),
-                                      F(ferry_tensor_info, dtype),  F(ferry_tensor_info, ndim),
-                                      F(ferry_tensor_info, shape),  F(ferry_tensor_info, nbytes),
-                                      F(ferry_tensor_info, offset), F(ferry_tensor_info, shard),
-                                      F(ferry_tensor_info, strides), F(ferry_tensor_info, flags),
-                                      {NULL, 0}};
-static const field f_load_opts[] = {F(ferry_load_opts, size),          F(ferry_load_opts, route),
-                                    F(ferry_load_opts, threads),       F(ferry_load_opts, streams),
-                                    F(ferry_load_opts, ring_buffers),  F(ferry_load_opts, ring_buffer_bytes),
-                                    F(ferry_load_opts, pinned_budget), F(ferry_load_opts, progress),
-                                    F(ferry_load_opts, opaque),        F(ferry_load_opts, flags),
+static const field f_allocator[] = {F(ferry_allocator, alloc),
+                                    F(ferry_allocator, realloc),
+                                    F(ferry_allocator, free),
+                                    F(ferry_allocator, opaque),
                                     {NULL, 0}};
-static const field f_load_stats[] = {F(ferry_load_stats, size),    F(ferry_load_stats, route),
-                                     F(ferry_load_stats, bytes),   F(ferry_load_stats, seconds),
-                                     F(ferry_load_stats, resident), F(ferry_load_stats, why),
-                                     F(ferry_load_stats, registration), F(ferry_load_stats, register_seconds),
-                                     F(ferry_load_stats, setup_seconds), F(ferry_load_stats, alloc_seconds),
-                                     F(ferry_load_stats, pin_seconds),  {NULL, 0}};
-static const field f_route_choice[] = {F(ferry_route_choice, size),    F(ferry_route_choice, route),
-                                       F(ferry_route_choice, threads), F(ferry_route_choice, buffers),
-                                       F(ferry_route_choice, buffer_bytes), F(ferry_route_choice, pins),
-                                       F(ferry_route_choice, resident), F(ferry_route_choice, why),
-                                       {NULL, 0}};
-static const field f_store_opts[] = {F(ferry_store_opts, size),          F(ferry_store_opts, device_budget),
+static const field f_ctx_opts[] = {F(ferry_ctx_opts, size),        F(ferry_ctx_opts, nthreads),
+                                   F(ferry_ctx_opts, allocator),   F(ferry_ctx_opts, max_header_bytes),
+                                   F(ferry_ctx_opts, max_tensors), {NULL, 0}};
+static const field f_tensor_info[] = {F(ferry_tensor_info, size),
+                                      F(ferry_tensor_info, name),
+                                      F(ferry_tensor_info, dtype),
+                                      F(ferry_tensor_info, ndim),
+                                      F(ferry_tensor_info, shape),
+                                      F(ferry_tensor_info, nbytes),
+                                      F(ferry_tensor_info, offset),
+                                      F(ferry_tensor_info, shard),
+                                      F(ferry_tensor_info, strides),
+                                      F(ferry_tensor_info, flags),
+                                      {NULL, 0}};
+static const field f_load_opts[] = {F(ferry_load_opts, size),
+                                    F(ferry_load_opts, route),
+                                    F(ferry_load_opts, threads),
+                                    F(ferry_load_opts, streams),
+                                    F(ferry_load_opts, ring_buffers),
+                                    F(ferry_load_opts, ring_buffer_bytes),
+                                    F(ferry_load_opts, pinned_budget),
+                                    F(ferry_load_opts, progress),
+                                    F(ferry_load_opts, opaque),
+                                    F(ferry_load_opts, flags),
+                                    {NULL, 0}};
+static const field f_load_stats[] = {
+    F(ferry_load_stats, size),          F(ferry_load_stats, route),
+    F(ferry_load_stats, bytes),         F(ferry_load_stats, seconds),
+    F(ferry_load_stats, resident),      F(ferry_load_stats, why),
+    F(ferry_load_stats, registration),  F(ferry_load_stats, register_seconds),
+    F(ferry_load_stats, setup_seconds), F(ferry_load_stats, alloc_seconds),
+    F(ferry_load_stats, pin_seconds),   {NULL, 0}};
+static const field f_route_choice[] = {
+    F(ferry_route_choice, size),     F(ferry_route_choice, route),        F(ferry_route_choice, threads),
+    F(ferry_route_choice, buffers),  F(ferry_route_choice, buffer_bytes), F(ferry_route_choice, pins),
+    F(ferry_route_choice, resident), F(ferry_route_choice, why),          {NULL, 0}};
+static const field f_store_opts[] = {F(ferry_store_opts, size),           F(ferry_store_opts, device_budget),
                                      F(ferry_store_opts, device_reserve), F(ferry_store_opts, host_budget),
                                      F(ferry_store_opts, pinned_budget),  F(ferry_store_opts, host_reserve),
                                      F(ferry_store_opts, spill_below),    F(ferry_store_opts, spill_above),
                                      F(ferry_store_opts, spill_dir),      F(ferry_store_opts, load),
-                                     F(ferry_store_opts, pinned_reserve),
-                                     {NULL, 0}};
-static const field f_tensor_state[] = {F(ferry_tensor_state, size),  F(ferry_tensor_state, name),
-                                       F(ferry_tensor_state, nbytes), F(ferry_tensor_state, tier),
-                                       F(ferry_tensor_state, dirty), F(ferry_tensor_state, holds),
-                                       F(ferry_tensor_state, group), F(ferry_tensor_state, dptr),
-                                       F(ferry_tensor_state, cached), F(ferry_tensor_state, streams),
+                                     F(ferry_store_opts, pinned_reserve), {NULL, 0}};
+static const field f_tensor_state[] = {F(ferry_tensor_state, size),
+                                       F(ferry_tensor_state, name),
+                                       F(ferry_tensor_state, nbytes),
+                                       F(ferry_tensor_state, tier),
+                                       F(ferry_tensor_state, dirty),
+                                       F(ferry_tensor_state, holds),
+                                       F(ferry_tensor_state, group),
+                                       F(ferry_tensor_state, dptr),
+                                       F(ferry_tensor_state, cached),
+                                       F(ferry_tensor_state, streams),
                                        {NULL, 0}};
-static const field f_plan_opts[] = {F(ferry_plan_opts, size),   F(ferry_plan_opts, blocks),
-                                    F(ferry_plan_opts, nblocks), F(ferry_plan_opts, window),
-                                    F(ferry_plan_opts, budget),  F(ferry_plan_opts, reserve),
-                                    F(ferry_plan_opts, pinned_cache), F(ferry_plan_opts, dry_run),
+static const field f_plan_opts[] = {
+    F(ferry_plan_opts, size),         F(ferry_plan_opts, blocks),  F(ferry_plan_opts, nblocks),
+    F(ferry_plan_opts, window),       F(ferry_plan_opts, budget),  F(ferry_plan_opts, reserve),
+    F(ferry_plan_opts, pinned_cache), F(ferry_plan_opts, dry_run), {NULL, 0}};
+static const field f_plan[] = {F(ferry_plan, size),
+                               F(ferry_plan, blocks),
+                               F(ferry_plan, resident_blocks),
+                               F(ferry_plan, streamed_blocks),
+                               F(ferry_plan, fixed_bytes),
+                               F(ferry_plan, resident_bytes),
+                               F(ferry_plan, window_bytes),
+                               F(ferry_plan, streamed_bytes),
+                               F(ferry_plan, budget),
+                               F(ferry_plan, window),
+                               F(ferry_plan, minimum_bytes),
+                               {NULL, 0}};
+static const field f_store_stats[] = {F(ferry_store_stats, size),
+                                      F(ferry_store_stats, tier_bytes),
+                                      F(ferry_store_stats, device_budget),
+                                      F(ferry_store_stats, pinned_budget),
+                                      F(ferry_store_stats, host_budget),
+                                      F(ferry_store_stats, host_available),
+                                      F(ferry_store_stats, spilling),
+                                      F(ferry_store_stats, spill_file_bytes),
+                                      F(ferry_store_stats, bytes_htod),
+                                      F(ferry_store_stats, bytes_dtoh),
+                                      F(ferry_store_stats, seconds_htod),
+                                      F(ferry_store_stats, seconds_dtoh),
+                                      F(ferry_store_stats, bytes_written),
+                                      F(ferry_store_stats, bytes_read),
+                                      F(ferry_store_stats, evicted),
+                                      F(ferry_store_stats, dropped),
+                                      F(ferry_store_stats, models),
+                                      F(ferry_store_stats, tensors),
+                                      F(ferry_store_stats, device_cached),
+                                      F(ferry_store_stats, pinned_pool_bytes),
+                                      F(ferry_store_stats, pinned_cache_bytes),
+                                      F(ferry_store_stats, device_allocs),
+                                      F(ferry_store_stats, device_frees),
+                                      F(ferry_store_stats, fence_waits),
+                                      F(ferry_store_stats, fence_orders),
+                                      F(ferry_store_stats, pinned_reserved),
+                                      F(ferry_store_stats, pinned_reserve),
+                                      {NULL, 0}};
+static const field f_mem_range[] = {
+    F(ferry_mem_range, start), F(ferry_mem_range, end), F(ferry_mem_range, peak), {NULL, 0}};
+static const field f_job_stats[] = {F(ferry_job_stats, size),
+                                    F(ferry_job_stats, seconds),
+                                    F(ferry_job_stats, rss),
+                                    F(ferry_job_stats, uss),
+                                    F(ferry_job_stats, pss),
+                                    F(ferry_job_stats, cgroup),
+                                    F(ferry_job_stats, device_bytes),
+                                    F(ferry_job_stats, pinned_bytes),
+                                    F(ferry_job_stats, host_bytes),
+                                    F(ferry_job_stats, spill_bytes),
+                                    F(ferry_job_stats, bytes_htod),
+                                    F(ferry_job_stats, bytes_dtoh),
+                                    F(ferry_job_stats, bytes_written),
+                                    F(ferry_job_stats, bytes_read),
+                                    F(ferry_job_stats, seconds_htod),
+                                    F(ferry_job_stats, seconds_dtoh),
+                                    F(ferry_job_stats, evicted),
+                                    F(ferry_job_stats, dropped),
                                     {NULL, 0}};
-static const field f_plan[] = {F(ferry_plan, size),           F(ferry_plan, blocks),
-                               F(ferry_plan, resident_blocks), F(ferry_plan, streamed_blocks),
-                               F(ferry_plan, fixed_bytes),     F(ferry_plan, resident_bytes),
-                               F(ferry_plan, window_bytes),    F(ferry_plan, streamed_bytes),
-                               F(ferry_plan, budget),          F(ferry_plan, window),
-                               F(ferry_plan, minimum_bytes),   {NULL, 0}};
-static const field f_store_stats[] = {
-    F(ferry_store_stats, size),          F(ferry_store_stats, tier_bytes),     F(ferry_store_stats, device_budget),
-    F(ferry_store_stats, pinned_budget), F(ferry_store_stats, host_budget),    F(ferry_store_stats, host_available),
-    F(ferry_store_stats, spilling),      F(ferry_store_stats, spill_file_bytes), F(ferry_store_stats, bytes_htod),
-    F(ferry_store_stats, bytes_dtoh),    F(ferry_store_stats, seconds_htod),   F(ferry_store_stats, seconds_dtoh),
-    F(ferry_store_stats, bytes_written), F(ferry_store_stats, bytes_read),     F(ferry_store_stats, evicted),
-    F(ferry_store_stats, dropped),       F(ferry_store_stats, models),         F(ferry_store_stats, tensors),
-    F(ferry_store_stats, device_cached), F(ferry_store_stats, pinned_pool_bytes),
-    F(ferry_store_stats, pinned_cache_bytes), F(ferry_store_stats, device_allocs),
-    F(ferry_store_stats, device_frees),       F(ferry_store_stats, fence_waits),
-    F(ferry_store_stats, fence_orders),       F(ferry_store_stats, pinned_reserved),
-    F(ferry_store_stats, pinned_reserve),     {NULL, 0}};
-static const field f_mem_range[] = {F(ferry_mem_range, start), F(ferry_mem_range, end), F(ferry_mem_range, peak),
-                                    {NULL, 0}};
-static const field f_job_stats[] = {
-    F(ferry_job_stats, size),         F(ferry_job_stats, seconds),       F(ferry_job_stats, rss),
-    F(ferry_job_stats, uss),          F(ferry_job_stats, pss),           F(ferry_job_stats, cgroup),
-    F(ferry_job_stats, device_bytes), F(ferry_job_stats, pinned_bytes),  F(ferry_job_stats, host_bytes),
-    F(ferry_job_stats, spill_bytes),  F(ferry_job_stats, bytes_htod),    F(ferry_job_stats, bytes_dtoh),
-    F(ferry_job_stats, bytes_written), F(ferry_job_stats, bytes_read),   F(ferry_job_stats, seconds_htod),
-    F(ferry_job_stats, seconds_dtoh), F(ferry_job_stats, evicted),       F(ferry_job_stats, dropped),
-    {NULL, 0}};
 
-static const field f_streamer_opts[] = {F(ferry_streamer_opts, size),     F(ferry_streamer_opts, blocks),
-                                        F(ferry_streamer_opts, nblocks),  F(ferry_streamer_opts, prefetch),
-                                        F(ferry_streamer_opts, budget),   F(ferry_streamer_opts, reserve),
-                                        F(ferry_streamer_opts, copies),   {NULL, 0}};
-static const field f_streamer_stats[] = {
-    F(ferry_streamer_stats, size),          F(ferry_streamer_stats, passes),
-    F(ferry_streamer_stats, blocks),        F(ferry_streamer_stats, resident_blocks),
-    F(ferry_streamer_stats, streamed_blocks), F(ferry_streamer_stats, prefetch),
-    F(ferry_streamer_stats, prefetch_asked), F(ferry_streamer_stats, budget),
-    F(ferry_streamer_stats, budget_asked),  F(ferry_streamer_stats, minimum_bytes),
-    F(ferry_streamer_stats, fixed_bytes),   F(ferry_streamer_stats, resident_bytes),
-    F(ferry_streamer_stats, window_bytes),  F(ferry_streamer_stats, streamed_bytes),
-    F(ferry_streamer_stats, pinned_copies), F(ferry_streamer_stats, pass_htod),
-    F(ferry_streamer_stats, pass_read),     F(ferry_streamer_stats, pass_seconds),
-    F(ferry_streamer_stats, shrinks),       F(ferry_streamer_stats, grows),
-    F(ferry_streamer_stats, retries),       F(ferry_streamer_stats, prefetch_skipped),
-    {NULL, 0}};
+static const field f_streamer_opts[] = {F(ferry_streamer_opts, size),    F(ferry_streamer_opts, blocks),
+                                        F(ferry_streamer_opts, nblocks), F(ferry_streamer_opts, prefetch),
+                                        F(ferry_streamer_opts, budget),  F(ferry_streamer_opts, reserve),
+                                        F(ferry_streamer_opts, copies),  {NULL, 0}};
+static const field f_streamer_stats[] = {F(ferry_streamer_stats, size),
+                                         F(ferry_streamer_stats, passes),
+                                         F(ferry_streamer_stats, blocks),
+                                         F(ferry_streamer_stats, resident_blocks),
+                                         F(ferry_streamer_stats, streamed_blocks),
+                                         F(ferry_streamer_stats, prefetch),
+                                         F(ferry_streamer_stats, prefetch_asked),
+                                         F(ferry_streamer_stats, budget),
+                                         F(ferry_streamer_stats, budget_asked),
+                                         F(ferry_streamer_stats, minimum_bytes),
+                                         F(ferry_streamer_stats, fixed_bytes),
+                                         F(ferry_streamer_stats, resident_bytes),
+                                         F(ferry_streamer_stats, window_bytes),
+                                         F(ferry_streamer_stats, streamed_bytes),
+                                         F(ferry_streamer_stats, pinned_copies),
+                                         F(ferry_streamer_stats, pass_htod),
+                                         F(ferry_streamer_stats, pass_read),
+                                         F(ferry_streamer_stats, pass_seconds),
+                                         F(ferry_streamer_stats, shrinks),
+                                         F(ferry_streamer_stats, grows),
+                                         F(ferry_streamer_stats, retries),
+                                         F(ferry_streamer_stats, prefetch_skipped),
+                                         {NULL, 0}};
 
-static const field f_convert_opts[] = {F(ferry_convert_opts, size), F(ferry_convert_opts, dtype),
-                                       F(ferry_convert_opts, align), {NULL, 0}};
+static const field f_convert_opts[] = {
+    F(ferry_convert_opts, size), F(ferry_convert_opts, dtype), F(ferry_convert_opts, align), {NULL, 0}};
 
 /* ferry_experimental.h's */
-static const field f_store_keeper_stats[] = {
-    F(ferry_store_keeper_stats, size),     F(ferry_store_keeper_stats, used),
-    F(ferry_store_keeper_stats, connected), F(ferry_store_keeper_stats, bytes_served),
-    F(ferry_store_keeper_stats, bytes_fed), F(ferry_store_keeper_stats, hits),
-    F(ferry_store_keeper_stats, misses),   F(ferry_store_keeper_stats, stale),
-    F(ferry_store_keeper_stats, refused),  F(ferry_store_keeper_stats, errors),
-    F(ferry_store_keeper_stats, connects), F(ferry_store_keeper_stats, last_error),
-    {NULL, 0}};
+static const field f_store_keeper_stats[] = {F(ferry_store_keeper_stats, size),
+                                             F(ferry_store_keeper_stats, used),
+                                             F(ferry_store_keeper_stats, connected),
+                                             F(ferry_store_keeper_stats, bytes_served),
+                                             F(ferry_store_keeper_stats, bytes_fed),
+                                             F(ferry_store_keeper_stats, hits),
+                                             F(ferry_store_keeper_stats, misses),
+                                             F(ferry_store_keeper_stats, stale),
+                                             F(ferry_store_keeper_stats, refused),
+                                             F(ferry_store_keeper_stats, errors),
+                                             F(ferry_store_keeper_stats, connects),
+                                             F(ferry_store_keeper_stats, last_error),
+                                             {NULL, 0}};
 
 static const struct {
     const char *name;
@@ -196,7 +263,8 @@ FERRY_API const char *ferry_error_name(int code)
 {
     static const char *const names[] = {"CORRUPT", "UNSUPPORTED", "FORMAT", "INVAL",    "NOTFOUND", "BUDGET",
                                         "NODEV",   "DEVICE",      "LIMIT",  "INTERNAL", "BUSY"};
-    _Static_assert(sizeof names / sizeof names[0] == FERRY_E_BASE - FERRY_E_LAST + 1, "a name per FERRY_E_* code");
+    _Static_assert(sizeof names / sizeof names[0] == FERRY_E_BASE - FERRY_E_LAST + 1,
+                   "a name per FERRY_E_* code");
     if (code > FERRY_E_BASE || code < FERRY_E_LAST) return NULL;
     return names[FERRY_E_BASE - code];
 }

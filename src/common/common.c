@@ -10,8 +10,14 @@
 #include <time.h>
 #include <unistd.h>
 
-FERRY_API int ferry_version(void) { return FERRY_VERSION_NUMBER; }
-FERRY_API const char *ferry_version_string(void) { return FERRY_VERSION_STRING; }
+FERRY_API int ferry_version(void)
+{
+    return FERRY_VERSION_NUMBER;
+}
+FERRY_API const char *ferry_version_string(void)
+{
+    return FERRY_VERSION_STRING;
+}
 
 FERRY_API const char *ferry_strerror(int code)
 {
@@ -51,7 +57,10 @@ void fy_err_init_child(fy_err *e, fy_err *parent)
     e->parent = parent;
 }
 
-void fy_err_destroy(fy_err *e) { pthread_mutex_destroy(&e->lock); }
+void fy_err_destroy(fy_err *e)
+{
+    pthread_mutex_destroy(&e->lock);
+}
 
 int fy_vseterr(fy_err *e, int code, const char *fmt, va_list ap)
 {
@@ -128,14 +137,32 @@ int fy_struct_out(void *out, const void *src, size_t full)
     return 0;
 }
 
-static void *sys_alloc(void *o, size_t n) { (void)o; return malloc(n); }
-static void *sys_realloc(void *o, void *p, size_t n) { (void)o; return realloc(p, n); }
-static void sys_free(void *o, void *p) { (void)o; free(p); }
+static void *sys_alloc(void *o, size_t n)
+{
+    (void)o;
+    return malloc(n);
+}
+static void *sys_realloc(void *o, void *p, size_t n)
+{
+    (void)o;
+    return realloc(p, n);
+}
+static void sys_free(void *o, void *p)
+{
+    (void)o;
+    free(p);
+}
 static const ferry_allocator sys_mem = {sys_alloc, sys_realloc, sys_free, NULL};
 
-const ferry_allocator *fy_default_allocator(void) { return &sys_mem; }
+const ferry_allocator *fy_default_allocator(void)
+{
+    return &sys_mem;
+}
 
-void *fy_malloc(const ferry_allocator *m, size_t n) { return m->alloc(m->opaque, n ? n : 1); }
+void *fy_malloc(const ferry_allocator *m, size_t n)
+{
+    return m->alloc(m->opaque, n ? n : 1);
+}
 
 void *fy_calloc(const ferry_allocator *m, size_t count, size_t size)
 {
@@ -146,7 +173,10 @@ void *fy_calloc(const ferry_allocator *m, size_t count, size_t size)
     return p;
 }
 
-void *fy_realloc(const ferry_allocator *m, void *p, size_t n) { return m->realloc(m->opaque, p, n ? n : 1); }
+void *fy_realloc(const ferry_allocator *m, void *p, size_t n)
+{
+    return m->realloc(m->opaque, p, n ? n : 1);
+}
 
 void fy_free(const ferry_allocator *m, void *p)
 {
@@ -170,11 +200,23 @@ bool fy_utf8_valid(const char *str, size_t n, size_t *bad)
         unsigned c = s[i];
         size_t len;
         uint32_t cp, min;
-        if (c < 0x80) { i++; continue; }
-        if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; min = 0x80; }
-        else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; min = 0x800; }
-        else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; min = 0x10000; }
-        else goto fail;
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        if ((c & 0xE0) == 0xC0) {
+            len = 2;
+            cp = c & 0x1F;
+            min = 0x80;
+        } else if ((c & 0xF0) == 0xE0) {
+            len = 3;
+            cp = c & 0x0F;
+            min = 0x800;
+        } else if ((c & 0xF8) == 0xF0) {
+            len = 4;
+            cp = c & 0x07;
+            min = 0x10000;
+        } else goto fail;
         if (n - i < len) goto fail;
         for (size_t k = 1; k < len; k++) {
             if ((s[i + k] & 0xC0) != 0x80) goto fail;
@@ -193,7 +235,10 @@ const char *fy_quote(char *buf, size_t n, const char *s)
 {
     /* At most ~80 visible characters: enough to recognise a tensor name. */
     size_t o = 0, shown = 0;
-    if (n < 8) { if (n) buf[0] = '\0'; return buf; }
+    if (n < 8) {
+        if (n) buf[0] = '\0';
+        return buf;
+    }
     buf[o++] = '\'';
     for (const unsigned char *p = (const unsigned char *)s; *p && o + 5 < n; p++) {
         /* stop before a character that might not fit, never inside one */
@@ -237,7 +282,10 @@ void fy_progress_add(fy_progress *p, uint64_t n)
     pthread_mutex_unlock(&p->lock);
 }
 
-void fy_progress_destroy(fy_progress *p) { pthread_mutex_destroy(&p->lock); }
+void fy_progress_destroy(fy_progress *p)
+{
+    pthread_mutex_destroy(&p->lock);
+}
 
 double fy_now(void)
 {
@@ -250,8 +298,7 @@ void fy_sleep_until(double t)
 {
     struct timespec ts = {.tv_sec = (time_t)t, .tv_nsec = (long)((t - (double)(time_t)t) * 1e9)};
     if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
-    }
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {}
 }
 
 uint32_t fy_ncpu(void)
@@ -274,9 +321,8 @@ FERRY_API int ferry_ctx_new(const ferry_ctx_opts *opts, ferry_ctx **out)
     if (opts) {
         if (opts->size < offsetof(ferry_ctx_opts, allocator) + sizeof(ferry_allocator) ||
             opts->size > sizeof(ferry_ctx_opts)) {
-            snprintf(tls_new_msg, sizeof tls_new_msg,
-                     "ferry_ctx_new: opts->size is %u, expected %zu", opts->size,
-                     sizeof(ferry_ctx_opts));
+            snprintf(tls_new_msg, sizeof tls_new_msg, "ferry_ctx_new: opts->size is %u, expected %zu",
+                     opts->size, sizeof(ferry_ctx_opts));
             return FERRY_E_INVAL;
         }
         memcpy(&o, opts, opts->size);
@@ -284,8 +330,7 @@ FERRY_API int ferry_ctx_new(const ferry_ctx_opts *opts, ferry_ctx **out)
     const ferry_allocator *m = &o.allocator;
     int nset = !!m->alloc + !!m->realloc + !!m->free;
     if (nset != 0 && nset != 3) {
-        snprintf(tls_new_msg, sizeof tls_new_msg,
-                 "ferry_ctx_new: set all three allocator functions or none");
+        snprintf(tls_new_msg, sizeof tls_new_msg, "ferry_ctx_new: set all three allocator functions or none");
         return FERRY_E_INVAL;
     }
     if (nset == 0) m = fy_default_allocator();
@@ -297,7 +342,8 @@ FERRY_API int ferry_ctx_new(const ferry_ctx_opts *opts, ferry_ctx **out)
     ctx->mem = *m;
     ctx->nthreads = o.nthreads ? o.nthreads : fy_ncpu();
     ctx->max_header_bytes = o.max_header_bytes;
-    ctx->max_tensors = o.max_tensors > (uint64_t)INT64_MAX ? 0 : (int64_t)o.max_tensors; /* past any table: none */
+    ctx->max_tensors =
+        o.max_tensors > (uint64_t)INT64_MAX ? 0 : (int64_t)o.max_tensors; /* past any table: none */
     if (ctx->nthreads > 64) ctx->nthreads = 64;
     fy_err_init(&ctx->err);
     *out = ctx;

@@ -56,13 +56,13 @@ int fy_struct_in(void *dst, size_t full, const void *in, fy_err *err, const char
 int fy_struct_out(void *out, const void *src, size_t full);
 
 /* Error-path helpers (zstd's RETURN_ERROR_IF / FORWARD_IF_ERROR). */
-#define FY_RETURN_IF(cond, err, code, ...)            \
-    do {                                              \
+#define FY_RETURN_IF(cond, err, code, ...)                      \
+    do {                                                        \
         if (cond) return fy_seterr((err), (code), __VA_ARGS__); \
     } while (0)
-#define FY_TRY(expr)                 \
-    do {                             \
-        int fy_rc_ = (expr);         \
+#define FY_TRY(expr)                   \
+    do {                               \
+        int fy_rc_ = (expr);           \
         if (fy_rc_ < 0) return fy_rc_; \
     } while (0)
 
@@ -75,8 +75,14 @@ char *fy_strndup(const ferry_allocator *m, const char *s, size_t n);
 const ferry_allocator *fy_default_allocator(void);
 
 /* Overflow-checked arithmetic: return true on overflow. */
-static inline bool fy_mul_ovf(uint64_t a, uint64_t b, uint64_t *r) { return __builtin_mul_overflow(a, b, r); }
-static inline bool fy_add_ovf(uint64_t a, uint64_t b, uint64_t *r) { return __builtin_add_overflow(a, b, r); }
+static inline bool fy_mul_ovf(uint64_t a, uint64_t b, uint64_t *r)
+{
+    return __builtin_mul_overflow(a, b, r);
+}
+static inline bool fy_add_ovf(uint64_t a, uint64_t b, uint64_t *r)
+{
+    return __builtin_add_overflow(a, b, r);
+}
 
 /* Well-formed UTF-8 (no overlongs, no surrogates, <= U+10FFFF). On failure *bad
  * gets the offset of the first bad byte. */

@@ -39,12 +39,14 @@ static int emit(const sink *s, const uint8_t *buf, size_t len)
 }
 
 /* Gather a strided tensor's elements in row-major order into the output. */
-static int gather(const ferry_file *f, const fy_tensor *t, const sink *sk, const char *out_path, uint8_t *buf, fy_err *err)
+static int gather(const ferry_file *f, const fy_tensor *t, const sink *sk, const char *out_path, uint8_t *buf,
+                  fy_err *err)
 {
     char q[128];
     int bits = ferry_dtype_bits(t->dtype);
     FY_RETURN_IF(bits % 8 != 0 || bits == 0, err, FERRY_E_UNSUPPORTED,
-                 "tensor %s: strided %s tensors cannot be converted", Q(q, t->name), ferry_dtype_name(t->dtype));
+                 "tensor %s: strided %s tensors cannot be converted", Q(q, t->name),
+                 ferry_dtype_name(t->dtype));
     size_t es = (size_t)bits / 8, used = 0;
     const uint8_t *base = f->shards[t->shard].map;
     int64_t idx[64] = {0};
@@ -80,8 +82,8 @@ FERRY_API int ferry_file_convert(ferry_ctx *ctx, const ferry_file *f, const char
 }
 
 FERRY_API int ferry_file_convert_with(ferry_ctx *ctx, const ferry_file *f, const char *out_path,
-                                      const ferry_convert_opts *opts, void (*progress)(void *, uint64_t, uint64_t),
-                                      void *opaque)
+                                      const ferry_convert_opts *opts,
+                                      void (*progress)(void *, uint64_t, uint64_t), void *opaque)
 {
     if (!ctx || !f || !out_path) return FERRY_E_INVAL;
     fy_err *err = &ctx->err;

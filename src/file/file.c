@@ -53,9 +53,11 @@ static int open_st(ferry_ctx *ctx, const char *path, int32_t idx, shard *sh, fy_
         if (memcmp(prefix, "GGUF", 4) == 0) parse = fy_gguf_parse, *fmt = FERRY_FORMAT_GGUF;
         else if (memcmp(prefix, "PK\x03\x04", 4) == 0) parse = fy_pt_parse, *fmt = FERRY_FORMAT_PYTORCH;
         else if (prefix[0] == 0x80 && prefix[1] <= 5 && prefix[2] == 0x8a)
-            return fy_seterr(err, FERRY_E_UNSUPPORTED,
-                             "%s: a legacy (pre-1.6, non-zip) PyTorch checkpoint: not supported; re-save it with "
-                             "torch.save in a current PyTorch", path);
+            return fy_seterr(
+                err, FERRY_E_UNSUPPORTED,
+                "%s: a legacy (pre-1.6, non-zip) PyTorch checkpoint: not supported; re-save it with "
+                "torch.save in a current PyTorch",
+                path);
         if (parse) {
             /* these formats are parsed from the mapping: only the header pages are touched */
             rc = fy_map_ro(sh->fd, sh->size, &sh->map);
@@ -74,8 +76,8 @@ static int open_st(ferry_ctx *ctx, const char *path, int32_t idx, shard *sh, fy_
     }
     /* the header buffer counts against max_header_bytes while it lives */
     FY_RETURN_IF(fy_table_charge(tb, hlen) < 0, err, FERRY_E_LIMIT,
-                 "%s: header is %" PRIu64 " bytes, over the cap of %" PRIu64 " (max_header_bytes)", path, hlen,
-                 tb->max_bytes);
+                 "%s: header is %" PRIu64 " bytes, over the cap of %" PRIu64 " (max_header_bytes)", path,
+                 hlen, tb->max_bytes);
     uint8_t *hdr = fy_malloc(&ctx->mem, (size_t)hlen);
     if (!hdr) {
         fy_table_uncharge(tb, hlen);
@@ -108,8 +110,8 @@ static int build_name_index(ferry_file *f)
     fy_err *err = &f->ctx->err;
     f->by_name = fy_calloc(&f->ctx->mem, (size_t)(f->tb.n ? f->tb.n : 1), sizeof(int64_t));
     if (!f->by_name)
-        return fy_seterr(err, -ENOMEM, "%s: out of memory for the name index of %" PRId64 " tensors", f->shards[0].path,
-                         f->tb.n);
+        return fy_seterr(err, -ENOMEM, "%s: out of memory for the name index of %" PRId64 " tensors",
+                         f->shards[0].path, f->tb.n);
     for (int64_t i = 0; i < f->tb.n; i++) f->by_name[i] = i;
     qsort_r(f->by_name, (size_t)f->tb.n, sizeof(int64_t), cmp_name_idx, &f->tb);
     for (int64_t i = 1; i < f->tb.n; i++) {
@@ -148,7 +150,9 @@ static int check_index(ferry_file *f, const char *path, const fy_index *ix)
     fy_err *err = &f->ctx->err;
     char q[128];
     int64_t *order = fy_calloc(&f->ctx->mem, (size_t)ix->n, sizeof(int64_t));
-    if (!order) return fy_seterr(err, -ENOMEM, "%s: out of memory checking %" PRId64 " weight_map entries", path, ix->n);
+    if (!order)
+        return fy_seterr(err, -ENOMEM, "%s: out of memory checking %" PRId64 " weight_map entries", path,
+                         ix->n);
     for (int64_t i = 0; i < ix->n; i++) order[i] = i;
     qsort_r(order, (size_t)ix->n, sizeof(int64_t), cmp_str, (void *)ix);
     int64_t i = 0, j = 0;
@@ -158,15 +162,18 @@ static int check_index(ferry_file *f, const char *path, const fy_index *ix)
         const fy_tensor *t = j < f->tb.n ? &f->tb.t[f->by_name[j]] : NULL;
         int c = !in ? 1 : !t ? -1 : strcmp(in, t->name);
         if (c < 0) {
-            rc = fy_seterr(err, FERRY_E_CORRUPT, "%s: weight_map lists tensor %s in %s, which does not hold it",
-                           path, Q(q, in), f->shards[ix->shard_of[order[i]]].path);
+            rc = fy_seterr(err, FERRY_E_CORRUPT,
+                           "%s: weight_map lists tensor %s in %s, which does not hold it", path, Q(q, in),
+                           f->shards[ix->shard_of[order[i]]].path);
         } else if (c > 0) {
-            rc = fy_seterr(err, FERRY_E_CORRUPT, "%s: shard %s holds tensor %s, which weight_map does not list",
-                           path, f->shards[t->shard].path, Q(q, t->name));
+            rc = fy_seterr(err, FERRY_E_CORRUPT,
+                           "%s: shard %s holds tensor %s, which weight_map does not list", path,
+                           f->shards[t->shard].path, Q(q, t->name));
         } else {
             if (ix->shard_of[order[i]] != t->shard)
-                rc = fy_seterr(err, FERRY_E_CORRUPT, "%s: weight_map puts tensor %s in %s, but it is in %s", path,
-                               Q(q, in), f->shards[ix->shard_of[order[i]]].path, f->shards[t->shard].path);
+                rc = fy_seterr(err, FERRY_E_CORRUPT, "%s: weight_map puts tensor %s in %s, but it is in %s",
+                               path, Q(q, in), f->shards[ix->shard_of[order[i]]].path,
+                               f->shards[t->shard].path);
             i++;
             j++;
         }
@@ -186,12 +193,15 @@ static int open_index(ferry_file *f, const char *path)
     int rc;
     if (size > FY_ST_MAX_HEADER) {
         fy_close(fd);
-        return fy_seterr(err, FERRY_E_LIMIT, "%s: index file is %" PRIu64 " bytes (limit 100 MB)", path, size);
+        return fy_seterr(err, FERRY_E_LIMIT, "%s: index file is %" PRIu64 " bytes (limit 100 MB)", path,
+                         size);
     }
     if (fy_table_charge(&f->tb, size) < 0) {
         fy_close(fd);
-        return fy_seterr(err, FERRY_E_LIMIT, "%s: index file is %" PRIu64 " bytes, over the cap of %" PRIu64
-                         " (max_header_bytes)", path, size, f->tb.max_bytes);
+        return fy_seterr(err, FERRY_E_LIMIT,
+                         "%s: index file is %" PRIu64 " bytes, over the cap of %" PRIu64
+                         " (max_header_bytes)",
+                         path, size, f->tb.max_bytes);
     }
     uint8_t *buf = fy_malloc(&ctx->mem, (size_t)size);
     if (!buf) {
@@ -229,8 +239,8 @@ static int open_index(ferry_file *f, const char *path)
         ferry_format sf = FERRY_FORMAT_SAFETENSORS;
         rc = open_st(ctx, f->shards[s].path, s, &f->shards[s], &part, &sf);
         if (rc == 0 && sf != FERRY_FORMAT_SAFETENSORS)
-            rc = fy_seterr(err, FERRY_E_CORRUPT, "%s: shard %s is %s, not safetensors", path, f->shards[s].path,
-                           ferry_format_name(sf));
+            rc = fy_seterr(err, FERRY_E_CORRUPT, "%s: shard %s is %s, not safetensors", path,
+                           f->shards[s].path, ferry_format_name(sf));
         if (rc < 0) {
             fy_table_free(&part);
             goto out;
@@ -245,8 +255,8 @@ static int open_index(ferry_file *f, const char *path)
             goto out;
         }
         if (rc < 0) {
-            fy_seterr(err, rc, "%s: out of memory for the table of shard %s (%" PRId64 " tensors so far)", path,
-                      f->shards[s].path, f->tb.n);
+            fy_seterr(err, rc, "%s: out of memory for the table of shard %s (%" PRId64 " tensors so far)",
+                      path, f->shards[s].path, f->tb.n);
             goto out;
         }
     }
@@ -383,12 +393,27 @@ FERRY_API void ferry_file_close(ferry_file *f)
     fy_free(m, f);
 }
 
-FERRY_API const char *ferry_file_errmsg(ferry_file *f) { return f ? fy_err_public(&f->err) : ""; }
+FERRY_API const char *ferry_file_errmsg(ferry_file *f)
+{
+    return f ? fy_err_public(&f->err) : "";
+}
 
-FERRY_API ferry_format ferry_file_format(const ferry_file *f) { return f ? f->fmt : FERRY_FORMAT_UNKNOWN; }
-FERRY_API int64_t ferry_file_tensor_count(const ferry_file *f) { return f ? f->tb.n : FERRY_E_INVAL; }
-FERRY_API uint64_t ferry_file_total_bytes(const ferry_file *f) { return f ? f->total : 0; }
-FERRY_API int ferry_file_shard_count(const ferry_file *f) { return f ? f->nshards : FERRY_E_INVAL; }
+FERRY_API ferry_format ferry_file_format(const ferry_file *f)
+{
+    return f ? f->fmt : FERRY_FORMAT_UNKNOWN;
+}
+FERRY_API int64_t ferry_file_tensor_count(const ferry_file *f)
+{
+    return f ? f->tb.n : FERRY_E_INVAL;
+}
+FERRY_API uint64_t ferry_file_total_bytes(const ferry_file *f)
+{
+    return f ? f->total : 0;
+}
+FERRY_API int ferry_file_shard_count(const ferry_file *f)
+{
+    return f ? f->nshards : FERRY_E_INVAL;
+}
 
 FERRY_API const char *ferry_file_shard_path(const ferry_file *f, int i)
 {
@@ -396,7 +421,10 @@ FERRY_API const char *ferry_file_shard_path(const ferry_file *f, int i)
     return f->shards[i].path;
 }
 
-FERRY_API int64_t ferry_file_metadata_count(const ferry_file *f) { return f ? f->tb.nmeta : FERRY_E_INVAL; }
+FERRY_API int64_t ferry_file_metadata_count(const ferry_file *f)
+{
+    return f ? f->tb.nmeta : FERRY_E_INVAL;
+}
 
 FERRY_API int ferry_file_metadata(const ferry_file *f, int64_t i, const char **key, const char **value)
 {
@@ -460,14 +488,16 @@ FERRY_API int ferry_file_tensor_read(const ferry_file *f, int64_t i, uint64_t of
     char q[128];
     uint64_t end;
     FY_RETURN_IF(fy_add_ovf(off, len, &end) || end > t->nbytes || (len && !buf), err, FERRY_E_INVAL,
-                 "tensor %s: read of %zu bytes at %" PRIu64 " is outside its %" PRIu64 " bytes", Q(q, t->name), len,
-                 off, t->nbytes);
+                 "tensor %s: read of %zu bytes at %" PRIu64 " is outside its %" PRIu64 " bytes",
+                 Q(q, t->name), len, off, t->nbytes);
     const shard *sh = &f->shards[t->shard];
     int rc = fy_pread_full(sh->fd, buf, len, t->offset + off);
     if (rc == FERRY_E_CORRUPT)
-        return fy_seterr(err, rc, "%s: tensor %s: the file ended early (was it truncated after it was opened?)",
+        return fy_seterr(err, rc,
+                         "%s: tensor %s: the file ended early (was it truncated after it was opened?)",
                          sh->path, Q(q, t->name));
-    if (rc < 0) return fy_seterr(err, rc, "%s: tensor %s: read: %s", sh->path, Q(q, t->name), ferry_strerror(rc));
+    if (rc < 0)
+        return fy_seterr(err, rc, "%s: tensor %s: read: %s", sh->path, Q(q, t->name), ferry_strerror(rc));
     return 0;
 }
 
@@ -498,7 +528,8 @@ FERRY_API int ferry_file_tensor_gather(const ferry_file *f, int64_t i, uint64_t 
     char q[128];
     int64_t total = ferry_file_tensor_gathered_bytes(f, i);
     FY_RETURN_IF(total == FERRY_E_UNSUPPORTED || t->ndim > 64, err, FERRY_E_UNSUPPORTED,
-                 "tensor %s: strided %s tensors cannot be gathered", Q(q, t->name), ferry_dtype_name(t->dtype));
+                 "tensor %s: strided %s tensors cannot be gathered", Q(q, t->name),
+                 ferry_dtype_name(t->dtype));
     FY_RETURN_IF(total < 0, err, FERRY_E_CORRUPT, "tensor %s: its size overflows 64 bits", Q(q, t->name));
     uint64_t end;
     FY_RETURN_IF(fy_add_ovf(off, len, &end) || end > (uint64_t)total || (len && !buf), err, FERRY_E_INVAL,
@@ -509,7 +540,8 @@ FERRY_API int ferry_file_tensor_gather(const ferry_file *f, int64_t i, uint64_t 
     size_t win_cap = t->nbytes < GATHER_WINDOW ? (size_t)t->nbytes : GATHER_WINDOW;
     if (win_cap < es) win_cap = es;
     uint8_t *win = fy_malloc(&f->ctx->mem, win_cap);
-    FY_RETURN_IF(!win, err, -ENOMEM, "tensor %s: out of memory for a %zu-byte gather window", Q(q, t->name), win_cap);
+    FY_RETURN_IF(!win, err, -ENOMEM, "tensor %s: out of memory for a %zu-byte gather window", Q(q, t->name),
+                 win_cap);
     /* the row-major index of the first element wanted */
     int64_t idx[64];
     uint64_t e = off / es;
@@ -527,7 +559,8 @@ FERRY_API int ferry_file_tensor_gather(const ferry_file *f, int64_t i, uint64_t 
         for (int32_t d = 0; d < t->ndim; d++) el += idx[d] * t->strides[d];
         uint64_t at = (uint64_t)el * es;
         if (el < 0 || at + es > t->nbytes) {
-            rc = fy_seterr(err, FERRY_E_CORRUPT, "tensor %s: a strided element lies outside its span", Q(q, t->name));
+            rc = fy_seterr(err, FERRY_E_CORRUPT, "tensor %s: a strided element lies outside its span",
+                           Q(q, t->name));
             break;
         }
         if (at < wbeg || at + es > wbeg + wlen) {
@@ -549,7 +582,10 @@ FERRY_API int ferry_file_tensor_gather(const ferry_file *f, int64_t i, uint64_t 
     return rc;
 }
 
-FERRY_API uint64_t ferry_xxh3(const void *data, size_t len) { return XXH3_64bits(data, len); }
+FERRY_API uint64_t ferry_xxh3(const void *data, size_t len)
+{
+    return XXH3_64bits(data, len);
+}
 
 /* ---- hashing with a pool of threads ---- */
 

@@ -36,7 +36,7 @@ struct ferry_file {
     fy_table tb;
     int64_t *by_name; /* tensor indices sorted by name */
     uint64_t total;
-    bool private_map; /* FERRY_OPEN_PRIVATE: copy-on-write mappings, never registered */
+    bool private_map;           /* FERRY_OPEN_PRIVATE: copy-on-write mappings, never registered */
     pthread_mutex_t watch_lock; /* guards watch (devices on other threads add and drop theirs) */
     fy_file_watch *watch;
     int nwatch, cap_watch;

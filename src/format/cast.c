@@ -54,7 +54,8 @@ static uint64_t widen(uint64_t v, fmt f)
     else if (e == 0 && m == 0) out = 0;
     else if (e == 0) { /* subnormal: normalise; top is the leading one's position */
         int top = 63 - __builtin_clzll(m);
-        out = ((uint64_t)(top - f.mbits + 1 - bias + 1023) << 52) | ((m << (52 - top)) & ((UINT64_C(1) << 52) - 1));
+        out = ((uint64_t)(top - f.mbits + 1 - bias + 1023) << 52) |
+              ((m << (52 - top)) & ((UINT64_C(1) << 52) - 1));
     } else out = ((e - (uint64_t)bias + 1023) << 52) | (m << sh);
     return out | sign << 63;
 }

@@ -74,10 +74,10 @@ bool fy_dtype_nbytes(ferry_dtype dt, uint64_t nelem, uint64_t *nbytes);
  * the header's length in *hlen. fy_st_parse validates the header (hlen bytes)
  * against the file size and fills tb; on failure tb is left empty.
  * Errors: FERRY_E_CORRUPT, FERRY_E_LIMIT, -ENOMEM. */
-int fy_st_header_len(const uint8_t prefix[8], uint64_t file_size, const char *name,
-                     uint64_t *hlen, fy_err *err);
-int fy_st_parse(const char *name, const uint8_t *hdr, uint64_t hlen, uint64_t file_size,
-                int32_t shard, fy_table *tb, fy_err *err);
+int fy_st_header_len(const uint8_t prefix[8], uint64_t file_size, const char *name, uint64_t *hlen,
+                     fy_err *err);
+int fy_st_parse(const char *name, const uint8_t *hdr, uint64_t hlen, uint64_t file_size, int32_t shard,
+                fy_table *tb, fy_err *err);
 /* Both steps over a whole file held in memory (tests, fuzzers). */
 int fy_st_parse_buffer(const char *name, const uint8_t *buf, size_t n, fy_table *tb, fy_err *err);
 
@@ -118,8 +118,8 @@ typedef struct fy_st_out {
 } fy_st_out;
 /* to: FERRY_DTYPE_INVALID, or the dtype every floating-point tensor is cast
  * to (fy_cast_out_dtype: its byte size follows). */
-int fy_st_layout(const fy_table *tb, uint64_t align, ferry_dtype to, const ferry_allocator *mem, fy_st_out *out,
-                 fy_err *err);
+int fy_st_layout(const fy_table *tb, uint64_t align, ferry_dtype to, const ferry_allocator *mem,
+                 fy_st_out *out, fy_err *err);
 void fy_st_layout_free(fy_st_out *out, const ferry_allocator *mem);
 
 /* A sharded checkpoint's index (`*.safetensors.index.json`): fills names[i] ->
@@ -128,14 +128,13 @@ void fy_st_layout_free(fy_st_out *out, const ferry_allocator *mem);
  * (no absolute path, no '..'). Errors: FERRY_E_CORRUPT, -ENOMEM. */
 typedef struct fy_index {
     const ferry_allocator *mem;
-    char **names;     /* n tensor names */
+    char **names; /* n tensor names */
     int32_t *shard_of;
     int64_t n;
-    char **files;     /* nfiles distinct shard names, in first-seen order */
+    char **files; /* nfiles distinct shard names, in first-seen order */
     int32_t nfiles;
 } fy_index;
-int fy_index_parse(const char *name, const uint8_t *buf, size_t n, fy_index *ix, fy_table *meta,
-                   fy_err *err);
+int fy_index_parse(const char *name, const uint8_t *buf, size_t n, fy_index *ix, fy_table *meta, fy_err *err);
 void fy_index_free(fy_index *ix);
 
 /* jansson value v as JSON text (json_dumpb flags; *len bytes, NUL-terminated,

@@ -23,26 +23,38 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GGUF_HEADER 24          /* magic, version, tensor_count, metadata_kv_count */
-#define GGUF_MAX_DIMS 4         /* GGML_MAX_DIMS */
-#define GGUF_MAX_NAME 64        /* the spec: a tensor name is at most 64 bytes */
-#define GGUF_MAX_KEY 65535      /* the spec: a key is at most 2^16-1 bytes */
+#define GGUF_HEADER 24     /* magic, version, tensor_count, metadata_kv_count */
+#define GGUF_MAX_DIMS 4    /* GGML_MAX_DIMS */
+#define GGUF_MAX_NAME 64   /* the spec: a tensor name is at most 64 bytes */
+#define GGUF_MAX_KEY 65535 /* the spec: a key is at most 2^16-1 bytes */
 #define GGUF_DEFAULT_ALIGN 32
-#define GGUF_MAX_DEPTH 32       /* ferry's limit on nested arrays (recursion depth) */
-#define GGUF_SHOW_ITEMS 16      /* longer arrays become "[TYPE x N]" */
-#define GGUF_MIN_KV 13          /* empty key (8) + type (4) + a 1-byte value */
-#define GGUF_MIN_TENSOR 24      /* empty name (8) + n_dims (4) + type (4) + offset (8) */
+#define GGUF_MAX_DEPTH 32  /* ferry's limit on nested arrays (recursion depth) */
+#define GGUF_SHOW_ITEMS 16 /* longer arrays become "[TYPE x N]" */
+#define GGUF_MIN_KV 13     /* empty key (8) + type (4) + a 1-byte value */
+#define GGUF_MIN_TENSOR 24 /* empty name (8) + n_dims (4) + type (4) + offset (8) */
 
 /* ---- metadata value types ---- */
 
 enum {
-    VT_U8, VT_I8, VT_U16, VT_I16, VT_U32, VT_I32, VT_F32, VT_BOOL,
-    VT_STRING, VT_ARRAY, VT_U64, VT_I64, VT_F64, VT_COUNT
+    VT_U8,
+    VT_I8,
+    VT_U16,
+    VT_I16,
+    VT_U32,
+    VT_I32,
+    VT_F32,
+    VT_BOOL,
+    VT_STRING,
+    VT_ARRAY,
+    VT_U64,
+    VT_I64,
+    VT_F64,
+    VT_COUNT
 };
 
 static const char *const vt_name[VT_COUNT] = {
-    "UINT8", "INT8", "UINT16", "INT16", "UINT32", "INT32", "FLOAT32", "BOOL",
-    "STRING", "ARRAY", "UINT64", "INT64", "FLOAT64",
+    "UINT8", "INT8",   "UINT16", "INT16",  "UINT32", "INT32",   "FLOAT32",
+    "BOOL",  "STRING", "ARRAY",  "UINT64", "INT64",  "FLOAT64",
 };
 /* bytes of a fixed-size value; 0 for strings and arrays */
 static const uint8_t vt_size[VT_COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
@@ -56,18 +68,18 @@ static uint64_t vt_min(uint32_t t)
 /* ---- ggml tensor types (ggml.h's enum ggml_type) ---- */
 
 static const ferry_dtype ggml_dtype[] = {
-    [0] = FERRY_DTYPE_F32,      [1] = FERRY_DTYPE_F16,      [2] = FERRY_DTYPE_Q4_0,
-    [3] = FERRY_DTYPE_Q4_1,     [6] = FERRY_DTYPE_Q5_0,     [7] = FERRY_DTYPE_Q5_1,
-    [8] = FERRY_DTYPE_Q8_0,     [9] = FERRY_DTYPE_Q8_1,     [10] = FERRY_DTYPE_Q2_K,
-    [11] = FERRY_DTYPE_Q3_K,    [12] = FERRY_DTYPE_Q4_K,    [13] = FERRY_DTYPE_Q5_K,
-    [14] = FERRY_DTYPE_Q6_K,    [15] = FERRY_DTYPE_Q8_K,    [16] = FERRY_DTYPE_IQ2_XXS,
-    [17] = FERRY_DTYPE_IQ2_XS,  [18] = FERRY_DTYPE_IQ3_XXS, [19] = FERRY_DTYPE_IQ1_S,
-    [20] = FERRY_DTYPE_IQ4_NL,  [21] = FERRY_DTYPE_IQ3_S,   [22] = FERRY_DTYPE_IQ2_S,
-    [23] = FERRY_DTYPE_IQ4_XS,  [24] = FERRY_DTYPE_I8,      [25] = FERRY_DTYPE_I16,
-    [26] = FERRY_DTYPE_I32,     [27] = FERRY_DTYPE_I64,     [28] = FERRY_DTYPE_F64,
-    [29] = FERRY_DTYPE_IQ1_M,   [30] = FERRY_DTYPE_BF16,    [34] = FERRY_DTYPE_TQ1_0,
-    [35] = FERRY_DTYPE_TQ2_0,   [39] = FERRY_DTYPE_MXFP4,   [40] = FERRY_DTYPE_NVFP4,
-    [41] = FERRY_DTYPE_Q1_0,    [42] = FERRY_DTYPE_Q2_0,
+    [0] = FERRY_DTYPE_F32,     [1] = FERRY_DTYPE_F16,      [2] = FERRY_DTYPE_Q4_0,
+    [3] = FERRY_DTYPE_Q4_1,    [6] = FERRY_DTYPE_Q5_0,     [7] = FERRY_DTYPE_Q5_1,
+    [8] = FERRY_DTYPE_Q8_0,    [9] = FERRY_DTYPE_Q8_1,     [10] = FERRY_DTYPE_Q2_K,
+    [11] = FERRY_DTYPE_Q3_K,   [12] = FERRY_DTYPE_Q4_K,    [13] = FERRY_DTYPE_Q5_K,
+    [14] = FERRY_DTYPE_Q6_K,   [15] = FERRY_DTYPE_Q8_K,    [16] = FERRY_DTYPE_IQ2_XXS,
+    [17] = FERRY_DTYPE_IQ2_XS, [18] = FERRY_DTYPE_IQ3_XXS, [19] = FERRY_DTYPE_IQ1_S,
+    [20] = FERRY_DTYPE_IQ4_NL, [21] = FERRY_DTYPE_IQ3_S,   [22] = FERRY_DTYPE_IQ2_S,
+    [23] = FERRY_DTYPE_IQ4_XS, [24] = FERRY_DTYPE_I8,      [25] = FERRY_DTYPE_I16,
+    [26] = FERRY_DTYPE_I32,    [27] = FERRY_DTYPE_I64,     [28] = FERRY_DTYPE_F64,
+    [29] = FERRY_DTYPE_IQ1_M,  [30] = FERRY_DTYPE_BF16,    [34] = FERRY_DTYPE_TQ1_0,
+    [35] = FERRY_DTYPE_TQ2_0,  [39] = FERRY_DTYPE_MXFP4,   [40] = FERRY_DTYPE_NVFP4,
+    [41] = FERRY_DTYPE_Q1_0,   [42] = FERRY_DTYPE_Q2_0,
 };
 #define GGML_NTYPES (sizeof ggml_dtype / sizeof ggml_dtype[0])
 
@@ -103,11 +115,17 @@ static void sb_add(sbuf *b, const void *s, size_t n)
     if (n > b->cap - b->n) {
         size_t cap = b->cap ? b->cap : 64;
         while (cap - b->n < n) {
-            if (cap > SIZE_MAX / 2) { b->oom = true; return; }
+            if (cap > SIZE_MAX / 2) {
+                b->oom = true;
+                return;
+            }
             cap *= 2;
         }
         char *np = fy_realloc(b->mem, b->p, cap);
-        if (!np) { b->oom = true; return; }
+        if (!np) {
+            b->oom = true;
+            return;
+        }
         b->p = np;
         b->cap = cap;
     }
@@ -115,7 +133,10 @@ static void sb_add(sbuf *b, const void *s, size_t n)
     b->n += n;
 }
 
-static void sb_str(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
+static void sb_str(sbuf *b, const char *s)
+{
+    sb_add(b, s, strlen(s));
+}
 
 /* s (n bytes) as a JSON string: quotes, backslashes and control characters
  * escaped as Python's json.dumps(ensure_ascii=False) does; each byte that is
@@ -154,9 +175,7 @@ static void sb_json_string(sbuf *b, const uint8_t *s, uint64_t n)
         case '\t': sb_str(b, "\\t"); break;
         case '\b': sb_str(b, "\\b"); break;
         case '\f': sb_str(b, "\\f"); break;
-        default:
-            snprintf(esc, sizeof esc, "\\u%04x", c);
-            sb_str(b, esc);
+        default: snprintf(esc, sizeof esc, "\\u%04x", c); sb_str(b, esc);
         }
         i++;
     }
@@ -171,8 +190,14 @@ static void sb_json_string(sbuf *b, const uint8_t *s, uint64_t n)
  * is built from the digits, so its decimal point is always '.'. */
 static void fmt_float(char *out, size_t n, double v, bool f32)
 {
-    if (isnan(v)) { snprintf(out, n, "NaN"); return; }
-    if (isinf(v)) { snprintf(out, n, v < 0 ? "-Infinity" : "Infinity"); return; }
+    if (isnan(v)) {
+        snprintf(out, n, "NaN");
+        return;
+    }
+    if (isinf(v)) {
+        snprintf(out, n, v < 0 ? "-Infinity" : "Infinity");
+        return;
+    }
     char tmp[64];
     int p = 1;
     for (; p < 17; p++) {
@@ -191,8 +216,8 @@ static void fmt_float(char *out, size_t n, double v, bool f32)
     dig[nd] = '\0';
     long ex = *c ? strtol(c + 1, NULL, 10) : 0;
     if (ex < -4 || ex >= 16) {
-        snprintf(out, n, "%s%c%s%se%c%02ld", neg ? "-" : "", dig[0], nd > 1 ? "." : "", dig + 1, ex < 0 ? '-' : '+',
-                 ex < 0 ? -ex : ex);
+        snprintf(out, n, "%s%c%s%se%c%02ld", neg ? "-" : "", dig[0], nd > 1 ? "." : "", dig + 1,
+                 ex < 0 ? '-' : '+', ex < 0 ? -ex : ex);
     } else if (ex < 0) { /* 0.000ddd */
         snprintf(out, n, "%s0.%.*s%s", neg ? "-" : "", (int)(-ex - 1), "0000", dig);
     } else if (nd <= ex + 1) { /* ddd000 */
@@ -250,24 +275,34 @@ static int fail(gg *g, int code, const char *fmt, ...)
     if (g->subj == SUBJ_NONE) return fy_seterr(g->err, code, "%s: %s", g->name, msg);
     const char *what = g->subj == SUBJ_KV ? "metadata key" : "tensor";
     if (g->subj_s)
-        return fy_seterr(g->err, code, "%s: %s %s: %s", g->name, what, quote_n(q, sizeof q, g->subj_s, g->subj_len),
-                         msg);
+        return fy_seterr(g->err, code, "%s: %s %s: %s", g->name, what,
+                         quote_n(q, sizeof q, g->subj_s, g->subj_len), msg);
     return fy_seterr(g->err, code, "%s: %s %" PRIu64 " of %" PRIu64 ": %s", g->name,
                      g->subj == SUBJ_KV ? "metadata key/value" : "tensor info", g->index + 1, g->count, msg);
 }
 
-static int oom(gg *g) { return fy_seterr(g->err, -ENOMEM, "%s: out of memory", g->name); }
+static int oom(gg *g)
+{
+    return fy_seterr(g->err, -ENOMEM, "%s: out of memory", g->name);
+}
 /* A failed push: out of memory, or past a cap of the table's (max_tensors, max_header_bytes). */
-static int push_failed(gg *g, int rc) { return fy_table_fail(g->tb, rc, g->name, g->err); }
+static int push_failed(gg *g, int rc)
+{
+    return fy_table_fail(g->tb, rc, g->name, g->err);
+}
 
-static uint64_t left(const gg *g) { return g->size - g->pos; }
+static uint64_t left(const gg *g)
+{
+    return g->size - g->pos;
+}
 
 /* n more bytes must be there for `what`. */
 static int need(gg *g, uint64_t n, const char *what)
 {
     if (n <= left(g)) return 0;
-    return fail(g, FERRY_E_CORRUPT, "%s at offset %" PRIu64 " runs past the end of the file (%" PRIu64 " bytes)",
-                what, g->pos, g->size);
+    return fail(g, FERRY_E_CORRUPT,
+                "%s at offset %" PRIu64 " runs past the end of the file (%" PRIu64 " bytes)", what, g->pos,
+                g->size);
 }
 
 /* A string: its length, then its bytes. */
@@ -279,7 +314,8 @@ static int read_string(gg *g, const char *what, const uint8_t **s, uint64_t *len
     uint64_t n = le(g->buf + g->pos, 8);
     if (n > left(g) - 8)
         return fail(g, FERRY_E_CORRUPT,
-                    "%s of %" PRIu64 " bytes at offset %" PRIu64 " runs past the end of the file (%" PRIu64 " bytes)",
+                    "%s of %" PRIu64 " bytes at offset %" PRIu64 " runs past the end of the file (%" PRIu64
+                    " bytes)",
                     what, n, g->pos + 8, g->size);
     *s = g->buf + g->pos + 8;
     *len = n;
@@ -292,11 +328,12 @@ static int check_text(gg *g, const char *what, const uint8_t *s, uint64_t n, uin
 {
     const uint8_t *nul = memchr(s, 0, (size_t)n);
     if (nul)
-        return fail(g, FERRY_E_CORRUPT, "%s holds a NUL byte (offset %" PRIu64 ")", what, at + (uint64_t)(nul - s));
+        return fail(g, FERRY_E_CORRUPT, "%s holds a NUL byte (offset %" PRIu64 ")", what,
+                    at + (uint64_t)(nul - s));
     size_t bad = 0;
     if (!fy_utf8_valid((const char *)s, (size_t)n, &bad))
-        return fail(g, FERRY_E_CORRUPT, "%s is not valid UTF-8 (byte 0x%02x at offset %" PRIu64 ")", what, s[bad],
-                    at + bad);
+        return fail(g, FERRY_E_CORRUPT, "%s is not valid UTF-8 (byte 0x%02x at offset %" PRIu64 ")", what,
+                    s[bad], at + bad);
     return 0;
 }
 
@@ -314,14 +351,15 @@ static int read_value(gg *g, uint32_t t, int depth, sbuf *out, bool top)
         const uint8_t *p = g->buf + g->pos;
         uint64_t v = le(p, vt_size[t]);
         if (t == VT_BOOL && v > 1)
-            return fail(g, FERRY_E_CORRUPT, "BOOL value %" PRIu64 " at offset %" PRIu64 " is neither 0 nor 1", v,
-                        g->pos);
+            return fail(g, FERRY_E_CORRUPT, "BOOL value %" PRIu64 " at offset %" PRIu64 " is neither 0 nor 1",
+                        v, g->pos);
         g->pos += vt_size[t];
         if (!out) return 0;
         switch (t) {
-        case VT_U8: case VT_U16: case VT_U32: case VT_U64:
-            snprintf(num, sizeof num, "%" PRIu64, v);
-            break;
+        case VT_U8:
+        case VT_U16:
+        case VT_U32:
+        case VT_U64: snprintf(num, sizeof num, "%" PRIu64, v); break;
         case VT_I8: snprintf(num, sizeof num, "%d", (int)(int8_t)v); break;
         case VT_I16: snprintf(num, sizeof num, "%d", (int)(int16_t)v); break;
         case VT_I32: snprintf(num, sizeof num, "%" PRId32, (int32_t)(uint32_t)v); break;
@@ -366,10 +404,12 @@ static int read_value(gg *g, uint32_t t, int depth, sbuf *out, bool top)
     uint64_t at = g->pos;
     g->pos += 12;
     if (et >= VT_COUNT)
-        return fail(g, FERRY_E_CORRUPT, "ARRAY at offset %" PRIu64 " has unknown element type %" PRIu32, at, et);
+        return fail(g, FERRY_E_CORRUPT, "ARRAY at offset %" PRIu64 " has unknown element type %" PRIu32, at,
+                    et);
     if (depth + 1 > GGUF_MAX_DEPTH) /* this array is at level depth + 1 */
-        return fail(g, FERRY_E_LIMIT, "arrays nested deeper than %d levels (ferry's limit) at offset %" PRIu64,
-                    GGUF_MAX_DEPTH, at);
+        return fail(g, FERRY_E_LIMIT,
+                    "arrays nested deeper than %d levels (ferry's limit) at offset %" PRIu64, GGUF_MAX_DEPTH,
+                    at);
     uint64_t min = vt_min(et);
     if (min && n > left(g) / min)
         return fail(g, FERRY_E_CORRUPT,
@@ -397,7 +437,10 @@ static int read_value(gg *g, uint32_t t, int depth, sbuf *out, bool top)
     return out && out->oom ? oom(g) : 0;
 }
 
-static bool is_pow2(uint64_t x) { return x && !(x & (x - 1)); }
+static bool is_pow2(uint64_t x)
+{
+    return x && !(x & (x - 1));
+}
 
 static int read_kv(gg *g, uint32_t *align)
 {
@@ -432,7 +475,8 @@ static int read_kv(gg *g, uint32_t *align)
         at = g->pos + 8;
         FY_TRY(read_string(g, "a STRING value", &s, &n));
         FY_TRY(check_text(g, "the STRING value", s, n, at));
-        rc = fy_table_push_meta(g->tb, (const char *)k, (size_t)klen, (const char *)s, (size_t)n, FERRY_META_TEXT);
+        rc = fy_table_push_meta(g->tb, (const char *)k, (size_t)klen, (const char *)s, (size_t)n,
+                                FERRY_META_TEXT);
     } else { /* numbers, booleans and shown arrays are JSON text as they are */
         g->text.n = 0;
         g->text.not_json = false;
@@ -476,8 +520,8 @@ static int read_tensor_info(gg *g, uint32_t align)
     for (uint32_t i = 0; i < nd; i++) {
         ne[i] = le(g->buf + g->pos + 8ull * i, 8);
         if (ne[i] > INT64_MAX)
-            return fail(g, FERRY_E_CORRUPT, "ne[%" PRIu32 "] = %" PRIu64 " is negative as the int64 ggml reads it", i,
-                        ne[i]);
+            return fail(g, FERRY_E_CORRUPT,
+                        "ne[%" PRIu32 "] = %" PRIu64 " is negative as the int64 ggml reads it", i, ne[i]);
     }
     g->pos += 8ull * nd;
     FY_TRY(need(g, 12, "the type and offset"));
@@ -489,9 +533,10 @@ static int read_tensor_info(gg *g, uint32_t align)
     if (dt == FERRY_DTYPE_INVALID) {
         const char *old = ggml_removed(gt);
         if (old)
-            return fail(g, FERRY_E_UNSUPPORTED, "ggml type %" PRIu32 " (%s) was removed from GGUF files; not supported",
-                        gt, old);
-        return fail(g, FERRY_E_UNSUPPORTED, "ggml type %" PRIu32 " is not one ferry knows (newer than ferry?)", gt);
+            return fail(g, FERRY_E_UNSUPPORTED,
+                        "ggml type %" PRIu32 " (%s) was removed from GGUF files; not supported", gt, old);
+        return fail(g, FERRY_E_UNSUPPORTED,
+                    "ggml type %" PRIu32 " is not one ferry knows (newer than ferry?)", gt);
     }
     char sb[160];
     fmt_ne(sb, sizeof sb, ne, nd);
@@ -499,8 +544,9 @@ static int read_tensor_info(gg *g, uint32_t align)
     ferry_dtype_block(dt, &block, &bbytes);
     uint64_t row = nd ? ne[0] : 1;
     if (row % (uint64_t)block)
-        return fail(g, FERRY_E_CORRUPT, "%s of %s: ne[0] = %" PRIu64 " is not a multiple of the %s block (%d elements)",
-                    sb, ferry_dtype_name(dt), row, ferry_dtype_name(dt), block);
+        return fail(g, FERRY_E_CORRUPT,
+                    "%s of %s: ne[0] = %" PRIu64 " is not a multiple of the %s block (%d elements)", sb,
+                    ferry_dtype_name(dt), row, ferry_dtype_name(dt), block);
     uint64_t nelem = 1;
     bool zero = false, ovf = false;
     for (uint32_t i = 0; i < nd; i++) {
@@ -514,8 +560,8 @@ static int read_tensor_info(gg *g, uint32_t align)
     if (!fy_dtype_nbytes(dt, nelem, &nbytes))
         return fail(g, FERRY_E_CORRUPT, "%s of %s overflows 64-bit byte size", sb, ferry_dtype_name(dt));
     if (off % align)
-        return fail(g, FERRY_E_CORRUPT, "offset %" PRIu64 " is not a multiple of the alignment (%" PRIu32 ")", off,
-                    align);
+        return fail(g, FERRY_E_CORRUPT, "offset %" PRIu64 " is not a multiple of the alignment (%" PRIu32 ")",
+                    off, align);
 
     fy_tensor t = {0};
     t.dtype = dt;
@@ -585,42 +631,46 @@ static int parse(gg *g)
     if (g->size < 4 || memcmp(b, "GGUF", 4) != 0)
         return fail(g, FERRY_E_CORRUPT, "does not start with the GGUF magic \"GGUF\"");
     if (g->size < 8)
-        return fail(g, FERRY_E_CORRUPT, "file is %" PRIu64 " bytes, too short for the %d-byte GGUF header", g->size,
-                    GGUF_HEADER);
+        return fail(g, FERRY_E_CORRUPT, "file is %" PRIu64 " bytes, too short for the %d-byte GGUF header",
+                    g->size, GGUF_HEADER);
     uint32_t ver = (uint32_t)le(b + 4, 4);
     if (ver != 2 && ver != 3) {
         uint32_t sw = __builtin_bswap32(ver);
         if ((ver & 0xFFFF) == 0 && sw >= 1 && sw <= 3)
             return fail(g, FERRY_E_UNSUPPORTED,
-                        "a big-endian GGUF file (version %" PRIu32 " with its bytes swapped): ferry reads little-endian "
+                        "a big-endian GGUF file (version %" PRIu32
+                        " with its bytes swapped): ferry reads little-endian "
                         "GGUF only",
                         sw);
         if (ver == 1)
-            return fail(g, FERRY_E_UNSUPPORTED,
-                        "GGUF version 1 is not supported (ferry reads versions 2 and 3; convert the file with a "
-                        "current llama.cpp)");
-        return fail(g, FERRY_E_UNSUPPORTED, "GGUF version %" PRIu32 " is not supported (ferry reads versions 2 and 3)",
-                    ver);
+            return fail(
+                g, FERRY_E_UNSUPPORTED,
+                "GGUF version 1 is not supported (ferry reads versions 2 and 3; convert the file with a "
+                "current llama.cpp)");
+        return fail(g, FERRY_E_UNSUPPORTED,
+                    "GGUF version %" PRIu32 " is not supported (ferry reads versions 2 and 3)", ver);
     }
     if (g->size < GGUF_HEADER)
-        return fail(g, FERRY_E_CORRUPT, "file is %" PRIu64 " bytes, too short for the %d-byte GGUF header", g->size,
-                    GGUF_HEADER);
+        return fail(g, FERRY_E_CORRUPT, "file is %" PRIu64 " bytes, too short for the %d-byte GGUF header",
+                    g->size, GGUF_HEADER);
     uint64_t ntensors = le(b + 8, 8), nkv = le(b + 16, 8);
     g->pos = GGUF_HEADER;
     uint64_t rest = left(g);
     if (nkv > rest / GGUF_MIN_KV)
         return fail(g, FERRY_E_CORRUPT,
-                    "metadata_kv_count %" PRIu64 " is impossible: each key/value takes at least %d bytes and only %" PRIu64
+                    "metadata_kv_count %" PRIu64
+                    " is impossible: each key/value takes at least %d bytes and only %" PRIu64
                     " bytes follow the header",
                     nkv, GGUF_MIN_KV, rest);
     if (ntensors > (rest - nkv * GGUF_MIN_KV) / GGUF_MIN_TENSOR)
         return fail(g, FERRY_E_CORRUPT,
-                    "tensor_count %" PRIu64 " is impossible: each tensor info takes at least %d bytes and only %" PRIu64
+                    "tensor_count %" PRIu64
+                    " is impossible: each tensor info takes at least %d bytes and only %" PRIu64
                     " bytes follow the header and the key/values' minimum",
                     ntensors, GGUF_MIN_TENSOR, rest - nkv * GGUF_MIN_KV);
     if (g->tb->max_n && ntensors > (uint64_t)(g->tb->max_n - g->tb->n))
-        return fail(g, FERRY_E_LIMIT, "tensor_count %" PRIu64 " is over the cap of %" PRId64 " (max_tensors)", ntensors,
-                    g->tb->max_n - g->tb->n);
+        return fail(g, FERRY_E_LIMIT, "tensor_count %" PRIu64 " is over the cap of %" PRId64 " (max_tensors)",
+                    ntensors, g->tb->max_n - g->tb->n);
 
     /* metadata */
     uint32_t align = GGUF_DEFAULT_ALIGN;
@@ -638,8 +688,10 @@ static int parse(gg *g)
     char **keys = g->tb->nmeta > mbase ? g->tb->meta_k + mbase : NULL;
     if (find_dup(g->tb->mem, keys, g->tb->nmeta - mbase, &d1, &d2) < 0) return oom(g);
     if (d1 >= 0)
-        return fail(g, FERRY_E_CORRUPT, "metadata key %s appears twice (key/values %" PRId64 " and %" PRId64
-                    "): keys must be unique", fy_quote(q, sizeof q, keys[d1]), d1 + 1, d2 + 1);
+        return fail(g, FERRY_E_CORRUPT,
+                    "metadata key %s appears twice (key/values %" PRId64 " and %" PRId64
+                    "): keys must be unique",
+                    fy_quote(q, sizeof q, keys[d1]), d1 + 1, d2 + 1);
 
     /* tensor infos */
     int64_t tbase = g->tb->n;
@@ -661,8 +713,10 @@ static int parse(gg *g)
     fy_free(g->tb->mem, names);
     if (rc < 0) return oom(g);
     if (d1 >= 0)
-        return fail(g, FERRY_E_CORRUPT, "tensor %s is listed twice (tensor infos %" PRId64 " and %" PRId64
-                    "): tensor names must be unique", fy_quote(q, sizeof q, ts[d1].name), d1 + 1, d2 + 1);
+        return fail(g, FERRY_E_CORRUPT,
+                    "tensor %s is listed twice (tensor infos %" PRId64 " and %" PRId64
+                    "): tensor names must be unique",
+                    fy_quote(q, sizeof q, ts[d1].name), d1 + 1, d2 + 1);
 
     /* the data section starts at the first multiple of the alignment after the header */
     uint64_t hend = g->pos, data_start;
@@ -670,9 +724,11 @@ static int parse(gg *g)
         return fail(g, FERRY_E_CORRUPT, "the data section's start overflows 64 bits");
     for (int64_t i = 0; i < nt; i++) {
         uint64_t rel_off = ts[i].offset, abs_off, end;
-        if (fy_add_ovf(data_start, rel_off, &abs_off) || fy_add_ovf(abs_off, ts[i].nbytes, &end) || end > g->size)
+        if (fy_add_ovf(data_start, rel_off, &abs_off) || fy_add_ovf(abs_off, ts[i].nbytes, &end) ||
+            end > g->size)
             return fail(g, FERRY_E_CORRUPT,
-                        "tensor %s: %" PRIu64 " bytes at offset %" PRIu64 " of the data section (which starts at %" PRIu64
+                        "tensor %s: %" PRIu64 " bytes at offset %" PRIu64
+                        " of the data section (which starts at %" PRIu64
                         ") run past the end of the file (%" PRIu64 " bytes)",
                         fy_quote(q, sizeof q, ts[i].name), ts[i].nbytes, rel_off, data_start, g->size);
     }
@@ -690,8 +746,8 @@ static int parse(gg *g)
         if (last >= 0 && r->begin < rels[last].begin + rels[last].nbytes) {
             const rel *o = &rels[last];
             rc = fail(g, FERRY_E_CORRUPT,
-                      "tensor %s: bytes [%" PRIu64 ", %" PRIu64 ") of the data section overlap tensor %s [%" PRIu64
-                      ", %" PRIu64 ")",
+                      "tensor %s: bytes [%" PRIu64 ", %" PRIu64
+                      ") of the data section overlap tensor %s [%" PRIu64 ", %" PRIu64 ")",
                       fy_quote(q, sizeof q, ts[r->idx].name), r->begin, r->begin + r->nbytes,
                       fy_quote(q2, sizeof q2, ts[o->idx].name), o->begin, o->begin + o->nbytes);
             fy_free(g->tb->mem, rels);

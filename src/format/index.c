@@ -28,7 +28,8 @@ static bool safe_relpath(const char *p)
 {
     if (!*p || p[0] == '/') return false;
     for (const char *c = p; *c; c++)
-        if ((unsigned char)*c < 0x20 || *c == 0x7F) return false; /* messages name shards: keep them one line */
+        if ((unsigned char)*c < 0x20 || *c == 0x7F)
+            return false; /* messages name shards: keep them one line */
     for (const char *s = p; *s;) {
         const char *e = strchr(s, '/');
         size_t len = e ? (size_t)(e - s) : strlen(s);
@@ -53,8 +54,7 @@ char *fy_json_text(const ferry_allocator *mem, const json_t *v, size_t flags, si
     return text;
 }
 
-int fy_index_parse(const char *name, const uint8_t *buf, size_t n, fy_index *ix, fy_table *meta,
-                   fy_err *err)
+int fy_index_parse(const char *name, const uint8_t *buf, size_t n, fy_index *ix, fy_table *meta, fy_err *err)
 {
     char q1[128], q2[128];
     json_error_t je;
@@ -64,8 +64,12 @@ int fy_index_parse(const char *name, const uint8_t *buf, size_t n, fy_index *ix,
     json_t *root = json_loadb((const char *)buf, n, JSON_REJECT_DUPLICATES, &je);
     if (!root || !seen) {
         json_decref(seen);
-        if (!root && json_error_code(&je) == json_error_out_of_memory) return fy_seterr(err, -ENOMEM, "%s: out of memory", name);
-        if (root) { json_decref(root); return fy_seterr(err, -ENOMEM, "%s: out of memory", name); }
+        if (!root && json_error_code(&je) == json_error_out_of_memory)
+            return fy_seterr(err, -ENOMEM, "%s: out of memory", name);
+        if (root) {
+            json_decref(root);
+            return fy_seterr(err, -ENOMEM, "%s: out of memory", name);
+        }
         return fy_seterr(err, FERRY_E_CORRUPT, "%s: not valid JSON: %s (line %d, column %d)", name, je.text,
                          je.line, je.column);
     }
@@ -83,7 +87,8 @@ int fy_index_parse(const char *name, const uint8_t *buf, size_t n, fy_index *ix,
         const char *k;
         size_t klen;
         json_t *v;
-        json_object_keylen_foreach(md, k, klen, v) {
+        json_object_keylen_foreach(md, k, klen, v)
+        {
             char *text = NULL;
             const char *val;
             size_t vlen;
@@ -93,12 +98,18 @@ int fy_index_parse(const char *name, const uint8_t *buf, size_t n, fy_index *ix,
                 vlen = json_string_length(v);
             } else {
                 text = fy_json_text(mem, v, JSON_ENCODE_ANY | JSON_COMPACT, &vlen);
-                if (!text) { rc = fy_seterr(err, -ENOMEM, "%s: out of memory", name); goto out; }
+                if (!text) {
+                    rc = fy_seterr(err, -ENOMEM, "%s: out of memory", name);
+                    goto out;
+                }
                 val = text;
             }
             rc = fy_table_push_meta(meta, k, klen, val, vlen, kind);
             fy_free(mem, text);
-            if (rc < 0) { fy_seterr(err, rc, "%s: out of memory", name); goto out; }
+            if (rc < 0) {
+                fy_seterr(err, rc, "%s: out of memory", name);
+                goto out;
+            }
         }
     }
     size_t cnt = json_object_size(wm);
@@ -112,7 +123,8 @@ int fy_index_parse(const char *name, const uint8_t *buf, size_t n, fy_index *ix,
     const char *k;
     size_t klen;
     json_t *v;
-    json_object_keylen_foreach(wm, k, klen, v) {
+    json_object_keylen_foreach(wm, k, klen, v)
+    {
         if (!json_is_string(v)) {
             rc = fy_seterr(err, FERRY_E_CORRUPT, "%s: weight_map[%s] is not a file name", name, Q(q1, k));
             goto out;
@@ -120,7 +132,8 @@ int fy_index_parse(const char *name, const uint8_t *buf, size_t n, fy_index *ix,
         const char *file = json_string_value(v);
         if (!safe_relpath(file)) {
             rc = fy_seterr(err, FERRY_E_CORRUPT,
-                           "%s: weight_map[%s] = %s: shard files must be relative paths inside the index's folder, without control characters",
+                           "%s: weight_map[%s] = %s: shard files must be relative paths inside the index's "
+                           "folder, without control characters",
                            name, Q(q1, k), Q(q2, file));
             goto out;
         }
@@ -143,7 +156,10 @@ int fy_index_parse(const char *name, const uint8_t *buf, size_t n, fy_index *ix,
             }
         }
         ix->names[ix->n] = fy_strndup(mem, k, klen);
-        if (!ix->names[ix->n]) { rc = fy_seterr(err, -ENOMEM, "%s: out of memory", name); goto out; }
+        if (!ix->names[ix->n]) {
+            rc = fy_seterr(err, -ENOMEM, "%s: out of memory", name);
+            goto out;
+        }
         ix->shard_of[ix->n] = s;
         ix->n++;
     }

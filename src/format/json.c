@@ -10,9 +10,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-static bool is_ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-static bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
-static bool is_alpha(uint8_t c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+static bool is_ws(uint8_t c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+static bool is_digit(uint8_t c)
+{
+    return c >= '0' && c <= '9';
+}
+static bool is_alpha(uint8_t c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
 
 static int hexval(uint8_t c)
 {
@@ -96,7 +105,8 @@ static int check_string(checker *c, size_t *pi, bool *esc)
         if (v >= 0xDC00 && v <= 0xDFFF) return fault(c, i, "lone low surrogate \\u%04X", (unsigned)v);
         if (v >= 0xD800 && v <= 0xDBFF) {
             int32_t w = (i + 7 < n && p[i + 6] == '\\' && p[i + 7] == 'u') ? hex4(p, n, i + 8) : -1;
-            if (w < 0xDC00 || w > 0xDFFF) return fault(c, i, "high surrogate \\u%04X without a low one", (unsigned)v);
+            if (w < 0xDC00 || w > 0xDFFF)
+                return fault(c, i, "high surrogate \\u%04X without a low one", (unsigned)v);
             i += 12;
         } else {
             i += 6;
@@ -127,7 +137,10 @@ static bool real_overflows(const uint8_t *p, size_t b, size_t e)
     }
     if (i < e && p[i] == '.') {
         for (i++; i < e && is_digit(p[i]); i++) {
-            if (!nonzero && p[i] == '0') { x--; continue; }
+            if (!nonzero && p[i] == '0') {
+                x--;
+                continue;
+            }
             nonzero = true;
             if (nd < KEEP) buf[nd++] = (char)p[i], x--;
             else sticky |= p[i] != '0';
@@ -326,7 +339,10 @@ static int check_doc(checker *c, const char *skip_key)
     size_t depth = 0, i = 0;
     int rc = 0;
     bool esc;
-#define FAIL(expr) do { if ((rc = (expr)) < 0) goto out; } while (0)
+#define FAIL(expr)                       \
+    do {                                 \
+        if ((rc = (expr)) < 0) goto out; \
+    } while (0)
     for (;;) {
         /* a value at nesting level depth + 1 */
         if (depth + 1 > FY_JSON_MAX_DEPTH) FAIL(fault(c, i, "nesting deeper than %d", FY_JSON_MAX_DEPTH));
@@ -366,7 +382,10 @@ static int check_doc(checker *c, const char *skip_key)
         while (i < n && is_ws(p[i])) i++;
         if (i >= n) FAIL(fault(c, i, "unexpected end of input"));
         if (kinds[depth] == '[') {
-            if (p[i] == ',') { i++; continue; }
+            if (p[i] == ',') {
+                i++;
+                continue;
+            }
             if (p[i] != ']') FAIL(fault(c, i, "']' expected"));
             i++;
             depth--;
@@ -476,7 +495,10 @@ size_t fy_json_skip(const uint8_t *p, size_t i)
 
 static size_t put_utf8(char *o, uint32_t v)
 {
-    if (v < 0x80) { o[0] = (char)v; return 1; }
+    if (v < 0x80) {
+        o[0] = (char)v;
+        return 1;
+    }
     if (v < 0x800) {
         o[0] = (char)(0xC0 | (v >> 6));
         o[1] = (char)(0x80 | (v & 0x3F));

@@ -14,14 +14,14 @@
 #define FY_JSON_MAX_DEPTH 2048
 
 typedef struct fy_json_info {
-    size_t end;       /* one past the document's closing '}' or ']' */
-    uint64_t nkeys;   /* keys of the outermost object, `skip_key` not counted */
-    bool has_skip;    /* the outermost object has `skip_key` */
+    size_t end;     /* one past the document's closing '}' or ']' */
+    uint64_t nkeys; /* keys of the outermost object, `skip_key` not counted */
+    bool has_skip;  /* the outermost object has `skip_key` */
     /* on FERRY_E_CORRUPT: */
-    bool duplicate;   /* a key named twice in one object (`key` holds it, decoded) */
-    size_t at;        /* offset of the fault */
-    char why[80];     /* what is wrong ("'}' expected", "integer out of range", ...) */
-    char key[128];    /* the duplicate key, decoded and cut to fit (no NUL inside) */
+    bool duplicate; /* a key named twice in one object (`key` holds it, decoded) */
+    size_t at;      /* offset of the fault */
+    char why[80];   /* what is wrong ("'}' expected", "integer out of range", ...) */
+    char key[128];  /* the duplicate key, decoded and cut to fit (no NUL inside) */
 } fy_json_info;
 
 /* Check that p[0..n) begins with one JSON object or array; bytes after it are

@@ -20,50 +20,147 @@
 #include <string.h>
 
 enum {
-    OP_MARK = '(', OP_STOP = '.', OP_POP = '0', OP_POP_MARK = '1', OP_DUP = '2', OP_FLOAT = 'F',
-    OP_INT = 'I', OP_BININT = 'J', OP_BININT1 = 'K', OP_LONG = 'L', OP_BININT2 = 'M', OP_NONE = 'N',
-    OP_PERSID = 'P', OP_BINPERSID = 'Q', OP_REDUCE = 'R', OP_STRING = 'S', OP_BINSTRING = 'T',
-    OP_SHORT_BINSTRING = 'U', OP_UNICODE = 'V', OP_BINUNICODE = 'X', OP_APPEND = 'a', OP_BUILD = 'b',
-    OP_GLOBAL = 'c', OP_DICT = 'd', OP_EMPTY_DICT = '}', OP_APPENDS = 'e', OP_GET = 'g', OP_BINGET = 'h',
-    OP_INST = 'i', OP_LONG_BINGET = 'j', OP_LIST = 'l', OP_EMPTY_LIST = ']', OP_OBJ = 'o', OP_PUT = 'p',
-    OP_BINPUT = 'q', OP_LONG_BINPUT = 'r', OP_SETITEM = 's', OP_TUPLE = 't', OP_EMPTY_TUPLE = ')',
-    OP_SETITEMS = 'u', OP_BINFLOAT = 'G', OP_BINBYTES = 'B', OP_SHORT_BINBYTES = 'C',
-    OP_PROTO = 0x80, OP_NEWOBJ = 0x81, OP_EXT1 = 0x82, OP_EXT2 = 0x83, OP_EXT4 = 0x84, OP_TUPLE1 = 0x85,
-    OP_TUPLE2 = 0x86, OP_TUPLE3 = 0x87, OP_NEWTRUE = 0x88, OP_NEWFALSE = 0x89, OP_LONG1 = 0x8a,
-    OP_LONG4 = 0x8b, OP_SHORT_BINUNICODE = 0x8c, OP_BINUNICODE8 = 0x8d, OP_BINBYTES8 = 0x8e,
-    OP_EMPTY_SET = 0x8f, OP_ADDITEMS = 0x90, OP_FROZENSET = 0x91, OP_NEWOBJ_EX = 0x92,
-    OP_STACK_GLOBAL = 0x93, OP_MEMOIZE = 0x94, OP_FRAME = 0x95, OP_BYTEARRAY8 = 0x96,
-    OP_NEXT_BUFFER = 0x97, OP_READONLY_BUFFER = 0x98,
+    OP_MARK = '(',
+    OP_STOP = '.',
+    OP_POP = '0',
+    OP_POP_MARK = '1',
+    OP_DUP = '2',
+    OP_FLOAT = 'F',
+    OP_INT = 'I',
+    OP_BININT = 'J',
+    OP_BININT1 = 'K',
+    OP_LONG = 'L',
+    OP_BININT2 = 'M',
+    OP_NONE = 'N',
+    OP_PERSID = 'P',
+    OP_BINPERSID = 'Q',
+    OP_REDUCE = 'R',
+    OP_STRING = 'S',
+    OP_BINSTRING = 'T',
+    OP_SHORT_BINSTRING = 'U',
+    OP_UNICODE = 'V',
+    OP_BINUNICODE = 'X',
+    OP_APPEND = 'a',
+    OP_BUILD = 'b',
+    OP_GLOBAL = 'c',
+    OP_DICT = 'd',
+    OP_EMPTY_DICT = '}',
+    OP_APPENDS = 'e',
+    OP_GET = 'g',
+    OP_BINGET = 'h',
+    OP_INST = 'i',
+    OP_LONG_BINGET = 'j',
+    OP_LIST = 'l',
+    OP_EMPTY_LIST = ']',
+    OP_OBJ = 'o',
+    OP_PUT = 'p',
+    OP_BINPUT = 'q',
+    OP_LONG_BINPUT = 'r',
+    OP_SETITEM = 's',
+    OP_TUPLE = 't',
+    OP_EMPTY_TUPLE = ')',
+    OP_SETITEMS = 'u',
+    OP_BINFLOAT = 'G',
+    OP_BINBYTES = 'B',
+    OP_SHORT_BINBYTES = 'C',
+    OP_PROTO = 0x80,
+    OP_NEWOBJ = 0x81,
+    OP_EXT1 = 0x82,
+    OP_EXT2 = 0x83,
+    OP_EXT4 = 0x84,
+    OP_TUPLE1 = 0x85,
+    OP_TUPLE2 = 0x86,
+    OP_TUPLE3 = 0x87,
+    OP_NEWTRUE = 0x88,
+    OP_NEWFALSE = 0x89,
+    OP_LONG1 = 0x8a,
+    OP_LONG4 = 0x8b,
+    OP_SHORT_BINUNICODE = 0x8c,
+    OP_BINUNICODE8 = 0x8d,
+    OP_BINBYTES8 = 0x8e,
+    OP_EMPTY_SET = 0x8f,
+    OP_ADDITEMS = 0x90,
+    OP_FROZENSET = 0x91,
+    OP_NEWOBJ_EX = 0x92,
+    OP_STACK_GLOBAL = 0x93,
+    OP_MEMOIZE = 0x94,
+    OP_FRAME = 0x95,
+    OP_BYTEARRAY8 = 0x96,
+    OP_NEXT_BUFFER = 0x97,
+    OP_READONLY_BUFFER = 0x98,
 };
 
 static const char *op_name(int op)
 {
     switch (op) {
-    case OP_MARK: return "MARK"; case OP_STOP: return "STOP"; case OP_POP: return "POP";
-    case OP_POP_MARK: return "POP_MARK"; case OP_DUP: return "DUP"; case OP_FLOAT: return "FLOAT";
-    case OP_INT: return "INT"; case OP_BININT: return "BININT"; case OP_BININT1: return "BININT1";
-    case OP_LONG: return "LONG"; case OP_BININT2: return "BININT2"; case OP_NONE: return "NONE";
-    case OP_PERSID: return "PERSID"; case OP_BINPERSID: return "BINPERSID"; case OP_REDUCE: return "REDUCE";
-    case OP_STRING: return "STRING"; case OP_BINSTRING: return "BINSTRING";
-    case OP_SHORT_BINSTRING: return "SHORT_BINSTRING"; case OP_UNICODE: return "UNICODE";
-    case OP_BINUNICODE: return "BINUNICODE"; case OP_APPEND: return "APPEND"; case OP_BUILD: return "BUILD";
-    case OP_GLOBAL: return "GLOBAL"; case OP_DICT: return "DICT"; case OP_EMPTY_DICT: return "EMPTY_DICT";
-    case OP_APPENDS: return "APPENDS"; case OP_GET: return "GET"; case OP_BINGET: return "BINGET";
-    case OP_INST: return "INST"; case OP_LONG_BINGET: return "LONG_BINGET"; case OP_LIST: return "LIST";
-    case OP_EMPTY_LIST: return "EMPTY_LIST"; case OP_OBJ: return "OBJ"; case OP_PUT: return "PUT";
-    case OP_BINPUT: return "BINPUT"; case OP_LONG_BINPUT: return "LONG_BINPUT"; case OP_SETITEM: return "SETITEM";
-    case OP_TUPLE: return "TUPLE"; case OP_EMPTY_TUPLE: return "EMPTY_TUPLE"; case OP_SETITEMS: return "SETITEMS";
-    case OP_BINFLOAT: return "BINFLOAT"; case OP_BINBYTES: return "BINBYTES";
-    case OP_SHORT_BINBYTES: return "SHORT_BINBYTES"; case OP_PROTO: return "PROTO"; case OP_NEWOBJ: return "NEWOBJ";
-    case OP_EXT1: return "EXT1"; case OP_EXT2: return "EXT2"; case OP_EXT4: return "EXT4";
-    case OP_TUPLE1: return "TUPLE1"; case OP_TUPLE2: return "TUPLE2"; case OP_TUPLE3: return "TUPLE3";
-    case OP_NEWTRUE: return "NEWTRUE"; case OP_NEWFALSE: return "NEWFALSE"; case OP_LONG1: return "LONG1";
-    case OP_LONG4: return "LONG4"; case OP_SHORT_BINUNICODE: return "SHORT_BINUNICODE";
-    case OP_BINUNICODE8: return "BINUNICODE8"; case OP_BINBYTES8: return "BINBYTES8";
-    case OP_EMPTY_SET: return "EMPTY_SET"; case OP_ADDITEMS: return "ADDITEMS"; case OP_FROZENSET: return "FROZENSET";
-    case OP_NEWOBJ_EX: return "NEWOBJ_EX"; case OP_STACK_GLOBAL: return "STACK_GLOBAL";
-    case OP_MEMOIZE: return "MEMOIZE"; case OP_FRAME: return "FRAME"; case OP_BYTEARRAY8: return "BYTEARRAY8";
-    case OP_NEXT_BUFFER: return "NEXT_BUFFER"; case OP_READONLY_BUFFER: return "READONLY_BUFFER";
+    case OP_MARK: return "MARK";
+    case OP_STOP: return "STOP";
+    case OP_POP: return "POP";
+    case OP_POP_MARK: return "POP_MARK";
+    case OP_DUP: return "DUP";
+    case OP_FLOAT: return "FLOAT";
+    case OP_INT: return "INT";
+    case OP_BININT: return "BININT";
+    case OP_BININT1: return "BININT1";
+    case OP_LONG: return "LONG";
+    case OP_BININT2: return "BININT2";
+    case OP_NONE: return "NONE";
+    case OP_PERSID: return "PERSID";
+    case OP_BINPERSID: return "BINPERSID";
+    case OP_REDUCE: return "REDUCE";
+    case OP_STRING: return "STRING";
+    case OP_BINSTRING: return "BINSTRING";
+    case OP_SHORT_BINSTRING: return "SHORT_BINSTRING";
+    case OP_UNICODE: return "UNICODE";
+    case OP_BINUNICODE: return "BINUNICODE";
+    case OP_APPEND: return "APPEND";
+    case OP_BUILD: return "BUILD";
+    case OP_GLOBAL: return "GLOBAL";
+    case OP_DICT: return "DICT";
+    case OP_EMPTY_DICT: return "EMPTY_DICT";
+    case OP_APPENDS: return "APPENDS";
+    case OP_GET: return "GET";
+    case OP_BINGET: return "BINGET";
+    case OP_INST: return "INST";
+    case OP_LONG_BINGET: return "LONG_BINGET";
+    case OP_LIST: return "LIST";
+    case OP_EMPTY_LIST: return "EMPTY_LIST";
+    case OP_OBJ: return "OBJ";
+    case OP_PUT: return "PUT";
+    case OP_BINPUT: return "BINPUT";
+    case OP_LONG_BINPUT: return "LONG_BINPUT";
+    case OP_SETITEM: return "SETITEM";
+    case OP_TUPLE: return "TUPLE";
+    case OP_EMPTY_TUPLE: return "EMPTY_TUPLE";
+    case OP_SETITEMS: return "SETITEMS";
+    case OP_BINFLOAT: return "BINFLOAT";
+    case OP_BINBYTES: return "BINBYTES";
+    case OP_SHORT_BINBYTES: return "SHORT_BINBYTES";
+    case OP_PROTO: return "PROTO";
+    case OP_NEWOBJ: return "NEWOBJ";
+    case OP_EXT1: return "EXT1";
+    case OP_EXT2: return "EXT2";
+    case OP_EXT4: return "EXT4";
+    case OP_TUPLE1: return "TUPLE1";
+    case OP_TUPLE2: return "TUPLE2";
+    case OP_TUPLE3: return "TUPLE3";
+    case OP_NEWTRUE: return "NEWTRUE";
+    case OP_NEWFALSE: return "NEWFALSE";
+    case OP_LONG1: return "LONG1";
+    case OP_LONG4: return "LONG4";
+    case OP_SHORT_BINUNICODE: return "SHORT_BINUNICODE";
+    case OP_BINUNICODE8: return "BINUNICODE8";
+    case OP_BINBYTES8: return "BINBYTES8";
+    case OP_EMPTY_SET: return "EMPTY_SET";
+    case OP_ADDITEMS: return "ADDITEMS";
+    case OP_FROZENSET: return "FROZENSET";
+    case OP_NEWOBJ_EX: return "NEWOBJ_EX";
+    case OP_STACK_GLOBAL: return "STACK_GLOBAL";
+    case OP_MEMOIZE: return "MEMOIZE";
+    case OP_FRAME: return "FRAME";
+    case OP_BYTEARRAY8: return "BYTEARRAY8";
+    case OP_NEXT_BUFFER: return "NEXT_BUFFER";
+    case OP_READONLY_BUFFER: return "READONLY_BUFFER";
     default: return NULL;
     }
 }
@@ -71,20 +168,20 @@ static const char *op_name(int op)
 /* ---- the allow-list ------------------------------------------------------ */
 
 typedef enum gkind {
-    G_ODICT,        /* collections.OrderedDict: OrderedDict() makes a dict */
-    G_REBUILD_V1,   /* torch._utils._rebuild_tensor(storage, offset, size, stride) */
-    G_REBUILD_V2,   /* ... _v2(storage, offset, size, stride, requires_grad, hooks[, metadata]) */
-    G_REBUILD_V3,   /* ... _v3(storage, offset, size, stride, requires_grad, hooks, dtype[, metadata]) */
-    G_PARAM,        /* torch._utils._rebuild_parameter(tensor, requires_grad, hooks) */
-    G_PARAM_STATE,  /* ..._with_state(tensor, requires_grad, hooks, state) */
-    G_STORAGE,      /* a storage class, named in persistent ids */
-    G_DTYPE,        /* a torch dtype, named as _rebuild_tensor_v3's dtype */
+    G_ODICT,       /* collections.OrderedDict: OrderedDict() makes a dict */
+    G_REBUILD_V1,  /* torch._utils._rebuild_tensor(storage, offset, size, stride) */
+    G_REBUILD_V2,  /* ... _v2(storage, offset, size, stride, requires_grad, hooks[, metadata]) */
+    G_REBUILD_V3,  /* ... _v3(storage, offset, size, stride, requires_grad, hooks, dtype[, metadata]) */
+    G_PARAM,       /* torch._utils._rebuild_parameter(tensor, requires_grad, hooks) */
+    G_PARAM_STATE, /* ..._with_state(tensor, requires_grad, hooks, state) */
+    G_STORAGE,     /* a storage class, named in persistent ids */
+    G_DTYPE,       /* a torch dtype, named as _rebuild_tensor_v3's dtype */
 } gkind;
 
 typedef struct allowed {
     const char *mod, *name;
     gkind kind;
-    ferry_dtype dt; /* G_STORAGE, G_DTYPE: FERRY_DTYPE_INVALID = known, but no ferry equivalent */
+    ferry_dtype dt;    /* G_STORAGE, G_DTYPE: FERRY_DTYPE_INVALID = known, but no ferry equivalent */
     const char *torch; /* G_STORAGE: torch's dtype name, for messages */
 } allowed;
 
@@ -138,7 +235,10 @@ static const allowed ALLOWED[] = {
 };
 #define NALLOWED (sizeof ALLOWED / sizeof ALLOWED[0])
 
-static bool eq(const char *s, const uint8_t *p, size_t n) { return strlen(s) == n && memcmp(s, p, n) == 0; }
+static bool eq(const char *s, const uint8_t *p, size_t n)
+{
+    return strlen(s) == n && memcmp(s, p, n) == 0;
+}
 
 static int find_allowed(const uint8_t *mod, size_t mlen, const uint8_t *name, size_t nlen)
 {
@@ -149,24 +249,41 @@ static int find_allowed(const uint8_t *mod, size_t mlen, const uint8_t *name, si
 
 /* ---- values ---------------------------------------------------------------- */
 
-enum { K_NONE, K_BOOL, K_INT, K_BIGINT, K_FLOAT, K_STR, K_BYTES, K_TUPLE, K_LIST, K_DICT, K_GLOBAL, K_STORAGE,
-       K_TENSOR };
+enum {
+    K_NONE,
+    K_BOOL,
+    K_INT,
+    K_BIGINT,
+    K_FLOAT,
+    K_STR,
+    K_BYTES,
+    K_TUPLE,
+    K_LIST,
+    K_DICT,
+    K_GLOBAL,
+    K_STORAGE,
+    K_TENSOR
+};
 
 static const char *kind_name(int k)
 {
-    static const char *const names[] = {"None", "a bool", "an int", "an int beyond 64 bits", "a float", "a str",
-                                        "bytes", "a tuple", "a list", "a dict", "a global", "a storage", "a tensor"};
+    static const char *const names[] = {"None",    "a bool", "an int",   "an int beyond 64 bits",
+                                        "a float", "a str",  "bytes",    "a tuple",
+                                        "a list",  "a dict", "a global", "a storage",
+                                        "a tensor"};
     return names[k];
 }
 
 typedef struct node {
     uint8_t kind;
-    uint8_t onpath; /* the walk is inside this container */
+    uint8_t onpath;  /* the walk is inside this container */
     uint32_t n, cap; /* containers: kids (dicts: key, value, key, value, ...) */
     union {
-        int64_t i;   /* K_INT, K_BOOL */
+        int64_t i; /* K_INT, K_BOOL */
         double f;
-        struct { uint32_t off, len; } s; /* K_STR, K_BYTES: bytes of the pickle */
+        struct {
+            uint32_t off, len;
+        } s; /* K_STR, K_BYTES: bytes of the pickle */
         uint32_t *kids;
         int64_t idx; /* K_GLOBAL: ALLOWED[]; K_STORAGE: storage; K_TENSOR: view */
     } u;
@@ -213,7 +330,10 @@ static int fail(pk *k, int code, const char *fmt, ...)
     return fy_seterr(k->err, code, "%s: offset %zu: %s", k->where, k->op_at, msg);
 }
 
-static int oom(pk *k) { return fail(k, -ENOMEM, "out of memory for the unpickler's stack or memo"); }
+static int oom(pk *k)
+{
+    return fail(k, -ENOMEM, "out of memory for the unpickler's stack or memo");
+}
 
 /* Grow *arr (of *cap elements of size sz) to hold at least need elements. */
 static int grow(pk *k, void **arr, size_t *cap, size_t need, size_t sz, size_t first)
@@ -284,7 +404,10 @@ static int push_new(pk *k, int kind, uint32_t *id)
     return push(k, v);
 }
 
-static size_t fence(const pk *k) { return k->nmarks ? k->marks[k->nmarks - 1] : 0; }
+static size_t fence(const pk *k)
+{
+    return k->nmarks ? k->marks[k->nmarks - 1] : 0;
+}
 
 /* At least cnt values above the innermost MARK. */
 static int need(pk *k, size_t cnt)
@@ -306,8 +429,9 @@ static int pop_mark(pk *k, size_t *base)
 static int take(pk *k, uint64_t len, const uint8_t **out)
 {
     if (len > k->n - k->pos)
-        return fail(k, FERRY_E_CORRUPT, "an operand of %" PRIu64 " bytes runs past the end of the pickle (%zu bytes left)",
-                    len, k->n - k->pos);
+        return fail(k, FERRY_E_CORRUPT,
+                    "an operand of %" PRIu64 " bytes runs past the end of the pickle (%zu bytes left)", len,
+                    k->n - k->pos);
     *out = k->p + k->pos;
     k->pos += (size_t)len;
     return 0;
@@ -364,7 +488,8 @@ static int line(pk *k, const uint8_t **s, size_t *len)
     return 0;
 }
 
-static const char *qglobal(char *buf, size_t n, const uint8_t *mod, size_t mlen, const uint8_t *name, size_t nlen)
+static const char *qglobal(char *buf, size_t n, const uint8_t *mod, size_t mlen, const uint8_t *name,
+                           size_t nlen)
 {
     char tmp[256];
     snprintf(tmp, sizeof tmp, "%.*s.%.*s", (int)(mlen > 120 ? 120 : mlen), (const char *)mod,
@@ -378,10 +503,11 @@ static int global(pk *k, const uint8_t *mod, size_t mlen, const uint8_t *name, s
     int g = find_allowed(mod, mlen, name, nlen);
     if (g < 0) {
         char q[200];
-        return fail(k, FERRY_E_UNSUPPORTED,
-                    "ferry refuses global %s: only torch's tensor rebuilders, storage types, dtypes and "
-                    "collections.OrderedDict may appear in a checkpoint ferry reads (it never runs code from one)",
-                    qglobal(q, sizeof q, mod, mlen, name, nlen));
+        return fail(
+            k, FERRY_E_UNSUPPORTED,
+            "ferry refuses global %s: only torch's tensor rebuilders, storage types, dtypes and "
+            "collections.OrderedDict may appear in a checkpoint ferry reads (it never runs code from one)",
+            qglobal(q, sizeof q, mod, mlen, name, nlen));
     }
     *out = g;
     return 0;
@@ -410,8 +536,8 @@ static int memo_put(pk *k, uint64_t idx)
      * the number of opcodes read so far cannot come from it (and would make
      * the memo as large as the hostile index). */
     if (idx >= k->nops)
-        return fail(k, FERRY_E_CORRUPT, "memo index %" PRIu64 " is out of range after %" PRIu64 " opcodes", idx,
-                    k->nops);
+        return fail(k, FERRY_E_CORRUPT, "memo index %" PRIu64 " is out of range after %" PRIu64 " opcodes",
+                    idx, k->nops);
     if (idx >= k->memo_cap) {
         size_t old = k->memo_cap;
         void *a = k->memo;
@@ -458,7 +584,8 @@ static int get_dims(pk *k, uint32_t id, const char *fn, const char *what, int64_
     if (v->kind != K_TUPLE)
         return fail(k, FERRY_E_CORRUPT, "%s: %s is %s, not a tuple of ints", fn, what, kind_name(v->kind));
     if (v->n > FY_PK_MAX_NDIM)
-        return fail(k, FERRY_E_CORRUPT, "%s: %s has %u dimensions (limit %d)", fn, what, v->n, FY_PK_MAX_NDIM);
+        return fail(k, FERRY_E_CORRUPT, "%s: %s has %u dimensions (limit %d)", fn, what, v->n,
+                    FY_PK_MAX_NDIM);
     if (*ndim >= 0 && (int32_t)v->n != *ndim)
         return fail(k, FERRY_E_CORRUPT, "%s: %s has %u entries for %d dimensions", fn, what, v->n, *ndim);
     *ndim = (int32_t)v->n;
@@ -471,8 +598,8 @@ static int get_dims(pk *k, uint32_t id, const char *fn, const char *what, int64_
         snprintf(w, sizeof w, "%s[%u]", what, i);
         int rc = get_int(k, k->nodes[id].u.kids[i], w, &a[i]);
         if (rc == 0 && a[i] < 0)
-            rc = fail(k, FERRY_E_CORRUPT, "%s: %s is %" PRId64 ": ferry reads non-negative sizes and strides only",
-                      fn, w, a[i]);
+            rc = fail(k, FERRY_E_CORRUPT,
+                      "%s: %s is %" PRId64 ": ferry reads non-negative sizes and strides only", fn, w, a[i]);
         if (rc < 0) {
             fy_free(k->mem, a);
             return rc;
@@ -492,7 +619,8 @@ static int rebuild(pk *k, int g, uint32_t args, uint32_t *res)
     if (ALLOWED[g].kind == G_REBUILD_V2) lo = 6, hi = 7;
     if (ALLOWED[g].kind == G_REBUILD_V3) lo = 7, hi = 8;
     if (a->n < lo || a->n > hi)
-        return fail(k, FERRY_E_CORRUPT, "%s takes %u%s arguments, got %u", fn, lo, hi > lo ? " or more" : "", a->n);
+        return fail(k, FERRY_E_CORRUPT, "%s takes %u%s arguments, got %u", fn, lo, hi > lo ? " or more" : "",
+                    a->n);
     const uint32_t *x = a->u.kids;
     const node *st = &k->nodes[x[0]];
     if (st->kind != K_STORAGE)
@@ -507,7 +635,8 @@ static int rebuild(pk *k, int g, uint32_t args, uint32_t *res)
         if (rg->kind != K_BOOL)
             return fail(k, FERRY_E_CORRUPT, "%s: requires_grad is %s, not a bool", fn, kind_name(rg->kind));
         if (hooks->kind != K_DICT && hooks->kind != K_NONE)
-            return fail(k, FERRY_E_CORRUPT, "%s: backward_hooks is %s, not an OrderedDict", fn, kind_name(hooks->kind));
+            return fail(k, FERRY_E_CORRUPT, "%s: backward_hooks is %s, not an OrderedDict", fn,
+                        kind_name(hooks->kind));
     }
     if (ALLOWED[g].kind == G_REBUILD_V3) {
         const node *dt = &k->nodes[x[6]];
@@ -516,9 +645,11 @@ static int rebuild(pk *k, int g, uint32_t args, uint32_t *res)
             return fail(k, FERRY_E_CORRUPT, "%s: the dtype argument %s is not a torch dtype", fn,
                         gname(q, sizeof q, (int)dt->u.idx));
         if (dt->kind != K_GLOBAL)
-            return fail(k, FERRY_E_CORRUPT, "%s: the dtype argument is %s, not a torch dtype", fn, kind_name(dt->kind));
+            return fail(k, FERRY_E_CORRUPT, "%s: the dtype argument is %s, not a torch dtype", fn,
+                        kind_name(dt->kind));
         if (ALLOWED[dt->u.idx].dt == FERRY_DTYPE_INVALID)
-            return fail(k, FERRY_E_UNSUPPORTED, "dtype torch.%s has no ferry equivalent", ALLOWED[dt->u.idx].name);
+            return fail(k, FERRY_E_UNSUPPORTED, "dtype torch.%s has no ferry equivalent",
+                        ALLOWED[dt->u.idx].name);
         v.dtype = ALLOWED[dt->u.idx].dt;
     }
     FY_TRY(get_dims(k, x[2], fn, "size", &v.shape, &v.ndim));
@@ -555,21 +686,24 @@ static int call(pk *k, uint32_t fn, uint32_t args, uint32_t *res)
     switch (ALLOWED[g].kind) {
     case G_ODICT:
         if (a->n != 0)
-            return fail(k, FERRY_E_UNSUPPORTED, "collections.OrderedDict called with %u arguments (ferry reads "
-                        "OrderedDict() filled by SETITEMS only)", a->n);
+            return fail(k, FERRY_E_UNSUPPORTED,
+                        "collections.OrderedDict called with %u arguments (ferry reads "
+                        "OrderedDict() filled by SETITEMS only)",
+                        a->n);
         return new_node(k, K_DICT, res);
     case G_REBUILD_V1:
     case G_REBUILD_V2:
-    case G_REBUILD_V3:
-        return rebuild(k, g, args, res);
+    case G_REBUILD_V3: return rebuild(k, g, args, res);
     case G_PARAM:
     case G_PARAM_STATE: {
         uint32_t want = ALLOWED[g].kind == G_PARAM ? 3 : 4;
-        if (a->n != want) return fail(k, FERRY_E_CORRUPT, "%s takes %u arguments, got %u", gname(q, sizeof q, g), want, a->n);
+        if (a->n != want)
+            return fail(k, FERRY_E_CORRUPT, "%s takes %u arguments, got %u", gname(q, sizeof q, g), want,
+                        a->n);
         const node *t = &k->nodes[a->u.kids[0]], *rg = &k->nodes[a->u.kids[1]];
         if (t->kind != K_TENSOR)
-            return fail(k, FERRY_E_CORRUPT, "%s: the data argument is %s, not a tensor", gname(q, sizeof q, g),
-                        kind_name(t->kind));
+            return fail(k, FERRY_E_CORRUPT, "%s: the data argument is %s, not a tensor",
+                        gname(q, sizeof q, g), kind_name(t->kind));
         if (rg->kind != K_BOOL)
             return fail(k, FERRY_E_CORRUPT, "%s: requires_grad is %s, not a bool", gname(q, sizeof q, g),
                         kind_name(rg->kind));
@@ -577,7 +711,8 @@ static int call(pk *k, uint32_t fn, uint32_t args, uint32_t *res)
         return 0;
     }
     default:
-        return fail(k, FERRY_E_UNSUPPORTED, "calls %s: ferry does not construct that (torch.save never calls it)",
+        return fail(k, FERRY_E_UNSUPPORTED,
+                    "calls %s: ferry does not construct that (torch.save never calls it)",
                     gname(q, sizeof q, g));
     }
 }
@@ -593,8 +728,10 @@ static int persistent(pk *k, uint32_t pid, uint32_t *res)
     if (!tag || tag->kind != K_STR || !eq("storage", k->p + tag->u.s.off, tag->u.s.len))
         return fail(k, FERRY_E_UNSUPPORTED, "persistent id is not a ('storage', ...) tuple");
     if (t->n != 5)
-        return fail(k, FERRY_E_CORRUPT, "persistent id ('storage', ...) has %u fields, not 5 (type, key, location, "
-                    "size)", t->n);
+        return fail(k, FERRY_E_CORRUPT,
+                    "persistent id ('storage', ...) has %u fields, not 5 (type, key, location, "
+                    "size)",
+                    t->n);
     const node *ty = &k->nodes[x[1]], *key = &k->nodes[x[2]], *loc = &k->nodes[x[3]];
     char q[96];
     if (ty->kind == K_GLOBAL && ALLOWED[ty->u.idx].kind != G_STORAGE)
@@ -605,17 +742,20 @@ static int persistent(pk *k, uint32_t pid, uint32_t *res)
                     kind_name(ty->kind));
     const allowed *al = &ALLOWED[ty->u.idx];
     if (al->dt == FERRY_DTYPE_INVALID)
-        return fail(k, FERRY_E_UNSUPPORTED, "storage type %s.%s (%s) has no ferry equivalent", al->mod, al->name,
-                    al->torch);
-    if (key->kind != K_STR) return fail(k, FERRY_E_CORRUPT, "persistent id: the key is %s, not a str", kind_name(key->kind));
+        return fail(k, FERRY_E_UNSUPPORTED, "storage type %s.%s (%s) has no ferry equivalent", al->mod,
+                    al->name, al->torch);
+    if (key->kind != K_STR)
+        return fail(k, FERRY_E_CORRUPT, "persistent id: the key is %s, not a str", kind_name(key->kind));
     const char *ks = (const char *)k->p + key->u.s.off;
     uint32_t kl = key->u.s.len;
     size_t bad;
     if (kl == 0 || kl > 256 || memchr(ks, '/', kl) || memchr(ks, 0, kl) || !fy_utf8_valid(ks, kl, &bad)) {
         char tmp[300], qk[128];
         snprintf(tmp, sizeof tmp, "%.*s", (int)(kl > 256 ? 256 : kl), ks);
-        return fail(k, FERRY_E_CORRUPT, "persistent id: storage key %s is not a plain name (1 to 256 bytes of UTF-8, "
-                    "no '/' or NUL)", fy_quote(qk, sizeof qk, tmp));
+        return fail(k, FERRY_E_CORRUPT,
+                    "persistent id: storage key %s is not a plain name (1 to 256 bytes of UTF-8, "
+                    "no '/' or NUL)",
+                    fy_quote(qk, sizeof qk, tmp));
     }
     if (loc->kind != K_STR)
         return fail(k, FERRY_E_CORRUPT, "persistent id: the location is %s, not a str", kind_name(loc->kind));
@@ -672,7 +812,8 @@ static int extend(pk *k, int kind)
     size_t base = 0;
     FY_TRY(pop_mark(k, &base));
     if (base == 0 || base - 1 < fence(k))
-        return fail(k, FERRY_E_CORRUPT, "stack underflow: no %s below the MARK", kind == K_LIST ? "list" : "dict");
+        return fail(k, FERRY_E_CORRUPT, "stack underflow: no %s below the MARK",
+                    kind == K_LIST ? "list" : "dict");
     uint32_t c = k->stack[base - 1];
     if (k->nodes[c].kind != kind)
         return fail(k, FERRY_E_UNSUPPORTED, "adds items to %s, not %s", kind_name(k->nodes[c].kind),
@@ -695,27 +836,33 @@ static int step(pk *k, bool *stop)
     int op = k->op = k->p[k->pos++];
     k->nops++;
     if (k->op_at == 0 && op != OP_PROTO)
-        return fail(k, FERRY_E_CORRUPT, "does not start with PROTO (torch.save writes pickle protocol 2 to 5)");
+        return fail(k, FERRY_E_CORRUPT,
+                    "does not start with PROTO (torch.save writes pickle protocol 2 to 5)");
     switch (op) {
     case OP_PROTO:
         FY_TRY(take(k, 1, &b));
         if (k->op_at != 0) return fail(k, FERRY_E_CORRUPT, "PROTO after the start of the pickle");
         if (b[0] < 2 || b[0] > 5)
-            return fail(k, FERRY_E_UNSUPPORTED, "pickle protocol %u (ferry reads protocols 2 to 5, as torch.save "
-                        "writes them)", b[0]);
+            return fail(k, FERRY_E_UNSUPPORTED,
+                        "pickle protocol %u (ferry reads protocols 2 to 5, as torch.save "
+                        "writes them)",
+                        b[0]);
         return 0;
     case OP_FRAME:
         FY_TRY(take(k, 8, &b));
         if (le(b, 8) > k->n - k->pos)
-            return fail(k, FERRY_E_CORRUPT, "a frame of %" PRIu64 " bytes runs past the end of the pickle (%zu bytes "
-                        "left)", le(b, 8), k->n - k->pos);
+            return fail(k, FERRY_E_CORRUPT,
+                        "a frame of %" PRIu64 " bytes runs past the end of the pickle (%zu bytes "
+                        "left)",
+                        le(b, 8), k->n - k->pos);
         return 0;
     case OP_STOP:
         if (k->sp != 1 || k->nmarks)
-            return fail(k, FERRY_E_CORRUPT, "STOP with %zu values on the stack and %zu MARKs open (expected one "
-                        "value)", k->sp, k->nmarks);
-        if (k->pos != k->n)
-            return fail(k, FERRY_E_CORRUPT, "%zu bytes follow STOP", k->n - k->pos);
+            return fail(k, FERRY_E_CORRUPT,
+                        "STOP with %zu values on the stack and %zu MARKs open (expected one "
+                        "value)",
+                        k->sp, k->nmarks);
+        if (k->pos != k->n) return fail(k, FERRY_E_CORRUPT, "%zu bytes follow STOP", k->n - k->pos);
         *stop = true;
         return 0;
     case OP_MARK:
@@ -738,24 +885,16 @@ static int step(pk *k, bool *stop)
         k->sp = base;
         return 0;
     }
-    case OP_DUP:
-        FY_TRY(need(k, 1));
-        return push(k, k->stack[k->sp - 1]);
+    case OP_DUP: FY_TRY(need(k, 1)); return push(k, k->stack[k->sp - 1]);
     case OP_NONE: return push_new(k, K_NONE, NULL);
     case OP_NEWTRUE:
     case OP_NEWFALSE:
         FY_TRY(push_new(k, K_BOOL, &id));
         k->nodes[id].u.i = op == OP_NEWTRUE;
         return 0;
-    case OP_BININT:
-        FY_TRY(take(k, 4, &b));
-        return push_int(k, (int32_t)(uint32_t)le(b, 4));
-    case OP_BININT1:
-        FY_TRY(take(k, 1, &b));
-        return push_int(k, b[0]);
-    case OP_BININT2:
-        FY_TRY(take(k, 2, &b));
-        return push_int(k, (int64_t)le(b, 2));
+    case OP_BININT: FY_TRY(take(k, 4, &b)); return push_int(k, (int32_t)(uint32_t)le(b, 4));
+    case OP_BININT1: FY_TRY(take(k, 1, &b)); return push_int(k, b[0]);
+    case OP_BININT2: FY_TRY(take(k, 2, &b)); return push_int(k, (int64_t)le(b, 2));
     case OP_LONG1:
         FY_TRY(take(k, 1, &b));
         x = b[0];
@@ -808,7 +947,8 @@ static int step(pk *k, bool *stop)
     case OP_LIST: return collect(k, K_LIST);
     case OP_DICT:
         if (k->nmarks && (k->sp - fence(k)) % 2)
-            return fail(k, FERRY_E_CORRUPT, "an odd number of values (%zu) for key/value pairs", k->sp - fence(k));
+            return fail(k, FERRY_E_CORRUPT, "an odd number of values (%zu) for key/value pairs",
+                        k->sp - fence(k));
         return collect(k, K_DICT);
     case OP_TUPLE1: return tuple_n(k, 1);
     case OP_TUPLE2: return tuple_n(k, 2);
@@ -826,24 +966,17 @@ static int step(pk *k, bool *stop)
         uint32_t v = k->stack[k->sp - 1], key = k->stack[k->sp - 2], c = k->stack[k->sp - 3];
         k->sp -= 2;
         if (k->nodes[c].kind != K_DICT)
-            return fail(k, FERRY_E_UNSUPPORTED, "sets an item of %s, not a dict", kind_name(k->nodes[c].kind));
+            return fail(k, FERRY_E_UNSUPPORTED, "sets an item of %s, not a dict",
+                        kind_name(k->nodes[c].kind));
         FY_TRY(add_kid(k, c, key));
         return add_kid(k, c, v);
     }
     case OP_SETITEMS: return extend(k, K_DICT);
-    case OP_BINPUT:
-        FY_TRY(take(k, 1, &b));
-        return memo_put(k, b[0]);
-    case OP_LONG_BINPUT:
-        FY_TRY(take(k, 4, &b));
-        return memo_put(k, le(b, 4));
+    case OP_BINPUT: FY_TRY(take(k, 1, &b)); return memo_put(k, b[0]);
+    case OP_LONG_BINPUT: FY_TRY(take(k, 4, &b)); return memo_put(k, le(b, 4));
     case OP_MEMOIZE: return memo_put(k, k->memo_count);
-    case OP_BINGET:
-        FY_TRY(take(k, 1, &b));
-        return memo_get(k, b[0]);
-    case OP_LONG_BINGET:
-        FY_TRY(take(k, 4, &b));
-        return memo_get(k, le(b, 4));
+    case OP_BINGET: FY_TRY(take(k, 1, &b)); return memo_get(k, b[0]);
+    case OP_LONG_BINGET: FY_TRY(take(k, 4, &b)); return memo_get(k, le(b, 4));
     case OP_GLOBAL:
     case OP_INST: {
         const uint8_t *mod = NULL, *name = NULL;
@@ -877,10 +1010,11 @@ static int step(pk *k, bool *stop)
     case OP_NEWOBJ: {
         FY_TRY(need(k, 2));
         const node *cls = &k->nodes[k->stack[k->sp - 2]], *args = &k->nodes[k->stack[k->sp - 1]];
-        if (cls->kind != K_GLOBAL || ALLOWED[cls->u.idx].kind != G_ODICT || args->kind != K_TUPLE || args->n)
-        {
+        if (cls->kind != K_GLOBAL || ALLOWED[cls->u.idx].kind != G_ODICT || args->kind != K_TUPLE ||
+            args->n) {
             char q[96];
-            return fail(k, FERRY_E_UNSUPPORTED, "NEWOBJ of %s (ferry reads OrderedDict.__new__(OrderedDict) only)",
+            return fail(k, FERRY_E_UNSUPPORTED,
+                        "NEWOBJ of %s (ferry reads OrderedDict.__new__(OrderedDict) only)",
                         cls->kind == K_GLOBAL ? gname(q, sizeof q, (int)cls->u.idx) : kind_name(cls->kind));
         }
         FY_TRY(new_node(k, K_DICT, &id));
@@ -894,7 +1028,8 @@ static int step(pk *k, bool *stop)
         /* A state dict is an OrderedDict with a _metadata attribute: the
          * attributes are not entries, and hold no tensors; they are dropped. */
         if (obj->kind != K_DICT)
-            return fail(k, FERRY_E_UNSUPPORTED, "sets the state of %s (ferry accepts state on OrderedDicts only)",
+            return fail(k, FERRY_E_UNSUPPORTED,
+                        "sets the state of %s (ferry accepts state on OrderedDicts only)",
                         kind_name(obj->kind));
         k->sp--;
         return 0;
@@ -907,15 +1042,20 @@ static int step(pk *k, bool *stop)
     }
     default:
         if (op_name(op))
-            return fail(k, FERRY_E_UNSUPPORTED, "opcode %s (0x%02x) is not read by ferry (torch.save does not "
-                        "write it for tensors)", op_name(op), op);
+            return fail(k, FERRY_E_UNSUPPORTED,
+                        "opcode %s (0x%02x) is not read by ferry (torch.save does not "
+                        "write it for tensors)",
+                        op_name(op), op);
         return fail(k, FERRY_E_CORRUPT, "unknown opcode 0x%02x", op);
     }
 }
 
 /* ---- the walk: names for the tensors reachable from the root -------------- */
 
-static bool is_container(int kind) { return kind == K_DICT || kind == K_LIST || kind == K_TUPLE; }
+static bool is_container(int kind)
+{
+    return kind == K_DICT || kind == K_LIST || kind == K_TUPLE;
+}
 
 static const char *path_q(pk *k, char *buf, size_t n)
 {
@@ -932,8 +1072,8 @@ static int path_add(pk *k, int depth, const char *s, size_t len)
     size_t add = (depth > 0) + len;
     if (k->plen + add > FY_PK_MAX_NAME) {
         char q[128];
-        return fail(k, FERRY_E_LIMIT, "names grow longer than %d bytes under %s (ferry's limit)", FY_PK_MAX_NAME,
-                    path_q(k, q, sizeof q));
+        return fail(k, FERRY_E_LIMIT, "names grow longer than %d bytes under %s (ferry's limit)",
+                    FY_PK_MAX_NAME, path_q(k, q, sizeof q));
     }
     if (k->plen + add + 1 > k->path_cap) {
         void *a = k->path;
@@ -951,8 +1091,10 @@ static int emit(pk *k, int64_t view)
     fy_pk_result *r = k->r;
     k->name_bytes += k->plen + 1;
     if (k->name_bytes > k->name_max)
-        return fail(k, FERRY_E_LIMIT, "tensor names add up to more than %" PRIu64 " bytes, out of proportion to "
-                    "the pickle's size (shared containers referenced over and over?)", k->name_max);
+        return fail(k, FERRY_E_LIMIT,
+                    "tensor names add up to more than %" PRIu64 " bytes, out of proportion to "
+                    "the pickle's size (shared containers referenced over and over?)",
+                    k->name_max);
     if (r->nn == r->nn_cap) {
         size_t cap = (size_t)r->nn_cap;
         void *a = r->names;
@@ -974,19 +1116,23 @@ static int walk(pk *k, uint32_t id, int depth, const char *nameless)
 {
     char q[128];
     if (++k->work > k->work_max)
-        return fail(k, FERRY_E_LIMIT, "walking the unpickled objects takes more than %" PRIu64 " steps, out of "
-                    "proportion to the pickle's size (shared containers referenced over and over?)", k->work_max);
+        return fail(k, FERRY_E_LIMIT,
+                    "walking the unpickled objects takes more than %" PRIu64 " steps, out of "
+                    "proportion to the pickle's size (shared containers referenced over and over?)",
+                    k->work_max);
     node *v = &k->nodes[id];
     if (v->kind == K_TENSOR) {
         if (nameless)
-            return fail(k, FERRY_E_UNSUPPORTED, "a tensor under %s: only str and int dict keys name tensors", nameless);
+            return fail(k, FERRY_E_UNSUPPORTED, "a tensor under %s: only str and int dict keys name tensors",
+                        nameless);
         return emit(k, v->u.idx);
     }
     if (!is_container(v->kind)) return 0; /* numbers, strings, ...: not tensors, skipped */
     if (depth >= FY_PK_MAX_DEPTH)
-        return fail(k, FERRY_E_LIMIT, "containers nest deeper than %d levels under %s (ferry's limit)", FY_PK_MAX_DEPTH,
-                    path_q(k, q, sizeof q));
-    if (v->onpath) return fail(k, FERRY_E_CORRUPT, "a container holds itself under %s", path_q(k, q, sizeof q));
+        return fail(k, FERRY_E_LIMIT, "containers nest deeper than %d levels under %s (ferry's limit)",
+                    FY_PK_MAX_DEPTH, path_q(k, q, sizeof q));
+    if (v->onpath)
+        return fail(k, FERRY_E_CORRUPT, "a container holds itself under %s", path_q(k, q, sizeof q));
     v->onpath = 1;
     int rc = 0;
     size_t save = k->plen;
@@ -1012,8 +1158,7 @@ static int walk(pk *k, uint32_t id, int depth, const char *nameless)
                 if (memchr(s, 0, key->u.s.len) || !fy_utf8_valid(s, key->u.s.len, &bad))
                     rc = fail(k, FERRY_E_CORRUPT, "a dict key under %s is not valid UTF-8 without NUL",
                               path_q(k, q, sizeof q));
-                else
-                    rc = path_add(k, depth, s, key->u.s.len);
+                else rc = path_add(k, depth, s, key->u.s.len);
             } else if (key->kind == K_INT) {
                 int len = snprintf(buf, sizeof buf, "%" PRId64, key->u.i);
                 rc = path_add(k, depth, buf, (size_t)len);
@@ -1047,7 +1192,8 @@ static int check_unique(pk *k)
     for (int64_t i = 1; i < r->nn && rc == 0; i++) {
         if (strcmp(c[i - 1].name, c[i].name) == 0) {
             char q[128];
-            rc = fail(k, FERRY_E_CORRUPT, "two tensors are named %s (dict keys that flatten to the same dotted name)",
+            rc = fail(k, FERRY_E_CORRUPT,
+                      "two tensors are named %s (dict keys that flatten to the same dotted name)",
                       fy_quote(q, sizeof q, c[i].name));
         }
     }
@@ -1076,13 +1222,12 @@ int fy_pk_load(const char *where, const uint8_t *p, size_t n, const ferry_alloca
 {
     memset(out, 0, sizeof *out);
     out->mem = mem;
-    FY_RETURN_IF(n > FY_PK_MAX_PICKLE, err, FERRY_E_LIMIT, "%s: %zu bytes of pickle (ferry's limit is %llu)", where, n,
-                 FY_PK_MAX_PICKLE);
+    FY_RETURN_IF(n > FY_PK_MAX_PICKLE, err, FERRY_E_LIMIT, "%s: %zu bytes of pickle (ferry's limit is %llu)",
+                 where, n, FY_PK_MAX_PICKLE);
     pk k = {.where = where, .p = p, .n = n, .mem = mem, .err = err, .r = out, .op = -1};
     int rc = 0;
     bool stop = false;
-    while (!stop && (rc = step(&k, &stop)) == 0) {
-    }
+    while (!stop && (rc = step(&k, &stop)) == 0) {}
     if (rc == 0) {
         /* Bounds for the walk: a tree visits each value once, and each
          * reference to a shared value cost the pickle an opcode (BINGET). */

@@ -19,7 +19,7 @@
 
 /* A storage named by a persistent id ('storage', type, key, location, numel). */
 typedef struct fy_pk_storage {
-    const char *key;   /* into the pickle bytes: key_len bytes (torch: "0", "1", ...) */
+    const char *key; /* into the pickle bytes: key_len bytes (torch: "0", "1", ...) */
     uint32_t key_len;
     ferry_dtype dtype; /* element type of a typed storage; U8 for torch.UntypedStorage */
     bool untyped;      /* torch.UntypedStorage: numel counts bytes */
@@ -33,14 +33,14 @@ typedef struct fy_pk_view {
     ferry_dtype dtype; /* the storage's, or _rebuild_tensor_v3's dtype argument */
     uint64_t offset;   /* storage offset, in elements of dtype */
     int32_t ndim;
-    int64_t *shape;    /* ndim entries, >= 0 (owned; NULL when ndim == 0) */
-    int64_t *stride;   /* ndim entries, >= 0, in elements (owned) */
+    int64_t *shape;  /* ndim entries, >= 0 (owned; NULL when ndim == 0) */
+    int64_t *stride; /* ndim entries, >= 0, in elements (owned) */
 } fy_pk_view;
 
 /* A tensor reached from the root: its dotted name ("state_dict.layer.0.w").
  * Several names may share one view (the same tensor object twice). */
 typedef struct fy_pk_named {
-    char *name;        /* NUL-terminated, valid UTF-8, unique (owned) */
+    char *name; /* NUL-terminated, valid UTF-8, unique (owned) */
     int64_t view;
 } fy_pk_named;
 

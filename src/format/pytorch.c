@@ -56,10 +56,10 @@ typedef struct ctx {
     fy_pk_result r;
     const char *prefix; /* "<archive>/" within the first entry's name */
     size_t plen;
-    int64_t *ent_of;    /* storage -> zip entry */
-    int64_t *first_of;  /* zip entry -> first storage that names it, or -1 */
-    uint32_t *users;    /* zip entry -> named tensors viewing it */
-    char *ename;        /* scratch: an entry name */
+    int64_t *ent_of;   /* storage -> zip entry */
+    int64_t *first_of; /* zip entry -> first storage that names it, or -1 */
+    uint32_t *users;   /* zip entry -> named tensors viewing it */
+    char *ename;       /* scratch: an entry name */
 } ctx;
 
 /* The entry "<archive>/" + suffix (left in c->ename for messages), or -1. */
@@ -82,22 +82,25 @@ static int resolve_storages(ctx *c)
         int64_t e = entry(c, suffix, (size_t)sl);
         char key[260];
         snprintf(key, sizeof key, "%.*s", (int)s->key_len, s->key);
-        FY_RETURN_IF(e < 0, c->err, FERRY_E_CORRUPT,
-                     "%s: storage %s is not in the archive (no entry %s)", c->name, Q(q, key), Q(qe, c->ename));
+        FY_RETURN_IF(e < 0, c->err, FERRY_E_CORRUPT, "%s: storage %s is not in the archive (no entry %s)",
+                     c->name, Q(q, key), Q(qe, c->ename));
         FY_TRY(fy_zip_stored(c->name, &c->z, (uint64_t)e, c->err));
         uint64_t want = s->numel;
         if (!s->untyped && fy_mul_ovf(s->numel, (uint64_t)ferry_dtype_bits(s->dtype) / 8, &want))
-            return fy_seterr(c->err, FERRY_E_CORRUPT, "%s: storage %s: %" PRIu64 " elements of torch.%s overflow 64 bits",
-                             c->name, Q(q, key), s->numel, s->type);
+            return fy_seterr(c->err, FERRY_E_CORRUPT,
+                             "%s: storage %s: %" PRIu64 " elements of torch.%s overflow 64 bits", c->name,
+                             Q(q, key), s->numel, s->type);
         const fy_zip_entry *ze = &c->z.e[e];
         if (ze->usize != want) {
             if (s->untyped)
                 return fy_seterr(c->err, FERRY_E_CORRUPT,
-                                 "%s: storage %s: entry %s holds %" PRIu64 " bytes, but its persistent id says %" PRIu64,
+                                 "%s: storage %s: entry %s holds %" PRIu64
+                                 " bytes, but its persistent id says %" PRIu64,
                                  c->name, Q(q, key), Q(qe, c->ename), ze->usize, want);
             return fy_seterr(c->err, FERRY_E_CORRUPT,
-                             "%s: storage %s: entry %s holds %" PRIu64 " bytes, but its persistent id says %" PRIu64
-                             " elements of torch.%s (%" PRIu64 " bytes)",
+                             "%s: storage %s: entry %s holds %" PRIu64
+                             " bytes, but its persistent id says %" PRIu64 " elements of torch.%s (%" PRIu64
+                             " bytes)",
                              c->name, Q(q, key), Q(qe, c->ename), ze->usize, s->numel, s->type, want);
         }
         int64_t f = c->first_of[e];
@@ -106,7 +109,8 @@ static int resolve_storages(ctx *c)
         } else {
             const fy_pk_storage *o = &c->r.st[f];
             FY_RETURN_IF(o->dtype != s->dtype || o->untyped != s->untyped || o->numel != s->numel, c->err,
-                         FERRY_E_CORRUPT, "%s: storage %s is described twice, as torch.%s of %" PRIu64
+                         FERRY_E_CORRUPT,
+                         "%s: storage %s is described twice, as torch.%s of %" PRIu64
                          " and as torch.%s of %" PRIu64,
                          c->name, Q(q, key), o->type, o->numel, s->type, s->numel);
         }
@@ -142,8 +146,8 @@ static int make_tensor(ctx *c, int64_t j, fy_tensor *t)
         (!empty && (fy_add_ovf(v->offset, span, &end) || fy_mul_ovf(end, el, &end))) ||
         fy_mul_ovf(contiguous ? numel : span, el, &nbytes)) {
         fmt_dims(sb, sizeof sb, v->shape, v->ndim);
-        return fy_seterr(c->err, FERRY_E_CORRUPT, "%s: tensor %s: size %s with its strides overflows 64 bits", c->name,
-                         Q(q, nm->name), sb);
+        return fy_seterr(c->err, FERRY_E_CORRUPT, "%s: tensor %s: size %s with its strides overflows 64 bits",
+                         c->name, Q(q, nm->name), sb);
     }
     if (empty) end = boff;
     if (end > ze->usize) {
@@ -151,10 +155,11 @@ static int make_tensor(ctx *c, int64_t j, fy_tensor *t)
         fmt_dims(stb, sizeof stb, v->stride, v->ndim);
         char qk[128];
         return fy_seterr(c->err, FERRY_E_CORRUPT,
-                         "%s: tensor %s: view (storage offset %" PRIu64 ", size %s, stride %s, %s) ends at byte %" PRIu64
+                         "%s: tensor %s: view (storage offset %" PRIu64
+                         ", size %s, stride %s, %s) ends at byte %" PRIu64
                          " of storage %s, which holds %" PRIu64 " bytes",
-                         c->name, Q(q, nm->name), v->offset, sb, stb, ferry_dtype_name(v->dtype), end, Q(qk, key),
-                         ze->usize);
+                         c->name, Q(q, nm->name), v->offset, sb, stb, ferry_dtype_name(v->dtype), end,
+                         Q(qk, key), ze->usize);
     }
     memset(t, 0, sizeof *t);
     t->dtype = v->dtype;
@@ -182,13 +187,14 @@ static int build(ctx *c)
 {
     fy_table *tb = c->tb;
     char q[128];
-    FY_RETURN_IF(c->z.n == 0, c->err, FERRY_E_CORRUPT, "%s: the zip archive is empty (not a torch.save checkpoint)",
-                 c->name);
+    FY_RETURN_IF(c->z.n == 0, c->err, FERRY_E_CORRUPT,
+                 "%s: the zip archive is empty (not a torch.save checkpoint)", c->name);
     const fy_zip_entry *first = &c->z.e[0];
     const char *slash = memchr(first->name, '/', first->name_len);
     FY_RETURN_IF(!slash, c->err, FERRY_E_CORRUPT,
                  "%s: zip entry %s is not in a folder (torch.save puts every record under '<name>/'): not a "
-                 "torch.save checkpoint", c->name, fy_zip_qname(q, sizeof q, first));
+                 "torch.save checkpoint",
+                 c->name, fy_zip_qname(q, sizeof q, first));
     c->prefix = first->name;
     c->plen = (size_t)(slash - first->name) + 1;
     c->ename = fy_malloc(tb->mem, c->plen + 300); /* "data/" + a key of at most 256 bytes */
@@ -199,8 +205,8 @@ static int build(ctx *c)
     for (uint64_t i = 0; i < c->z.n; i++) c->first_of[i] = -1;
 
     int64_t e = entry(c, "data.pkl", 8);
-    FY_RETURN_IF(e < 0, c->err, FERRY_E_CORRUPT, "%s: no entry %s in the zip archive: not a torch.save checkpoint",
-                 c->name, Q(q, c->ename));
+    FY_RETURN_IF(e < 0, c->err, FERRY_E_CORRUPT,
+                 "%s: no entry %s in the zip archive: not a torch.save checkpoint", c->name, Q(q, c->ename));
     FY_TRY(fy_zip_stored(c->name, &c->z, (uint64_t)e, c->err));
     const fy_zip_entry *pkl = &c->z.e[e];
     FY_RETURN_IF(pkl->usize > FY_PK_MAX_PICKLE, c->err, FERRY_E_LIMIT,
@@ -214,7 +220,8 @@ static int build(ctx *c)
         const fy_zip_entry *b = &c->z.e[bo];
         const char *s = (const char *)c->buf + b->data;
         FY_RETURN_IF(b->usize == 3 && memcmp(s, "big", 3) == 0, c->err, FERRY_E_UNSUPPORTED,
-                     "%s: a big-endian checkpoint (byteorder \"big\"): ferry reads little-endian data only", c->name);
+                     "%s: a big-endian checkpoint (byteorder \"big\"): ferry reads little-endian data only",
+                     c->name);
         FY_RETURN_IF(b->usize != 6 || memcmp(s, "little", 6) != 0, c->err, FERRY_E_CORRUPT,
                      "%s: %s is neither \"little\" nor \"big\"", c->name, Q(q, c->ename));
     }
@@ -231,7 +238,8 @@ static int build(ctx *c)
     for (int64_t j = 0; j < c->r.nn; j++) {
         fy_tensor t;
         FY_TRY(make_tensor(c, j, &t));
-        if (c->users[c->ent_of[c->r.v[c->r.names[j].view].storage]] > 1) t.flags |= FERRY_TENSOR_SHARED_STORAGE;
+        if (c->users[c->ent_of[c->r.v[c->r.names[j].view].storage]] > 1)
+            t.flags |= FERRY_TENSOR_SHARED_STORAGE;
         t.name = c->r.names[j].name;
         int rc = fy_table_push(tb, &t);
         if (rc < 0) {

@@ -16,22 +16,20 @@
 
 #define Q(buf, s) fy_quote((buf), sizeof(buf), (s))
 
-int fy_st_header_len(const uint8_t p[8], uint64_t file_size, const char *name, uint64_t *hlen,
-                     fy_err *err)
+int fy_st_header_len(const uint8_t p[8], uint64_t file_size, const char *name, uint64_t *hlen, fy_err *err)
 {
     uint64_t n = 0;
     FY_RETURN_IF(file_size < 8, err, FERRY_E_CORRUPT,
-                 "%s: file is %" PRIu64 " bytes, too short for the 8-byte header length", name,
-                 file_size);
+                 "%s: file is %" PRIu64 " bytes, too short for the 8-byte header length", name, file_size);
     for (int i = 7; i >= 0; i--) n = (n << 8) | p[i];
     FY_RETURN_IF(n == 0, err, FERRY_E_CORRUPT, "%s: header length is 0 (the header must hold a JSON object)",
                  name);
     FY_RETURN_IF(n > FY_ST_MAX_HEADER, err, FERRY_E_LIMIT,
-                 "%s: header length %" PRIu64 " exceeds the 100 MB limit (is this a safetensors file?)",
-                 name, n);
+                 "%s: header length %" PRIu64 " exceeds the 100 MB limit (is this a safetensors file?)", name,
+                 n);
     FY_RETURN_IF(n > file_size - 8, err, FERRY_E_CORRUPT,
-                 "%s: header length %" PRIu64 " runs past the end of the file (%" PRIu64 " bytes)", name,
-                 n, file_size);
+                 "%s: header length %" PRIu64 " runs past the end of the file (%" PRIu64 " bytes)", name, n,
+                 file_size);
     *hlen = n;
     return 0;
 }
@@ -62,7 +60,8 @@ typedef struct scratch {
 } scratch;
 
 /* The string whose raw contents are h[b..e), decoded into s; NULL: no memory. */
-static char *decode_into(const ferry_allocator *m, scratch *s, const uint8_t *h, size_t b, size_t e, size_t *len)
+static char *decode_into(const ferry_allocator *m, scratch *s, const uint8_t *h, size_t b, size_t e,
+                         size_t *len)
 {
     if (s->cap < e - b + 1) {
         char *np = fy_realloc(m, s->p, e - b + 1);
@@ -79,7 +78,11 @@ static void fmt_shape(char *buf, size_t n, const int64_t *shape, int32_t ndim)
     size_t o = 0;
     o += (size_t)snprintf(buf + o, n - o, "[");
     for (int32_t i = 0; i < ndim && o < n; i++) {
-        if (o + 32 >= n) { snprintf(buf + o, n - o, "..."); o = n; break; }
+        if (o + 32 >= n) {
+            snprintf(buf + o, n - o, "...");
+            o = n;
+            break;
+        }
         o += (size_t)snprintf(buf + o, n - o, "%s%" PRId64, i ? ", " : "", shape[i]);
     }
     if (o < n) snprintf(buf + o, n - o, "]");
@@ -104,8 +107,8 @@ static int cmp_rel(const void *a, const void *b)
  * and shape[MAX_DIMS]. The checks and their order are those of the entry as a
  * whole: its three fields present, then each one's type, then the numbers. */
 static int parse_tensor(const char *name, const char *key, const uint8_t *h, size_t v, uint64_t data_len,
-                        const ferry_allocator *mem, fy_tensor *t, int64_t *shape, uint64_t *begin, uint64_t *end,
-                        fy_err *err)
+                        const ferry_allocator *mem, fy_tensor *t, int64_t *shape, uint64_t *begin,
+                        uint64_t *end, fy_err *err)
 {
     char qn[128], sb[256];
     Q(qn, key);
@@ -135,13 +138,15 @@ static int parse_tensor(const char *name, const char *key, const uint8_t *h, siz
         t->dtype = fy_dtype_parse(dname);
         if (t->dtype == FERRY_DTYPE_INVALID) {
             char qd[64];
-            int rc = fy_seterr(err, FERRY_E_CORRUPT, "%s: tensor %s: unknown dtype %s", name, qn, Q(qd, dname));
+            int rc =
+                fy_seterr(err, FERRY_E_CORRUPT, "%s: tensor %s: unknown dtype %s", name, qn, Q(qd, dname));
             fy_free(mem, ds.p);
             return rc;
         }
         fy_free(mem, ds.p);
     }
-    FY_RETURN_IF(h[js] != '[', err, FERRY_E_CORRUPT, "%s: tensor %s: shape is not an array of integers", name, qn);
+    FY_RETURN_IF(h[js] != '[', err, FERRY_E_CORRUPT, "%s: tensor %s: shape is not an array of integers", name,
+                 qn);
     size_t nd = 0;
     for (size_t e = fy_json_enter(h, js); e; e = fy_json_next(h, fy_json_skip(h, e))) nd++;
     FY_RETURN_IF(nd > MAX_DIMS, err, FERRY_E_CORRUPT, "%s: tensor %s: shape has %zu dimensions (limit %d)",
@@ -163,12 +168,13 @@ static int parse_tensor(const char *name, const char *key, const uint8_t *h, siz
         if (!ovf && fy_mul_ovf(nelem, d, &nelem)) ovf = true;
     }
     fmt_shape(sb, sizeof sb, shape, (int32_t)nd);
-    FY_RETURN_IF(ovf, err, FERRY_E_CORRUPT, "%s: tensor %s: shape %s has more than 2^64 elements",
-                 name, qn, sb);
+    FY_RETURN_IF(ovf, err, FERRY_E_CORRUPT, "%s: tensor %s: shape %s has more than 2^64 elements", name, qn,
+                 sb);
     uint64_t nbytes;
     if (!fy_dtype_nbytes(t->dtype, nelem, &nbytes)) {
         uint64_t bits;
-        if (ferry_dtype_bits(t->dtype) % 8 == 0 || fy_mul_ovf(nelem, (uint64_t)ferry_dtype_bits(t->dtype), &bits))
+        if (ferry_dtype_bits(t->dtype) % 8 == 0 ||
+            fy_mul_ovf(nelem, (uint64_t)ferry_dtype_bits(t->dtype), &bits))
             return fy_seterr(err, FERRY_E_CORRUPT, "%s: tensor %s: shape %s of %s overflows 64-bit byte size",
                              name, qn, sb, ferry_dtype_name(t->dtype));
         return fy_seterr(err, FERRY_E_CORRUPT,
@@ -179,20 +185,20 @@ static int parse_tensor(const char *name, const char *key, const uint8_t *h, siz
                  "%s: tensor %s: data_offsets [%" PRIu64 ", %" PRIu64 "] end before they begin", name, qn,
                  *begin, *end);
     FY_RETURN_IF(*end > data_len, err, FERRY_E_CORRUPT,
-                 "%s: tensor %s: data_offsets [%" PRIu64 ", %" PRIu64 "] run past the end of the data (%" PRIu64
-                 " bytes)",
+                 "%s: tensor %s: data_offsets [%" PRIu64 ", %" PRIu64
+                 "] run past the end of the data (%" PRIu64 " bytes)",
                  name, qn, *begin, *end, data_len);
     FY_RETURN_IF(*end - *begin != nbytes, err, FERRY_E_CORRUPT,
-                 "%s: tensor %s: shape %s of %s needs %" PRIu64 " bytes but data_offsets [%" PRIu64 ", %" PRIu64
-                 "] hold %" PRIu64,
+                 "%s: tensor %s: shape %s of %s needs %" PRIu64 " bytes but data_offsets [%" PRIu64
+                 ", %" PRIu64 "] hold %" PRIu64,
                  name, qn, sb, ferry_dtype_name(t->dtype), nbytes, *begin, *end, *end - *begin);
     t->ndim = (int32_t)nd;
     t->nbytes = nbytes;
     return 0;
 }
 
-int fy_st_parse(const char *name, const uint8_t *hdr, uint64_t hlen, uint64_t file_size,
-                int32_t shard, fy_table *tb, fy_err *err)
+int fy_st_parse(const char *name, const uint8_t *hdr, uint64_t hlen, uint64_t file_size, int32_t shard,
+                fy_table *tb, fy_err *err)
 {
     char qn[128];
     size_t bad;
@@ -203,8 +209,9 @@ int fy_st_parse(const char *name, const uint8_t *hdr, uint64_t hlen, uint64_t fi
     FY_RETURN_IF(hdr[0] != '{', err, FERRY_E_CORRUPT,
                  "%s: header does not start with '{' (byte 0x%02x): not a safetensors file", name, hdr[0]);
     if (!fy_utf8_valid((const char *)hdr, (size_t)hlen, &bad))
-        return fy_seterr(err, FERRY_E_CORRUPT, "%s: header is not valid UTF-8 (byte 0x%02x at header offset %zu)",
-                         name, hdr[bad], bad);
+        return fy_seterr(err, FERRY_E_CORRUPT,
+                         "%s: header is not valid UTF-8 (byte 0x%02x at header offset %zu)", name, hdr[bad],
+                         bad);
 
     /* The whole header is checked first (as a parser building a tree would),
      * then walked in place, filling the table directly. */
@@ -213,22 +220,24 @@ int fy_st_parse(const char *name, const uint8_t *hdr, uint64_t hlen, uint64_t fi
     if (rc == -ENOMEM) return fy_seterr(err, rc, "%s: out of memory parsing the header", name);
     if (rc == FERRY_E_LIMIT) return fy_seterr(err, rc, "%s: header: %s", name, ji.why);
     if (rc < 0 && ji.duplicate)
-        return fy_seterr(err, FERRY_E_CORRUPT, "%s: header names a key twice (%s): tensor names must be unique", name,
+        return fy_seterr(err, FERRY_E_CORRUPT,
+                         "%s: header names a key twice (%s): tensor names must be unique", name,
                          Q(qn, ji.key));
     if (rc < 0)
-        return fy_seterr(err, FERRY_E_CORRUPT, "%s: header is not valid JSON: %s (header offset %zu)", name, ji.why,
-                         ji.at);
+        return fy_seterr(err, FERRY_E_CORRUPT, "%s: header is not valid JSON: %s (header offset %zu)", name,
+                         ji.why, ji.at);
     for (size_t i = ji.end; i < hlen; i++)
-        FY_RETURN_IF(hdr[i] != ' ', err, FERRY_E_CORRUPT,
-                     "%s: header has byte 0x%02x at offset %zu after the JSON object (only spaces may pad it)", name,
-                     hdr[i], i);
+        FY_RETURN_IF(
+            hdr[i] != ' ', err, FERRY_E_CORRUPT,
+            "%s: header has byte 0x%02x at offset %zu after the JSON object (only spaces may pad it)", name,
+            hdr[i], i);
     FY_RETURN_IF(tb->max_n && ji.nkeys > (uint64_t)(tb->max_n - tb->n), err, FERRY_E_LIMIT,
-                 "%s: header holds %" PRIu64 " tensors, over the cap of %" PRId64 " (max_tensors)", name, ji.nkeys,
-                 tb->max_n - tb->n);
+                 "%s: header holds %" PRIu64 " tensors, over the cap of %" PRId64 " (max_tensors)", name,
+                 ji.nkeys, tb->max_n - tb->n);
     if ((rc = fy_table_reserve(tb, (int64_t)ji.nkeys)) == FERRY_E_LIMIT)
         return fy_seterr(err, rc,
-                         "%s: the header and a table of its %" PRIu64 " tensors would take more than the cap of %" PRIu64
-                         " bytes (max_header_bytes)",
+                         "%s: the header and a table of its %" PRIu64
+                         " tensors would take more than the cap of %" PRIu64 " bytes (max_header_bytes)",
                          name, ji.nkeys, tb->max_bytes);
     if (rc < 0) return fy_table_fail(tb, rc, name, err);
 
@@ -252,16 +261,23 @@ int fy_st_parse(const char *name, const uint8_t *hdr, uint64_t hlen, uint64_t fi
                 size_t mkb, mke, mvb, mve, mklen, mvlen;
                 ev = fy_json_member(hdr, e, &mkb, &mke, &esc);
                 const char *k = decode_into(mem, &mk, hdr, mkb, mke, &mklen);
-                if (!k) { rc = fy_seterr(err, -ENOMEM, "%s: out of memory", name); goto out; }
+                if (!k) {
+                    rc = fy_seterr(err, -ENOMEM, "%s: out of memory", name);
+                    goto out;
+                }
                 if (hdr[ev] != '"') {
-                    rc = fy_seterr(err, FERRY_E_CORRUPT,
-                                   "%s: __metadata__ key %s: value is not a string (only string -> string is allowed)",
-                                   name, Q(qn, k));
+                    rc = fy_seterr(
+                        err, FERRY_E_CORRUPT,
+                        "%s: __metadata__ key %s: value is not a string (only string -> string is allowed)",
+                        name, Q(qn, k));
                     goto out;
                 }
                 fy_json_string(hdr, ev, &mvb, &mve, &esc);
                 const char *val = decode_into(mem, &mv, hdr, mvb, mve, &mvlen);
-                if (!val) { rc = fy_seterr(err, -ENOMEM, "%s: out of memory", name); goto out; }
+                if (!val) {
+                    rc = fy_seterr(err, -ENOMEM, "%s: out of memory", name);
+                    goto out;
+                }
                 if ((rc = fy_table_push_meta(tb, k, mklen, val, mvlen, FERRY_META_TEXT)) < 0) {
                     fy_table_fail(tb, rc, name, err);
                     goto out;
@@ -272,7 +288,10 @@ int fy_st_parse(const char *name, const uint8_t *hdr, uint64_t hlen, uint64_t fi
         fy_tensor t = {0};
         uint64_t begin = 0, end = 0;
         t.name = fy_malloc(mem, ke - kb + 1);
-        if (!t.name) { rc = fy_seterr(err, -ENOMEM, "%s: out of memory", name); goto out; }
+        if (!t.name) {
+            rc = fy_seterr(err, -ENOMEM, "%s: out of memory", name);
+            goto out;
+        }
         fy_json_decode(hdr, kb, ke, t.name);
         if ((rc = parse_tensor(name, t.name, hdr, v, data_len, mem, &t, shape, &begin, &end, err)) < 0) {
             fy_free(mem, t.name);
@@ -309,7 +328,8 @@ int fy_st_parse(const char *name, const uint8_t *hdr, uint64_t hlen, uint64_t fi
         if (rels[i].begin < pos) {
             char q2[128];
             rc = fy_seterr(err, FERRY_E_CORRUPT,
-                           "%s: tensor %s: data_offsets [%" PRIu64 ", %" PRIu64 "] overlap tensor %s [%" PRIu64 ", %" PRIu64 "]",
+                           "%s: tensor %s: data_offsets [%" PRIu64 ", %" PRIu64
+                           "] overlap tensor %s [%" PRIu64 ", %" PRIu64 "]",
                            name, Q(qn, tn), rels[i].begin, rels[i].end, Q(q2, tb->t[rels[i - 1].idx].name),
                            rels[i - 1].begin, rels[i - 1].end);
             goto out;
@@ -325,8 +345,9 @@ int fy_st_parse(const char *name, const uint8_t *hdr, uint64_t hlen, uint64_t fi
     }
     if (pos != data_len) {
         rc = fy_seterr(err, FERRY_E_CORRUPT,
-                       "%s: the data section holds %" PRIu64 " bytes after the last tensor (tensors must tile it exactly; %" PRIu64
-                       " of %" PRIu64 " bytes used)",
+                       "%s: the data section holds %" PRIu64
+                       " bytes after the last tensor (tensors must tile it exactly; %" PRIu64 " of %" PRIu64
+                       " bytes used)",
                        name, data_len - pos, pos, data_len);
         goto out;
     }

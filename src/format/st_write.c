@@ -17,7 +17,10 @@
 
 #define Q(buf, s) fy_quote((buf), sizeof(buf), (s))
 
-bool fy_st_dtype_ok(ferry_dtype dt) { return dt > FERRY_DTYPE_INVALID && dt <= FERRY_DTYPE_F4; }
+bool fy_st_dtype_ok(ferry_dtype dt)
+{
+    return dt > FERRY_DTYPE_INVALID && dt <= FERRY_DTYPE_F4;
+}
 
 uint64_t fy_st_out_bytes(const fy_tensor *t, ferry_dtype to)
 {
@@ -57,7 +60,8 @@ static int header_json(const fy_table *tb, const int64_t *order, ferry_dtype to,
         goto out;
     }
     /* __metadata__ (the source's string metadata), then the tensors */
-    for (int64_t i = 0; i < tb->nmeta; i++) json_object_set_new(meta, tb->meta_k[i], json_string(tb->meta_v[i]));
+    for (int64_t i = 0; i < tb->nmeta; i++)
+        json_object_set_new(meta, tb->meta_k[i], json_string(tb->meta_v[i]));
     if (json_object_size(meta)) json_object_set(hdr, "__metadata__", meta);
     uint64_t pos = 0;
     for (int64_t k = 0; k < tb->n; k++) {
@@ -65,11 +69,12 @@ static int header_json(const fy_table *tb, const int64_t *order, ferry_dtype to,
         json_t *shape = json_array();
         for (int32_t d = 0; d < t->ndim; d++) json_array_append_new(shape, json_integer(t->shape[d]));
         uint64_t nb = fy_st_out_bytes(t, to); /* gathered, cast: numel x size */
-        json_t *e = json_pack("{s:s,s:o,s:[I,I]}", "dtype", ferry_dtype_name(fy_cast_out_dtype(t->dtype, to)), "shape", shape, "data_offsets",
-                              (json_int_t)pos, (json_int_t)(pos + nb));
+        json_t *e = json_pack("{s:s,s:o,s:[I,I]}", "dtype", ferry_dtype_name(fy_cast_out_dtype(t->dtype, to)),
+                              "shape", shape, "data_offsets", (json_int_t)pos, (json_int_t)(pos + nb));
         if (e && (json_object_get(hdr, t->name) || strcmp(t->name, "__metadata__") == 0)) {
             json_decref(e);
-            rc = fy_seterr(err, FERRY_E_CORRUPT, "convert: tensor name %s appears twice or is reserved", Q(q, t->name));
+            rc = fy_seterr(err, FERRY_E_CORRUPT, "convert: tensor name %s appears twice or is reserved",
+                           Q(q, t->name));
             goto out;
         }
         if (!e || json_object_set_new(hdr, t->name, e) < 0) {
@@ -86,8 +91,8 @@ out:
     return rc;
 }
 
-int fy_st_layout(const fy_table *tb, uint64_t align, ferry_dtype to, const ferry_allocator *mem, fy_st_out *out,
-                 fy_err *err)
+int fy_st_layout(const fy_table *tb, uint64_t align, ferry_dtype to, const ferry_allocator *mem,
+                 fy_st_out *out, fy_err *err)
 {
     char q[128];
     memset(out, 0, sizeof *out);

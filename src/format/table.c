@@ -223,15 +223,20 @@ int fy_table_charge(fy_table *tb, uint64_t n)
     return 0;
 }
 
-void fy_table_uncharge(fy_table *tb, uint64_t n) { tb->bytes = n < tb->bytes ? tb->bytes - n : 0; }
+void fy_table_uncharge(fy_table *tb, uint64_t n)
+{
+    tb->bytes = n < tb->bytes ? tb->bytes - n : 0;
+}
 
 int fy_table_fail(const fy_table *tb, int rc, const char *name, fy_err *err)
 {
     if (rc != FERRY_E_LIMIT) return fy_seterr(err, rc, "%s: out of memory", name);
     if (tb->max_n && tb->n >= tb->max_n)
-        return fy_seterr(err, rc, "%s: holds more than %" PRId64 " tensors, the cap (max_tensors)", name, tb->max_n);
-    return fy_seterr(err, rc,
-                     "%s: the header and the tensor table built from it would take more than the cap of %" PRIu64
-                     " bytes (max_header_bytes), at %" PRId64 " tensors and %" PRId64 " metadata entries",
-                     name, tb->max_bytes, tb->n, tb->nmeta);
+        return fy_seterr(err, rc, "%s: holds more than %" PRId64 " tensors, the cap (max_tensors)", name,
+                         tb->max_n);
+    return fy_seterr(
+        err, rc,
+        "%s: the header and the tensor table built from it would take more than the cap of %" PRIu64
+        " bytes (max_header_bytes), at %" PRId64 " tensors and %" PRId64 " metadata entries",
+        name, tb->max_bytes, tb->n, tb->nmeta);
 }

@@ -9,23 +9,23 @@
 #include "common/common.h"
 
 typedef struct fy_zip_entry {
-    const char *name;  /* into the buffer: name_len bytes of UTF-8, no NUL */
+    const char *name; /* into the buffer: name_len bytes of UTF-8, no NUL */
     uint32_t name_len;
-    uint16_t flags;    /* general purpose bits (bit 0: encrypted) */
-    uint16_t method;   /* 0 stored, 8 deflate, ... */
-    uint64_t csize;    /* bytes in the archive */
-    uint64_t usize;    /* bytes once extracted (== csize when stored) */
-    uint64_t header;   /* absolute offset of the local header */
-    uint64_t data;     /* absolute offset of the data, from the local header's lengths */
+    uint16_t flags;  /* general purpose bits (bit 0: encrypted) */
+    uint16_t method; /* 0 stored, 8 deflate, ... */
+    uint64_t csize;  /* bytes in the archive */
+    uint64_t usize;  /* bytes once extracted (== csize when stored) */
+    uint64_t header; /* absolute offset of the local header */
+    uint64_t data;   /* absolute offset of the data, from the local header's lengths */
 } fy_zip_entry;
 
 typedef struct fy_zip {
     const ferry_allocator *mem;
-    fy_zip_entry *e;   /* n entries in central directory order */
+    fy_zip_entry *e; /* n entries in central directory order */
     uint64_t n;
-    uint64_t *sorted;  /* entry indices in name order (byte-wise) */
+    uint64_t *sorted; /* entry indices in name order (byte-wise) */
     uint64_t cd_offset, cd_size;
-    bool zip64;        /* a zip64 end record was present */
+    bool zip64; /* a zip64 end record was present */
 } fy_zip;
 
 /* Sanity bound of ferry's: more entries than this is refused (FERRY_E_LIMIT). */
@@ -40,8 +40,8 @@ typedef struct fy_zip {
  * `name` prefixes every message. On success z owns arrays to be released with
  * fy_zip_free(); on failure z is empty. Errors: FERRY_E_CORRUPT,
  * FERRY_E_UNSUPPORTED (multi-disk archives), FERRY_E_LIMIT, -ENOMEM. */
-int fy_zip_open(const char *name, const uint8_t *buf, uint64_t size, const ferry_allocator *mem,
-                fy_zip *z, fy_err *err);
+int fy_zip_open(const char *name, const uint8_t *buf, uint64_t size, const ferry_allocator *mem, fy_zip *z,
+                fy_err *err);
 void fy_zip_free(fy_zip *z);
 
 /* Index of the entry called exactly name[0, len), or -1. O(log n). */

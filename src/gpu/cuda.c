@@ -39,8 +39,8 @@ enum {
  * The library handle is never closed: the driver keeps threads and state that
  * outlive any one ferry handle, and unloading it under PyTorch would be fatal. */
 typedef struct cu_api {
-    int status;     /* 0: usable; FERRY_E_NODEV: see why */
-    char why[512];  /* why the driver cannot be used */
+    int status;    /* 0: usable; FERRY_E_NODEV: see why */
+    char why[512]; /* why the driver cannot be used */
     void *lib;
 
     CUresult (*Init)(unsigned flags);
@@ -99,14 +99,14 @@ static void cu_load(void)
                  e ? e : "unknown dlopen error");
         return;
     }
-#define CU_LOAD2(field, name, fallback)                                                        \
-    do {                                                                                       \
-        cu.field = (__typeof__(cu.field))cu_sym(name, fallback);                               \
-        if (!cu.field) {                                                                       \
-            snprintf(cu.why, sizeof cu.why,                                                    \
+#define CU_LOAD2(field, name, fallback)                                                            \
+    do {                                                                                           \
+        cu.field = (__typeof__(cu.field))cu_sym(name, fallback);                                   \
+        if (!cu.field) {                                                                           \
+            snprintf(cu.why, sizeof cu.why,                                                        \
                      "the NVIDIA driver (libcuda.so.1) lacks %s: driver too old or broken", name); \
-            return;                                                                            \
-        }                                                                                      \
+            return;                                                                                \
+        }                                                                                          \
     } while (0)
 #define CU_LOAD(field, name) CU_LOAD2(field, name, NULL)
     CU_LOAD(Init, "cuInit");
@@ -171,12 +171,14 @@ struct fy_event {
     CUevent e;
 };
 
-static inline cu_gpu *cu_of(fy_gpu *g) { return (cu_gpu *)g; }
+static inline cu_gpu *cu_of(fy_gpu *g)
+{
+    return (cu_gpu *)g;
+}
 
 /* Record "cuda:N: <what>: CUDA_ERROR_X (text)" and return -ENOMEM for an
  * out-of-memory error, FERRY_E_DEVICE for any other. */
-__attribute__((format(printf, 3, 4)))
-static int cu_fail(fy_gpu *g, CUresult rc, const char *fmt, ...)
+__attribute__((format(printf, 3, 4))) static int cu_fail(fy_gpu *g, CUresult rc, const char *fmt, ...)
 {
     char what[384], desc[256];
     va_list ap;
@@ -207,7 +209,10 @@ static int cu_enter(fy_gpu *g)
     return 0;
 }
 
-static int cu_bind_thread(fy_gpu *g) { return cu_enter(g); }
+static int cu_bind_thread(fy_gpu *g)
+{
+    return cu_enter(g);
+}
 
 static void cu_close(fy_gpu *g)
 {
@@ -274,7 +279,8 @@ static int cu_mem_range(fy_gpu *g, fy_dptr p, fy_dptr *base, size_t *size)
     FY_TRY(cu_enter(g));
     CUdeviceptr b = 0;
     size_t n = 0;
-    if (cu.MemGetAddressRange(&b, &n, (CUdeviceptr)p) != CUDA_SUCCESS) return FERRY_E_NOTFOUND; /* (no message: gpu.h) */
+    if (cu.MemGetAddressRange(&b, &n, (CUdeviceptr)p) != CUDA_SUCCESS)
+        return FERRY_E_NOTFOUND; /* (no message: gpu.h) */
     *base = (fy_dptr)b;
     *size = n;
     return 0;
@@ -317,7 +323,8 @@ static void touch_parallel(uint8_t *p, size_t n)
     pthread_t th[MAXT];
     touch_span sp[MAXT];
     int ns = 0, started = 0;
-    for (size_t off = 0; ns < MAXT && off < n; off += per) sp[ns++] = (touch_span){p + off, n - off < per ? n - off : per};
+    for (size_t off = 0; ns < MAXT && off < n; off += per)
+        sp[ns++] = (touch_span){p + off, n - off < per ? n - off : per};
     for (int k = 1; k < ns; k++) { /* span 0 is this thread's */
         if (pthread_create(&th[started], NULL, touch_run, &sp[k]) == 0) started++;
         else touch_run(&sp[k]);
@@ -330,12 +337,14 @@ static int cu_host_alloc(fy_gpu *g, size_t n, void **out)
 {
     *out = NULL;
     FY_RETURN_IF(n == 0, g->err, FERRY_E_INVAL, "cuda:%d: pinned allocation of 0 bytes", g->ordinal);
-    FY_RETURN_IF(n > SIZE_MAX / 2, g->err, FERRY_E_INVAL, "cuda:%d: pinned allocation of %zu bytes", g->ordinal, n);
+    FY_RETURN_IF(n > SIZE_MAX / 2, g->err, FERRY_E_INVAL, "cuda:%d: pinned allocation of %zu bytes",
+                 g->ordinal, n);
     FY_TRY(cu_enter(g));
     bool huge = n >= HUGE;
     size_t data = huge ? (n + HUGE - 1) & ~(size_t)(HUGE - 1) : (n + 4095) & ~(size_t)4095;
     size_t len = HOST_HDR + data + (huge ? HUGE : 0);
-    uint8_t *raw = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | (huge ? 0 : MAP_POPULATE), -1, 0);
+    uint8_t *raw = mmap(NULL, len, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | (huge ? 0 : MAP_POPULATE), -1, 0);
     if (raw == MAP_FAILED) {
         int e = -errno;
         return fy_seterr(g->err, e, "cuda:%d: mmap of %zu bytes for pinned memory: %s", g->ordinal, len,
@@ -596,9 +605,11 @@ int fy_gpu_cuda_open(int ordinal, const ferry_allocator *mem, fy_err *err, fy_gp
         if (count == 0)
             return fy_seterr(err, FERRY_E_NODEV, "cuda:%d: no such device: 0 CUDA devices found", ordinal);
         if (count == 1)
-            return fy_seterr(err, FERRY_E_NODEV, "cuda:%d: no such device: 1 CUDA device found (cuda:0)", ordinal);
-        return fy_seterr(err, FERRY_E_NODEV, "cuda:%d: no such device: %d CUDA devices found (cuda:0..cuda:%d)",
-                         ordinal, count, count - 1);
+            return fy_seterr(err, FERRY_E_NODEV, "cuda:%d: no such device: 1 CUDA device found (cuda:0)",
+                             ordinal);
+        return fy_seterr(err, FERRY_E_NODEV,
+                         "cuda:%d: no such device: %d CUDA devices found (cuda:0..cuda:%d)", ordinal, count,
+                         count - 1);
     }
 
     CUdevice dev = 0;

@@ -13,10 +13,16 @@
 #include <string.h>
 
 /* The few cuFile types the probe needs, declared here (no cufile.h at build time). */
-typedef struct { int err; int cu_err; } cufile_error;
+typedef struct {
+    int err;
+    int cu_err;
+} cufile_error;
 typedef struct {
     int type; /* CU_FILE_HANDLE_TYPE_OPAQUE_FD = 1 */
-    union { int fd; void *handle; } handle;
+    union {
+        int fd;
+        void *handle;
+    } handle;
     const void *fs_ops;
 } cufile_descr;
 
@@ -46,7 +52,8 @@ static void cf_load(void)
     }
     cufile_error e = cf.driver_open();
     if (e.err != 0) {
-        snprintf(cf.why, sizeof cf.why, "cuFileDriverOpen failed (cuFile error %d, CUDA error %d)", e.err, e.cu_err);
+        snprintf(cf.why, sizeof cf.why, "cuFileDriverOpen failed (cuFile error %d, CUDA error %d)", e.err,
+                 e.cu_err);
         return;
     }
     cf.opened = true;
@@ -74,8 +81,9 @@ int fy_cufile_probe(fy_gpu *g, int fd, char *why, size_t n)
     void *fh = NULL;
     cufile_error e = cf.handle_register(&fh, &d);
     if (e.err != 0) {
-        snprintf(why, n, "cuFileHandleRegister refused the file (cuFile error %d, CUDA error %d; no nvidia-fs?)", e.err,
-                 e.cu_err);
+        snprintf(why, n,
+                 "cuFileHandleRegister refused the file (cuFile error %d, CUDA error %d; no nvidia-fs?)",
+                 e.err, e.cu_err);
         return FERRY_E_NODEV;
     }
     cf.handle_deregister(fh);

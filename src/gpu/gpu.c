@@ -8,8 +8,14 @@
 #include <string.h>
 #include <unistd.h>
 
-static bool is_digit(char c) { return c >= '0' && c <= '9'; }
-static char lower(char c) { return (c >= 'A' && c <= 'Z') ? (char)(c - 'A' + 'a') : c; }
+static bool is_digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
+static char lower(char c)
+{
+    return (c >= 'A' && c <= 'Z') ? (char)(c - 'A' + 'a') : c;
+}
 
 /* Exact arithmetic for "1.5GB": at most 19 fraction digits are kept (10^19 <
  * 2^64); the product of a 64-bit fraction and a 2^60 multiplier fits in 128 bits. */
@@ -49,7 +55,10 @@ bool fy_parse_size(const char *s, uint64_t *out)
         p++;
         bool decimal = false;
         if (lower(p[0]) == 'i' && lower(p[1]) == 'b') p += 2;
-        else if (lower(p[0]) == 'b') { p++; decimal = true; }
+        else if (lower(p[0]) == 'b') {
+            p++;
+            decimal = true;
+        }
         for (int i = 0; i < power; i++) mult *= decimal ? 1000u : 1024u;
     }
     if (*p != '\0') return false;
@@ -68,8 +77,8 @@ FERRY_API int ferry_parse_size(const char *s, uint64_t *out)
 
 int fy_gpu_open(const char *spec, const ferry_allocator *mem, fy_err *err, fy_gpu **out)
 {
-    static const char forms[] =
-        "expected cuda, cuda:N (N = device number), sim:SIZE[,RATE/s] (e.g. sim:24GiB or sim:24GiB,25GB/s) or cpu";
+    static const char forms[] = "expected cuda, cuda:N (N = device number), sim:SIZE[,RATE/s] (e.g. "
+                                "sim:24GiB or sim:24GiB,25GB/s) or cpu";
     char q[128];
     if (!out) return fy_seterr(err, FERRY_E_INVAL, "fy_gpu_open: no place for the device handle");
     *out = NULL;
@@ -88,7 +97,8 @@ int fy_gpu_open(const char *spec, const ferry_allocator *mem, fy_err *err, fy_gp
         if (*p != '\0') goto bad_ordinal;
         return fy_gpu_cuda_open((int)n, mem, err, out);
     bad_ordinal:
-        return fy_seterr(err, FERRY_E_INVAL, "device %s: the device number must be a non-negative integer: %s",
+        return fy_seterr(err, FERRY_E_INVAL,
+                         "device %s: the device number must be a non-negative integer: %s",
                          fy_quote(q, sizeof q, spec), forms);
     }
     if (strncmp(spec, "sim:", 4) == 0) {
@@ -123,7 +133,8 @@ int fy_gpu_open(const char *spec, const ferry_allocator *mem, fy_err *err, fy_gp
         int rc = fy_gpu_sim_open(ram, 0, mem, err, out);
         if (rc < 0) return rc;
         (*out)->host_visible = true;
-        snprintf((*out)->desc, sizeof (*out)->desc, "cpu (pageable host memory, %.1f GiB)", (double)ram / (1u << 30));
+        snprintf((*out)->desc, sizeof(*out)->desc, "cpu (pageable host memory, %.1f GiB)",
+                 (double)ram / (1u << 30));
         return 0;
     }
     if (strcmp(spec, "sim") == 0)

@@ -79,9 +79,9 @@ typedef struct fy_gpu_ops {
 struct fy_gpu {
     const fy_gpu_ops *ops;
     const ferry_allocator *mem;
-    fy_err *err;      /* where backend messages go (the owning context's) */
-    int ordinal;      /* device number */
-    char desc[128];   /* "NVIDIA H200 (cuda:0, 139.8 GiB)" / "sim (24.0 GiB)" */
+    fy_err *err;       /* where backend messages go (the owning context's) */
+    int ordinal;       /* device number */
+    char desc[128];    /* "NVIDIA H200 (cuda:0, 139.8 GiB)" / "sim (24.0 GiB)" */
     bool host_visible; /* "cpu": device addresses are ordinary host memory that
                           the transfer engine may read into directly */
 };
@@ -97,7 +97,8 @@ void fy_gpu_close(fy_gpu *g);
 int fy_gpu_cuda_open(int ordinal, const ferry_allocator *mem, fy_err *err, fy_gpu **out);
 /* bytes_per_s: the modelled copy rate per direction (copies on every stream
  * share it, as on one copy engine per direction); 0 = as fast as memcpy. */
-int fy_gpu_sim_open(uint64_t capacity, uint64_t bytes_per_s, const ferry_allocator *mem, fy_err *err, fy_gpu **out);
+int fy_gpu_sim_open(uint64_t capacity, uint64_t bytes_per_s, const ferry_allocator *mem, fy_err *err,
+                    fy_gpu **out);
 
 /* Sim only: the nth call (1 = next) of kind op fails (FERRY_E_DEVICE, or -ENOMEM
  * for allocations); 0 disarms. Returns FERRY_E_INVAL for a non-sim device. */

@@ -65,10 +65,10 @@ typedef struct sim_gpu sim_gpu;
 typedef struct sim_op {
     struct sim_op *next;
     bool is_copy;
-    bool is_wait;  /* a stream_wait: hold the stream until ev reaches seq */
-    bool to_dev;   /* copy direction (each has its own modelled link) */
-    bool guarded;  /* read the host side with copy_guarded (not sim's own pinned memory) */
-    void *dst; /* copy */
+    bool is_wait; /* a stream_wait: hold the stream until ev reaches seq */
+    bool to_dev;  /* copy direction (each has its own modelled link) */
+    bool guarded; /* read the host side with copy_guarded (not sim's own pinned memory) */
+    void *dst;    /* copy */
     const void *src;
     size_t n;
     sim_range *dev, *pinned; /* ranges whose inflight count this copy holds */
@@ -94,20 +94,20 @@ struct fy_stream {
 
 struct fy_event {
     fy_event *prev, *next;
-    uint64_t recorded;      /* records so far */
-    uint64_t completed;     /* highest record whose marker has run */
-    unsigned long markers;  /* queued markers that point here */
-    bool freed;             /* event_free ran: the last marker frees it */
+    uint64_t recorded;     /* records so far */
+    uint64_t completed;    /* highest record whose marker has run */
+    unsigned long markers; /* queued markers that point here */
+    bool freed;            /* event_free ran: the last marker frees it */
 };
 
 struct sim_gpu {
-    fy_gpu base; /* first: fy_gpu * and sim_gpu * convert */
-    pthread_mutex_t lock; /* everything below, and every stream's queue */
+    fy_gpu base;             /* first: fy_gpu * and sim_gpu * convert */
+    pthread_mutex_t lock;    /* everything below, and every stream's queue */
     pthread_cond_t ev_done;  /* some event completed */
     pthread_cond_t released; /* some range's inflight count dropped to 0 */
     uint64_t capacity;
-    double rate;          /* modelled copy bytes/s per direction, 0 = unmodelled */
-    double pin_rate;      /* modelled pinning bytes/s (host_alloc), 0 = unmodelled */
+    double rate;     /* modelled copy bytes/s per direction, 0 = unmodelled */
+    double pin_rate; /* modelled pinning bytes/s (host_alloc), 0 = unmodelled */
     /* device blocks of SIM_MMAP_MIN or more: carved lowest address first from
      * one reserved range of address space, so that blocks allocated in a
      * row are adjacent, as cuMemAlloc's often are (two 64 MiB blocks in a
@@ -115,13 +115,15 @@ struct sim_gpu {
      * is then refused here as the driver refuses it (CUDA_ERROR_INVALID_VALUE,
      * bench/span_copy.py), where separate mappings would rarely meet */
     pthread_mutex_t arena_lock;
-    uint8_t *arena;        /* PROT_NONE until carved; NULL: not reserved (yet, or it failed) */
+    uint8_t *arena; /* PROT_NONE until carved; NULL: not reserved (yet, or it failed) */
     size_t arena_len;
     bool arena_tried;
-    fy_ranges arena_free;  /* offsets in the arena */
+    fy_ranges arena_free; /* offsets in the arena */
     double link_free[2];  /* per direction (0 dtoh, 1 htod): when the link is free next (fy_now) */
     sim_table dev, pinned, reg;
-    struct { long nth, left; } fault[FY_OP_COUNT];
+    struct {
+        long nth, left;
+    } fault[FY_OP_COUNT];
     fy_stream *streams;
     fy_event *events;
 };
@@ -137,7 +139,10 @@ static const char *fmt_size(char *buf, size_t n, uint64_t v)
     }
     double x = (double)v;
     int i = 0;
-    while (x >= 1024 && i < 6) { x /= 1024; i++; }
+    while (x >= 1024 && i < 6) {
+        x /= 1024;
+        i++;
+    }
     snprintf(buf, n, "%.2f %s", x, unit[i]);
     return buf;
 }
@@ -229,7 +234,8 @@ static void *arena_get(sim_gpu *g, size_t len)
     while (g->arena && i < g->arena_free.n && g->arena_free.v[i].len < len) i++;
     if (g->arena && i < g->arena_free.n) {
         uint8_t *at = g->arena + g->arena_free.v[i].off;
-        p = mmap(at, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        p = mmap(at, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1,
+                 0);
         if (p != MAP_FAILED) fy_ranges_take(&g->arena_free, i, len);
     }
     pthread_mutex_unlock(&g->arena_lock);
@@ -253,7 +259,8 @@ static int mem_get(sim_gpu *g, sim_range *r, size_t n, size_t align, bool dev, c
     if (n >= SIM_MMAP_MIN) {
         size_t pg = (size_t)sysconf(_SC_PAGESIZE);
         if (n > SIZE_MAX - pg)
-            return fy_seterr(g->base.err, -ENOMEM, "sim: %s of %s: too large", what, fmt_size(s, sizeof s, n));
+            return fy_seterr(g->base.err, -ENOMEM, "sim: %s of %s: too large", what,
+                             fmt_size(s, sizeof s, n));
         size_t len = (n + pg - 1) / pg * pg;
         /* NORESERVE: a capacity-planning run may allocate more than the host
          * has, as long as it does not touch it all. Device blocks come from
@@ -355,7 +362,8 @@ static int range_alloc(sim_gpu *g, sim_table *t, size_t n, size_t align, fy_gpu_
 {
     char a[32], b[32], c[32];
     int rc;
-    if (n == 0) return fy_seterr(g->base.err, FERRY_E_INVAL, "sim: %s of 0 bytes (CUDA refuses it too)", name);
+    if (n == 0)
+        return fy_seterr(g->base.err, FERRY_E_INVAL, "sim: %s of 0 bytes (CUDA refuses it too)", name);
     pthread_mutex_lock(&g->lock);
     if ((rc = fault_hit(g, op, name)) < 0) goto out;
     if (t == &g->dev && n > g->capacity - t->bytes) {
@@ -391,12 +399,12 @@ static int range_free(sim_gpu *g, sim_table *t, uintptr_t p, const char *name, c
         int rc;
         if (in)
             rc = fy_seterr(g->base.err, FERRY_E_INVAL,
-                           "sim: %s of 0x%" PRIxPTR ": inside the %s at 0x%" PRIxPTR " (%s), not its start", name,
-                           p, what, in->base, fmt_size(s, sizeof s, in->n));
+                           "sim: %s of 0x%" PRIxPTR ": inside the %s at 0x%" PRIxPTR " (%s), not its start",
+                           name, p, what, in->base, fmt_size(s, sizeof s, in->n));
         else
             rc = fy_seterr(g->base.err, FERRY_E_INVAL,
-                           "sim: %s of 0x%" PRIxPTR ": not a live %s (freed twice, or not from this device)", name,
-                           p, what);
+                           "sim: %s of 0x%" PRIxPTR ": not a live %s (freed twice, or not from this device)",
+                           name, p, what);
         pthread_mutex_unlock(&g->lock);
         return rc;
     }
@@ -478,7 +486,8 @@ static int sim_host_register(fy_gpu *gg, void *p, size_t n, bool read_only)
     char s[32];
     int rc;
     if (!p || n == 0 || a + n < a)
-        return fy_seterr(gg->err, FERRY_E_INVAL, "sim: host_register of %p, %zu bytes: empty or wrapping range", p, n);
+        return fy_seterr(gg->err, FERRY_E_INVAL,
+                         "sim: host_register of %p, %zu bytes: empty or wrapping range", p, n);
     pthread_mutex_lock(&g->lock);
     sim_range *o;
     if ((o = tab_overlap(&g->reg, a, n))) {
@@ -489,22 +498,26 @@ static int sim_host_register(fy_gpu *gg, void *p, size_t n, bool read_only)
         goto out;
     }
     if ((o = tab_overlap(&g->pinned, a, n))) {
-        rc = fy_seterr(gg->err, FERRY_E_INVAL,
-                       "sim: host_register of [%p, +%zu): overlaps pinned memory from host_alloc at 0x%" PRIxPTR
-                       " (CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)", p, n, o->base);
+        rc = fy_seterr(
+            gg->err, FERRY_E_INVAL,
+            "sim: host_register of [%p, +%zu): overlaps pinned memory from host_alloc at 0x%" PRIxPTR
+            " (CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)",
+            p, n, o->base);
         goto out;
     }
     if ((o = tab_overlap(&g->dev, a, n))) {
         rc = fy_seterr(gg->err, FERRY_E_INVAL,
-                       "sim: host_register of [%p, +%zu): that is device memory (allocation at 0x%" PRIxPTR ")", p,
-                       n, o->base);
+                       "sim: host_register of [%p, +%zu): that is device memory (allocation at 0x%" PRIxPTR
+                       ")",
+                       p, n, o->base);
         goto out;
     }
     /* cuMemHostRegister refuses unmapped memory; msync says ENOMEM for it. */
     uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t lo = a & ~(pg - 1);
     if (msync((void *)lo, a + n - lo, MS_ASYNC) != 0 && errno == ENOMEM) {
-        rc = fy_seterr(gg->err, FERRY_E_INVAL, "sim: host_register of [%p, +%zu): not all of it is mapped", p, n);
+        rc = fy_seterr(gg->err, FERRY_E_INVAL, "sim: host_register of [%p, +%zu): not all of it is mapped", p,
+                       n);
         goto out;
     }
     if ((rc = fault_hit(g, FY_OP_HOST_REGISTER, "host_register")) < 0) goto out;
@@ -538,9 +551,9 @@ static int sim_host_unregister(fy_gpu *gg, void *p)
         if (in)
             rc = fy_seterr(gg->err, FERRY_E_INVAL,
                            "sim: host_unregister of %p: inside the range registered at 0x%" PRIxPTR
-                           " (%s), not its start", p, in->base, fmt_size(s, sizeof s, in->n));
-        else
-            rc = fy_seterr(gg->err, FERRY_E_INVAL, "sim: host_unregister of %p: not registered", p);
+                           " (%s), not its start",
+                           p, in->base, fmt_size(s, sizeof s, in->n));
+        else rc = fy_seterr(gg->err, FERRY_E_INVAL, "sim: host_unregister of %p: not registered", p);
     }
     pthread_mutex_unlock(&g->lock);
     fy_free(gg->mem, r);
@@ -652,15 +665,17 @@ static bool event_known(sim_gpu *g, const fy_event *e)
 static int bad_stream(sim_gpu *g, const char *name, const fy_stream *s)
 {
     if (!s)
-        return fy_seterr(g->base.err, FERRY_E_INVAL, "sim: %s: NULL stream (the sim has no default stream)", name);
-    return fy_seterr(g->base.err, FERRY_E_INVAL, "sim: %s: unknown stream %p (freed, or from another device)", name,
-                     (const void *)s);
+        return fy_seterr(g->base.err, FERRY_E_INVAL, "sim: %s: NULL stream (the sim has no default stream)",
+                         name);
+    return fy_seterr(g->base.err, FERRY_E_INVAL, "sim: %s: unknown stream %p (freed, or from another device)",
+                     name, (const void *)s);
 }
 
 static int bad_event(sim_gpu *g, const char *name, const fy_event *e)
 {
-    return fy_seterr(g->base.err, FERRY_E_INVAL, "sim: %s: unknown event %p (NULL, freed, or from another device)",
-                     name, (const void *)e);
+    return fy_seterr(g->base.err, FERRY_E_INVAL,
+                     "sim: %s: unknown event %p (NULL, freed, or from another device)", name,
+                     (const void *)e);
 }
 
 static void enqueue(fy_stream *s, sim_op *op)
@@ -710,7 +725,8 @@ fail_idle:
     pthread_cond_destroy(&s->work);
 fail_work:
     fy_free(gg->mem, s);
-    return fy_seterr(gg->err, -rc, "sim: stream_new: cannot start the stream's thread: %s", ferry_strerror(-rc));
+    return fy_seterr(gg->err, -rc, "sim: stream_new: cannot start the stream's thread: %s",
+                     ferry_strerror(-rc));
 }
 
 /* Like cuStreamDestroy, queued work still runs; unlike it, this waits for it. */
@@ -746,10 +762,11 @@ static int sim_stream_sync(fy_gpu *gg, fy_stream *s)
         uint64_t target = s->queued;
         while (s->done < target) pthread_cond_wait(&s->idle, &g->lock);
         if (s->fault_rc < 0) {
-            rc = fy_seterr(gg->err, s->fault_rc,
-                           "sim: copy_htod of %zu bytes from %p: host byte %zu could not be read (%s): a file "
-                           "mapping past the end of its file?",
-                           s->fault_n, s->fault_src, s->fault_at, strerror(-s->fault_rc));
+            rc =
+                fy_seterr(gg->err, s->fault_rc,
+                          "sim: copy_htod of %zu bytes from %p: host byte %zu could not be read (%s): a file "
+                          "mapping past the end of its file?",
+                          s->fault_n, s->fault_src, s->fault_at, strerror(-s->fault_rc));
             s->fault_rc = 0;
         }
     }
@@ -861,7 +878,8 @@ static int sim_event_query(fy_gpu *gg, fy_event *e)
 
 /* Check a copy and queue it (lock held): [d, d + n) on the device, [host,
  * host + n) on the host, to_dev the direction. */
-static int copy_queue(sim_gpu *g, const char *name, bool to_dev, fy_dptr d, void *host, size_t n, fy_stream *s)
+static int copy_queue(sim_gpu *g, const char *name, bool to_dev, fy_dptr d, void *host, size_t n,
+                      fy_stream *s)
 {
     char a[32], b[32];
     fy_err *err = g->base.err;
@@ -874,8 +892,9 @@ static int copy_queue(sim_gpu *g, const char *name, bool to_dev, fy_dptr d, void
 
     sim_range *dev = tab_containing(&g->dev, (uintptr_t)d);
     if (!dev)
-        return fy_seterr(err, FERRY_E_INVAL, "sim: %s of %s: device address 0x%" PRIx64 " is not in any live allocation",
-                         name, fmt_size(a, sizeof a, n), d);
+        return fy_seterr(err, FERRY_E_INVAL,
+                         "sim: %s of %s: device address 0x%" PRIx64 " is not in any live allocation", name,
+                         fmt_size(a, sizeof a, n), d);
     if (d + n > dev->base + dev->n)
         return fy_seterr(err, FERRY_E_INVAL,
                          "sim: %s: device range 0x%" PRIx64 " + %zu runs %" PRIu64
@@ -886,31 +905,33 @@ static int copy_queue(sim_gpu *g, const char *name, bool to_dev, fy_dptr d, void
     sim_range *o = tab_overlap(&g->dev, h, n);
     if (o)
         return fy_seterr(err, FERRY_E_INVAL,
-                         "sim: %s: host range %p + %zu is device memory (allocation at 0x%" PRIxPTR ")", name, host, n,
-                         o->base);
+                         "sim: %s: host range %p + %zu is device memory (allocation at 0x%" PRIxPTR ")", name,
+                         host, n, o->base);
     /* A copy that starts in, or runs into, a pinned buffer must stay inside it. */
     sim_range *pin = tab_overlap(&g->pinned, h, n);
     if (pin && (h < pin->base || h + n > pin->base + pin->n))
         return fy_seterr(err, FERRY_E_INVAL,
-                         "sim: %s: host range %p + %zu crosses the edge of the pinned buffer at 0x%" PRIxPTR " (%s)",
+                         "sim: %s: host range %p + %zu crosses the edge of the pinned buffer at 0x%" PRIxPTR
+                         " (%s)",
                          name, host, n, pin->base, fmt_size(b, sizeof b, pin->n));
     /* The same for a registered range: two adjacent registrations are separate
      * for the driver, and a copy that crossed from one into the next failed on
      * the H200, so a copy that touches a registration must stay inside it. */
     sim_range *reg = tab_overlap(&g->reg, h, n);
     if (reg && (h < reg->base || h + n > reg->base + reg->n))
-        return fy_seterr(err, FERRY_E_INVAL,
-                         "sim: %s: host range %p + %zu crosses the edge of the range registered at 0x%" PRIxPTR
-                         " (%s): a copy must stay inside one registration",
-                         name, host, n, reg->base, fmt_size(b, sizeof b, reg->n));
+        return fy_seterr(
+            err, FERRY_E_INVAL,
+            "sim: %s: host range %p + %zu crosses the edge of the range registered at 0x%" PRIxPTR
+            " (%s): a copy must stay inside one registration",
+            name, host, n, reg->base, fmt_size(b, sizeof b, reg->n));
     if (!to_dev) {
         ptrdiff_t i = tab_floor(&g->reg, h);
         for (size_t j = i < 0 ? 0 : (size_t)i; j < g->reg.len && g->reg.v[j]->base < h + n; j++) {
             sim_range *r = g->reg.v[j];
             if (r->read_only && h < r->base + r->n)
                 return fy_seterr(err, FERRY_E_INVAL,
-                                 "sim: %s: destination %p + %zu is registered read-only (at 0x%" PRIxPTR ")", name,
-                                 host, n, r->base);
+                                 "sim: %s: destination %p + %zu is registered read-only (at 0x%" PRIxPTR ")",
+                                 name, host, n, r->base);
         }
     }
 
@@ -1039,7 +1060,8 @@ static void sim_close(fy_gpu *gg)
     fy_free(gg->mem, g);
 }
 
-int fy_gpu_sim_open(uint64_t capacity, uint64_t bytes_per_s, const ferry_allocator *mem, fy_err *err, fy_gpu **out)
+int fy_gpu_sim_open(uint64_t capacity, uint64_t bytes_per_s, const ferry_allocator *mem, fy_err *err,
+                    fy_gpu **out)
 {
     char s[32];
     if (!out) return fy_seterr(err, FERRY_E_INVAL, "sim: open: out is NULL");
@@ -1053,10 +1075,9 @@ int fy_gpu_sim_open(uint64_t capacity, uint64_t bytes_per_s, const ferry_allocat
     g->base.err = err;
     g->base.ordinal = 0;
     if (bytes_per_s)
-        snprintf(g->base.desc, sizeof g->base.desc, "sim (%s, copies at %.1f GB/s)", fmt_size(s, sizeof s, capacity),
-                 (double)bytes_per_s / 1e9);
-    else
-        snprintf(g->base.desc, sizeof g->base.desc, "sim (%s)", fmt_size(s, sizeof s, capacity));
+        snprintf(g->base.desc, sizeof g->base.desc, "sim (%s, copies at %.1f GB/s)",
+                 fmt_size(s, sizeof s, capacity), (double)bytes_per_s / 1e9);
+    else snprintf(g->base.desc, sizeof g->base.desc, "sim (%s)", fmt_size(s, sizeof s, capacity));
     g->capacity = capacity;
     g->rate = (double)bytes_per_s;
     int rc;

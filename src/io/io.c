@@ -19,12 +19,34 @@
 /* ---- the table ------------------------------------------------------------ */
 
 enum {
-    S_OPEN, S_CLOSE, S_READ, S_WRITE, S_PREAD, S_PWRITE, S_STAT, S_FSTAT, S_FSTATFS, S_FALLOCATE,
-    S_FTRUNCATE, S_FCHMOD, S_FSYNC, S_MMAP, S_MUNMAP, S_MINCORE, S_MKOSTEMP, S_RENAME, S_UNLINK, S_READLINK, S_COUNT
+    S_OPEN,
+    S_CLOSE,
+    S_READ,
+    S_WRITE,
+    S_PREAD,
+    S_PWRITE,
+    S_STAT,
+    S_FSTAT,
+    S_FSTATFS,
+    S_FALLOCATE,
+    S_FTRUNCATE,
+    S_FCHMOD,
+    S_FSYNC,
+    S_MMAP,
+    S_MUNMAP,
+    S_MINCORE,
+    S_MKOSTEMP,
+    S_RENAME,
+    S_UNLINK,
+    S_READLINK,
+    S_COUNT
 };
 
 /* open(2) is variadic; the table's entry takes its mode always. */
-static int real_open(const char *path, int flags, mode_t mode) { return open(path, flags, mode); }
+static int real_open(const char *path, int flags, mode_t mode)
+{
+    return open(path, flags, mode);
+}
 
 static struct sys_entry {
     const char *name;
@@ -122,7 +144,10 @@ void fy_fault_arm(long nth, int err)
     atomic_store(&fault_nth, nth);
 }
 
-bool fy_fault_fired(void) { return atomic_load(&fault_fired) != 0; }
+bool fy_fault_fired(void)
+{
+    return atomic_load(&fault_fired) != 0;
+}
 
 /* 0, or the -errno the current counted call must fail with. */
 static int fault(void)
@@ -139,7 +164,10 @@ static int fault(void)
 /* ---- the calls, as -errno ------------------------------------------------- */
 
 /* 0 or -errno from a call that returns -1 and sets errno. */
-static int rc_of(int r) { return r < 0 ? -errno : 0; }
+static int rc_of(int r)
+{
+    return r < 0 ? -errno : 0;
+}
 
 static int x_open(const char *path, int flags, mode_t mode)
 {
@@ -149,7 +177,10 @@ static int x_open(const char *path, int flags, mode_t mode)
     return fd < 0 ? -errno : fd;
 }
 
-static int x_fstat(int fd, struct stat *st) { return rc_of(SYS(S_FSTAT, fstat_fn)(fd, st)); }
+static int x_fstat(int fd, struct stat *st)
+{
+    return rc_of(SYS(S_FSTAT, fstat_fn)(fd, st));
+}
 
 /* ---- reading checkpoints -------------------------------------------------- */
 
@@ -173,7 +204,9 @@ int fy_open_ro(const char *path, int *fd, uint64_t *size, fy_err *err)
     }
     if (!S_ISREG(st.st_mode)) {
         fy_close(f);
-        return fy_seterr(err, FERRY_E_INVAL, "%s: not a regular file (ferry maps checkpoints; pipes and devices cannot be mapped)", path);
+        return fy_seterr(
+            err, FERRY_E_INVAL,
+            "%s: not a regular file (ferry maps checkpoints; pipes and devices cannot be mapped)", path);
     }
     *fd = f;
     *size = (uint64_t)st.st_size;
@@ -189,7 +222,10 @@ int fy_open_direct(const char *path, int *fd)
     return 0;
 }
 
-int fy_close(int fd) { return fd >= 0 ? rc_of(SYS(S_CLOSE, fd_fn)(fd)) : 0; }
+int fy_close(int fd)
+{
+    return fd >= 0 ? rc_of(SYS(S_CLOSE, fd_fn)(fd)) : 0;
+}
 
 int fy_fstat_size(int fd, uint64_t *size)
 {
@@ -302,7 +338,10 @@ static int map(int fd, uint64_t size, int prot, int flags, void **out)
     return 0;
 }
 
-int fy_map_ro(int fd, uint64_t size, void **out) { return map(fd, size, PROT_READ, MAP_SHARED, out); }
+int fy_map_ro(int fd, uint64_t size, void **out)
+{
+    return map(fd, size, PROT_READ, MAP_SHARED, out);
+}
 
 int fy_map_at(int fd, uint64_t off, uint64_t len, bool writable, void **out)
 {
@@ -311,8 +350,8 @@ int fy_map_at(int fd, uint64_t off, uint64_t len, bool writable, void **out)
     if (off > (uint64_t)INT64_MAX || len > SIZE_MAX) return -EINVAL;
     int rc = fault();
     if (rc) return rc;
-    void *p = SYS(S_MMAP, mmap_fn)(NULL, (size_t)len, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd,
-                                   (off_t)off);
+    void *p = SYS(S_MMAP, mmap_fn)(NULL, (size_t)len, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                                   MAP_SHARED, fd, (off_t)off);
     if (p == MAP_FAILED) return -errno;
     *out = p;
     return 0;
@@ -363,7 +402,8 @@ static int write_all(int fd, const void *buf, size_t n, const uint64_t *off)
         int rc = fault();
         if (rc) return rc;
         size_t len = n > (1u << 30) ? (1u << 30) : n;
-        ssize_t r = off ? SYS(S_PWRITE, pwrite_fn)(fd, p, len, (off_t)at) : SYS(S_WRITE, write_fn)(fd, p, len);
+        ssize_t r =
+            off ? SYS(S_PWRITE, pwrite_fn)(fd, p, len, (off_t)at) : SYS(S_WRITE, write_fn)(fd, p, len);
         if (r < 0) {
             if (errno == EINTR) continue;
             return -errno;
@@ -376,9 +416,15 @@ static int write_all(int fd, const void *buf, size_t n, const uint64_t *off)
     return 0;
 }
 
-int fy_pwrite_full(int fd, const void *buf, size_t n, uint64_t off) { return write_all(fd, buf, n, &off); }
+int fy_pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
+{
+    return write_all(fd, buf, n, &off);
+}
 
-int fy_write_full(int fd, const void *buf, size_t n) { return write_all(fd, buf, n, NULL); }
+int fy_write_full(int fd, const void *buf, size_t n)
+{
+    return write_all(fd, buf, n, NULL);
+}
 
 int fy_fallocate(int fd, int mode, uint64_t off, uint64_t len)
 {
@@ -401,7 +447,10 @@ int fy_fsync(int fd)
     return rc_of(SYS(S_FSYNC, fd_fn)(fd));
 }
 
-int fy_fchmod(int fd, mode_t mode) { return rc_of(SYS(S_FCHMOD, fchmod_fn)(fd, mode)); }
+int fy_fchmod(int fd, mode_t mode)
+{
+    return rc_of(SYS(S_FCHMOD, fchmod_fn)(fd, mode));
+}
 
 int fy_fs_info(int fd, uint64_t *free_bytes, long *fs_type)
 {
@@ -452,7 +501,10 @@ int fy_unlink(const char *path)
 
 /* ---- small system files --------------------------------------------------- */
 
-int fy_open_sysfile(const char *path) { return x_open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY, 0); }
+int fy_open_sysfile(const char *path)
+{
+    return x_open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY, 0);
+}
 
 ssize_t fy_read_some(int fd, void *buf, size_t n)
 {

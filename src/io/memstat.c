@@ -105,7 +105,10 @@ static int parse_u64(const char *s, size_t len, uint64_t *v)
     return 0;
 }
 
-static bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+static bool is_blank(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
 
 /* "Key:   123 kB" with exactly this key: 1 and *bytes set; 0 for another key;
  * -EINVAL when the key matches but the rest is not a number of kB. */
@@ -153,7 +156,8 @@ static int read_cg_value(const char *path, bool max_ok, uint64_t *v, bool *unlim
 /* ---- this process --------------------------------------------------------- */
 
 enum { K_RSS, K_PSS, K_PCLEAN, K_PDIRTY, K_PHUGE, K_N };
-static const char *const rollup_keys[K_N] = {"Rss", "Pss", "Private_Clean", "Private_Dirty", "Private_Hugetlb"};
+static const char *const rollup_keys[K_N] = {"Rss", "Pss", "Private_Clean", "Private_Dirty",
+                                             "Private_Hugetlb"};
 
 typedef struct rollup {
     uint64_t v[K_N];
@@ -276,7 +280,7 @@ static bool has_memory(const char *p, const char *end)
 /* /proc/self/cgroup: the v2 line "0::/a/b" and the v1 memory controller's
  * "N:memory:/a/b" (or "N:cpu,memory:/a/b"); the first of each kind counts. */
 typedef struct cg_lines {
-    char *v2, *v1; /* PATH_MAX bytes each, cleaned as clean_path does */
+    char *v2, *v1;  /* PATH_MAX bytes each, cleaned as clean_path does */
     int v2rc, v1rc; /* 0 no such line, 1 found, < 0 malformed */
 } cg_lines;
 
@@ -314,14 +318,21 @@ typedef struct cg_files {
     int version;
     const char *current, *peak, *reclaim_key, *limit_key; /* limit_key: in memory.stat, or NULL */
     const char *limits[2];
-    bool max_word; /* "max" means no limit */
+    bool max_word;  /* "max" means no limit */
     bool huge_none; /* a limit from 2^62 up means none */
 } cg_files;
 
-static const cg_files v2_files = {2, "/memory.current", "/memory.peak", "inactive_file", NULL,
-                                  {"/memory.max", "/memory.high"}, true, false};
-static const cg_files v1_files = {1, "/memory.usage_in_bytes", "/memory.max_usage_in_bytes", "total_inactive_file",
-                                  "hierarchical_memory_limit", {"/memory.limit_in_bytes", NULL}, false, true};
+static const cg_files v2_files = {
+    2,    "/memory.current", "/memory.peak", "inactive_file", NULL, {"/memory.max", "/memory.high"}, true,
+    false};
+static const cg_files v1_files = {1,
+                                  "/memory.usage_in_bytes",
+                                  "/memory.max_usage_in_bytes",
+                                  "total_inactive_file",
+                                  "hierarchical_memory_limit",
+                                  {"/memory.limit_in_bytes", NULL},
+                                  false,
+                                  true};
 #define V1_NO_LIMIT (1ull << 62)
 
 /* Where the process's memory cgroup is: dir = base + sub is its folder and
@@ -486,7 +497,8 @@ static void name_limit(char *dst, size_t n, const char *rel, size_t rel_len, con
     const char *ell = "";
     if (len > room && room > 3) {
         size_t cut = len - (room - 3);
-        while (cut < len && ((unsigned char)shown[cut] & 0xC0) == 0x80) cut++; /* not inside a UTF-8 character */
+        while (cut < len && ((unsigned char)shown[cut] & 0xC0) == 0x80)
+            cut++; /* not inside a UTF-8 character */
         shown += cut;
         len -= cut;
         ell = "...";
@@ -545,7 +557,8 @@ static int cgroup_read_at(const char *proc_root, const char *cg_root, fy_cgroup_
     if (st.seen[1] && st.v[1] < V1_NO_LIMIT && (!out->limited || st.v[1] < out->limit)) {
         out->limited = 1;
         out->limit = st.v[1];
-        name_limit(out->path, sizeof out->path, w.name, strlen(w.name), "memory.stat hierarchical_memory_limit");
+        name_limit(out->path, sizeof out->path, w.name, strlen(w.name),
+                   "memory.stat hierarchical_memory_limit");
     }
     if (!out->limited) name_limit(out->path, sizeof out->path, w.name, strlen(w.name), "no limit");
     return 0;
@@ -589,7 +602,8 @@ int fy_host_available(uint64_t *avail, char *source, size_t n)
         uint64_t room = cg.limit > used ? cg.limit - used : 0;
         bool host_lower = hrc == 0 && host < room;
         *avail = host_lower ? host : room;
-        if (source && n) snprintf(source, n, "%s%s", cg.path, host_lower ? " (host MemAvailable is lower)" : "");
+        if (source && n)
+            snprintf(source, n, "%s%s", cg.path, host_lower ? " (host MemAvailable is lower)" : "");
         return 0;
     }
     if (hrc < 0) return hrc;
@@ -651,8 +665,7 @@ static void *sampler_main(void *arg)
         dl.tv_sec += (time_t)(s->period_ms / 1000) + dl.tv_nsec / 1000000000L;
         dl.tv_nsec %= 1000000000L;
         /* 0 is a signal or a spurious wake-up; ETIMEDOUT (or any error) means sample now. */
-        while (!s->stop && pthread_cond_timedwait(&s->wake, &s->lock, &dl) == 0) {
-        }
+        while (!s->stop && pthread_cond_timedwait(&s->wake, &s->lock, &dl) == 0) {}
         if (s->stop) break;
         pthread_mutex_unlock(&s->lock);
         take_sample(s, NULL, NULL);

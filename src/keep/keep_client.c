@@ -49,7 +49,8 @@ static int io_fail(ferry_keep *k, int e, const char *doing)
     if (e == EAGAIN || e == EWOULDBLOCK)
         return fail(k, -ETIMEDOUT, "no answer from the keeper in %d ms (%s)", k->timeout_ms, doing);
     if (e == EPIPE || e == ECONNRESET || e == 0)
-        return fail(k, e ? -e : -ECONNRESET, "the keeper closed the connection (%s): it exited or was killed", doing);
+        return fail(k, e ? -e : -ECONNRESET, "the keeper closed the connection (%s): it exited or was killed",
+                    doing);
     return fail(k, -e, "%s: %s", doing, strerror(e));
 }
 
@@ -77,7 +78,8 @@ static int recv_all(ferry_keep *k, uint8_t *p, size_t n, int *fd)
             struct cmsghdr h;
             char buf[CMSG_SPACE(sizeof(int) * 4)];
         } cm;
-        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof cm.buf};
+        struct msghdr mh = {
+            .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof cm.buf};
         ssize_t r = recvmsg(k->fd, &mh, MSG_CMSG_CLOEXEC);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) return io_fail(k, r < 0 ? errno : 0, "waiting for a reply");
@@ -103,12 +105,18 @@ static int call(ferry_keep *k, const fkp_msg *q, int *fd)
     if (fd) *fd = -1;
     if (k->fd < 0) return fail(k, -ENOTCONN, "not connected");
     int len = fkp_encode(q, k->buf, sizeof k->buf);
-    if (len < 0) return fail(k, -EINVAL, "a request the protocol cannot carry (a path over %d bytes, a tensor name over %d, or not absolute)", FKP_MAX_PATH, FKP_MAX_NAME);
+    if (len < 0)
+        return fail(k, -EINVAL,
+                    "a request the protocol cannot carry (a path over %d bytes, a tensor name over %d, or "
+                    "not absolute)",
+                    FKP_MAX_PATH, FKP_MAX_NAME);
     int rc = send_all(k, (size_t)len);
     int got = -1;
     if (rc == 0) rc = recv_all(k, k->buf, FKP_HDR, &got);
     fkp_hdr h = {0, 0};
-    if (rc == 0 && fkp_hdr_decode(k->buf, &h) < 0) rc = fail(k, -EPROTO, "not a keeper's reply (another program on the socket, or another protocol version)");
+    if (rc == 0 && fkp_hdr_decode(k->buf, &h) < 0)
+        rc = fail(k, -EPROTO,
+                  "not a keeper's reply (another program on the socket, or another protocol version)");
     if (rc == 0) rc = recv_all(k, k->buf + FKP_HDR, h.len, &got);
     if (rc == 0 && h.type == FKP_STATUS_REPLY) {
         k->m.type = h.type;
@@ -186,8 +194,10 @@ int ferry_keep_connect(const char *socket_path, int timeout_ms, ferry_keep **out
         if (getsockopt(k->fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) != 0)
             rc = fail(k, -errno, "SO_PEERCRED: %s", strerror(errno));
         else if (!fk_peer_allowed(cr.uid, geteuid()))
-            rc = fail(k, -EPERM, "the process listening there (pid %d) runs as uid %u, not as this user (uid %u): refused",
-                      (int)cr.pid, (unsigned)cr.uid, (unsigned)geteuid());
+            rc = fail(
+                k, -EPERM,
+                "the process listening there (pid %d) runs as uid %u, not as this user (uid %u): refused",
+                (int)cr.pid, (unsigned)cr.uid, (unsigned)geteuid());
     }
     if (rc == 0) {
         fkp_msg q;
@@ -197,7 +207,8 @@ int ferry_keep_connect(const char *socket_path, int timeout_ms, ferry_keep **out
         rc = call(k, &q, NULL);
         if (rc == 0) rc = expect(k, FKP_HELLO_OK, NULL);
         if (rc == 0 && k->m.version != FKP_VERSION)
-            rc = fail(k, -EPROTO, "the keeper speaks protocol version %u, this client %d", k->m.version, FKP_VERSION);
+            rc = fail(k, -EPROTO, "the keeper speaks protocol version %u, this client %d", k->m.version,
+                      FKP_VERSION);
     }
     if (rc < 0) {
         snprintf(err, n, "%s", k->msg);
@@ -298,7 +309,8 @@ int ferry_keep_get(ferry_keep *k, const ferry_keep_id *id, int *fd, uint64_t *of
 
 int ferry_keep_drop(ferry_keep *k, int scope, const ferry_keep_id *id)
 {
-    if (scope < FERRY_KEEP_DROP_ENTRY || scope > FERRY_KEEP_DROP_ALL) return fail(k, -EINVAL, "no drop scope %d", scope);
+    if (scope < FERRY_KEEP_DROP_ENTRY || scope > FERRY_KEEP_DROP_ALL)
+        return fail(k, -EINVAL, "no drop scope %d", scope);
     fkp_msg *q = calloc(1, sizeof *q);
     if (!q) return fail(k, -ENOMEM, "out of memory");
     int rc = scope == FERRY_KEEP_DROP_ALL ? 0 : ident(k, id, &q->id);

@@ -205,7 +205,8 @@ static void conn_close(keeper *k, int slot, const char *why)
         entry *e = find_id(k, c->att[i]);
         if (e && e->attached) e->attached--;
     }
-    if (why) logf_("client pid %d: %s%s", (int)c->pid, why, discarded ? " (its unfinished puts discarded)" : "");
+    if (why)
+        logf_("client pid %d: %s%s", (int)c->pid, why, discarded ? " (its unfinished puts discarded)" : "");
     close(c->fd);
     free(c->in);
     free(c->att);
@@ -239,7 +240,8 @@ static int send_reply(keeper *k, int slot, size_t len, int fd)
         ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) {
-            conn_close(k, slot, errno == EAGAIN ? "not reading its replies: disconnected" : "gone while answered");
+            conn_close(k, slot,
+                       errno == EAGAIN ? "not reading its replies: disconnected" : "gone while answered");
             return -1;
         }
         off += (size_t)w;
@@ -257,7 +259,8 @@ static int reply(keeper *k, int slot, const fkp_msg *m, int fd)
     return send_reply(k, slot, (size_t)len, fd);
 }
 
-static int reply_error(keeper *k, int slot, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int reply_error(keeper *k, int slot, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 static int reply_error(keeper *k, int slot, int code, const char *fmt, ...)
 {
     fkp_msg m;
@@ -286,7 +289,8 @@ static int do_put_begin(keeper *k, int slot, const fkp_msg *q)
     conn *c = &k->conns[slot];
     char h1[32], h2[32], h3[32];
     if (c->npending >= MAX_PENDING_PER_CLIENT)
-        return reply_error(k, slot, EMFILE, "at most %d unfinished puts per connection", MAX_PENDING_PER_CLIENT);
+        return reply_error(k, slot, EMFILE, "at most %d unfinished puts per connection",
+                           MAX_PENDING_PER_CLIENT);
     if (q->nbytes > k->budget)
         return reply_error(k, slot, ENOSPC, "%s does not fit the keeper's budget of %s",
                            human(h1, sizeof h1, q->nbytes), human(h2, sizeof h2, k->budget));
@@ -294,8 +298,9 @@ static int do_put_begin(keeper *k, int slot, const fkp_msg *q)
         uint64_t att = 0;
         for (entry *e = k->entries; e; e = e->next)
             if (!e->committed || e->attached) att += e->nbytes;
-        return reply_error(k, slot, ENOSPC, "no room for %s: budget %s, %s held by attached or unfinished entries",
-                           human(h1, sizeof h1, q->nbytes), human(h2, sizeof h2, k->budget), human(h3, sizeof h3, att));
+        return reply_error(
+            k, slot, ENOSPC, "no room for %s: budget %s, %s held by attached or unfinished entries",
+            human(h1, sizeof h1, q->nbytes), human(h2, sizeof h2, k->budget), human(h3, sizeof h3, att));
     }
     entry *e = calloc(1, sizeof *e);
     if (e) {
@@ -470,7 +475,8 @@ static int do_status(keeper *k, int slot)
     s.nclients = s.listed_clients;
     s.clients = cl;
     /* as many entries as fit in one body, most recently used first */
-    size_t room = FKP_MAX_BODY - (8 * 3 + 4 * 3 + 2 + strlen(k->device) + 4 + 4 + (size_t)s.listed_clients * 16);
+    size_t room =
+        FKP_MAX_BODY - (8 * 3 + 4 * 3 + 2 + strlen(k->device) + 4 + 4 + (size_t)s.listed_clients * 16);
     ferry_keep_entry_info *el = calloc(k->nentries ? k->nentries : 1, sizeof *el);
     if (!el) return reply_error(k, slot, ENOMEM, "out of memory");
     double t = now_s();
@@ -511,7 +517,8 @@ static int handle(keeper *k, int slot, const fkp_hdr *h)
     int rc = fkp_body_decode(h->type, c->in + FKP_HDR, h->len, q);
     if (rc < 0 || h->type >= FKP_HELLO_OK) {
         free(q);
-        reply_error(k, slot, EPROTO, "malformed message (type 0x%02x, %u bytes): disconnected", h->type, h->len);
+        reply_error(k, slot, EPROTO, "malformed message (type 0x%02x, %u bytes): disconnected", h->type,
+                    h->len);
         if (c->fd >= 0) conn_close(k, slot, "sent a malformed message: disconnected");
         return -1;
     }
@@ -548,8 +555,8 @@ static void on_readable(keeper *k, int slot)
         fkp_hdr h = {0, 0};
         if (c->inlen >= FKP_HDR) {
             if (fkp_hdr_decode(c->in, &h) < 0) {
-                reply_error(k, slot, EPROTO, "not a keeper message header (protocol version %d): disconnected",
-                            FKP_VERSION);
+                reply_error(k, slot, EPROTO,
+                            "not a keeper message header (protocol version %d): disconnected", FKP_VERSION);
                 if (c->fd >= 0) conn_close(k, slot, "sent a bad message header: disconnected");
                 return;
             }
@@ -583,8 +590,8 @@ static void on_accept(keeper *k, int lfd)
         return;
     }
     if (!fk_peer_allowed(cr.uid, k->uid)) {
-        logf_("refused a connection from pid %d uid %u: the keeper serves only its own user (uid %u)", (int)cr.pid,
-              (unsigned)cr.uid, (unsigned)k->uid);
+        logf_("refused a connection from pid %d uid %u: the keeper serves only its own user (uid %u)",
+              (int)cr.pid, (unsigned)cr.uid, (unsigned)k->uid);
         close(fd);
         return;
     }
@@ -596,7 +603,8 @@ static void on_accept(keeper *k, int lfd)
         }
     uint8_t *in = slot >= 0 ? malloc(FKP_HDR + FKP_MAX_BODY) : NULL;
     if (!in) {
-        logf_("refused a connection from pid %d: %s", (int)cr.pid, slot < 0 ? "too many clients" : "out of memory");
+        logf_("refused a connection from pid %d: %s", (int)cr.pid,
+              slot < 0 ? "too many clients" : "out of memory");
         close(fd);
         return;
     }
@@ -626,11 +634,11 @@ static void on_signal(int sig)
     errno = e;
 }
 
-#define FAIL(code, ...)                                                                                                \
-    do {                                                                                                               \
-        snprintf(err, n, __VA_ARGS__);                                                                                 \
-        rc = (code);                                                                                                   \
-        goto out;                                                                                                      \
+#define FAIL(code, ...)                \
+    do {                               \
+        snprintf(err, n, __VA_ARGS__); \
+        rc = (code);                   \
+        goto out;                      \
     } while (0)
 
 /* A keeper already answering at path? */
@@ -670,13 +678,14 @@ int ferry_keep_serve(const ferry_keep_opts *opts, char *err, size_t n)
     uint64_t want = opts ? opts->budget : 0;
     if (devsize && (!want || devsize < want)) want = devsize;
     if (!want) {
-        if (!have_avail) FAIL(-EINVAL, "the host's available memory is unknown: give a budget (--budget SIZE)");
+        if (!have_avail)
+            FAIL(-EINVAL, "the host's available memory is unknown: give a budget (--budget SIZE)");
         want = avail / 2;
     }
     char h1[32], h2[32];
     if (have_avail && want > avail) {
-        logf_("budget %s is above the host's available memory (%s, %s): using that", human(h1, sizeof h1, want),
-              human(h2, sizeof h2, avail), src);
+        logf_("budget %s is above the host's available memory (%s, %s): using that",
+              human(h1, sizeof h1, want), human(h2, sizeof h2, avail), src);
         want = avail;
     }
     k->budget = want;
@@ -689,7 +698,8 @@ int ferry_keep_serve(const ferry_keep_opts *opts, char *err, size_t n)
             FAIL(-ENAMETOOLONG, "the default socket path is too long: give one (--socket PATH)");
         sock = defsock;
     }
-    if (strlen(sock) > FK_SUN_MAX) FAIL(-ENAMETOOLONG, "%s: a socket path is at most %d bytes", sock, FK_SUN_MAX);
+    if (strlen(sock) > FK_SUN_MAX)
+        FAIL(-ENAMETOOLONG, "%s: a socket path is at most %d bytes", sock, FK_SUN_MAX);
     snprintf(k->sock, sizeof k->sock, "%s", sock);
     rc = fk_private_dir(sock, true, k->uid, err, n);
     if (rc < 0) goto out;
@@ -725,7 +735,8 @@ int ferry_keep_serve(const ferry_keep_opts *opts, char *err, size_t n)
         sigaction(SIGINT, &sa, &old_int);
         handlers = true;
     }
-    logf_("serving %s on %s, budget %s (pid %d)", k->device, sock, human(h1, sizeof h1, k->budget), (int)getpid());
+    logf_("serving %s on %s, budget %s (pid %d)", k->device, sock, human(h1, sizeof h1, k->budget),
+          (int)getpid());
 
     for (;;) {
         int np = 0;

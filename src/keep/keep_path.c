@@ -78,7 +78,8 @@ int fk_private_dir(const char *socket_path, bool create, uid_t self, char *err, 
 
 #define IDENT_HEAD ((size_t)1 << 20)
 
-int ferry_keep_file_identity(const char *path, uint64_t *file_size, int64_t *mtime_ns, uint64_t *header_digest)
+int ferry_keep_file_identity(const char *path, uint64_t *file_size, int64_t *mtime_ns,
+                             uint64_t *header_digest)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return -errno;

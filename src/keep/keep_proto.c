@@ -116,7 +116,8 @@ static void get_str_ref(rd *r, size_t max, size_t *at, size_t *n)
 
 static int type_known(uint16_t t)
 {
-    return (t >= FKP_HELLO && t <= FKP_STATUS) || (t >= FKP_HELLO_OK && t <= FKP_STATUS_REPLY) || t == FKP_ERROR;
+    return (t >= FKP_HELLO && t <= FKP_STATUS) || (t >= FKP_HELLO_OK && t <= FKP_STATUS_REPLY) ||
+           t == FKP_ERROR;
 }
 
 int fkp_hdr_decode(const uint8_t *b, fkp_hdr *h)
@@ -355,7 +356,8 @@ int fkp_status_decode(const uint8_t *body, size_t len, ferry_keep_status **out)
     get_str_ref(&r, FKP_MAX_DEVICE, &dev_at, &dev_n);
     uint32_t ne = get_u32(&r);
     /* each item takes at least its fixed bytes: a count the body cannot hold is refused now */
-    if (r.err || ne > FKP_MAX_LIST || (uint64_t)ne * fkp_status_entry_size(0, 0) > r.len - r.off) return -EPROTO;
+    if (r.err || ne > FKP_MAX_LIST || (uint64_t)ne * fkp_status_entry_size(0, 0) > r.len - r.off)
+        return -EPROTO;
     size_t e_start = r.off;
     for (uint32_t i = 0; i < ne && !r.err; i++) {
         size_t at, n;
@@ -377,14 +379,16 @@ int fkp_status_decode(const uint8_t *body, size_t len, ferry_keep_status **out)
 
     /* One block: the struct, the two arrays, then the strings with their NULs. */
     size_t strings = dev_n + 1 + (size_t)ne * 2 + len;
-    size_t total = sizeof s + (size_t)ne * sizeof(ferry_keep_entry_info) + (size_t)nc * sizeof(ferry_keep_client_info) + strings;
+    size_t total = sizeof s + (size_t)ne * sizeof(ferry_keep_entry_info) +
+                   (size_t)nc * sizeof(ferry_keep_client_info) + strings;
     uint8_t *blk = malloc(total);
     if (!blk) return -ENOMEM;
     ferry_keep_status *o = (ferry_keep_status *)blk;
     *o = s;
     o->entries = (ferry_keep_entry_info *)(blk + sizeof s);
     o->clients = (ferry_keep_client_info *)(blk + sizeof s + (size_t)ne * sizeof(ferry_keep_entry_info));
-    char *sp = (char *)(blk + sizeof s + (size_t)ne * sizeof(ferry_keep_entry_info) + (size_t)nc * sizeof(ferry_keep_client_info));
+    char *sp = (char *)(blk + sizeof s + (size_t)ne * sizeof(ferry_keep_entry_info) +
+                        (size_t)nc * sizeof(ferry_keep_client_info));
     memcpy(sp, body + dev_at, dev_n);
     sp[dev_n] = '\0';
     o->device = sp;

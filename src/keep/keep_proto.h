@@ -33,22 +33,22 @@
 
 enum fkp_type {
     /* requests, client to keeper */
-    FKP_HELLO = 0x01,     /* u32 version */
-    FKP_PUT_BEGIN = 0x02, /* identity, u64 nbytes */
+    FKP_HELLO = 0x01,      /* u32 version */
+    FKP_PUT_BEGIN = 0x02,  /* identity, u64 nbytes */
     FKP_PUT_COMMIT = 0x03, /* u64 entry */
-    FKP_GET = 0x04,       /* identity */
-    FKP_RELEASE = 0x05,   /* u64 entry */
-    FKP_DROP = 0x06,      /* u8 scope, str path, str tensor, u32 index */
-    FKP_STATUS = 0x07,    /* (empty) */
+    FKP_GET = 0x04,        /* identity */
+    FKP_RELEASE = 0x05,    /* u64 entry */
+    FKP_DROP = 0x06,       /* u8 scope, str path, str tensor, u32 index */
+    FKP_STATUS = 0x07,     /* (empty) */
     /* replies, keeper to client */
-    FKP_HELLO_OK = 0x81,  /* u32 version, u32 pid, u64 budget, str device */
-    FKP_PUT_READY = 0x82, /* u64 entry, u64 nbytes; + fd */
-    FKP_OK = 0x83,        /* (empty) */
-    FKP_HIT = 0x84,       /* u64 entry, u64 offset, u64 nbytes; + fd */
-    FKP_MISS = 0x85,      /* u8 reason (enum fkp_miss) */
-    FKP_DROPPED = 0x86,   /* u32 count */
+    FKP_HELLO_OK = 0x81,     /* u32 version, u32 pid, u64 budget, str device */
+    FKP_PUT_READY = 0x82,    /* u64 entry, u64 nbytes; + fd */
+    FKP_OK = 0x83,           /* (empty) */
+    FKP_HIT = 0x84,          /* u64 entry, u64 offset, u64 nbytes; + fd */
+    FKP_MISS = 0x85,         /* u8 reason (enum fkp_miss) */
+    FKP_DROPPED = 0x86,      /* u32 count */
     FKP_STATUS_REPLY = 0x87, /* see fkp_status_encode */
-    FKP_ERROR = 0xff,     /* i32 code (a positive errno), str message */
+    FKP_ERROR = 0xff,        /* i32 code (a positive errno), str message */
 };
 
 enum fkp_miss { FKP_MISS_ABSENT = 0, FKP_MISS_STALE = 1 };
@@ -75,17 +75,17 @@ typedef struct fkp_ident {
 /* One decoded message of any type but STATUS_REPLY. */
 typedef struct fkp_msg {
     uint16_t type;
-    uint32_t version;   /* HELLO, HELLO_OK */
-    uint32_t pid;       /* HELLO_OK */
-    uint64_t entry;     /* PUT_COMMIT, RELEASE, PUT_READY, HIT */
-    uint64_t nbytes;    /* PUT_BEGIN, PUT_READY, HIT; HELLO_OK: the budget */
-    uint64_t offset;    /* HIT */
-    uint32_t count;     /* DROPPED */
-    uint8_t scope;      /* DROP */
-    uint8_t reason;     /* MISS */
-    int32_t code;       /* ERROR */
+    uint32_t version;              /* HELLO, HELLO_OK */
+    uint32_t pid;                  /* HELLO_OK */
+    uint64_t entry;                /* PUT_COMMIT, RELEASE, PUT_READY, HIT */
+    uint64_t nbytes;               /* PUT_BEGIN, PUT_READY, HIT; HELLO_OK: the budget */
+    uint64_t offset;               /* HIT */
+    uint32_t count;                /* DROPPED */
+    uint8_t scope;                 /* DROP */
+    uint8_t reason;                /* MISS */
+    int32_t code;                  /* ERROR */
     char text[FKP_MAX_ERRMSG + 1]; /* ERROR's message, HELLO_OK's device */
-    fkp_ident id;       /* PUT_BEGIN, GET, DROP (DROP: path empty for ALL) */
+    fkp_ident id;                  /* PUT_BEGIN, GET, DROP (DROP: path empty for ALL) */
 } fkp_msg;
 
 /* The header at b[0..FKP_HDR-1]: 0, or -EPROTO (magic, version, an unknown

@@ -42,7 +42,8 @@ static int sim_alloc(uint64_t nbytes, const char *label, int *fd, char *err, siz
      * faulting in the client's writes. */
     if (nbytes && fallocate(f, 0, 0, (off_t)nbytes) != 0) {
         int e = errno;
-        snprintf(err, n, "allocating %llu bytes of memfd memory: %s", (unsigned long long)nbytes, strerror(e));
+        snprintf(err, n, "allocating %llu bytes of memfd memory: %s", (unsigned long long)nbytes,
+                 strerror(e));
         close(f);
         return e == ENOMEM ? -ENOSPC : -e;
     }

@@ -27,12 +27,13 @@ typedef struct rs_seg {
 typedef struct rs_arena {
     ferry_device *dev;
     const ferry_allocator *m;
-    fy_err *err;     /* where its messages go (the owner's handle) */
-    uint64_t budget; /* the device budget: what the tensors may take, and the free pieces up to 1/16 past it */
-    uint64_t used;   /* the tensors' bytes carved out now (their sizes, not the 512-byte padding) */
-    uint64_t cached; /* free bytes inside segments */
+    fy_err *err; /* where its messages go (the owner's handle) */
+    uint64_t
+        budget;    /* the device budget: what the tensors may take, and the free pieces up to 1/16 past it */
+    uint64_t used; /* the tensors' bytes carved out now (their sizes, not the 512-byte padding) */
+    uint64_t cached;        /* free bytes inside segments */
     uint64_t allocs, frees; /* driver calls for device memory */
-    rs_seg *segs;    /* sorted by base */
+    rs_seg *segs;           /* sorted by base */
     int nsegs, cap_segs;
     /* called before any segment goes back to the driver (kernels may still
      * read memory released early: the store waits for their fences); may be NULL */
@@ -44,7 +45,10 @@ typedef struct rs_arena {
 void rs_arena_init(rs_arena *a, ferry_device *dev, const ferry_allocator *m, fy_err *err, uint64_t budget);
 /* The device bytes a tensor of n bytes takes: n rounded up to 512 (every
  * piece's start is that aligned; cuMemAlloc gives 256). */
-static inline uint64_t rs_dev_size(uint64_t n) { return (n + 511) / 512 * 512; }
+static inline uint64_t rs_dev_size(uint64_t n)
+{
+    return (n + 511) / 512 * 512;
+}
 /* rs_arena_alloc's answer when strict and the request fits nowhere in the
  * free space while a new segment would take the arena more than 1/16 past
  * its budget. */

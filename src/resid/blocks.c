@@ -41,14 +41,17 @@
 #include "arena.h"
 
 enum {
-    SMALL = 1 << 20,      /* requests below this come from small segments */
-    LARGE = 64 << 20,     /* a large segment's size, at least, ... */
-    ROOMY = 32,           /* ... where that is at most 1/ROOMY of the budget */
-    SLACK = 16,           /* free pieces may take the store 1/SLACK past its budget */
-    GRANULE = 2 << 20     /* segment sizes are multiples of this */
+    SMALL = 1 << 20,  /* requests below this come from small segments */
+    LARGE = 64 << 20, /* a large segment's size, at least, ... */
+    ROOMY = 32,       /* ... where that is at most 1/ROOMY of the budget */
+    SLACK = 16,       /* free pieces may take the store 1/SLACK past its budget */
+    GRANULE = 2 << 20 /* segment sizes are multiples of this */
 };
 
-static uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+static uint64_t round_up(uint64_t n, uint64_t a)
+{
+    return (n + a - 1) / a * a;
+}
 
 void rs_arena_init(rs_arena *a, ferry_device *dev, const ferry_allocator *m, fy_err *err, uint64_t budget)
 {
@@ -153,7 +156,8 @@ static int seg_new(rs_arena *a, uint64_t size, bool small, bool strict, int *out
     a->segs[i] = (rs_seg){.base = (uint64_t)p, .size = size, .small = small};
     a->nsegs++;
     /* the whole segment is free until carved: one range (room reserved for two) */
-    if (fy_ranges_reserve(&a->segs[i].fr, a->m, 2) < 0 || fy_ranges_give(&a->segs[i].fr, a->m, (uint64_t)p, size) < 0) {
+    if (fy_ranges_reserve(&a->segs[i].fr, a->m, 2) < 0 ||
+        fy_ranges_give(&a->segs[i].fr, a->m, (uint64_t)p, size) < 0) {
         a->cached += size; /* seg_remove takes it off again */
         seg_remove(a, i);
         return fy_seterr(a->err, -ENOMEM, "store: out of host memory for the device block table");
@@ -180,7 +184,7 @@ int rs_arena_alloc(rs_arena *a, uint64_t nbytes, bool streams, bool strict, fy_d
         if (size - n > b / ROOMY || held + size > b) size = n;
         int i = 0;
         int rc = seg_new(a, size, small, strict, &i);
-        if (rc != 0) return rc; /* an error, or RS_FRAGMENTED */
+        if (rc != 0) return rc;                    /* an error, or RS_FRAGMENTED */
         if (carve(a, n, small, streams, &got) < 0) /* (room for the ranges was reserved) */
             return fy_seterr(a->err, -ENOMEM, "store: a new device block did not take its tensor");
     }
@@ -209,7 +213,8 @@ void rs_arena_free(rs_arena *a, fy_dptr p, uint64_t dsize, uint64_t nbytes)
         } else {
             /* not carved from a segment, or freed twice: a bug, reported
              * rather than corrupting the free lists */
-            fy_seterr(a->err, FERRY_E_INTERNAL, "store: device block 0x%" PRIx64 " (%" PRIu64 " bytes) is not one the store holds",
+            fy_seterr(a->err, FERRY_E_INTERNAL,
+                      "store: device block 0x%" PRIx64 " (%" PRIu64 " bytes) is not one the store holds",
                       (uint64_t)p, dsize);
         }
     }

@@ -46,7 +46,9 @@ uint64_t rs_uncache_bytes(ferry_store *s, uint64_t want)
         for (int i = 0; i < s->nmodels && got < want; i++)
             for (int64_t j = 0; j < s->models[i]->n && got < want; j++) {
                 rtensor *t = &s->models[i]->t[j];
-                if (!t->cached || t->moving || t->holds || t->busy || (t->dirty && t->tier != FERRY_TIER_DEVICE)) continue;
+                if (!t->cached || t->moving || t->holds || t->busy ||
+                    (t->dirty && t->tier != FERRY_TIER_DEVICE))
+                    continue;
                 if ((t->tier == FERRY_TIER_DEVICE) != (pass == 0)) continue;
                 got += t->nbytes;
                 rs_uncache(s, t);

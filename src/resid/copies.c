@@ -32,4 +32,3 @@ void rs_release_copy(ferry_store *s, rtensor *t)
     t->host = NULL;
     t->soff = 0;
 }
-

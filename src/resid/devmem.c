@@ -9,7 +9,10 @@
 #include "store_impl.h"
 
 /* t's model (the store's own pointer, const for the tensor's readers) */
-static ferry_model *owner(rtensor *t) { return (ferry_model *)(uintptr_t)t->owner; }
+static ferry_model *owner(rtensor *t)
+{
+    return (ferry_model *)(uintptr_t)t->owner;
+}
 
 int rs_dev_alloc(ferry_store *s, rtensor *t, bool strict)
 {

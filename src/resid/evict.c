@@ -37,19 +37,22 @@ static int spill_reserve(ferry_store *s, fy_fdrange *fr, int64_t n)
         uint64_t r;
         if (fy_add_ovf(fr[k].len, FY_SPILL_ALIGN - 1, &r) ||
             fy_add_ovf(total, r & ~(uint64_t)(FY_SPILL_ALIGN - 1), &total))
-            rc = fy_seterr(&s->err, -EFBIG, "%s: spilling %" PRId64 " dirty tensors needs more bytes than a file holds",
+            rc = fy_seterr(&s->err, -EFBIG,
+                           "%s: spilling %" PRId64 " dirty tensors needs more bytes than a file holds",
                            s->spill_dir, n);
     }
     if (rc == 0) rc = fy_spill_check_room(s->spill, total);
     int64_t got = 0; /* ranges reserved: fr[0..got-1] */
     for (; rc == 0 && got < n; got++)
-        if ((rc = fy_spill_reserve(s->spill, fr[got].len, &fr[got].off)) < 0) break; /* fr[got] was not reserved */
+        if ((rc = fy_spill_reserve(s->spill, fr[got].len, &fr[got].off)) < 0)
+            break; /* fr[got] was not reserved */
     if (rc < 0) {
         spill_unreserve(s, fr, got);
         char msg[FY_ERRMSG_MAX];
         fy_err_copy(&s->err, msg, sizeof msg);
         fy_seterr(&s->err, rc,
-                  "spilling %" PRId64 " dirty tensors (%" PRIu64 " bytes in the spill file): %s (the tensors stay on the device)",
+                  "spilling %" PRId64 " dirty tensors (%" PRIu64
+                  " bytes in the spill file): %s (the tensors stay on the device)",
                   n, total, msg);
     }
     return rc;
@@ -60,7 +63,7 @@ typedef struct save {
     rtensor *t;
     ferry_tier tier; /* PINNED, HOST or SPILL */
     void *host;
-    uint64_t off;    /* SPILL: its range in the spill file */
+    uint64_t off; /* SPILL: its range in the spill file */
 } save;
 
 /* Give back the host copy a save had taken (its tensor's tier untouched). */
@@ -122,9 +125,13 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     if (dirty && s->cache_used &&
         (s->host_used + s->pool.used + dirty > s->o.host_budget || s->pool.used + dirty > s->o.pinned_budget))
         rs_uncache_bytes(s, dirty);
-    fy_hoststate h = {.host_budget = s->o.host_budget, .host_used = s->host_used + s->pool.used,
-                      .pinned_budget = s->o.pinned_budget, .pinned_used = s->pool.used,
-                      .spill_below = s->o.spill_below, .spill_above = s->o.spill_above, .spilling = s->spilling,
+    fy_hoststate h = {.host_budget = s->o.host_budget,
+                      .host_used = s->host_used + s->pool.used,
+                      .pinned_budget = s->o.pinned_budget,
+                      .pinned_used = s->pool.used,
+                      .spill_below = s->o.spill_below,
+                      .spill_above = s->o.spill_above,
+                      .spilling = s->spilling,
                       .available = avail};
     save *sv = fy_calloc(m, (size_t)(n ? n : 1), sizeof *sv);
     fy_hostrange *hr = fy_calloc(m, (size_t)(n ? n : 1), sizeof *hr);
@@ -187,7 +194,8 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     pthread_mutex_unlock(&s->lock);
     if (nh && (hrc = fy_xfer_device_to_host(s->dev, hr, nh, NULL)) < 0)
         snprintf(hmsg, sizeof hmsg, "%s", ferry_device_errmsg(s->dev));
-    if (nf && src == 0 && hrc == 0 && (frc = fy_xfer_device_to_fd(s->dev, fd, s->spill_dir, fr, nf, &s->load, NULL)) < 0)
+    if (nf && src == 0 && hrc == 0 &&
+        (frc = fy_xfer_device_to_fd(s->dev, fd, s->spill_dir, fr, nf, &s->load, NULL)) < 0)
         snprintf(fmsg, sizeof fmsg, "%s", ferry_device_errmsg(s->dev));
     pthread_mutex_lock(&s->lock);
     rs_pin_yield(s, -1);
@@ -295,7 +303,8 @@ uint64_t rs_room_now(ferry_store *s)
 {
     uint64_t room = s->o.device_budget > s->arena.used ? s->o.device_budget - s->arena.used : 0;
     uint64_t fr = 0, tot = 0;
-    if (ferry_device_mem_info(s->dev, &fr, &tot) == 0 && fr + s->arena.cached < room) room = fr + s->arena.cached;
+    if (ferry_device_mem_info(s->dev, &fr, &tot) == 0 && fr + s->arena.cached < room)
+        room = fr + s->arena.cached;
     return room;
 }
 
@@ -304,7 +313,8 @@ uint64_t rs_room_now(ferry_store *s)
 static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, bool spare,
                               uint64_t *could);
 
-int64_t rs_make_room_locked(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, uint64_t *could)
+int64_t rs_make_room_locked(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot,
+                            uint64_t *could)
 {
     return rs_make_room_ex(s, bytes, pm, prot, could, false);
 }
@@ -351,7 +361,8 @@ int64_t rs_hold_at_most(ferry_store *s, uint64_t held_max)
          * be freed, and nothing went.) */
         uint64_t room = rs_room_now(s);
         uint64_t excess = s->arena.used + s->arena.cached - held_max;
-        int64_t more = rs_make_room_locked(s, room + (excess < s->arena.used ? excess : s->arena.used), NULL, NULL, NULL);
+        int64_t more = rs_make_room_locked(s, room + (excess < s->arena.used ? excess : s->arena.used), NULL,
+                                           NULL, NULL);
         if (more <= 0) break; /* nothing more can go: the rest stays */
         got += more;
         rs_cache_release(s, UINT64_MAX);
@@ -425,12 +436,14 @@ static int cmp_models(const void *a, const void *b, void *arg)
     return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b);
 }
 
-static int room_walk_run(ferry_store *s, room_walk *w, uint64_t need, ferry_model *pm, const bool *prot, bool spare)
+static int room_walk_run(ferry_store *s, room_walk *w, uint64_t need, ferry_model *pm, const bool *prot,
+                         bool spare)
 {
     *w = (room_walk){0};
     int nm = s->nmodels;
     int *ord = fy_calloc(s->m, (size_t)(nm ? nm : 1), sizeof *ord);
-    int64_t *at = fy_calloc(s->m, (size_t)(nm ? nm : 1), sizeof *at); /* per model of a class: its next group */
+    int64_t *at =
+        fy_calloc(s->m, (size_t)(nm ? nm : 1), sizeof *at); /* per model of a class: its next group */
     if (!ord || !at) {
         fy_free(s->m, ord), fy_free(s->m, at);
         return fy_seterr(&s->err, -ENOMEM, "making room: out of memory for %d models", nm);
@@ -465,7 +478,9 @@ static int room_walk_run(ferry_store *s, room_walk *w, uint64_t need, ferry_mode
                 int64_t g = at[best - lo];
                 at[best - lo] = rs_lru_next(&m->dev, g);
                 s->room_visits++;
-                fy_cand cd = {.priority = m->priority, .last_use = m->last_use, .streams = m->t[g].streams,
+                fy_cand cd = {.priority = m->priority,
+                              .last_use = m->last_use,
+                              .streams = m->t[g].streams,
                               .use = m->t[g].use};
                 for (int64_t j = 0; j < m->gcnt[g] && !cd.protect; j++) {
                     int64_t i = m->gmem[m->gat[g] + j];
@@ -473,8 +488,8 @@ static int room_walk_run(ferry_store *s, room_walk *w, uint64_t need, ferry_mode
                     if (u->tier != FERRY_TIER_DEVICE && !u->moving) continue;
                     if (u->tier == FERRY_TIER_DEVICE) cd.bytes += u->nbytes;
                     /* a group with a member still landing stays whole: not a candidate */
-                    if (u->holds || u->moving || u->evicting || u->busy || u->wanted || (m == pm && prot && prot[i]) ||
-                        (spare && m == pm && !u->streams))
+                    if (u->holds || u->moving || u->evicting || u->busy || u->wanted ||
+                        (m == pm && prot && prot[i]) || (spare && m == pm && !u->streams))
                         cd.protect = true;
                 }
                 if (cd.protect || cd.bytes == 0) continue;
@@ -523,18 +538,21 @@ static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, c
         if (could) *could = freed + room;
         rc = fy_seterr(&s->err, FERRY_E_BUDGET,
                        "the device needs %" PRIu64 " bytes free but only %" PRIu64 " can be made (%" PRIu64
-                       " free now + %" PRIu64 " evictable): nothing was evicted", bytes, freed + room, room, freed);
+                       " free now + %" PRIu64 " evictable): nothing was evicted",
+                       bytes, freed + room, room, freed);
     } else if (chosen > 0) {
         /* the chosen groups' device tensors, in eviction order */
         int64_t nt = 0;
         for (int64_t q = 0; q < chosen; q++) {
             const ferry_model *m = w.gm[out[q]];
             int64_t g = w.gid[out[q]];
-            for (int64_t j = 0; j < m->gcnt[g]; j++) nt += m->t[m->gmem[m->gat[g] + j]].tier == FERRY_TIER_DEVICE;
+            for (int64_t j = 0; j < m->gcnt[g]; j++)
+                nt += m->t[m->gmem[m->gat[g] + j]].tier == FERRY_TIER_DEVICE;
         }
         rtensor **ts = fy_calloc(s->m, (size_t)(nt ? nt : 1), sizeof *ts);
         if (!ts) {
-            rc = fy_seterr(&s->err, -ENOMEM, "making room: out of memory for a list of %" PRId64 " tensors", nt);
+            rc = fy_seterr(&s->err, -ENOMEM, "making room: out of memory for a list of %" PRId64 " tensors",
+                           nt);
         } else {
             nt = 0;
             for (int64_t q = 0; q < chosen; q++) {
@@ -596,10 +614,12 @@ FERRY_API int ferry_model_evict(ferry_model *m, const int64_t *tensors, int64_t 
     int rc = rs_select(m, tensors, n, &sel, &nsel);
     if (rc < 0) goto out;
     if (!(ts = fy_calloc(s->m, (size_t)(nsel ? nsel : 1), sizeof *ts))) {
-        rc = rs_merr(m, -ENOMEM, "ferry_model_evict: out of memory for the lists of %" PRId64 " tensors", nsel);
+        rc = rs_merr(m, -ENOMEM, "ferry_model_evict: out of memory for the lists of %" PRId64 " tensors",
+                     nsel);
         goto out;
     }
-    rs_settle(s, m, sel, nsel, true); /* a queued move of any of them lands first, an eviction commits, a read ends */
+    rs_settle(s, m, sel, nsel,
+              true); /* a queued move of any of them lands first, an eviction commits, a read ends */
     rs_reap_releases(s, false);
     int64_t nt = 0;
     for (int64_t k = 0; k < nsel; k++) {
@@ -607,7 +627,8 @@ FERRY_API int ferry_model_evict(ferry_model *m, const int64_t *tensors, int64_t 
         if (m->t[i].tier != FERRY_TIER_DEVICE) continue;
         if (m->t[i].holds) {
             char q[256];
-            rc = rs_merr(m, FERRY_E_BUSY, "tensor %s is in use: release it before evicting", RS_Q(q, m->t[i].name));
+            rc = rs_merr(m, FERRY_E_BUSY, "tensor %s is in use: release it before evicting",
+                         RS_Q(q, m->t[i].name));
             goto out;
         }
         ts[nt++] = &m->t[i];
@@ -620,4 +641,3 @@ out:
     pthread_mutex_unlock(&s->lock);
     return rc;
 }
-

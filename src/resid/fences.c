@@ -90,7 +90,10 @@ int64_t rs_fences_defer(rs_fences *fs, bool (*early)(void *item, void *arg), voi
     return n;
 }
 
-void rs_fences_wait_all(rs_fences *fs) { reap_list(fs, &fs->reuse, true, NULL, NULL); }
+void rs_fences_wait_all(rs_fences *fs)
+{
+    reap_list(fs, &fs->reuse, true, NULL, NULL);
+}
 
 int rs_fences_order(rs_fences *fs, bool lane)
 {

@@ -18,9 +18,9 @@
 
 typedef struct rs_fence {
     struct rs_fence *next;
-    void *item;       /* pending: the owner's item; NULL once deferred (in reuse) */
+    void *item; /* pending: the owner's item; NULL once deferred (in reuse) */
     fy_xfer_fence *f;
-    bool laned;       /* in reuse: the lane waits for it already */
+    bool laned; /* in reuse: the lane waits for it already */
 } rs_fence;
 
 typedef struct rs_fences {

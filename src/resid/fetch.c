@@ -27,9 +27,9 @@ typedef struct cache_read {
     ferry_model *m;
     const int64_t *ci;
     int64_t nc;
-    uint64_t *start;     /* start[k]: piece index where tensor ci[k] begins; start[nc] = total */
-    atomic_ullong next;  /* the next piece */
-    atomic_int rc;       /* the first failure (its thread alone writes op->msg) */
+    uint64_t *start;    /* start[k]: piece index where tensor ci[k] begins; start[nc] = total */
+    atomic_ullong next; /* the next piece */
+    atomic_int rc;      /* the first failure (its thread alone writes op->msg) */
 } cache_read;
 
 static void *cache_reader(void *arg)
@@ -47,7 +47,8 @@ static void *cache_reader(void *arg)
         rtensor *t = &c->m->t[c->ci[lo]];
         uint64_t off = (p - c->start[lo]) * CACHE_PIECE;
         uint64_t len = t->nbytes - off < CACHE_PIECE ? t->nbytes - off : CACHE_PIECE;
-        int rc = ferry_file_tensor_read(c->m->files[t->file], t->idx, off, (uint8_t *)t->host + off, (size_t)len);
+        int rc =
+            ferry_file_tensor_read(c->m->files[t->file], t->idx, off, (uint8_t *)t->host + off, (size_t)len);
         int ok = 0;
         if (rc < 0 && atomic_compare_exchange_strong(&c->rc, &ok, rc))
             snprintf(c->op->msg, sizeof c->op->msg, "%s", ferry_file_errmsg(c->m->files[t->file]));
@@ -129,9 +130,12 @@ static void run_transfers(ferry_store *s, ferry_op *op)
     op->read = op->moved + cached_read;
     op->moved += kept;
     if (op->rc == 0 && op->nf)
-        rs_op_fail(op, s, fy_xfer_fd_to_device(s->dev, op->spill_fd, s->spill_dir, op->fr, op->nf, &s->load, NULL, NULL));
-    if (op->rc == 0 && op->nh) rs_op_fail(op, s, fy_xfer_host_to_device(s->dev, op->hr, op->nh, &op->xop)); /* queued */
-    rs_pin_yield(s, -1); /* taken in queue_moves, before the allocations */
+        rs_op_fail(
+            op, s,
+            fy_xfer_fd_to_device(s->dev, op->spill_fd, s->spill_dir, op->fr, op->nf, &s->load, NULL, NULL));
+    if (op->rc == 0 && op->nh)
+        rs_op_fail(op, s, fy_xfer_host_to_device(s->dev, op->hr, op->nh, &op->xop)); /* queued */
+    rs_pin_yield(s, -1);   /* taken in queue_moves, before the allocations */
     rs_kept_finish(s, op); /* the keeper fed what was read (its copies to the device run meanwhile) */
     for (int64_t i = 0; i < op->nh; i++) op->moved += op->hr[i].len;
     for (int64_t i = 0; i < op->nf; i++) op->moved += op->fr[i].len, op->read += op->fr[i].len;
@@ -243,7 +247,8 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
     hr = fy_calloc(s->m, ns, sizeof *hr);
     fr = fy_calloc(s->m, ns, sizeof *fr);
     if (!op || !ti || !idx || !dp || !hr || !fr) {
-        rc = rs_merr(m, -ENOMEM, "ferry_model_to_device: out of memory for the lists of %" PRId64 " tensors", nsel);
+        rc = rs_merr(m, -ENOMEM, "ferry_model_to_device: out of memory for the lists of %" PRId64 " tensors",
+                     nsel);
         goto fail;
     }
     /* an earlier move of any of them lands first, an eviction of any of them
@@ -340,8 +345,8 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
         rtensor *t = &m->t[ti[k]];
         if (!t->nbytes) continue;
         /* (rs_pool_alloc may pin with the lock dropped: the op's tensors stay its own) */
-        if (want_cache && rs_wants_cache(m, t) && t->tier == FERRY_TIER_SOURCE && rs_cache_admits(s, t->nbytes, avail) &&
-            rs_pool_alloc(s, t->nbytes, &t->host) == 0) {
+        if (want_cache && rs_wants_cache(m, t) && t->tier == FERRY_TIER_SOURCE &&
+            rs_cache_admits(s, t->nbytes, avail) && rs_pool_alloc(s, t->nbytes, &t->host) == 0) {
             t->caching = true;
             s->cache_used += t->nbytes;
             avail -= t->nbytes;
@@ -350,8 +355,10 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
             files = true;
             continue;
         }
-        if (t->tier == FERRY_TIER_PINNED || t->tier == FERRY_TIER_HOST) hr[nh++] = (fy_hostrange){t->host, t->dptr, t->nbytes};
-        if (t->tier == FERRY_TIER_SPILL) fr[nf++] = (fy_fdrange){t->soff, t->nbytes, t->dptr}, files = ring = true;
+        if (t->tier == FERRY_TIER_PINNED || t->tier == FERRY_TIER_HOST)
+            hr[nh++] = (fy_hostrange){t->host, t->dptr, t->nbytes};
+        if (t->tier == FERRY_TIER_SPILL)
+            fr[nf++] = (fy_fdrange){t->soff, t->nbytes, t->dptr}, files = ring = true;
         if (t->tier == FERRY_TIER_SOURCE) files = ring = true;
     }
     for (int64_t k = 0; k < nsel; k++) m->t[sel[k]].wanted--; /* (the op's own are moving now) */
@@ -426,10 +433,10 @@ FERRY_API int ferry_op_query(ferry_op *op)
     pthread_mutex_lock(&s->lock);
     /* (the mover writes op->rc until the op leaves MOVING: look at the state first) */
     int rc = op->state == OP_MOVING || op->state == OP_LANDING ? 0
-             : op->rc < 0                                       ? op->rc
-             : op->state == OP_LANDED                           ? 1
-             : op->xop                                          ? fy_xfer_op_query(op->xop)
-                                                                : 1;
+             : op->rc < 0                                      ? op->rc
+             : op->state == OP_LANDED                          ? 1
+             : op->xop                                         ? fy_xfer_op_query(op->xop)
+                                                               : 1;
     pthread_mutex_unlock(&s->lock);
     return rc;
 }
@@ -442,7 +449,9 @@ FERRY_API int ferry_op_stream_wait(ferry_op *op, uint64_t cu_stream)
     /* a landed op (or one whose copies ran in the call) needs no ordering */
     /* being moved or landed by another thread: once landed, no ordering is needed */
     while (op->state == OP_MOVING || op->state == OP_LANDING) pthread_cond_wait(&s->landed, &s->lock);
-    int rc = op->rc < 0 ? op->rc : op->xop && op->state == OP_QUEUED ? fy_xfer_op_order(op->xop, cu_stream) : 0;
+    int rc = op->rc < 0                          ? op->rc
+             : op->xop && op->state == OP_QUEUED ? fy_xfer_op_order(op->xop, cu_stream)
+                                                 : 0;
     if (op->rc < 0) rs_merr(op->m, op->rc, "%s", op->msg); /* failed in the mover, not landed yet */
     else if (rc < 0) rs_device_failed(s, op->m, rc);
     pthread_mutex_unlock(&s->lock);

@@ -16,8 +16,8 @@
 
 #define KEEP_PATH_MAX 4096u /* the protocol's longest path and tensor name (docs/KEEPER.md) */
 #define KEEP_NAME_MAX 1024u
-#define RETRY_S 1.0         /* after a failure, the next connection is tried no sooner, */
-#define RETRY_MAX_S 30.0    /* and twice as late after each failed try, up to this */
+#define RETRY_S 1.0      /* after a failure, the next connection is tried no sooner, */
+#define RETRY_MAX_S 30.0 /* and twice as late after each failed try, up to this */
 
 void rs_keeper_init(rs_keeper *kp, const ferry_allocator *m)
 {
@@ -83,7 +83,8 @@ int rs_keeper_use(rs_keeper *kp, const char *socket, int timeout_ms, char *err, 
         return -ENOMEM;
     }
     ferry_keep *k = NULL;
-    int rc = ferry_keep_connect(socket, timeout_ms, &k, err, n); /* (before the lock: others go on meanwhile) */
+    int rc =
+        ferry_keep_connect(socket, timeout_ms, &k, err, n); /* (before the lock: others go on meanwhile) */
     if (rc < 0) {
         fy_free(kp->m, copy);
         return rc;
@@ -157,7 +158,10 @@ static ferry_keep_id ident_of(const rs_kreq *r)
 
 /* Errors of the request itself (a name the protocol cannot carry, memory)
  * leave the connection as it is; any other means it is gone. */
-static bool local_error(int rc) { return rc == -EINVAL || rc == -ENOMEM; }
+static bool local_error(int rc)
+{
+    return rc == -EINVAL || rc == -ENOMEM;
+}
 
 int64_t rs_keeper_get(rs_keeper *kp, rs_kreq *r, int64_t n)
 {
@@ -259,8 +263,8 @@ static int feed_one(rs_keeper *kp, const rs_kreq *r, rs_kfill_fn fill, void *arg
     /* the bytes are the file's as identified only if it did not change while they were read */
     uint64_t size2 = 0;
     int64_t mtime2 = 0;
-    if (rc == 0 && (ferry_file_keep_identity(r->f, r->shard, NULL, 0, &size2, &mtime2, NULL) < 0 || size2 != size ||
-                    mtime2 != mtime))
+    if (rc == 0 && (ferry_file_keep_identity(r->f, r->shard, NULL, 0, &size2, &mtime2, NULL) < 0 ||
+                    size2 != size || mtime2 != mtime))
         rc = -ESTALE;
     pthread_mutex_lock(&kp->lock);
     if (kp->k && kp->gen == gen) {

@@ -25,12 +25,12 @@
  * move that asks for its tensors; a change recomputes the digest. Guarded
  * by the keeper's lock. */
 typedef struct rs_kfile {
-    char *path;      /* absolute; NULL until known */
+    char *path; /* absolute; NULL until known */
     uint64_t size;
     int64_t mtime;
     uint64_t digest;
-    bool known;      /* the fields above hold the identity */
-    bool refused;    /* the last check failed (no path names it, or a replaced file): not asked */
+    bool known;       /* the fields above hold the identity */
+    bool refused;     /* the last check failed (no path names it, or a replaced file): not asked */
     uint64_t checked; /* the batch that checked it last */
 } rs_kfile;
 
@@ -47,31 +47,31 @@ typedef struct rs_kreq {
     const ferry_file *f;
     int shard;
     const char *name;
-    uint32_t index;  /* its index in f */
+    uint32_t index; /* its index in f */
     uint64_t nbytes;
-    int64_t tag;     /* the caller's */
-    int kind;        /* RS_KV_*: NONE, a miss */
+    int64_t tag;      /* the caller's */
+    int kind;         /* RS_KV_*: NONE, a miss */
     const void *host; /* RS_KV_HOST: the bytes */
     void *map;
     uint64_t maplen;
     uint64_t entry, gen; /* the keeper's entry, attached on the connection of that generation */
-    bool attached;   /* until rs_keeper_detach (kind stays: it was a hit) */
-    bool asked;      /* rs_keeper_get asked for it, with its file's identity then: */
+    bool attached;       /* until rs_keeper_detach (kind stays: it was a hit) */
+    bool asked;          /* rs_keeper_get asked for it, with its file's identity then: */
     uint64_t fsize, fdigest;
-    int64_t fmtime;  /* (a feed goes under that identity, and only if the file still has it) */
+    int64_t fmtime; /* (a feed goes under that identity, and only if the file still has it) */
 } rs_kreq;
 
 typedef struct rs_keeper {
     pthread_mutex_t lock;
     const ferry_allocator *m;
-    atomic_bool used;   /* rs_keeper_use succeeded once (read without the lock) */
-    ferry_keep *k;      /* NULL while down */
+    atomic_bool used; /* rs_keeper_use succeeded once (read without the lock) */
+    ferry_keep *k;    /* NULL while down */
     char *socket;
     int timeout_ms;
-    uint64_t gen;       /* the connection's generation: bumped each time one goes */
-    uint64_t batch;     /* rs_keeper_get's calls, for rs_kfile.checked */
-    double retry_at;    /* while down: no connection is tried before */
-    double backoff;     /* the wait after the last failure (doubling while they follow each other) */
+    uint64_t gen;                /* the connection's generation: bumped each time one goes */
+    uint64_t batch;              /* rs_keeper_get's calls, for rs_kfile.checked */
+    double retry_at;             /* while down: no connection is tried before */
+    double backoff;              /* the wait after the last failure (doubling while they follow each other) */
     ferry_store_keeper_stats st; /* counters (size, used and connected filled by rs_keeper_stats) */
 } rs_keeper;
 
@@ -80,7 +80,10 @@ void rs_keeper_destroy(rs_keeper *kp);
 /* Connect to the keeper at socket (NULL: the default) now, replacing any
  * other: 0, or -errno with the message in err[0..n-1] (nothing changed). */
 int rs_keeper_use(rs_keeper *kp, const char *socket, int timeout_ms, char *err, size_t n);
-static inline bool rs_keeper_used(rs_keeper *kp) { return atomic_load(&kp->used); }
+static inline bool rs_keeper_used(rs_keeper *kp)
+{
+    return atomic_load(&kp->used);
+}
 /* The counters, and whether it is used and connected now. */
 void rs_keeper_stats(rs_keeper *kp, ferry_store_keeper_stats *out);
 /* Forget the identities of kf[0..n-1] (their paths freed). */

@@ -35,8 +35,13 @@ uint64_t rs_kept_fetch(ferry_store *s, ferry_op *op)
     for (int64_t k = 0; k < op->nt; k++) {
         const rtensor *t = &m->t[op->ti[k]];
         if (t->tier != FERRY_TIER_SOURCE || t->dirty || !t->nbytes) continue;
-        r[n++] = (rs_kreq){.kf = &m->kf[m->kf_at[t->file] + t->shard], .f = m->files[t->file], .shard = t->shard,
-                           .name = t->name, .index = (uint32_t)t->idx, .nbytes = t->nbytes, .tag = op->ti[k]};
+        r[n++] = (rs_kreq){.kf = &m->kf[m->kf_at[t->file] + t->shard],
+                           .f = m->files[t->file],
+                           .shard = t->shard,
+                           .name = t->name,
+                           .index = (uint32_t)t->idx,
+                           .nbytes = t->nbytes,
+                           .tag = op->ti[k]};
     }
     op->kr = r;
     op->nkr = n;
@@ -46,8 +51,11 @@ uint64_t rs_kept_fetch(ferry_store *s, ferry_op *op)
         for (int64_t i = 0; i < n; i++) {
             if (r[i].kind != RS_KV_HOST) continue;
             rtensor *t = &m->t[r[i].tag];
-            if (t->caching) memcpy(t->host, r[i].host, (size_t)t->nbytes); /* its pinned copy, then DMA'd with the rest */
-            else hr[nh++] = (fy_hostrange){(void *)(uintptr_t)r[i].host, t->dptr, t->nbytes}, bytes += t->nbytes;
+            if (t->caching)
+                memcpy(t->host, r[i].host, (size_t)t->nbytes); /* its pinned copy, then DMA'd with the rest */
+            else
+                hr[nh++] = (fy_hostrange){(void *)(uintptr_t)r[i].host, t->dptr, t->nbytes},
+                bytes += t->nbytes;
         }
         int rc = nh ? fy_xfer_host_to_device(s->dev, hr, nh, NULL) : 0; /* (waited: the mappings go next) */
         if (rc < 0) {

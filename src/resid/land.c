@@ -115,7 +115,8 @@ void rs_settle(ferry_store *s, ferry_model *m, const int64_t *ti, int64_t nt, bo
             const rtensor *t = &m->t[ti ? ti[k] : k];
             again = t->evicting || (readers && t->busy);
         }
-        if (again) pthread_cond_wait(&s->landed, &s->lock); /* (broadcast when an eviction commits, a read ends) */
+        if (again)
+            pthread_cond_wait(&s->landed, &s->lock); /* (broadcast when an eviction commits, a read ends) */
     }
 }
 

@@ -24,8 +24,8 @@ typedef struct rs_lru {
     int64_t *prev, *next; /* RS_LRU_END at the ends */
     int64_t *tmp;         /* rs_lru_sort's room, n entries */
     uint64_t *key;
-    int32_t *refs;        /* 0: not listed */
-    uint8_t *list;        /* the list it is on (0 or 1) */
+    int32_t *refs; /* 0: not listed */
+    uint8_t *list; /* the list it is on (0 or 1) */
     int64_t head[2], tail[2], count[2];
 } rs_lru;
 
@@ -48,8 +48,17 @@ void rs_lru_touch(rs_lru *l, int64_t id, uint64_t key);
 void rs_lru_append(rs_lru *l, int64_t id, int list, uint64_t key, int32_t refs);
 void rs_lru_sort(rs_lru *l);
 
-static inline bool rs_lru_listed(const rs_lru *l, int64_t id) { return l->refs[id] > 0; }
-static inline int64_t rs_lru_first(const rs_lru *l, int list) { return l->head[list]; }
-static inline int64_t rs_lru_next(const rs_lru *l, int64_t id) { return l->next[id]; }
+static inline bool rs_lru_listed(const rs_lru *l, int64_t id)
+{
+    return l->refs[id] > 0;
+}
+static inline int64_t rs_lru_first(const rs_lru *l, int list)
+{
+    return l->head[list];
+}
+static inline int64_t rs_lru_next(const rs_lru *l, int64_t id)
+{
+    return l->next[id];
+}
 
 #endif

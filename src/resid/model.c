@@ -13,7 +13,10 @@
 
 /* ---- models ---- */
 
-FERRY_API const char *ferry_model_errmsg(ferry_model *m) { return m ? fy_err_public(&m->err) : ""; }
+FERRY_API const char *ferry_model_errmsg(ferry_model *m)
+{
+    return m ? fy_err_public(&m->err) : "";
+}
 
 static int cmp_tname(const void *a, const void *b, void *arg)
 {
@@ -75,8 +78,8 @@ ferry_model *rs_find_model(ferry_store *s, const char *name)
     return NULL;
 }
 
-FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *const *files, int nfiles, int priority,
-                              ferry_model **out)
+FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *const *files, int nfiles,
+                              int priority, ferry_model **out)
 {
     if (!s || !name || !files || nfiles <= 0 || !out) return FERRY_E_INVAL;
     *out = NULL;
@@ -93,7 +96,8 @@ FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *cons
     }
     int64_t n = 0;
     int nshards = 0;
-    for (int k = 0; k < nfiles; k++) n += ferry_file_tensor_count(files[k]), nshards += ferry_file_shard_count(files[k]);
+    for (int k = 0; k < nfiles; k++)
+        n += ferry_file_tensor_count(files[k]), nshards += ferry_file_shard_count(files[k]);
     m = fy_calloc(s->m, 1, sizeof *m);
     if (m) { /* model_free needs both on the failure path below */
         m->s = s;
@@ -108,9 +112,11 @@ FERRY_API int ferry_store_add(ferry_store *s, const char *name, ferry_file *cons
         !(m->gcnt = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->gcnt)) ||
         !(m->gmark = fy_calloc(s->m, (size_t)(n ? n : 1), sizeof *m->gmark)) ||
         !(m->kf = fy_calloc(s->m, (size_t)(nshards ? nshards : 1), sizeof *m->kf)) ||
-        !(m->kf_at = fy_calloc(s->m, (size_t)nfiles + 1, sizeof *m->kf_at)) || rs_lru_init(&m->dev, s->m, n) < 0) {
-        rc = fy_seterr(&s->err, -ENOMEM, "ferry_store_add: out of memory for a model of %" PRId64 " tensors (%zu bytes)",
-                       n, sizeof *m + (size_t)n * (sizeof *m->t + 5 * sizeof *m->by_name));
+        !(m->kf_at = fy_calloc(s->m, (size_t)nfiles + 1, sizeof *m->kf_at)) ||
+        rs_lru_init(&m->dev, s->m, n) < 0) {
+        rc = fy_seterr(&s->err, -ENOMEM,
+                       "ferry_store_add: out of memory for a model of %" PRId64 " tensors (%zu bytes)", n,
+                       sizeof *m + (size_t)n * (sizeof *m->t + 5 * sizeof *m->by_name));
         goto out;
     }
     if (s->nmodels == s->cap_models) {
@@ -175,15 +181,18 @@ FERRY_API int ferry_store_remove(ferry_model *m)
     rs_reap_releases(s, false);
     if (m->refs > 0) {
         /* another thread found it and may be inside a call on it right now */
-        int rc = rs_merr(m, FERRY_E_BUSY, "found by ferry_store_find %" PRId64 " time%s and not put back: "
-                                          "ferry_model_put it first", m->refs, m->refs == 1 ? "" : "s");
+        int rc = rs_merr(m, FERRY_E_BUSY,
+                         "found by ferry_store_find %" PRId64 " time%s and not put back: "
+                         "ferry_model_put it first",
+                         m->refs, m->refs == 1 ? "" : "s");
         pthread_mutex_unlock(&s->lock);
         return rc;
     }
     for (struct ferry_op *op = s->ops; op; op = op->next)
         if (op->m == m) {
-            int rc = rs_merr(m, FERRY_E_BUSY, "a queued move (ferry_model_to_device_async) was not waited for: "
-                                              "ferry_op_wait it first");
+            int rc = rs_merr(m, FERRY_E_BUSY,
+                             "a queued move (ferry_model_to_device_async) was not waited for: "
+                             "ferry_op_wait it first");
             pthread_mutex_unlock(&s->lock);
             return rc;
         }
@@ -223,8 +232,14 @@ FERRY_API void ferry_model_put(ferry_model *m)
     pthread_mutex_unlock(&m->s->lock);
 }
 
-FERRY_API const char *ferry_model_name(const ferry_model *m) { return m ? m->name : ""; }
-FERRY_API int64_t ferry_model_tensor_count(const ferry_model *m) { return m ? m->n : FERRY_E_INVAL; }
+FERRY_API const char *ferry_model_name(const ferry_model *m)
+{
+    return m ? m->name : "";
+}
+FERRY_API int64_t ferry_model_tensor_count(const ferry_model *m)
+{
+    return m ? m->n : FERRY_E_INVAL;
+}
 
 FERRY_API int64_t ferry_model_find(const ferry_model *m, const char *name)
 {
@@ -251,7 +266,8 @@ FERRY_API int ferry_model_group(ferry_model *m, const int64_t *tensors, int64_t 
     for (int64_t k = 1; k < n; k++)
         for (int64_t i = 0; i < m->n; i++)
             if (m->t[i].group == m->t[tensors[k]].group && (m->t[i].tier == FERRY_TIER_DEVICE) != on) {
-                int rc = rs_merr(m, FERRY_E_INVAL, "cannot group tensors of which some are on the device and some not");
+                int rc = rs_merr(m, FERRY_E_INVAL,
+                                 "cannot group tensors of which some are on the device and some not");
                 pthread_mutex_unlock(&m->s->lock);
                 return rc;
             }

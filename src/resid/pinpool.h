@@ -19,9 +19,10 @@
 #include "xfer/xfer.h"
 
 #define RS_PCHUNK (256ull << 20) /* the pool grows by this much (at least) */
-#define RS_RCHUNK RS_PCHUNK /* the pinner pins the reserve in pieces of this much: a transfer that
-                               starts while one is pinned shares the host with it until it is done
-                               (1 GiB pieces took 26 ms off a 10 GB load that started with one) */
+/* the pinner pins the reserve in pieces of this much: a transfer that
+ * starts while one is pinned shares the host with it until it is done
+ * (1 GiB pieces took 26 ms off a 10 GB load that started with one) */
+#define RS_RCHUNK RS_PCHUNK
 
 /* a chunk of pinned memory, with its free ranges */
 typedef struct rs_pchunk {
@@ -50,21 +51,21 @@ typedef struct rs_pinpool {
     pthread_t pinner;
     bool pinner_on, pin_stop;
     pthread_mutex_t pin_lock;
-    pthread_cond_t pin_cv;   /* a piece was pinned, or the pinner stopped */
-    rs_pchunk *pin_ready;    /* pinned, not yet adopted (room for every piece, made up front) */
+    pthread_cond_t pin_cv; /* a piece was pinned, or the pinner stopped */
+    rs_pchunk *pin_ready;  /* pinned, not yet adopted (room for every piece, made up front) */
     int pin_nready;
-    uint64_t pin_left;       /* bytes still to pin (0 once done, failed or stopped) */
-    uint64_t pin_done;       /* bytes pinned ahead so far */
-    int pin_busy;            /* transfers running (rs_pinpool_yield): the pinner waits for none ... */
-    int pin_wanted;          /* ... unless an allocation waits for a piece */
-    int pin_rc;              /* the error that stopped it, with its message */
+    uint64_t pin_left; /* bytes still to pin (0 once done, failed or stopped) */
+    uint64_t pin_done; /* bytes pinned ahead so far */
+    int pin_busy;      /* transfers running (rs_pinpool_yield): the pinner waits for none ... */
+    int pin_wanted;    /* ... unless an allocation waits for a piece */
+    int pin_rc;        /* the error that stopped it, with its message */
     char pin_msg[FY_ERRMSG_MAX];
 } rs_pinpool;
 
 /* An empty pool (nothing pinned); target: the reserve the pinner will pin
  * ahead once started (capped at budget, in 4 KiB multiples). */
-void rs_pinpool_init(rs_pinpool *p, ferry_device *dev, const ferry_allocator *m, fy_err *err, pthread_mutex_t *outer,
-                     uint64_t budget, uint64_t target);
+void rs_pinpool_init(rs_pinpool *p, ferry_device *dev, const ferry_allocator *m, fy_err *err,
+                     pthread_mutex_t *outer, uint64_t budget, uint64_t target);
 /* Start the pinner for the target (nothing without one), before the pool is
  * shared: 0 or a negative code (message on *p->err). */
 int rs_pinpool_start(rs_pinpool *p);

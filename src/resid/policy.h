@@ -36,11 +36,11 @@ typedef enum fy_dest { FY_DEST_PINNED, FY_DEST_HOST, FY_DEST_SPILL } fy_dest;
 
 /* Host-side state for fy_policy_dest. */
 typedef struct fy_hoststate {
-    uint64_t host_budget, host_used;     /* pinned + pageable bytes ferry holds */
+    uint64_t host_budget, host_used; /* pinned + pageable bytes ferry holds */
     uint64_t pinned_budget, pinned_used;
-    uint64_t available;                  /* the host's real available memory now */
-    uint64_t spill_below, spill_above;   /* hysteresis thresholds */
-    bool spilling;                       /* state from the previous decision */
+    uint64_t available;                /* the host's real available memory now */
+    uint64_t spill_below, spill_above; /* hysteresis thresholds */
+    bool spilling;                     /* state from the previous decision */
 } fy_hoststate;
 
 /* Destination of a dirty tensor of nbytes, updating h->spilling with the

@@ -10,10 +10,14 @@
 
 #include "pinpool.h"
 
-void rs_pinpool_init(rs_pinpool *p, ferry_device *dev, const ferry_allocator *m, fy_err *err, pthread_mutex_t *outer,
-                     uint64_t budget, uint64_t target)
+void rs_pinpool_init(rs_pinpool *p, ferry_device *dev, const ferry_allocator *m, fy_err *err,
+                     pthread_mutex_t *outer, uint64_t budget, uint64_t target)
 {
-    *p = (rs_pinpool){.dev = dev, .m = m, .err = err, .outer = outer, .budget = budget,
+    *p = (rs_pinpool){.dev = dev,
+                      .m = m,
+                      .err = err,
+                      .outer = outer,
+                      .budget = budget,
                       .target = (target < budget ? target : budget) & ~4095ull};
 }
 
@@ -108,7 +112,8 @@ int rs_pinpool_alloc(rs_pinpool *s, uint64_t n, void **out)
         bool more = s->pin_nready > 0;
         pthread_mutex_unlock(&s->pin_lock);
         pthread_mutex_lock(s->outer);
-        if (!more && (bc = pool_best(s, n, &bi)) < 0) break; /* the pinner is done and every piece was looked at */
+        if (!more && (bc = pool_best(s, n, &bi)) < 0)
+            break; /* the pinner is done and every piece was looked at */
         if (bc >= 0) break;
     }
     if (bc < 0) { /* grow: pinned with the lock dropped, the bytes promised meanwhile */
@@ -164,7 +169,8 @@ int rs_pinpool_trim_take(rs_pinpool *s, rs_pchunk **out)
         const rs_pchunk *ch = &s->chunks[c];
         n += !ch->reserved && ch->fr.n == 1 && ch->fr.v[0].off == 0 && ch->fr.v[0].len == ch->size;
     }
-    if (n == 0 || !(*out = fy_calloc(s->m, (size_t)n, sizeof **out))) return 0; /* (no memory: kept for now) */
+    if (n == 0 || !(*out = fy_calloc(s->m, (size_t)n, sizeof **out)))
+        return 0; /* (no memory: kept for now) */
     n = 0;
     for (int c = 0; c < s->nchunks;) {
         rs_pchunk *ch = &s->chunks[c];
@@ -226,7 +232,8 @@ int rs_pinpool_start(rs_pinpool *s)
     uint64_t pieces = (s->target + RS_RCHUNK - 1) / RS_RCHUNK;
     s->pin_ready = fy_calloc(s->m, (size_t)pieces, sizeof *s->pin_ready);
     if (!s->pin_ready)
-        return fy_seterr(s->err, -ENOMEM, "ferry_store_new: out of memory for the pinned reserve's %" PRIu64 " pieces",
+        return fy_seterr(s->err, -ENOMEM,
+                         "ferry_store_new: out of memory for the pinned reserve's %" PRIu64 " pieces",
                          pieces);
     pthread_mutex_init(&s->pin_lock, NULL);
     pthread_cond_init(&s->pin_cv, NULL);

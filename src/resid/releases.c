@@ -22,7 +22,10 @@ static void drop_hold(void *item, void *arg)
     if (t->holds > 0) t->holds--;
 }
 
-int64_t rs_reap_releases(ferry_store *s, bool wait) { return rs_fences_reap(&s->fences, wait, drop_hold, NULL); }
+int64_t rs_reap_releases(ferry_store *s, bool wait)
+{
+    return rs_fences_reap(&s->fences, wait, drop_hold, NULL);
+}
 
 /* May t's hold drop before its fence is done? When its whole group is
  * clean on the device (a hold of one member keeps all of them: the PyTorch
@@ -41,11 +44,20 @@ static bool early_drop(void *item, void *arg)
     return true;
 }
 
-int64_t rs_defer_releases(ferry_store *s) { return rs_fences_defer(&s->fences, early_drop, NULL); }
+int64_t rs_defer_releases(ferry_store *s)
+{
+    return rs_fences_defer(&s->fences, early_drop, NULL);
+}
 
-void rs_reuse_wait_all(ferry_store *s) { rs_fences_wait_all(&s->fences); }
+void rs_reuse_wait_all(ferry_store *s)
+{
+    rs_fences_wait_all(&s->fences);
+}
 
-int rs_reuse_order(ferry_store *s, bool lane) { return rs_fences_order(&s->fences, lane); }
+int rs_reuse_order(ferry_store *s, bool lane)
+{
+    return rs_fences_order(&s->fences, lane);
+}
 
 FERRY_API int ferry_model_release_after(ferry_model *m, int64_t t, uint64_t cu_stream)
 {
@@ -58,13 +70,16 @@ FERRY_API int ferry_model_release_after(ferry_model *m, int64_t t, uint64_t cu_s
         int64_t pending = rs_fences_pending(&s->fences, r);
         char q[256];
         if (r->holds - pending <= 0) {
-            rc = rs_merr(m, FERRY_E_INVAL, "tensor %s is not in use (released more often than held)", RS_Q(q, r->name));
+            rc = rs_merr(m, FERRY_E_INVAL, "tensor %s is not in use (released more often than held)",
+                         RS_Q(q, r->name));
             break;
         }
         bool device = false;
         if ((rc = rs_fences_add(&s->fences, cu_stream, r, &device)) < 0) {
             if (device) rs_device_failed(s, m, rc);
-            else rc = rs_merr(m, -ENOMEM, "ferry_model_release_after: out of memory (%zu bytes)", sizeof(rs_fence));
+            else
+                rc = rs_merr(m, -ENOMEM, "ferry_model_release_after: out of memory (%zu bytes)",
+                             sizeof(rs_fence));
             break;
         }
     }

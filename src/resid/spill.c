@@ -26,7 +26,10 @@ struct fy_spill {
     bool holding;      /* fy_spill_hold: releases wait for fy_spill_flush to punch */
 };
 
-static const char *errtext(int rc) { return ferry_strerror(rc); }
+static const char *errtext(int rc)
+{
+    return ferry_strerror(rc);
+}
 
 /* Where O_TMPFILE is missing: a named file that lives only until the unlink
  * below. */
@@ -77,9 +80,10 @@ int fy_spill_open(const char *dir, const ferry_allocator *mem, fy_err *err, fy_s
     }
     if (type == FY_TMPFS_MAGIC || type == FY_RAMFS_MAGIC) {
         fy_spill_close(s);
-        return fy_seterr(err, FERRY_E_INVAL,
-                         "%s: is on %s, whose pages are RAM: spilling there frees no memory; choose a directory on disk",
-                         dir, type == FY_TMPFS_MAGIC ? "tmpfs" : "ramfs");
+        return fy_seterr(
+            err, FERRY_E_INVAL,
+            "%s: is on %s, whose pages are RAM: spilling there frees no memory; choose a directory on disk",
+            dir, type == FY_TMPFS_MAGIC ? "tmpfs" : "ramfs");
     }
     *out = s;
     return 0;
@@ -95,8 +99,14 @@ void fy_spill_close(fy_spill *s)
     fy_free(&m, s);
 }
 
-int fy_spill_fd(const fy_spill *s) { return s ? s->fd : -1; }
-const char *fy_spill_dir(const fy_spill *s) { return s ? s->dir : NULL; }
+int fy_spill_fd(const fy_spill *s)
+{
+    return s ? s->fd : -1;
+}
+const char *fy_spill_dir(const fy_spill *s)
+{
+    return s ? s->dir : NULL;
+}
 
 void fy_spill_usage(const fy_spill *s, uint64_t *reserved, uint64_t *file_size)
 {
@@ -111,12 +121,14 @@ int fy_spill_reserve(fy_spill *s, uint64_t len, uint64_t *off)
     uint64_t need;
     FY_RETURN_IF(len == 0, err, FERRY_E_INVAL, "%s: spill reservation of 0 bytes", s->dir);
     FY_RETURN_IF(fy_add_ovf(len, FY_SPILL_ALIGN - 1, &need) || need > (uint64_t)INT64_MAX, err, -EFBIG,
-                 "%s: spill reservation of %llu bytes is larger than any file", s->dir, (unsigned long long)len);
+                 "%s: spill reservation of %llu bytes is larger than any file", s->dir,
+                 (unsigned long long)len);
     need &= ~(uint64_t)(FY_SPILL_ALIGN - 1);
 
     /* Every live range may come back separately, each adding a free range;
      * one more for a tail that could not be cut off. */
-    FY_RETURN_IF(fy_ranges_reserve(&s->free, &s->mem, s->nlive + 2) < 0, err, -ENOMEM, "%s: out of memory reserving spill space", s->dir);
+    FY_RETURN_IF(fy_ranges_reserve(&s->free, &s->mem, s->nlive + 2) < 0, err, -ENOMEM,
+                 "%s: out of memory reserving spill space", s->dir);
 
     /* Best fit among the free ranges, lowest offset on ties. */
     size_t best = fy_ranges_best(&s->free, need);
@@ -132,20 +144,20 @@ int fy_spill_reserve(fy_spill *s, uint64_t len, uint64_t *off)
     if (grow) {
         uint64_t avail = 0;
         rc = fy_fs_info(s->fd, &avail, NULL);
-        if (rc < 0) return fy_seterr(err, rc, "%s: cannot query free space for the spill file: %s", s->dir, errtext(rc));
+        if (rc < 0)
+            return fy_seterr(err, rc, "%s: cannot query free space for the spill file: %s", s->dir,
+                             errtext(rc));
         FY_RETURN_IF(avail < need, err, -ENOSPC,
-                     "%s: no space to grow the spill file by %llu bytes: %llu bytes free on its file system", s->dir,
-                     (unsigned long long)need, (unsigned long long)avail);
+                     "%s: no space to grow the spill file by %llu bytes: %llu bytes free on its file system",
+                     s->dir, (unsigned long long)need, (unsigned long long)avail);
     }
 
     rc = fy_fallocate(s->fd, 0, at, need);
     if (rc < 0) {
         /* fallocate may have allocated part of the range before failing:
          * give those blocks back so that nothing stays reserved. */
-        if (grow)
-            (void)fy_ftruncate(s->fd, s->size);
-        else
-            (void)fy_fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, at, need);
+        if (grow) (void)fy_ftruncate(s->fd, s->size);
+        else (void)fy_fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, at, need);
         return fy_seterr(err, rc, "%s: cannot reserve %llu bytes in the spill file: %s", s->dir,
                          (unsigned long long)need, errtext(rc));
     }
@@ -166,17 +178,21 @@ int fy_spill_check_room(fy_spill *s, uint64_t bytes)
     if (!s) return FERRY_E_INVAL;
     uint64_t avail = 0;
     int rc = fy_fs_info(s->fd, &avail, NULL);
-    if (rc < 0) return fy_seterr(s->err, rc, "%s: cannot query free space for the spill file: %s", s->dir, errtext(rc));
+    if (rc < 0)
+        return fy_seterr(s->err, rc, "%s: cannot query free space for the spill file: %s", s->dir,
+                         errtext(rc));
     /* every byte below size is free or reserved */
     uint64_t kept = s->holding ? s->size - s->reserved : 0, have;
     if (fy_add_ovf(avail, kept, &have) || bytes <= have) return 0;
     if (kept)
-        return fy_seterr(s->err, -ENOSPC,
-                         "%s: no space to spill: %llu bytes needed, %llu bytes free on its file system and at most "
-                         "%llu in the spill file's freed ranges",
-                         s->dir, (unsigned long long)bytes, (unsigned long long)avail, (unsigned long long)kept);
-    return fy_seterr(s->err, -ENOSPC, "%s: no space to spill: %llu bytes needed, %llu bytes free on its file system",
-                     s->dir, (unsigned long long)bytes, (unsigned long long)avail);
+        return fy_seterr(
+            s->err, -ENOSPC,
+            "%s: no space to spill: %llu bytes needed, %llu bytes free on its file system and at most "
+            "%llu in the spill file's freed ranges",
+            s->dir, (unsigned long long)bytes, (unsigned long long)avail, (unsigned long long)kept);
+    return fy_seterr(s->err, -ENOSPC,
+                     "%s: no space to spill: %llu bytes needed, %llu bytes free on its file system", s->dir,
+                     (unsigned long long)bytes, (unsigned long long)avail);
 }
 
 /* A range as fy_spill_reserve gave it: rounds len up; false (and nothing to
@@ -249,7 +265,8 @@ void fy_spill_flush(fy_spill *s)
     }
     /* ranges punched before are holes already: punching them again is cheap */
     for (size_t i = 0; i < s->free.n; i++)
-        (void)fy_fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, s->free.v[i].off, s->free.v[i].len);
+        (void)fy_fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, s->free.v[i].off,
+                           s->free.v[i].len);
 }
 
 int fy_spill_flush_take(fy_spill *s, fy_range **out, size_t *n)
@@ -268,7 +285,8 @@ int fy_spill_flush_take(fy_spill *s, fy_range **out, size_t *n)
 
 void fy_spill_punch(int fd, const fy_range *r, size_t n)
 {
-    for (size_t i = 0; i < n; i++) (void)fy_fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, r[i].off, r[i].len);
+    for (size_t i = 0; i < n; i++)
+        (void)fy_fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, r[i].off, r[i].len);
 }
 
 void fy_spill_flush_give(fy_spill *s, fy_range *r, size_t n)

@@ -15,7 +15,8 @@ void rs_tiers(ferry_store *s, uint64_t *tb)
 {
     memset(tb, 0, FERRY_TIER_COUNT * sizeof *tb);
     for (int i = 0; i < s->nmodels; i++)
-        for (int64_t j = 0; j < s->models[i]->n; j++) tb[s->models[i]->t[j].tier] += s->models[i]->t[j].nbytes;
+        for (int64_t j = 0; j < s->models[i]->n; j++)
+            tb[s->models[i]->t[j].tier] += s->models[i]->t[j].nbytes;
 }
 
 FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out)
@@ -79,7 +80,8 @@ FERRY_API int ferry_store_job_begin(ferry_store *s, const char *name)
         rc = fy_seterr(&s->err, -ENOMEM, "job %s: out of memory for its name (%zu bytes)", RS_Q(q, name),
                        strlen(name) + 1);
     } else if ((rc = fy_memsampler_start(s->m, 10, &s->sampler)) < 0) {
-        fy_seterr(&s->err, rc, "job %s: cannot start the memory sampler: %s", RS_Q(q, name), ferry_strerror(rc));
+        fy_seterr(&s->err, rc, "job %s: cannot start the memory sampler: %s", RS_Q(q, name),
+                  ferry_strerror(rc));
         fy_free(s->m, copy);
     } else {
         s->job_open = true;
@@ -92,7 +94,10 @@ FERRY_API int ferry_store_job_begin(ferry_store *s, const char *name)
     return rc;
 }
 
-FERRY_API const char *ferry_store_job_name(const ferry_store *s) { return s ? s->job : NULL; }
+FERRY_API const char *ferry_store_job_name(const ferry_store *s)
+{
+    return s ? s->job : NULL;
+}
 
 FERRY_API int ferry_store_job_end(ferry_store *s, ferry_job_stats *out)
 {

@@ -32,7 +32,10 @@ static void drain_reuse(void *arg)
     if (s->fences.reuse) rs_reuse_wait_all(s);
 }
 
-static uint64_t or_default(uint64_t v, uint64_t d) { return v ? v : d; }
+static uint64_t or_default(uint64_t v, uint64_t d)
+{
+    return v ? v : d;
+}
 
 FERRY_API int ferry_store_new(ferry_device *dev, const ferry_store_opts *opts, ferry_store **out)
 {
@@ -55,8 +58,10 @@ FERRY_API int ferry_store_new(ferry_device *dev, const ferry_store_opts *opts, f
         uint64_t avail = 0;
         char src[128];
         int rc = fy_host_available(&avail, src, sizeof src);
-        if (rc < 0) return fy_seterr(&ctx->err, rc, "ferry_store_new: cannot tell how much host memory is available (%s)",
-                                     ferry_strerror(rc));
+        if (rc < 0)
+            return fy_seterr(&ctx->err, rc,
+                             "ferry_store_new: cannot tell how much host memory is available (%s)",
+                             ferry_strerror(rc));
         o.host_budget = avail > o.host_reserve ? avail - o.host_reserve : 0;
     }
     o.pinned_budget = or_default(o.pinned_budget, o.host_budget / 4);
@@ -64,8 +69,8 @@ FERRY_API int ferry_store_new(ferry_device *dev, const ferry_store_opts *opts, f
     o.spill_below = or_default(o.spill_below, 2 * o.host_reserve);
     o.spill_above = or_default(o.spill_above, o.spill_below + (1ull << 30));
     FY_RETURN_IF(o.spill_above < o.spill_below, &ctx->err, FERRY_E_INVAL,
-                 "ferry_store_new: spill_above (%" PRIu64 ") is below spill_below (%" PRIu64 ")", o.spill_above,
-                 o.spill_below);
+                 "ferry_store_new: spill_above (%" PRIu64 ") is below spill_below (%" PRIu64 ")",
+                 o.spill_above, o.spill_below);
     /* the environment (FERRY_SPILL_DIR) is the CLI's and the binding's to read */
     const char *dir = o.spill_dir && *o.spill_dir ? o.spill_dir : "/var/tmp";
     ferry_store *s = fy_calloc(&ctx->mem, 1, sizeof *s);
@@ -121,7 +126,7 @@ FERRY_API void ferry_store_free(ferry_store *s)
     fy_free(s->m, s->models);
     rs_arena_destroy(&s->arena);
     rs_fences_destroy(&s->fences); /* (what the arena's drain left: nothing, as a rule) */
-    rs_pinpool_destroy(&s->pool); /* (the pinner stops first) */
+    rs_pinpool_destroy(&s->pool);  /* (the pinner stops first) */
     fy_spill_close(s->spill);
     rs_keeper_destroy(&s->keeper); /* (after the models: their identities are the keeper's to free) */
     if (s->sampler) fy_memsampler_stop(s->sampler, NULL);
@@ -138,7 +143,8 @@ FERRY_API int ferry_store_use_keeper(ferry_store *s, const char *socket, int tim
 {
     if (!s || timeout_ms < 0) return FERRY_E_INVAL;
     char err[FY_ERRMSG_MAX - 64];
-    int rc = rs_keeper_use(&s->keeper, socket, timeout_ms, err, sizeof err); /* (no store lock: a socket call) */
+    int rc =
+        rs_keeper_use(&s->keeper, socket, timeout_ms, err, sizeof err); /* (no store lock: a socket call) */
     return rc < 0 ? fy_seterr(&s->err, rc, "ferry_store_use_keeper: %s", err) : 0;
 }
 
@@ -148,13 +154,18 @@ FERRY_API int ferry_store_wait_pinned(ferry_store *s)
     return rs_pinpool_wait(&s->pool);
 }
 
-FERRY_API const char *ferry_store_errmsg(ferry_store *s) { return s ? fy_err_public(&s->err) : ""; }
+FERRY_API const char *ferry_store_errmsg(ferry_store *s)
+{
+    return s ? fy_err_public(&s->err) : "";
+}
 
-FERRY_API const char *ferry_store_spill_dir(const ferry_store *s) { return s && s->spill ? s->spill_dir : NULL; }
+FERRY_API const char *ferry_store_spill_dir(const ferry_store *s)
+{
+    return s && s->spill ? s->spill_dir : NULL;
+}
 
 FERRY_API int ferry_host_available(uint64_t *bytes, char *source, size_t n)
 {
     if (!bytes) return FERRY_E_INVAL;
     return fy_host_available(bytes, source, source ? n : 0);
 }
-

@@ -26,7 +26,7 @@ typedef struct rtensor {
     const struct ferry_model *owner; /* with group: a group's identity across models */
     int32_t file;
     int32_t shard; /* of its file (ferry_tensor_info.shard) */
-    int64_t idx; /* in its file */
+    int64_t idx;   /* in its file */
     const char *name;
     uint64_t nbytes;
     ferry_tier tier;
@@ -40,22 +40,22 @@ typedef struct rtensor {
     bool keep;      /* evict_tensors: stays on the device with its group */
     struct ferry_op *moving; /* a queued move to the device that has not landed: its old
                                 copy stays until then, nothing else may move or evict it */
-    uint64_t use;   /* the store's clock when its group was last asked for (eviction order
-                       within a model) */
-    bool streams;   /* its block streams under the model's plan (leaves before the rest) */
-    bool cached;    /* host is a clean copy in the pinned pool (a streamed block's, or any
-                       tensor's of a model with pinned_cache on), kept beside
-                       the device copy (tier DEVICE) or as the copy once it left (tier
-                       PINNED); mark_dirty/write drop it, so it is never dirty (rs_uncache
-                       still keeps a dirty tensor's only copy, should one ever be cached) */
-    bool caching;   /* host is a pinned buffer a queued move is filling for the cache */
-    bool evicting;  /* an eviction copies it off the device with the lock dropped: nothing
-                       else moves, frees or evicts it until that eviction commits (rs_settle) */
-    int busy;       /* reads or writes of its bytes running with the lock dropped: its copies
-                       stay where they are (no move, eviction or uncaching) until 0 */
-    int wanted;     /* moves being queued that asked for its group: not evicted meanwhile */
-    bool kept;      /* its move took its bytes from the keeper (kept.c; the moving op's own,
-                       written with the lock dropped, false again before the op is QUEUED) */
+    uint64_t use;            /* the store's clock when its group was last asked for (eviction order
+                                within a model) */
+    bool streams;            /* its block streams under the model's plan (leaves before the rest) */
+    bool cached;             /* host is a clean copy in the pinned pool (a streamed block's, or any
+                                tensor's of a model with pinned_cache on), kept beside
+                                the device copy (tier DEVICE) or as the copy once it left (tier
+                                PINNED); mark_dirty/write drop it, so it is never dirty (rs_uncache
+                                still keeps a dirty tensor's only copy, should one ever be cached) */
+    bool caching;            /* host is a pinned buffer a queued move is filling for the cache */
+    bool evicting;           /* an eviction copies it off the device with the lock dropped: nothing
+                                else moves, frees or evicts it until that eviction commits (rs_settle) */
+    int busy;                /* reads or writes of its bytes running with the lock dropped: its copies
+                                stay where they are (no move, eviction or uncaching) until 0 */
+    int wanted;              /* moves being queued that asked for its group: not evicted meanwhile */
+    bool kept;               /* its move took its bytes from the keeper (kept.c; the moving op's own,
+                                written with the lock dropped, false again before the op is QUEUED) */
 } rtensor;
 
 /* A model's streaming plan (ferry_model_plan): the caller's request, kept so
@@ -66,7 +66,7 @@ typedef struct rs_plan {
     int64_t window;
     uint64_t budget, reserve; /* budget 0: follow the store's device budget */
     bool pinned_cache;
-    bool *streams;   /* per block: it streams */
+    bool *streams; /* per block: it streams */
     ferry_plan got;
 } rs_plan;
 
@@ -90,8 +90,8 @@ struct ferry_model {
      * member holding some: rs_dev_alloc, rs_dev_free), by group id, list 1 the
      * streamed blocks', list 0 the others', each oldest use first */
     rs_lru dev;
-    rs_plan *plan;    /* NULL unless ferry_model_plan made one */
-    int64_t refs;     /* taken by ferry_store_find, not yet put back; ferry_store_remove waits for 0 */
+    rs_plan *plan;     /* NULL unless ferry_model_plan made one */
+    int64_t refs;      /* taken by ferry_store_find, not yet put back; ferry_store_remove waits for 0 */
     bool pinned_cache; /* ferry_model_set_pinned_cache: every clean tensor read from the
                           checkpoint keeps a pinned copy as room allows */
     /* the keeper's view of its files' shards: file k's are kf[kf_at[k] ..
@@ -107,7 +107,7 @@ typedef struct counters {
 
 struct ferry_store {
     ferry_device *dev;
-    fy_err err;          /* this store's messages (also the context's) */
+    fy_err err;           /* this store's messages (also the context's) */
     ferry_load_opts load; /* ring geometry for every move (a copy of the caller's) */
     ferry_ctx *ctx;
     const ferry_allocator *m;
@@ -173,7 +173,7 @@ struct ferry_op {
     int64_t *ti, nt;       /* the tensors it moves (each marked moving = this op) */
     fy_xfer_op *xop;       /* queued pinned/RAM copies, or NULL */
     int state;
-    int rc;                /* the first error of the moves */
+    int rc;                  /* the first error of the moves */
     char msg[FY_ERRMSG_MAX]; /* the device's message for rc, taken when it failed */
     uint64_t moved, read;
     double t0;
@@ -184,7 +184,7 @@ struct ferry_op {
     fy_fdrange *fr;
     int64_t nh, nf, nc;
     int spill_fd;
-    struct rs_kreq *kr;     /* its tensors asked of the keeper (kept.c), while the transfers run */
+    struct rs_kreq *kr; /* its tensors asked of the keeper (kept.c), while the transfers run */
     int64_t nkr;
     struct ferry_op *mnext; /* in the mover's queue */
 };
@@ -262,14 +262,29 @@ int rs_device_failed(ferry_store *s, ferry_model *m, int rc);
 /* n bytes of the pool. Where no free range fits, it waits for the pinner's
  * next piece or pins a new chunk, with s->lock dropped meanwhile: the caller
  * has marked what it works on (moving, evicting) before calling. */
-static inline int rs_pool_alloc(ferry_store *s, uint64_t n, void **out) { return rs_pinpool_alloc(&s->pool, n, out); }
-static inline void rs_pool_free(ferry_store *s, void *p, uint64_t n) { rs_pinpool_free(&s->pool, p, n); }
+static inline int rs_pool_alloc(ferry_store *s, uint64_t n, void **out)
+{
+    return rs_pinpool_alloc(&s->pool, n, out);
+}
+static inline void rs_pool_free(ferry_store *s, void *p, uint64_t n)
+{
+    rs_pinpool_free(&s->pool, p, n);
+}
 /* The pool's idle chunks (not the reserve's) taken out; rs_chunks_drop
  * unpins and frees them, with the lock dropped. */
-static inline int rs_pool_trim_take(ferry_store *s, rs_pchunk **out) { return rs_pinpool_trim_take(&s->pool, out); }
-static inline void rs_chunks_drop(ferry_store *s, rs_pchunk *v, int n) { rs_pinpool_drop(&s->pool, v, n); }
+static inline int rs_pool_trim_take(ferry_store *s, rs_pchunk **out)
+{
+    return rs_pinpool_trim_take(&s->pool, out);
+}
+static inline void rs_chunks_drop(ferry_store *s, rs_pchunk *v, int n)
+{
+    rs_pinpool_drop(&s->pool, v, n);
+}
 /* A move or an eviction's saves start (+1) or end (-1) (rs_pinpool_yield). */
-static inline void rs_pin_yield(ferry_store *s, int d) { rs_pinpool_yield(&s->pool, d); }
+static inline void rs_pin_yield(ferry_store *s, int d)
+{
+    rs_pinpool_yield(&s->pool, d);
+}
 /* Drop whatever copy t has off the device (after it came back, or on removal). */
 void rs_release_copy(ferry_store *s, rtensor *t);
 /* Give t's pinned cache buffer (cached, or being filled) back to the pool;
@@ -279,7 +294,10 @@ void rs_cache_buffer_free(ferry_store *s, rtensor *t);
 /* ---- the device arena (arena.h) on a store's tensors ---- */
 /* Give whole free segments back to the driver until at least want bytes were
  * returned (UINT64_MAX: all). */
-static inline uint64_t rs_cache_release(ferry_store *s, uint64_t want) { return rs_arena_release(&s->arena, want); }
+static inline uint64_t rs_cache_release(ferry_store *s, uint64_t want)
+{
+    return rs_arena_release(&s->arena, want);
+}
 /* Device memory for t (t->dptr, t->dsize) from the arena (strict: see
  * rs_arena_alloc); the group index learns its group has device memory. 0,
  * RS_FRAGMENTED or a negative code (message in s->err). */
@@ -314,7 +332,8 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n);
 void rs_spill_flush(ferry_store *s);
 /* Free bytes on the device, evicting by policy, protecting prot[] of pm.
  * Bytes freed, or FERRY_E_BUDGET with *could = what could be made. */
-int64_t rs_make_room_locked(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot, uint64_t *could);
+int64_t rs_make_room_locked(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot,
+                            uint64_t *could);
 /* Room on the device now: the budget's, or the device's real free memory
  * plus the store's free pieces, whichever is less. */
 uint64_t rs_room_now(ferry_store *s);

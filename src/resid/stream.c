@@ -28,7 +28,10 @@ static int cmp_u64_desc(const void *a, const void *b)
 
 /* Streamed blocks spread evenly over the pass: block k streams when the
  * count of streamed blocks up to it steps (a line drawn from 0 to S). */
-static bool spread(int64_t k, int64_t S, int64_t N) { return (k + 1) * S / N != k * S / N; }
+static bool spread(int64_t k, int64_t S, int64_t N)
+{
+    return (k + 1) * S / N != k * S / N;
+}
 
 /* Choose p's resident set for m under the store's state; mark the tensors.
  * On FERRY_E_BUDGET every block is marked streamed (the best effort that
@@ -58,8 +61,12 @@ static int plan_compute(ferry_store *s, ferry_model *m, rs_plan *p, bool mark)
     uint64_t avail = budget > p->reserve ? budget - p->reserve : 0;
     uint64_t largest = 0;
     for (int64_t k = 0; k < N; k++) largest = bb[k] > largest ? bb[k] : largest;
-    ferry_plan g = {.size = sizeof g, .blocks = N, .fixed_bytes = fixed, .budget = avail,
-                    .window = p->window < N ? p->window : N, .minimum_bytes = fixed + largest + p->reserve};
+    ferry_plan g = {.size = sizeof g,
+                    .blocks = N,
+                    .fixed_bytes = fixed,
+                    .budget = avail,
+                    .window = p->window < N ? p->window : N,
+                    .minimum_bytes = fixed + largest + p->reserve};
     for (int64_t k = 0; k < N; k++) p->streams[k] = false;
     if (fixed + blocks <= avail) { /* it fits: everything resident */
         g.resident_blocks = N;
@@ -82,7 +89,8 @@ static int plan_compute(ferry_store *s, ferry_model *m, rs_plan *p, bool mark)
             g.window_bytes = window;
             g.streamed_bytes = blocks;
             rc = rs_merr(m, FERRY_E_BUDGET,
-                         "streaming needs at least %" PRIu64 " device bytes (%" PRIu64 " outside the blocks + the largest"
+                         "streaming needs at least %" PRIu64 " device bytes (%" PRIu64
+                         " outside the blocks + the largest"
                          " block, %" PRIu64 ", + the reserve, %" PRIu64 ") but the budget is %" PRIu64,
                          fixed + window + p->reserve, fixed, window, p->reserve, budget);
         } else {
@@ -109,7 +117,8 @@ static int plan_compute(ferry_store *s, ferry_model *m, rs_plan *p, bool mark)
         int64_t k = gblock[t->group];
         t->streams = k >= 0 && p->streams[k];
         /* a block that stays resident now needs no pinned copy beside it */
-        if (!rs_wants_cache(m, t) && t->cached && t->tier == FERRY_TIER_DEVICE && !t->moving) rs_uncache(s, t);
+        if (!rs_wants_cache(m, t) && t->cached && t->tier == FERRY_TIER_DEVICE && !t->moving)
+            rs_uncache(s, t);
     }
     if (mark) rs_dev_reindex(m); /* groups change lists with their streams flags */
     p->got = g;
@@ -145,8 +154,9 @@ FERRY_API int ferry_model_plan(ferry_model *m, const ferry_plan_opts *opts, ferr
     ferry_plan_opts o;
     FY_TRY(fy_struct_in(&o, sizeof o, opts, &m->err, "ferry_model_plan"));
     if (o.nblocks < 0 || (o.nblocks && !o.blocks) || o.window < 0)
-        return rs_merr(m, FERRY_E_INVAL, "ferry_model_plan: bad block list (%" PRId64 " blocks, window %" PRId64 ")",
-                       o.nblocks, o.window);
+        return rs_merr(m, FERRY_E_INVAL,
+                       "ferry_model_plan: bad block list (%" PRId64 " blocks, window %" PRId64 ")", o.nblocks,
+                       o.window);
     pthread_mutex_lock(&s->lock);
     int rc = 0;
     rs_plan *p = NULL;
@@ -165,8 +175,10 @@ FERRY_API int ferry_model_plan(ferry_model *m, const ferry_plan_opts *opts, ferr
     }
     for (int64_t k = 0; k < o.nblocks; k++) {
         if (o.blocks[k] < 0 || o.blocks[k] >= m->n) {
-            rc = rs_merr(m, FERRY_E_INVAL, "ferry_model_plan: block %" PRId64 ": tensor index %" PRId64
-                         " out of range (%" PRId64 " tensors)", k, o.blocks[k], m->n);
+            rc = rs_merr(m, FERRY_E_INVAL,
+                         "ferry_model_plan: block %" PRId64 ": tensor index %" PRId64
+                         " out of range (%" PRId64 " tensors)",
+                         k, o.blocks[k], m->n);
             goto out;
         }
         p->blocks[k] = chk[k] = m->t[o.blocks[k]].group;
@@ -175,8 +187,10 @@ FERRY_API int ferry_model_plan(ferry_model *m, const ferry_plan_opts *opts, ferr
     for (int64_t k = 1; k < o.nblocks; k++)
         if (chk[k] == chk[k - 1]) {
             char q[256];
-            rc = rs_merr(m, FERRY_E_INVAL, "ferry_model_plan: two blocks are one group (that of tensor %s): "
-                         "give one tensor of each block", RS_Q(q, m->t[chk[k]].name));
+            rc = rs_merr(m, FERRY_E_INVAL,
+                         "ferry_model_plan: two blocks are one group (that of tensor %s): "
+                         "give one tensor of each block",
+                         RS_Q(q, m->t[chk[k]].name));
             goto out;
         }
     p->nblocks = o.nblocks;
@@ -221,7 +235,8 @@ FERRY_API int ferry_model_block_streams(ferry_model *m, int64_t k)
     pthread_mutex_lock(&m->s->lock);
     int rc = !m->plan ? rs_merr(m, FERRY_E_NOTFOUND, "no plan (ferry_model_plan was not called)")
              : k < 0 || k >= m->plan->nblocks
-                 ? rs_merr(m, FERRY_E_INVAL, "block %" PRId64 " out of range (%" PRId64 " planned)", k, m->plan->nblocks)
+                 ? rs_merr(m, FERRY_E_INVAL, "block %" PRId64 " out of range (%" PRId64 " planned)", k,
+                           m->plan->nblocks)
                  : m->plan->streams[k];
     pthread_mutex_unlock(&m->s->lock);
     return rc;
@@ -231,14 +246,16 @@ void rs_replan(ferry_store *s)
 {
     for (int i = 0; i < s->nmodels; i++) {
         ferry_model *m = s->models[i];
-        if (m->plan && m->plan->budget == 0) (void)plan_compute(s, m, m->plan, true); /* a failure keeps its message */
+        if (m->plan && m->plan->budget == 0)
+            (void)plan_compute(s, m, m->plan, true); /* a failure keeps its message */
     }
 }
 
 FERRY_API int ferry_store_set_device_budget(ferry_store *s, uint64_t bytes)
 {
     if (!s) return FERRY_E_INVAL;
-    if (!bytes) return fy_seterr(&s->err, FERRY_E_INVAL, "ferry_store_set_device_budget: a budget of 0 bytes");
+    if (!bytes)
+        return fy_seterr(&s->err, FERRY_E_INVAL, "ferry_store_set_device_budget: a budget of 0 bytes");
     pthread_mutex_lock(&s->lock);
     bool shrank = bytes < s->o.device_budget;
     s->o.device_budget = bytes;

@@ -27,38 +27,41 @@ struct ferry_streamer {
     ferry_model *m;
     ferry_store *s;
     int64_t nb;
-    int64_t *lead;     /* block k: its leader tensor (the caller's blocks[k]) */
-    uint64_t *bytes;   /* block k: its tensors' bytes */
-    int64_t *order;    /* pass position -> block */
-    int64_t *pos;      /* block -> pass position */
-    bool *streams;     /* block k streams under the plan */
-    ferry_op **ops;    /* block k: its queued move, not landed; the block is held */
-    bool *held;        /* block k: resident, held for the whole pass */
-    bool *active;      /* block k: between block_begin and block_end */
-    int64_t *fixed;    /* the tensors outside every block */
+    int64_t *lead;   /* block k: its leader tensor (the caller's blocks[k]) */
+    uint64_t *bytes; /* block k: its tensors' bytes */
+    int64_t *order;  /* pass position -> block */
+    int64_t *pos;    /* block -> pass position */
+    bool *streams;   /* block k streams under the plan */
+    ferry_op **ops;  /* block k: its queued move, not landed; the block is held */
+    bool *held;      /* block k: resident, held for the whole pass */
+    bool *active;    /* block k: between block_begin and block_end */
+    int64_t *fixed;  /* the tensors outside every block */
     int64_t nfixed;
     bool fixed_held;
-    int64_t *rec;      /* the first pass's order so far */
+    int64_t *rec; /* the first pass's order so far */
     int64_t nrec;
     bool in_pass;
     int64_t prefetch_asked, prefetch;
     uint64_t budget_asked, reserve;
-    uint64_t cut;      /* bytes the resident set gave back (budget_asked less this) */
+    uint64_t cut; /* bytes the resident set gave back (budget_asked less this) */
     bool budget_changed;
-    bool shrunk;       /* the window was shrunk for want of room (grows back) */
+    bool shrunk; /* the window was shrunk for want of room (grows back) */
     int copies;
-    bool pinned;       /* the plan keeps pinned copies */
-    bool planned;      /* the model has this streamer's plan */
+    bool pinned;  /* the plan keeps pinned copies */
+    bool planned; /* the model has this streamer's plan */
     ferry_plan plan;
     uint64_t largest;
-    int64_t clean;     /* passes ended since the last shrink */
+    int64_t clean; /* passes ended since the last shrink */
     int64_t grow_after, last_grow;
     double t0;
     uint64_t h0, r0;
     ferry_streamer_stats st;
 };
 
-static bool room_error(int rc) { return rc == FERRY_E_BUDGET || rc == -ENOMEM; }
+static bool room_error(int rc)
+{
+    return rc == FERRY_E_BUDGET || rc == -ENOMEM;
+}
 
 static uint64_t asked_budget(ferry_streamer *st)
 {
@@ -87,7 +90,8 @@ static bool copies_fit(ferry_streamer *st, uint64_t streamed)
 static int make_plan(ferry_streamer *st)
 {
     int64_t *blocks = fy_calloc(st->s->m, (size_t)st->nb, sizeof *blocks);
-    if (!blocks) return rs_merr(st->m, -ENOMEM, "ferry_streamer: out of memory for %" PRId64 " blocks", st->nb);
+    if (!blocks)
+        return rs_merr(st->m, -ENOMEM, "ferry_streamer: out of memory for %" PRId64 " blocks", st->nb);
     for (int64_t p = 0; p < st->nb; p++) blocks[p] = st->lead[st->order[p]];
     uint64_t budget = 0;
     if (st->cut) {
@@ -96,8 +100,14 @@ static int make_plan(ferry_streamer *st)
     } else {
         budget = st->budget_asked; /* 0: the store's, re-planned when it changes */
     }
-    ferry_plan_opts po = {.size = sizeof po, .blocks = blocks, .nblocks = st->nb, .window = st->prefetch + 1,
-                          .budget = budget, .reserve = st->reserve, .pinned_cache = -1, .dry_run = 1};
+    ferry_plan_opts po = {.size = sizeof po,
+                          .blocks = blocks,
+                          .nblocks = st->nb,
+                          .window = st->prefetch + 1,
+                          .budget = budget,
+                          .reserve = st->reserve,
+                          .pinned_cache = -1,
+                          .dry_run = 1};
     ferry_plan g = {.size = sizeof g};
     int rc = 0;
     bool pinned = st->copies == FERRY_STREAM_COPIES_PINNED;
@@ -132,7 +142,9 @@ static void refresh_plan(ferry_streamer *st)
 static int fail_minimum(ferry_streamer *st, int64_t k, int rc)
 {
     char what[96], msg[FY_ERRMSG_MAX];
-    if (k < 0) snprintf(what, sizeof what, "the tensors outside the blocks (%" PRIu64 " bytes)", st->plan.fixed_bytes);
+    if (k < 0)
+        snprintf(what, sizeof what, "the tensors outside the blocks (%" PRIu64 " bytes)",
+                 st->plan.fixed_bytes);
     else snprintf(what, sizeof what, "block %" PRId64 " (%" PRIu64 " bytes)", k, st->bytes[k]);
     fy_err_copy(&st->m->err, msg, sizeof msg);
     ferry_store_stats ss = {.size = sizeof ss};
@@ -141,11 +153,11 @@ static int fail_minimum(ferry_streamer *st, int64_t k, int rc)
     (void)ferry_device_mem_info(st->s->dev, &fr, &tot);
     return rs_merr(st->m, rc,
                    "streaming: no room for %s with nothing left to give back: the minimum is %" PRIu64
-                   " device bytes (%" PRIu64 " outside the blocks + the largest block, %" PRIu64 ", + the reserve, %" PRIu64
-                   "), the budget %" PRIu64 ", the store holds %" PRIu64 " on the device, which has %" PRIu64
-                   " free of %" PRIu64 " (%s)",
-                   what, st->plan.fixed_bytes + st->largest + st->reserve, st->plan.fixed_bytes, st->largest, st->reserve,
-                   asked_budget(st), ss.tier_bytes[FERRY_TIER_DEVICE], fr, tot, msg);
+                   " device bytes (%" PRIu64 " outside the blocks + the largest block, %" PRIu64
+                   ", + the reserve, %" PRIu64 "), the budget %" PRIu64 ", the store holds %" PRIu64
+                   " on the device, which has %" PRIu64 " free of %" PRIu64 " (%s)",
+                   what, st->plan.fixed_bytes + st->largest + st->reserve, st->plan.fixed_bytes, st->largest,
+                   st->reserve, asked_budget(st), ss.tier_bytes[FERRY_TIER_DEVICE], fr, tot, msg);
 }
 
 /* Land a queued move of block k and drop its hold after what is queued on
@@ -155,7 +167,8 @@ static int cancel(ferry_streamer *st, int64_t k, const uint64_t *stream)
 {
     int rc = ferry_op_wait(st->ops[k]);
     st->ops[k] = NULL;
-    int r2 = stream ? ferry_model_release_after(st->m, st->lead[k], *stream) : ferry_model_release(st->m, st->lead[k]);
+    int r2 = stream ? ferry_model_release_after(st->m, st->lead[k], *stream)
+                    : ferry_model_release(st->m, st->lead[k]);
     return rc < 0 ? rc : r2;
 }
 
@@ -244,7 +257,8 @@ static int queue(ferry_streamer *st, int64_t k, bool must, uint64_t stream)
 
 /* Synchronous move of tensors[0..n-1] that must succeed (the tensors outside
  * the blocks, a resident block), shrinking as queue() does. */
-static int bring(ferry_streamer *st, const int64_t *tensors, int64_t n, uint64_t need, int64_t k, uint64_t stream)
+static int bring(ferry_streamer *st, const int64_t *tensors, int64_t n, uint64_t need, int64_t k,
+                 uint64_t stream)
 {
     bool made = false;
     for (;;) {
@@ -275,12 +289,14 @@ static void drop_pass_holds(ferry_streamer *st, bool after, uint64_t stream)
 {
     for (int64_t k = 0; k < st->nb; k++)
         if (st->held[k]) {
-            (void)(after ? ferry_model_release_after(st->m, st->lead[k], stream) : ferry_model_release(st->m, st->lead[k]));
+            (void)(after ? ferry_model_release_after(st->m, st->lead[k], stream)
+                         : ferry_model_release(st->m, st->lead[k]));
             st->held[k] = false;
         }
     if (st->fixed_held) {
         for (int64_t i = 0; i < st->nfixed; i++)
-            (void)(after ? ferry_model_release_after(st->m, st->fixed[i], stream) : ferry_model_release(st->m, st->fixed[i]));
+            (void)(after ? ferry_model_release_after(st->m, st->fixed[i], stream)
+                         : ferry_model_release(st->m, st->fixed[i]));
         st->fixed_held = false;
     }
 }
@@ -294,8 +310,10 @@ FERRY_API int ferry_streamer_new(ferry_model *m, const ferry_streamer_opts *opts
     FY_TRY(fy_struct_in(&o, sizeof o, opts, &m->err, "ferry_streamer_new"));
     if (o.nblocks < 1 || !o.blocks || o.prefetch < -1 || o.copies < FERRY_STREAM_COPIES_AUTO ||
         o.copies > FERRY_STREAM_COPIES_RING)
-        return rs_merr(m, FERRY_E_INVAL, "ferry_streamer_new: bad options (%" PRId64 " blocks, prefetch %" PRId64
-                       ", copies %d)", o.nblocks, o.prefetch, o.copies);
+        return rs_merr(m, FERRY_E_INVAL,
+                       "ferry_streamer_new: bad options (%" PRId64 " blocks, prefetch %" PRId64
+                       ", copies %d)",
+                       o.nblocks, o.prefetch, o.copies);
     int64_t nt = ferry_model_tensor_count(m);
     ferry_streamer *st = fy_calloc(s->m, 1, sizeof *st);
     size_t nb = (size_t)o.nblocks;
@@ -323,13 +341,16 @@ FERRY_API int ferry_streamer_new(ferry_model *m, const ferry_streamer_opts *opts
     for (int64_t k = 0; k < o.nblocks && rc == 0; k++) {
         int64_t t = o.blocks[k];
         if (t < 0 || t >= m->n)
-            rc = rs_merr(m, FERRY_E_INVAL, "ferry_streamer_new: block %" PRId64 ": tensor %" PRId64 " out of range (%" PRId64
-                         " tensors)", k, t, m->n);
+            rc = rs_merr(m, FERRY_E_INVAL,
+                         "ferry_streamer_new: block %" PRId64 ": tensor %" PRId64 " out of range (%" PRId64
+                         " tensors)",
+                         k, t, m->n);
         else if (gblock[m->t[t].group])
-            rc = rs_merr(m, FERRY_E_INVAL, "ferry_streamer_new: blocks %" PRId64 " and %" PRId64 " are one group: "
-                         "give one tensor of each block", gblock[m->t[t].group] - 1, k);
-        else
-            gblock[m->t[t].group] = k + 1;
+            rc = rs_merr(m, FERRY_E_INVAL,
+                         "ferry_streamer_new: blocks %" PRId64 " and %" PRId64 " are one group: "
+                         "give one tensor of each block",
+                         gblock[m->t[t].group] - 1, k);
+        else gblock[m->t[t].group] = k + 1;
         st->lead[k] = t, st->order[k] = k, st->pos[k] = k;
     }
     for (int64_t i = 0; i < m->n && rc == 0; i++) {
@@ -340,7 +361,8 @@ FERRY_API int ferry_streamer_new(ferry_model *m, const ferry_streamer_opts *opts
     pthread_mutex_unlock(&s->lock);
     if (rc < 0) goto fail;
     st->nb = o.nblocks;
-    for (int64_t k = 0; k < st->nb; k++) st->largest = st->bytes[k] > st->largest ? st->bytes[k] : st->largest;
+    for (int64_t k = 0; k < st->nb; k++)
+        st->largest = st->bytes[k] > st->largest ? st->bytes[k] : st->largest;
     st->prefetch_asked = st->prefetch = o.prefetch == 0 ? DEFAULT_PREFETCH : o.prefetch < 0 ? 0 : o.prefetch;
     st->budget_asked = o.budget;
     st->reserve = o.reserve;
@@ -481,7 +503,8 @@ FERRY_API int ferry_streamer_block_end(ferry_streamer *st, int64_t k, uint64_t c
     int rc = ferry_model_release_after(st->m, st->lead[k], cu_stream);
     int r2 = ferry_op_wait(op); /* lands it (its copy was queued a block or more ago) */
     if (rc == 0) rc = r2;
-    if (st->st.passes == 0 && !rec_in_order(st)) return rc; /* no guessing the next block until the order is known */
+    if (st->st.passes == 0 && !rec_in_order(st))
+        return rc; /* no guessing the next block until the order is known */
     prefetch_after(st, st->pos[k], st->prefetch, st->nb, cu_stream);
     return rc;
 }
@@ -549,8 +572,9 @@ FERRY_API int ferry_streamer_set_budget(ferry_streamer *st, uint64_t budget, uin
     uint64_t min = st->plan.fixed_bytes + st->largest + reserve;
     if (eff < min) {
         return rs_merr(st->m, FERRY_E_BUDGET,
-                       "streaming: a budget of %" PRIu64 " device bytes is below the minimum, at least %" PRIu64
-                       " (%" PRIu64 " outside the blocks + the largest block, %" PRIu64 ", + the reserve, %" PRIu64 ")",
+                       "streaming: a budget of %" PRIu64
+                       " device bytes is below the minimum, at least %" PRIu64 " (%" PRIu64
+                       " outside the blocks + the largest block, %" PRIu64 ", + the reserve, %" PRIu64 ")",
                        eff, min, st->plan.fixed_bytes, st->largest, reserve);
     }
     st->budget_asked = b;

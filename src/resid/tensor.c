@@ -10,7 +10,10 @@
 
 #include "store_impl.h"
 
-static int check_t(ferry_model *m, int64_t t) { return m && t >= 0 && t < m->n ? 0 : FERRY_E_INVAL; }
+static int check_t(ferry_model *m, int64_t t)
+{
+    return m && t >= 0 && t < m->n ? 0 : FERRY_E_INVAL;
+}
 
 FERRY_API int ferry_model_mark_dirty(ferry_model *m, int64_t t)
 {
@@ -48,8 +51,14 @@ static int pin(ferry_model *m, int64_t t, int d)
     return rc;
 }
 
-FERRY_API int ferry_model_hold(ferry_model *m, int64_t t) { return pin(m, t, 1); }
-FERRY_API int ferry_model_release(ferry_model *m, int64_t t) { return pin(m, t, -1); }
+FERRY_API int ferry_model_hold(ferry_model *m, int64_t t)
+{
+    return pin(m, t, 1);
+}
+FERRY_API int ferry_model_release(ferry_model *m, int64_t t)
+{
+    return pin(m, t, -1);
+}
 
 FERRY_API int ferry_model_tensor_state(ferry_model *m, int64_t t, ferry_tensor_state *out)
 {
@@ -64,7 +73,8 @@ FERRY_API int ferry_model_tensor_state(ferry_model *m, int64_t t, ferry_tensor_s
     st.dirty = r->dirty;
     st.holds = r->holds;
     st.group = r->group;
-    st.dptr = r->tier == FERRY_TIER_DEVICE || r->moving ? r->dptr : 0; /* a queued move's block is there already */
+    st.dptr =
+        r->tier == FERRY_TIER_DEVICE || r->moving ? r->dptr : 0; /* a queued move's block is there already */
     st.cached = r->cached;
     st.streams = r->streams;
     pthread_mutex_unlock(&m->s->lock);
@@ -78,7 +88,9 @@ FERRY_API int ferry_model_device_addrs(ferry_model *m, const int64_t *tensors, i
         return rs_merr(m, FERRY_E_INVAL, "ferry_model_device_addrs: bad arguments (%" PRId64 " tensors)", n);
     for (int64_t k = 0; k < n; k++)
         if (tensors[k] < 0 || tensors[k] >= m->n)
-            return rs_merr(m, FERRY_E_INVAL, "ferry_model_device_addrs: tensor index %" PRId64 " out of range (%" PRId64 " tensors)",
+            return rs_merr(m, FERRY_E_INVAL,
+                           "ferry_model_device_addrs: tensor index %" PRId64 " out of range (%" PRId64
+                           " tensors)",
                            tensors[k], m->n);
     pthread_mutex_lock(&m->s->lock);
     for (int64_t k = 0; k < n; k++) {
@@ -115,7 +127,8 @@ FERRY_API int ferry_model_read(ferry_model *m, int64_t t, void *buf)
     char msg[FY_ERRMSG_MAX] = "";
     if (r->nbytes == 0) {
     } else if (tier == FERRY_TIER_DEVICE) {
-        if ((rc = fy_xfer_device_to_host(s->dev, &h, 1, NULL)) < 0) snprintf(msg, sizeof msg, "%s", ferry_device_errmsg(s->dev));
+        if ((rc = fy_xfer_device_to_host(s->dev, &h, 1, NULL)) < 0)
+            snprintf(msg, sizeof msg, "%s", ferry_device_errmsg(s->dev));
     } else if (tier == FERRY_TIER_PINNED || tier == FERRY_TIER_HOST) {
         memcpy(buf, host, (size_t)r->nbytes);
     } else if (tier == FERRY_TIER_SOURCE) {
@@ -159,7 +172,8 @@ FERRY_API int ferry_model_write(ferry_model *m, int64_t t, const void *buf)
         r->busy++;
         pthread_mutex_unlock(&s->lock);
         char msg[FY_ERRMSG_MAX] = "";
-        if ((rc = fy_xfer_host_to_device(s->dev, &h, 1, NULL)) < 0) snprintf(msg, sizeof msg, "%s", ferry_device_errmsg(s->dev));
+        if ((rc = fy_xfer_host_to_device(s->dev, &h, 1, NULL)) < 0)
+            snprintf(msg, sizeof msg, "%s", ferry_device_errmsg(s->dev));
         pthread_mutex_lock(&s->lock);
         r->busy--;
         pthread_cond_broadcast(&s->landed);

@@ -43,15 +43,16 @@ bool xf_ring_pinned(ferry_device *d)
  * through auto 2.08-2.50 against 1.69-1.91 in 4 more. Such a load reads into a ring
  * pinned already when its buffers are at least as large and as many
  * (xf_ring_take), so the ring's default serves both. */
-int xf_ring_geometry(ferry_device *d, const ferry_load_opts *o, bool direct, uint32_t *nthreads, uint32_t *nbuf,
-                     uint64_t *bufsz)
+int xf_ring_geometry(ferry_device *d, const ferry_load_opts *o, bool direct, uint32_t *nthreads,
+                     uint32_t *nbuf, uint64_t *bufsz)
 {
     uint32_t cpus = fy_ncpu(), want = direct ? DIRECT_THREADS : 12;
     *nthreads = o->threads ? o->threads : (cpus < want ? cpus : want);
     if (*nthreads > MAX_THREADS) *nthreads = MAX_THREADS;
-    FY_RETURN_IF(o->ring_buffer_bytes > (4ull << 30) || o->ring_buffers > 4096, &d->err, FERRY_E_INVAL,
-                 "ferry_load: a ring of %u buffers of %llu bytes is outside the limits (4096 buffers, 4 GiB each)",
-                 o->ring_buffers, (unsigned long long)o->ring_buffer_bytes);
+    FY_RETURN_IF(
+        o->ring_buffer_bytes > (4ull << 30) || o->ring_buffers > 4096, &d->err, FERRY_E_INVAL,
+        "ferry_load: a ring of %u buffers of %llu bytes is outside the limits (4096 buffers, 4 GiB each)",
+        o->ring_buffers, (unsigned long long)o->ring_buffer_bytes);
     *bufsz = o->ring_buffer_bytes ? page_round(o->ring_buffer_bytes) : direct ? DIRECT_READ : 4ull << 20;
     *nbuf = o->ring_buffers ? o->ring_buffers : 2 * *nthreads;
     if (*nbuf < 2) *nbuf = 2;
@@ -78,7 +79,8 @@ static uint32_t ring_fit(const ferry_load_opts *o, uint64_t bytes, uint64_t bufs
  * least as large in both (the default ring, pinned ahead for auto before it
  * knows the load is cold: the load uses nbuf of its buffers). Called with
  * d->ring_lock held. */
-static bool ring_serves(const ferry_device *d, const ferry_load_opts *o, bool direct, uint32_t *nbuf, uint64_t bufsz)
+static bool ring_serves(const ferry_device *d, const ferry_load_opts *o, bool direct, uint32_t *nbuf,
+                        uint64_t bufsz)
 {
     if (!o->ring_buffers && d->nring >= *nbuf && d->ring_bytes == bufsz) *nbuf = d->nring;
     if (d->nring == *nbuf && d->ring_bytes == bufsz) return true;
@@ -142,8 +144,9 @@ static int choose_route(ferry_device *d, const ferry_file *f, const ferry_load_o
     /* small, no ring asked for and none pinned yet, so that pinning one would
      * cost more than the copy (FERRY_ROUTE_PAGEABLE) */
     if (bytes <= FERRY_PAGEABLE_MAX && !o->ring_buffers && !o->ring_buffer_bytes && !xf_ring_pinned(d)) {
-        c->why = "a small load, mostly in the page cache, and no ring pinned yet (pinning one costs more than the "
-                 "copy): pageable copies from the mapping";
+        c->why =
+            "a small load, mostly in the page cache, and no ring pinned yet (pinning one costs more than the "
+            "copy): pageable copies from the mapping";
         return FERRY_ROUTE_PAGEABLE;
     }
     c->why = "most of the data is in the page cache (sampled)";
@@ -187,8 +190,8 @@ int xf_choose(ferry_device *d, const ferry_file *f, const ferry_load_opts *o, ui
     return 0;
 }
 
-FERRY_API int ferry_load_plan_route(ferry_device *d, const ferry_file *f, const ferry_load_opts *opts, uint64_t bytes,
-                                    ferry_route_choice *out)
+FERRY_API int ferry_load_plan_route(ferry_device *d, const ferry_file *f, const ferry_load_opts *opts,
+                                    uint64_t bytes, ferry_route_choice *out)
 {
     if (!d || !out) return FERRY_E_INVAL;
     FY_RETURN_IF(out->size < FERRY_STRUCT_MIN, &d->err, FERRY_E_INVAL,

@@ -55,7 +55,7 @@ FERRY_API void ferry_device_close(ferry_device *d)
 {
     if (!d) return;
     xf_pool_stop(&d->pool); /* every load has returned: what is left is unmapping */
-    xf_reg_unwatch_all(d); /* a file closed later must not call back into d */
+    xf_reg_unwatch_all(d);  /* a file closed later must not call back into d */
     for (int i = 0; i < d->nregs; i++) d->g->ops->host_unregister(d->g, d->regs[i].base);
     fy_free(&d->ctx->mem, d->regs);
     xf_ring_free(d);
@@ -67,13 +67,28 @@ FERRY_API void ferry_device_close(ferry_device *d)
     fy_free(&d->ctx->mem, d);
 }
 
-fy_gpu *fy_device_gpu(ferry_device *d) { return d ? d->g : NULL; }
-void fy_device_set_reg_piece(ferry_device *d, uint64_t bytes) { d->reg_piece = bytes ? page_round(bytes) : REG_PIECE; }
-ferry_ctx *fy_device_ctx(ferry_device *d) { return d ? d->ctx : NULL; }
+fy_gpu *fy_device_gpu(ferry_device *d)
+{
+    return d ? d->g : NULL;
+}
+void fy_device_set_reg_piece(ferry_device *d, uint64_t bytes)
+{
+    d->reg_piece = bytes ? page_round(bytes) : REG_PIECE;
+}
+ferry_ctx *fy_device_ctx(ferry_device *d)
+{
+    return d ? d->ctx : NULL;
+}
 
-FERRY_API const char *ferry_device_errmsg(ferry_device *d) { return d ? fy_err_public(&d->err) : ""; }
+FERRY_API const char *ferry_device_errmsg(ferry_device *d)
+{
+    return d ? fy_err_public(&d->err) : "";
+}
 
-FERRY_API const char *ferry_device_desc(const ferry_device *d) { return d ? d->g->desc : ""; }
+FERRY_API const char *ferry_device_desc(const ferry_device *d)
+{
+    return d ? d->g->desc : "";
+}
 
 FERRY_API int ferry_device_mem_info(ferry_device *d, uint64_t *free_bytes, uint64_t *total_bytes)
 {
@@ -115,4 +130,3 @@ int xf_ring_get(ferry_device *d, uint32_t nbuf, uint64_t bytes)
     }
     return 0;
 }
-

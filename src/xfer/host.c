@@ -51,7 +51,8 @@ static void host_worker(void *arg)
     xf_own_close(&o);
 }
 
-int xf_run_host(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o, uint32_t nthreads)
+int xf_run_host(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o,
+                uint32_t nthreads)
 {
     host_job j = {.f = f, .p = p, .err = &d->err, .o = o};
     xf_sched_init(&j.q, p, 64, nthreads);
@@ -67,4 +68,3 @@ int xf_run_host(ferry_device *d, const ferry_file *f, const plan *p, const ferry
     fy_progress_destroy(&j.prog);
     return atomic_load(&j.rc);
 }
-

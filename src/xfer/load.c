@@ -37,7 +37,8 @@ static int run_pageable(ferry_device *d, const ferry_file *f, const plan *p, con
         if (!sh->map || now < bt->off + bt->len) {
             rc = fy_seterr(&d->err, FERRY_E_CORRUPT,
                            "%s: the file is now %" PRIu64 " bytes, it was %" PRIu64
-                           " when opened: truncated after it was opened?", sh->path, now, sh->size);
+                           " when opened: truncated after it was opened?",
+                           sh->path, now, sh->size);
             break;
         }
         for (int64_t q = bt->first; q < bt->first + bt->count && rc == 0;) {
@@ -126,7 +127,8 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
             if (p.nbt < (long long)nthreads) nthreads = p.nbt > 0 ? (uint32_t)p.nbt : 1;
             st.setup_seconds = fy_now() - t0;
             if (rc == 0)
-                rc = xf_run_ring(d, f, &p, st.route == FERRY_ROUTE_DIRECT, &o, streams, nstreams, nthreads, nbuf);
+                rc = xf_run_ring(d, f, &p, st.route == FERRY_ROUTE_DIRECT, &o, streams, nstreams, nthreads,
+                                 nbuf);
             if (rc == -EINVAL && st.route == FERRY_ROUTE_DIRECT && o.route == FERRY_ROUTE_AUTO) {
                 /* auto chose O_DIRECT on a file system without it (tmpfs, some FUSE): buffered reads */
                 st.route = FERRY_ROUTE_RING;
@@ -192,8 +194,8 @@ static void pin_ahead_main(void *arg)
     a->seconds = fy_now() - t;
 }
 
-FERRY_API int ferry_load(ferry_device *d, const ferry_file *f, const ferry_load_opts *opts, ferry_loaded **out,
-                         ferry_load_stats *stats)
+FERRY_API int ferry_load(ferry_device *d, const ferry_file *f, const ferry_load_opts *opts,
+                         ferry_loaded **out, ferry_load_stats *stats)
 {
     if (!d || !f || !out) return FERRY_E_INVAL;
     double t0 = fy_now(); /* the device allocation below is part of the load's time */
@@ -218,7 +220,8 @@ FERRY_API int ferry_load(ferry_device *d, const ferry_file *f, const ferry_load_
     if (l) l->dev = d, l->f = f;
     if (!l || !it || !(l->block = fy_calloc(m, (size_t)f->nshards, sizeof(fy_dptr))) ||
         !(l->dptr = fy_calloc(m, (size_t)(f->tb.n ? f->tb.n : 1), sizeof(uint64_t)))) {
-        rc = fy_seterr(&d->err, -ENOMEM, "ferry_load: out of memory for the lists of %" PRId64 " tensors", f->tb.n);
+        rc = fy_seterr(&d->err, -ENOMEM, "ferry_load: out of memory for the lists of %" PRId64 " tensors",
+                       f->tb.n);
         goto fail;
     }
     /* one block per shard spanning its tensors, laid out as in the file */
@@ -304,4 +307,3 @@ FERRY_API void ferry_loaded_free(ferry_loaded *l)
     fy_free(m, l->dptr);
     fy_free(m, l);
 }
-

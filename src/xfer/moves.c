@@ -18,7 +18,10 @@
 
 /* ---- blocks ---- */
 
-int fy_xfer_bind(ferry_device *d) { return d ? d->g->ops->bind_thread(d->g) : FERRY_E_INVAL; }
+int fy_xfer_bind(ferry_device *d)
+{
+    return d ? d->g->ops->bind_thread(d->g) : FERRY_E_INVAL;
+}
 
 int fy_xfer_dev_alloc(ferry_device *d, uint64_t n, fy_dptr *out)
 {
@@ -57,7 +60,8 @@ static int op_new(ferry_device *d, bool streams, fy_xfer_op **out)
 {
     fy_gpu *g = d->g;
     fy_xfer_op *op = fy_calloc(&d->ctx->mem, 1, sizeof *op);
-    if (!op) return fy_seterr(&d->err, -ENOMEM, "out of memory (a transfer's completion, %zu bytes)", sizeof *op);
+    if (!op)
+        return fy_seterr(&d->err, -ENOMEM, "out of memory (a transfer's completion, %zu bytes)", sizeof *op);
     op->d = d;
     int rc = 0;
     for (int k = 0; streams && k < OP_STREAMS && rc == 0; k++) {
@@ -102,7 +106,8 @@ static int op_new_lane(ferry_device *d, fy_xfer_op **out)
 {
     fy_gpu *g = d->g;
     fy_xfer_op *op = fy_calloc(&d->ctx->mem, 1, sizeof *op);
-    if (!op) return fy_seterr(&d->err, -ENOMEM, "out of memory (a transfer's completion, %zu bytes)", sizeof *op);
+    if (!op)
+        return fy_seterr(&d->err, -ENOMEM, "out of memory (a transfer's completion, %zu bytes)", sizeof *op);
     op->d = d;
     op->lane = true;
     int rc = 0;
@@ -167,9 +172,15 @@ int fy_xfer_fence_new(ferry_device *d, uint64_t stream, fy_xfer_fence **out)
     return 0;
 }
 
-int fy_xfer_fence_query(fy_xfer_fence *f) { return f ? f->d->g->ops->event_query(f->d->g, f->ev) : FERRY_E_INVAL; }
+int fy_xfer_fence_query(fy_xfer_fence *f)
+{
+    return f ? f->d->g->ops->event_query(f->d->g, f->ev) : FERRY_E_INVAL;
+}
 
-int fy_xfer_fence_wait(fy_xfer_fence *f) { return f ? f->d->g->ops->event_sync(f->d->g, f->ev) : FERRY_E_INVAL; }
+int fy_xfer_fence_wait(fy_xfer_fence *f)
+{
+    return f ? f->d->g->ops->event_sync(f->d->g, f->ev) : FERRY_E_INVAL;
+}
 
 void fy_xfer_fence_free(fy_xfer_fence *f)
 {
@@ -339,8 +350,8 @@ static int device_to_fd(ferry_device *d, int fd, const char *path, const fy_fdra
         if (rc == 0) {
             rc = fy_pwrite_full(fd, d->ring[q].p, (size_t)pending[q].len, pending[q].off);
             if (rc < 0)
-                fy_seterr(&d->err, rc, "%s: writing %" PRIu64 " bytes at %" PRIu64 ": %s", path, pending[q].len,
-                          pending[q].off, ferry_strerror(rc));
+                fy_seterr(&d->err, rc, "%s: writing %" PRIu64 " bytes at %" PRIu64 ": %s", path,
+                          pending[q].len, pending[q].off, ferry_strerror(rc));
         }
     }
 out:

@@ -159,10 +159,11 @@ int xf_own_fd(const ferry_file *f, own *o, int32_t s)
 int xf_read_failed(fy_err *err, int rc, const char *path, const batch *bt, bool direct)
 {
     if (rc == FERRY_E_CORRUPT)
-        return fy_seterr(err, rc, "%s: the file ended early at byte %" PRIu64 " (truncated after it was opened?)", path,
-                         bt->off);
-    return fy_seterr(err, rc, "%s: %sread of %" PRIu64 " bytes at %" PRIu64 ": %s", path, direct ? "O_DIRECT " : "",
-                     bt->len, bt->off, ferry_strerror(rc));
+        return fy_seterr(err, rc,
+                         "%s: the file ended early at byte %" PRIu64 " (truncated after it was opened?)",
+                         path, bt->off);
+    return fy_seterr(err, rc, "%s: %sread of %" PRIu64 " bytes at %" PRIu64 ": %s", path,
+                     direct ? "O_DIRECT " : "", bt->len, bt->off, ferry_strerror(rc));
 }
 
 void xf_own_close(own *o)
@@ -170,4 +171,3 @@ void xf_own_close(own *o)
     if (o->shard >= 0 && o->fd >= 0) fy_close(o->fd);
     o->shard = -1;
 }
-

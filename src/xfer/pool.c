@@ -63,7 +63,10 @@ static xf_task *take_one(xf_pool *p, const xf_group *g, const xf_task *only)
     return NULL;
 }
 
-static xf_task *take(xf_pool *p, const xf_group *g) { return take_one(p, g, NULL); }
+static xf_task *take(xf_pool *p, const xf_group *g)
+{
+    return take_one(p, g, NULL);
+}
 
 /* Run t (the lock not held), then count it done; under lock on return. */
 static void run(xf_pool *p, xf_task *t)

@@ -20,7 +20,9 @@ FERRY_API int ferry_device_copy_rate(ferry_device *d, uint64_t bytes, double *ht
     /* 256 MiB, or half the bytes asked for (in 2 MiB) where that is less:
      * a small probe fits a small device */
     size_t chunk = 256u << 20;
-    if (bytes / 2 < chunk) chunk = bytes / 2 < (2u << 20) ? (2u << 20) : (size_t)((bytes / 2 + (2u << 20) - 1) & ~(uint64_t)((2u << 20) - 1));
+    if (bytes / 2 < chunk)
+        chunk = bytes / 2 < (2u << 20) ? (2u << 20)
+                                       : (size_t)((bytes / 2 + (2u << 20) - 1) & ~(uint64_t)((2u << 20) - 1));
     void *h = NULL;
     fy_dptr dp = 0;
     fy_stream *s[2] = {0};
@@ -36,8 +38,10 @@ FERRY_API int ferry_device_copy_rate(ferry_device *d, uint64_t bytes, double *ht
     for (int dir = htod ? 0 : 1; dir < (dtoh ? 2 : 1) && rc == 0; dir++) {
         /* one untimed copy per stream first: the first copy pays for setup */
         for (int k = 0; k < 2 && rc == 0; k++) /* each stream its own half: no two copies write one byte */
-            rc = dir == 0 ? g->ops->copy_htod(g, dp + (fy_dptr)(k * (chunk / 2)), (char *)h + k * (chunk / 2), chunk / 2, s[k])
-                          : g->ops->copy_dtoh(g, (char *)h + k * (chunk / 2), dp + (fy_dptr)(k * (chunk / 2)), chunk / 2, s[k]);
+            rc = dir == 0 ? g->ops->copy_htod(g, dp + (fy_dptr)(k * (chunk / 2)), (char *)h + k * (chunk / 2),
+                                              chunk / 2, s[k])
+                          : g->ops->copy_dtoh(g, (char *)h + k * (chunk / 2), dp + (fy_dptr)(k * (chunk / 2)),
+                                              chunk / 2, s[k]);
         for (int k = 0; k < 2 && rc == 0; k++) rc = g->ops->stream_sync(g, s[k]);
         double t0 = fy_now();
         uint64_t moved = 0;
@@ -70,6 +74,8 @@ FERRY_API int ferry_device_probe_cufile(ferry_device *d, const ferry_file *f, ch
     if (!d) return FERRY_E_INVAL;
     char buf[256];
     int rc = fy_cufile_probe(d->g, f && f->nshards ? f->shards[0].fd : -1, buf, sizeof buf);
-    if (why && len) snprintf(why, len, "%s%s%s", f && f->nshards ? f->shards[0].path : "", f && f->nshards ? ": " : "", buf);
+    if (why && len)
+        snprintf(why, len, "%s%s%s", f && f->nshards ? f->shards[0].path : "", f && f->nshards ? ": " : "",
+                 buf);
     return rc;
 }

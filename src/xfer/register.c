@@ -35,14 +35,17 @@ static reg_entry *reg_find(ferry_device *d, const ferry_file *f, int32_t s, uint
  * hung the driver). A new entry starts neither
  * held nor used, and *added says so. *out: the entry, valid until the table
  * changes. Under d->lock. */
-static int piece_register(ferry_device *d, const ferry_file *f, int32_t s, int64_t k, reg_entry **out, bool *added)
+static int piece_register(ferry_device *d, const ferry_file *f, int32_t s, int64_t k, reg_entry **out,
+                          bool *added)
 {
     uint64_t off = (uint64_t)k * d->reg_piece, size = page_round(f->shards[s].size);
     if ((*out = reg_find(d, f, s, off))) return 0;
     if (d->nregs == d->cap_regs) {
         int cap = d->cap_regs ? d->cap_regs * 2 : 8;
         reg_entry *n = fy_realloc(&d->ctx->mem, d->regs, (size_t)cap * sizeof *n);
-        if (!n) return fy_seterr(&d->err, -ENOMEM, "%s: out of memory for %d registrations", f->shards[s].path, cap);
+        if (!n)
+            return fy_seterr(&d->err, -ENOMEM, "%s: out of memory for %d registrations", f->shards[s].path,
+                             cap);
         d->regs = n;
         d->cap_regs = cap;
     }
@@ -59,7 +62,8 @@ static int piece_register(ferry_device *d, const ferry_file *f, int32_t s, int64
         char why[FY_ERRMSG_MAX];
         fy_err_copy(&d->err, why, sizeof why);
         return fy_seterr(&d->err, rc,
-                         "%s: page-locking bytes [%" PRIu64 ", %" PRIu64 ") of the file for the register path "
+                         "%s: page-locking bytes [%" PRIu64 ", %" PRIu64
+                         ") of the file for the register path "
                          "failed (nothing stays registered): %s",
                          f->shards[s].path, off, off + e->len, why);
     }
@@ -102,7 +106,8 @@ static int shrunk(ferry_device *d, const ferry_file *f, int32_t s, uint64_t from
     const fy_tensor *cut = NULL;
     for (int64_t i = 0; i < f->tb.n && !cut; i++) {
         const fy_tensor *t = &f->tb.t[i];
-        if (t->shard == s && t->nbytes && t->offset + t->nbytes > now && t->offset + t->nbytes > from) cut = t;
+        if (t->shard == s && t->nbytes && t->offset + t->nbytes > now && t->offset + t->nbytes > from)
+            cut = t;
     }
     char q[128];
     if (cut)
@@ -111,7 +116,8 @@ static int shrunk(ferry_device *d, const ferry_file *f, int32_t s, uint64_t from
                          " when opened: truncated after it was opened?",
                          sh->path, fy_quote(q, sizeof q, cut->name), now, sh->size);
     return fy_seterr(&d->err, FERRY_E_CORRUPT,
-                     "%s: the file is now %" PRIu64 " bytes, it was %" PRIu64 " when opened: truncated after it was opened?",
+                     "%s: the file is now %" PRIu64 " bytes, it was %" PRIu64
+                     " when opened: truncated after it was opened?",
                      sh->path, now, sh->size);
 }
 
@@ -126,7 +132,8 @@ static int refuse_private(ferry_device *d, const ferry_file *f)
 {
     FY_RETURN_IF(f->private_map, &d->err, FERRY_E_UNSUPPORTED,
                  "%s: opened with FERRY_OPEN_PRIVATE (a copy-on-write mapping), which must never be "
-                 "page-locked: use the ring path", f->shards[0].path);
+                 "page-locked: use the ring path",
+                 f->shards[0].path);
     return 0;
 }
 
@@ -152,7 +159,8 @@ static int reg_hold(ferry_device *d, const ferry_file *f)
     reg_entry *e;
     bool added = false;
     for (int32_t s = 0; s < f->nshards && rc == 0; s++)
-        for (int64_t k = 0; k < shard_pieces(d, f, s) && rc == 0; k++) rc = piece_register(d, f, s, k, &e, &added);
+        for (int64_t k = 0; k < shard_pieces(d, f, s) && rc == 0; k++)
+            rc = piece_register(d, f, s, k, &e, &added);
     if (rc == 0) {
         for (int i = 0; i < d->nregs; i++)
             if (d->regs[i].f == f) d->regs[i].held = true;
@@ -326,7 +334,9 @@ int xf_run_register(ferry_device *d, const ferry_file *f, const plan *p, const f
                 uint64_t n = ((uint64_t)k + 1) * d->reg_piece - src;
                 if (n > len) n = len;
                 rc = reg_upto(&j, bt->shard, k);
-                if (rc == 0) rc = xf_copy_spread(g, true, dst, (void *)(uintptr_t)(base + src), n, streams, nstreams, &s);
+                if (rc == 0)
+                    rc = xf_copy_spread(g, true, dst, (void *)(uintptr_t)(base + src), n, streams, nstreams,
+                                        &s);
                 if (rc == 0) done += n;
                 src += n;
                 dst += n;
@@ -353,7 +363,8 @@ int xf_run_register(ferry_device *d, const ferry_file *f, const plan *p, const f
             }
     /* kept: watched before it is held, so a close never misses a held entry
      * (no memory for the watch: the load still worked, the pages go back) */
-    bool keep = rc == 0 && (o->flags & FERRY_LOAD_KEEP_REGISTRATION) && fy_file_watch_add(f, reg_file_closing, d) >= 0;
+    bool keep = rc == 0 && (o->flags & FERRY_LOAD_KEEP_REGISTRATION) &&
+                fy_file_watch_add(f, reg_file_closing, d) >= 0;
     reg_job_release(&j, keep);
     st->registration = j.added ? FERRY_REGISTRATION_NEW : FERRY_REGISTRATION_REUSED;
     st->register_seconds = j.added ? j.seconds : 0;

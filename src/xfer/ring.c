@@ -23,9 +23,9 @@ typedef struct job {
     const ferry_file *f;
     const plan *p;
     bool direct;
-    int *dfd; /* per shard O_DIRECT descriptors */
-    void **win;   /* per shard in RAM (tmpfs, ramfs): this load's own mapping of it, copied
-                     from (else NULL: pread) */
+    int *dfd;   /* per shard O_DIRECT descriptors */
+    void **win; /* per shard in RAM (tmpfs, ramfs): this load's own mapping of it, copied
+                   from (else NULL: pread) */
     fy_stream **streams;
     uint32_t nstreams;
     sched q;
@@ -172,7 +172,10 @@ static int read_batch(job *j, const batch *bt, uint8_t *buf, uint64_t *skew, own
 typedef struct unmap_list {
     xf_task task;
     int n;
-    struct { void *p; uint64_t size; } v[];
+    struct {
+        void *p;
+        uint64_t size;
+    } v[];
 } unmap_list;
 
 static void unmapper(void *arg)
@@ -211,7 +214,10 @@ static void buffer_reader(job *j, fy_stream *st, own *o)
         const batch *bt = &j->p->bt[k];
         uint32_t b = 0;
         int rc = ring_acquire(j, &b);
-        if (rc < 0) { job_fail(j, rc); break; }
+        if (rc < 0) {
+            job_fail(j, rc);
+            break;
+        }
         uint8_t *buf = j->d->ring[b].p;
         uint64_t skew;
         rc = read_batch(j, bt, buf, &skew, o);
@@ -284,7 +290,8 @@ int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct
         for (int32_t s = 0; s < f->nshards; s++) j.dfd[s] = -1;
     xf_task *th = fy_calloc(m, nthreads, sizeof *th);
     if (!j.free_list || !j.inflight || !j.dfd || !j.win || !th) {
-        rc = fy_seterr(&d->err, -ENOMEM, "ferry_load: out of memory for the ring's lists (%u buffers, %u threads, %d shards)",
+        rc = fy_seterr(&d->err, -ENOMEM,
+                       "ferry_load: out of memory for the ring's lists (%u buffers, %u threads, %d shards)",
                        d->nring, nthreads, (int)f->nshards);
         goto out;
     }
@@ -309,7 +316,8 @@ int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct
             if (rc < 0) {
                 j.dfd[s] = -1;
                 fy_seterr(&d->err, rc, "%s: open with O_DIRECT: %s%s", f->shards[s].path, ferry_strerror(rc),
-                          rc == -EINVAL ? " (this file system does not support O_DIRECT: use --path ring)" : "");
+                          rc == -EINVAL ? " (this file system does not support O_DIRECT: use --path ring)"
+                                        : "");
                 goto out;
             }
         }
@@ -339,4 +347,3 @@ out:
     pthread_cond_destroy(&j.cv);
     return rc;
 }
-

@@ -10,8 +10,8 @@
 /* Queue a copy of len bytes between host and dev in pieces of at most
  * REG_CHUNK, round-robin over streams st[0..nst-1] from *next on: the host
  * memory must be page-locked for the copies to run asynchronously. */
-int xf_copy_spread(fy_gpu *g, bool to_device, fy_dptr dev, void *host, uint64_t len, fy_stream **st, uint32_t nst,
-                   uint32_t *next)
+int xf_copy_spread(fy_gpu *g, bool to_device, fy_dptr dev, void *host, uint64_t len, fy_stream **st,
+                   uint32_t nst, uint32_t *next)
 {
     int rc = 0;
     for (uint64_t off = 0; off < len && rc == 0; off += REG_CHUNK) {

@@ -36,7 +36,10 @@
  * Tests set a small size per device (fy_device_set_reg_piece). */
 #define REG_PIECE (1ull << 30)
 
-static inline uint64_t page_round(uint64_t n) { return (n + ALIGN - 1) & ~(uint64_t)(ALIGN - 1); }
+static inline uint64_t page_round(uint64_t n)
+{
+    return (n + ALIGN - 1) & ~(uint64_t)(ALIGN - 1);
+}
 
 /* A registered piece of a shard mapping (bytes [off, off + len) of it, off a
  * multiple of the device's reg_piece). held: registered by
@@ -96,12 +99,12 @@ typedef struct ring_buf {
 
 struct ferry_device {
     ferry_ctx *ctx;
-    fy_err err;           /* this device's messages (also its context's); the backend's too */
+    fy_err err; /* this device's messages (also its context's); the backend's too */
     fy_gpu *g;
     pthread_mutex_t lock; /* guards regs */
     reg_entry *regs;
     int nregs, cap_regs;
-    uint64_t reg_piece; /* REG_PIECE, or a test's size (a multiple of ALIGN) */
+    uint64_t reg_piece;        /* REG_PIECE, or a test's size (a multiple of ALIGN) */
     pthread_mutex_t ring_lock; /* one load at a time uses the cached ring */
     ring_buf *ring;
     uint8_t *ring_base; /* one pinned block holding every buffer */
@@ -118,8 +121,8 @@ struct ferry_device {
 struct ferry_loaded {
     ferry_device *dev;
     const ferry_file *f;
-    fy_dptr *block;   /* one device block per shard (0 if the shard holds no bytes) */
-    uint64_t *dptr;   /* per tensor */
+    fy_dptr *block; /* one device block per shard (0 if the shard holds no bytes) */
+    uint64_t *dptr; /* per tensor */
 };
 
 /* ---- the plan: file ranges (batches) and the copies out of them ---- */
@@ -189,8 +192,8 @@ void xf_ring_free(ferry_device *d);
 /* Queue a copy of len bytes between host and dev in pieces of at most
  * REG_CHUNK, round-robin over streams st[0..nst-1] from *next on: the host
  * memory must be page-locked for the copies to run asynchronously. */
-int xf_copy_spread(fy_gpu *g, bool to_device, fy_dptr dev, void *host, uint64_t len, fy_stream **st, uint32_t nst,
-                   uint32_t *next);
+int xf_copy_spread(fy_gpu *g, bool to_device, fy_dptr dev, void *host, uint64_t len, fy_stream **st,
+                   uint32_t nst, uint32_t *next);
 
 /* ---- register.c: page-locked file mappings ---- */
 /* Forget the close watches on the files d registered (ferry_device_close, before freeing d). */
@@ -245,7 +248,8 @@ int xf_read_failed(fy_err *err, int rc, const char *path, const batch *bt, bool 
 int xf_run_ring(ferry_device *d, const ferry_file *f, const plan *p, bool direct, const ferry_load_opts *o,
                 fy_stream **streams, uint32_t nstreams, uint32_t nthreads, uint32_t nbuf);
 /* cpu device: readers pread straight into the destination. */
-int xf_run_host(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o, uint32_t nthreads);
+int xf_run_host(ferry_device *d, const ferry_file *f, const plan *p, const ferry_load_opts *o,
+                uint32_t nthreads);
 
 /* ---- choose.c: the one decision of a load's route, readers, ring and pinning ---- */
 
@@ -282,8 +286,8 @@ int xf_ring_take(ferry_device *d, const ferry_load_opts *o, const xf_choice *c, 
 bool xf_ring_pinned(ferry_device *d);
 /* Threads and ring size from load options (defaults measured on the H200
  * host), within ferry's limits. */
-int xf_ring_geometry(ferry_device *d, const ferry_load_opts *o, bool direct, uint32_t *nthreads, uint32_t *nbuf,
-                     uint64_t *bufsz);
+int xf_ring_geometry(ferry_device *d, const ferry_load_opts *o, bool direct, uint32_t *nthreads,
+                     uint32_t *nbuf, uint64_t *bufsz);
 
 /* ---- load.c: running a load ---- */
 

@@ -21,17 +21,33 @@ static int g_ferry_failed, g_json_failed;
 static bool ferry_should_fail(void)
 {
     long k = g_ferry_allocs++;
-    if (k == g_ferry_fail_at) { g_ferry_failed = 1; return true; }
+    if (k == g_ferry_fail_at) {
+        g_ferry_failed = 1;
+        return true;
+    }
     return false;
 }
-static void *fz_alloc(void *o, size_t n) { (void)o; return ferry_should_fail() ? NULL : malloc(n); }
-static void *fz_realloc(void *o, void *p, size_t n) { (void)o; return ferry_should_fail() ? NULL : realloc(p, n); }
-static void fz_free(void *o, void *p) { (void)o; free(p); }
+static void *fz_alloc(void *o, size_t n)
+{
+    (void)o;
+    return ferry_should_fail() ? NULL : malloc(n);
+}
+static void *fz_realloc(void *o, void *p, size_t n)
+{
+    (void)o;
+    return ferry_should_fail() ? NULL : realloc(p, n);
+}
+static void fz_free(void *o, void *p)
+{
+    (void)o;
+    free(p);
+}
 static const ferry_allocator fz_mem = {fz_alloc, fz_realloc, fz_free, NULL};
 
 /* Run fn(data, size, strict) once counting ferry's allocations, then again
  * with allocation number h % count failing: that run must see the failure. */
-static inline void with_oom(int (*fn)(const uint8_t *, size_t, bool), const uint8_t *data, size_t size, uint64_t h)
+static inline void with_oom(int (*fn)(const uint8_t *, size_t, bool), const uint8_t *data, size_t size,
+                            uint64_t h)
 {
     g_ferry_allocs = 0;
     g_ferry_fail_at = -1;
@@ -68,9 +84,15 @@ static void *js_malloc(size_t n)
 {
     if (g_in_json_load) return malloc(n);
     long k = g_json_allocs++;
-    if (k == g_json_fail_at) { g_json_failed = 1; return NULL; }
+    if (k == g_json_fail_at) {
+        g_json_failed = 1;
+        return NULL;
+    }
     return malloc(n);
 }
-static void js_free(void *p) { free(p); }
+static void js_free(void *p)
+{
+    free(p);
+}
 
 #endif

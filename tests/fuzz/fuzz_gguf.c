@@ -33,14 +33,13 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define CHECK(cond)                                                                      \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
-            fprintf(stderr, "fuzz_gguf: invariant violated at %s:%d: %s\n", __FILE__,   \
-                    __LINE__, #cond);                                                    \
-            if (g_err_shown) fprintf(stderr, "fuzz_gguf: message: %s\n", g_err_shown);   \
-            __builtin_trap();                                                            \
-        }                                                                                \
+#define CHECK(cond)                                                                                     \
+    do {                                                                                                \
+        if (!(cond)) {                                                                                  \
+            fprintf(stderr, "fuzz_gguf: invariant violated at %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+            if (g_err_shown) fprintf(stderr, "fuzz_gguf: message: %s\n", g_err_shown);                  \
+            __builtin_trap();                                                                           \
+        }                                                                                               \
     } while (0)
 
 static const char *g_err_shown;
@@ -53,22 +52,45 @@ static const char *g_err_shown;
 /* Elements per block and bytes per block, from ggml-common.h's block_* structs. */
 static bool spec_block(ferry_dtype dt, uint64_t *block, uint64_t *bytes)
 {
-    static const struct { ferry_dtype dt; uint64_t block, bytes; } t[] = {
-        {FERRY_DTYPE_F32, 1, 4},        {FERRY_DTYPE_F16, 1, 2},        {FERRY_DTYPE_BF16, 1, 2},
-        {FERRY_DTYPE_F64, 1, 8},        {FERRY_DTYPE_I8, 1, 1},         {FERRY_DTYPE_I16, 1, 2},
-        {FERRY_DTYPE_I32, 1, 4},        {FERRY_DTYPE_I64, 1, 8},        {FERRY_DTYPE_Q4_0, 32, 2 + 16},
-        {FERRY_DTYPE_Q4_1, 32, 4 + 16}, {FERRY_DTYPE_Q5_0, 32, 2 + 4 + 16}, {FERRY_DTYPE_Q5_1, 32, 4 + 4 + 16},
-        {FERRY_DTYPE_Q8_0, 32, 2 + 32}, {FERRY_DTYPE_Q8_1, 32, 4 + 32}, {FERRY_DTYPE_Q2_K, 256, 16 + 64 + 4},
-        {FERRY_DTYPE_Q3_K, 256, 32 + 64 + 12 + 2}, {FERRY_DTYPE_Q4_K, 256, 4 + 12 + 128},
-        {FERRY_DTYPE_Q5_K, 256, 4 + 12 + 32 + 128}, {FERRY_DTYPE_Q6_K, 256, 128 + 64 + 16 + 2},
-        {FERRY_DTYPE_Q8_K, 256, 4 + 256 + 32},  {FERRY_DTYPE_IQ2_XXS, 256, 2 + 64},
-        {FERRY_DTYPE_IQ2_XS, 256, 2 + 64 + 8},  {FERRY_DTYPE_IQ3_XXS, 256, 2 + 96},
-        {FERRY_DTYPE_IQ1_S, 256, 2 + 32 + 16},  {FERRY_DTYPE_IQ4_NL, 32, 2 + 16},
-        {FERRY_DTYPE_IQ3_S, 256, 2 + 64 + 8 + 32 + 4}, {FERRY_DTYPE_IQ2_S, 256, 2 + 64 + 8 + 8},
-        {FERRY_DTYPE_IQ4_XS, 256, 2 + 2 + 4 + 128}, {FERRY_DTYPE_IQ1_M, 256, 32 + 16 + 8},
-        {FERRY_DTYPE_TQ1_0, 256, 48 + 4 + 2}, {FERRY_DTYPE_TQ2_0, 256, 64 + 2},
-        {FERRY_DTYPE_MXFP4, 32, 1 + 16},  {FERRY_DTYPE_NVFP4, 64, 4 + 32},
-        {FERRY_DTYPE_Q1_0, 128, 2 + 16},  {FERRY_DTYPE_Q2_0, 64, 2 + 16},
+    static const struct {
+        ferry_dtype dt;
+        uint64_t block, bytes;
+    } t[] = {
+        {FERRY_DTYPE_F32, 1, 4},
+        {FERRY_DTYPE_F16, 1, 2},
+        {FERRY_DTYPE_BF16, 1, 2},
+        {FERRY_DTYPE_F64, 1, 8},
+        {FERRY_DTYPE_I8, 1, 1},
+        {FERRY_DTYPE_I16, 1, 2},
+        {FERRY_DTYPE_I32, 1, 4},
+        {FERRY_DTYPE_I64, 1, 8},
+        {FERRY_DTYPE_Q4_0, 32, 2 + 16},
+        {FERRY_DTYPE_Q4_1, 32, 4 + 16},
+        {FERRY_DTYPE_Q5_0, 32, 2 + 4 + 16},
+        {FERRY_DTYPE_Q5_1, 32, 4 + 4 + 16},
+        {FERRY_DTYPE_Q8_0, 32, 2 + 32},
+        {FERRY_DTYPE_Q8_1, 32, 4 + 32},
+        {FERRY_DTYPE_Q2_K, 256, 16 + 64 + 4},
+        {FERRY_DTYPE_Q3_K, 256, 32 + 64 + 12 + 2},
+        {FERRY_DTYPE_Q4_K, 256, 4 + 12 + 128},
+        {FERRY_DTYPE_Q5_K, 256, 4 + 12 + 32 + 128},
+        {FERRY_DTYPE_Q6_K, 256, 128 + 64 + 16 + 2},
+        {FERRY_DTYPE_Q8_K, 256, 4 + 256 + 32},
+        {FERRY_DTYPE_IQ2_XXS, 256, 2 + 64},
+        {FERRY_DTYPE_IQ2_XS, 256, 2 + 64 + 8},
+        {FERRY_DTYPE_IQ3_XXS, 256, 2 + 96},
+        {FERRY_DTYPE_IQ1_S, 256, 2 + 32 + 16},
+        {FERRY_DTYPE_IQ4_NL, 32, 2 + 16},
+        {FERRY_DTYPE_IQ3_S, 256, 2 + 64 + 8 + 32 + 4},
+        {FERRY_DTYPE_IQ2_S, 256, 2 + 64 + 8 + 8},
+        {FERRY_DTYPE_IQ4_XS, 256, 2 + 2 + 4 + 128},
+        {FERRY_DTYPE_IQ1_M, 256, 32 + 16 + 8},
+        {FERRY_DTYPE_TQ1_0, 256, 48 + 4 + 2},
+        {FERRY_DTYPE_TQ2_0, 256, 64 + 2},
+        {FERRY_DTYPE_MXFP4, 32, 1 + 16},
+        {FERRY_DTYPE_NVFP4, 64, 4 + 32},
+        {FERRY_DTYPE_Q1_0, 128, 2 + 16},
+        {FERRY_DTYPE_Q2_0, 64, 2 + 16},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         if (t[i].dt == dt) {

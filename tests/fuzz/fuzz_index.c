@@ -30,14 +30,13 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define CHECK(cond)                                                                      \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
-            fprintf(stderr, "fuzz_index: invariant violated at %s:%d: %s\n", __FILE__,  \
-                    __LINE__, #cond);                                                    \
-            if (g_err_shown) fprintf(stderr, "fuzz_index: message: %s\n", g_err_shown);  \
-            __builtin_trap();                                                            \
-        }                                                                                \
+#define CHECK(cond)                                                                                      \
+    do {                                                                                                 \
+        if (!(cond)) {                                                                                   \
+            fprintf(stderr, "fuzz_index: invariant violated at %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+            if (g_err_shown) fprintf(stderr, "fuzz_index: message: %s\n", g_err_shown);                  \
+            __builtin_trap();                                                                            \
+        }                                                                                                \
     } while (0)
 
 static const char *g_err_shown;
@@ -108,8 +107,7 @@ static void check_failure(int rc, const fy_err *err, const fy_index *ix)
     CHECK(memchr(err->msg, '\0', sizeof err->msg) != NULL);
     CHECK(err->msg[0] != '\0');
     if (!allow_newline()) CHECK(strchr(err->msg, '\n') == NULL && strchr(err->msg, '\r') == NULL);
-    CHECK(ix->n == 0 && ix->nfiles == 0 && ix->names == NULL && ix->files == NULL &&
-          ix->shard_of == NULL);
+    CHECK(ix->n == 0 && ix->nfiles == 0 && ix->names == NULL && ix->files == NULL && ix->shard_of == NULL);
     g_err_shown = NULL;
 }
 

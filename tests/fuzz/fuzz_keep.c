@@ -28,8 +28,8 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define CHECK(cond)                   \
-    do {                              \
+#define CHECK(cond)                    \
+    do {                               \
         if (!(cond)) __builtin_trap(); \
     } while (0)
 
@@ -105,9 +105,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     /* 2: the whole input as every type's body */
     if (size <= FKP_MAX_BODY) {
-        static const uint16_t types[] = {FKP_HELLO, FKP_PUT_BEGIN, FKP_PUT_COMMIT, FKP_GET, FKP_RELEASE,
-                                         FKP_DROP, FKP_STATUS, FKP_HELLO_OK, FKP_PUT_READY, FKP_OK,
-                                         FKP_HIT, FKP_MISS, FKP_DROPPED, FKP_STATUS_REPLY, FKP_ERROR};
+        static const uint16_t types[] = {FKP_HELLO,     FKP_PUT_BEGIN,    FKP_PUT_COMMIT, FKP_GET,
+                                         FKP_RELEASE,   FKP_DROP,         FKP_STATUS,     FKP_HELLO_OK,
+                                         FKP_PUT_READY, FKP_OK,           FKP_HIT,        FKP_MISS,
+                                         FKP_DROPPED,   FKP_STATUS_REPLY, FKP_ERROR};
         for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) check_body(types[i], data, size);
     }
     return 0;

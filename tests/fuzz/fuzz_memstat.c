@@ -58,13 +58,12 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define CHECK(cond)                                                                      \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
-            fprintf(stderr, "fuzz_memstat: invariant violated at %s:%d: %s\n", __FILE__, \
-                    __LINE__, #cond);                                                    \
-            __builtin_trap();                                                            \
-        }                                                                                \
+#define CHECK(cond)                                                                                        \
+    do {                                                                                                   \
+        if (!(cond)) {                                                                                     \
+            fprintf(stderr, "fuzz_memstat: invariant violated at %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+            __builtin_trap();                                                                              \
+        }                                                                                                  \
     } while (0)
 
 #include "fuzz_check.h"
@@ -72,10 +71,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* ---- the input's pieces --------------------------------------------------- */
 
 enum {
-    P_SMAPS, P_STATUS, P_CGROUP, P_MEMINFO, P_LEAF, P_PARENT = P_LEAF + 4, P_MOUNTINFO = P_PARENT + 4, P_V2STAT,
-    P_V1LEAF, P_V1PARENT = P_V1LEAF + 4, P_N
+    P_SMAPS,
+    P_STATUS,
+    P_CGROUP,
+    P_MEMINFO,
+    P_LEAF,
+    P_PARENT = P_LEAF + 4,
+    P_MOUNTINFO = P_PARENT + 4,
+    P_V2STAT,
+    P_V1LEAF,
+    P_V1PARENT = P_V1LEAF + 4,
+    P_N
 };
-enum { F_MAX, F_HIGH, F_CURRENT, F_PEAK };        /* offsets from P_LEAF and P_PARENT */
+enum { F_MAX, F_HIGH, F_CURRENT, F_PEAK };         /* offsets from P_LEAF and P_PARENT */
 enum { F1_LIMIT, F1_USAGE, F1_MAXUSAGE, F1_STAT }; /* from P_V1LEAF; P_V1PARENT is a limit */
 static const char *const cg_files[4] = {"memory.max", "memory.high", "memory.current", "memory.peak"};
 static const char *const v1_files[4] = {"memory.limit_in_bytes", "memory.usage_in_bytes",
@@ -229,7 +237,10 @@ static bool has_long_line(const piece *pc)
     return false;
 }
 
-static bool blank(uint8_t c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+static bool blank(uint8_t c)
+{
+    return c == ' ' || c == '\t' || c == '\r' || c == '\n';
+}
 
 /* Decimal digits only, at least one, below 2^64. */
 static bool decimal(const uint8_t *s, size_t n, uint64_t *v)
@@ -343,11 +354,11 @@ static int cg_value(const piece *pc, uint64_t *v)
 /* The cgroup line of pcs[P_CGROUP] and what fy_cgroup_read should do with it. */
 typedef struct cg_path {
     enum {
-        CG_UNKNOWN,  /* long lines, or several "0::" lines */
-        CG_NONE,     /* no file, or no "0::" line: -ENOENT, or v1's outcome */
-        CG_INVALID,  /* not "/...", a NUL, "." or "..": -EINVAL */
-        CG_FAR,      /* valid but not placed here: nothing found there */
-        CG_SIMPLE,   /* placed here */
+        CG_UNKNOWN, /* long lines, or several "0::" lines */
+        CG_NONE,    /* no file, or no "0::" line: -ENOENT, or v1's outcome */
+        CG_INVALID, /* not "/...", a NUL, "." or "..": -EINVAL */
+        CG_FAR,     /* valid but not placed here: nothing found there */
+        CG_SIMPLE,  /* placed here */
     } kind;
     int depth;
     size_t far_len;                 /* CG_FAR: the cleaned path's length */
@@ -473,11 +484,11 @@ typedef struct v1_where {
         V1_INVALID, /* a malformed memory line: -EINVAL */
         V1_FOUND,
     } kind;
-    char path[PATH_MAX];     /* the memory line's path, cleaned ("" = the root) */
-    char dir[PATH_MAX];      /* its folder in the fake tree */
-    bool has_parent;         /* the mount shows its parent */
-    char pdir[PATH_MAX];     /* and the parent's folder */
-    char ppath[PATH_MAX];    /* and the parent's path */
+    char path[PATH_MAX];  /* the memory line's path, cleaned ("" = the root) */
+    char dir[PATH_MAX];   /* its folder in the fake tree */
+    bool has_parent;      /* the mount shows its parent */
+    char pdir[PATH_MAX];  /* and the parent's folder */
+    char ppath[PATH_MAX]; /* and the parent's path */
 } v1_where;
 
 static void find_v1(const piece pcs[P_N], v1_where *v)
@@ -754,7 +765,8 @@ static want_cg want_v1(const v1_where *vw, const piece pcs[P_N])
     uint64_t v[5];
     int kind[5]; /* limit, usage, max_usage, -, parent's limit */
     for (int f = 0; f < 5; f++)
-        kind[f] = f == F1_STAT || (f == 4 && !vw->has_parent) ? V_ABSENT : cg_value(&pcs[P_V1LEAF + f], &v[f]);
+        kind[f] =
+            f == F1_STAT || (f == 4 && !vw->has_parent) ? V_ABSENT : cg_value(&pcs[P_V1LEAF + f], &v[f]);
     static const char *const keys[2] = {"total_inactive_file", "hierarchical_memory_limit"};
     uint64_t sv[2];
     bool seen[2];
@@ -808,7 +820,8 @@ static bool ends_with(const char *s, const char *tail)
 }
 
 /* fy_cgroup_read; *got (and its code) is kept for fy_host_available's checks. */
-static int check_cgroup(const piece pcs[P_N], const cg_path *c, bool placed, const v1_where *vw, fy_cgroup_mem *got)
+static int check_cgroup(const piece pcs[P_N], const cg_path *c, bool placed, const v1_where *vw,
+                        fy_cgroup_mem *got)
 {
     memset(got, 0xAA, sizeof *got);
     int rc = fy_cgroup_read(got);
@@ -827,9 +840,11 @@ static int check_cgroup(const piece pcs[P_N], const cg_path *c, bool placed, con
         CHECK(one_line(got->path, sizeof got->path));
         CHECK(strncmp(got->path, "cgroup ", 7) == 0);
         if (!got->limited) CHECK(ends_with(got->path, ": no limit"));
-        else if (got->version == 2) CHECK(ends_with(got->path, ": memory.max") || ends_with(got->path, ": memory.high"));
-        else CHECK(ends_with(got->path, ": memory.limit_in_bytes") ||
-                   ends_with(got->path, ": memory.stat hierarchical_memory_limit"));
+        else if (got->version == 2)
+            CHECK(ends_with(got->path, ": memory.max") || ends_with(got->path, ": memory.high"));
+        else
+            CHECK(ends_with(got->path, ": memory.limit_in_bytes") ||
+                  ends_with(got->path, ": memory.stat hierarchical_memory_limit"));
         if (got->version == 1) CHECK(!got->limited || got->limit < V1_NO_LIMIT);
     }
 
@@ -844,12 +859,14 @@ static int check_cgroup(const piece pcs[P_N], const cg_path *c, bool placed, con
         for (int lv = 0; lv < 2 && lv <= c->depth; lv++)
             for (int f = F_MAX; f <= F_HIGH; f++) {
                 uint64_t v;
-                if (cg_value(&pcs[(lv ? P_PARENT : P_LEAF) + f], &v) == V_NUMBER) CHECK(got->limited && got->limit <= v);
+                if (cg_value(&pcs[(lv ? P_PARENT : P_LEAF) + f], &v) == V_NUMBER)
+                    CHECK(got->limited && got->limit <= v);
             }
     }
     if (rc == 0 && got->version == 1 && vw->kind == V1_FOUND && !g_clash) {
         uint64_t v;
-        if (cg_value(&pcs[P_V1LEAF + F1_LIMIT], &v) == V_NUMBER && v < V1_NO_LIMIT) CHECK(got->limited && got->limit <= v);
+        if (cg_value(&pcs[P_V1LEAF + F1_LIMIT], &v) == V_NUMBER && v < V1_NO_LIMIT)
+            CHECK(got->limited && got->limit <= v);
         if (vw->has_parent && cg_value(&pcs[P_V1PARENT], &v) == V_NUMBER && v < V1_NO_LIMIT)
             CHECK(got->limited && got->limit <= v);
     }

@@ -25,13 +25,13 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define CHECK(cond)                                                                                 \
-    do {                                                                                            \
-        if (!(cond)) {                                                                              \
+#define CHECK(cond)                                                                                       \
+    do {                                                                                                  \
+        if (!(cond)) {                                                                                    \
             fprintf(stderr, "fuzz_pickle: invariant violated at %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-            if (g_err_shown) fprintf(stderr, "fuzz_pickle: message: %s\n", g_err_shown);           \
-            __builtin_trap();                                                                       \
-        }                                                                                           \
+            if (g_err_shown) fprintf(stderr, "fuzz_pickle: message: %s\n", g_err_shown);                  \
+            __builtin_trap();                                                                             \
+        }                                                                                                 \
     } while (0)
 
 static const char *g_err_shown;
@@ -60,8 +60,16 @@ static void put(zbuf *b, const void *d, size_t n)
     if (n) memcpy(b->p + b->n, d, n);
     b->n += n;
 }
-static void put16(zbuf *b, uint32_t v) { uint8_t x[2] = {(uint8_t)v, (uint8_t)(v >> 8)}; put(b, x, 2); }
-static void put32(zbuf *b, uint32_t v) { put16(b, v & 0xFFFF); put16(b, v >> 16); }
+static void put16(zbuf *b, uint32_t v)
+{
+    uint8_t x[2] = {(uint8_t)v, (uint8_t)(v >> 8)};
+    put(b, x, 2);
+}
+static void put32(zbuf *b, uint32_t v)
+{
+    put16(b, v & 0xFFFF);
+    put16(b, v >> 16);
+}
 
 typedef struct zent {
     char name[300];
@@ -105,7 +113,8 @@ static void check_result(const uint8_t *data, size_t size, const fy_pk_result *r
     for (int64_t i = 0; i < r->nst; i++) {
         const fy_pk_storage *s = &r->st[i];
         CHECK(s->key_len >= 1 && s->key_len <= 256);
-        CHECK((const uint8_t *)s->key >= data && (size_t)((const uint8_t *)s->key - data) + s->key_len <= size);
+        CHECK((const uint8_t *)s->key >= data &&
+              (size_t)((const uint8_t *)s->key - data) + s->key_len <= size);
         CHECK(memchr(s->key, '/', s->key_len) == NULL && memchr(s->key, 0, s->key_len) == NULL);
         CHECK(pt_elsize(s->dtype) > 0);
         CHECK(!s->untyped || s->dtype == FERRY_DTYPE_U8);
@@ -146,7 +155,8 @@ static zent *storage_entries(const fy_pk_result *r, size_t *ne, uint8_t **zeros)
         char name[300];
         int nl = snprintf(name, sizeof name, "archive/data/%.*s", (int)s->key_len, s->key);
         bool dup = false;
-        for (size_t j = 0; j < n && !dup; j++) dup = e[j].nlen == (size_t)nl && memcmp(e[j].name, name, (size_t)nl) == 0;
+        for (size_t j = 0; j < n && !dup; j++)
+            dup = e[j].nlen == (size_t)nl && memcmp(e[j].name, name, (size_t)nl) == 0;
         if (dup) continue;
         uint64_t bytes;
         if (__builtin_mul_overflow(s->numel, s->untyped ? 1 : pt_elsize(s->dtype), &bytes) ||

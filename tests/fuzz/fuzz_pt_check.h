@@ -13,18 +13,34 @@
 
 #include "format/format.h"
 
-static int pt_cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+static int pt_cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
 
 /* Bytes per element of the dtypes torch can store (all whole bytes). */
 static uint64_t pt_elsize(ferry_dtype dt)
 {
     switch (dt) {
-    case FERRY_DTYPE_BOOL: case FERRY_DTYPE_U8: case FERRY_DTYPE_I8: case FERRY_DTYPE_F8_E4M3:
-    case FERRY_DTYPE_F8_E5M2: case FERRY_DTYPE_F8_E4M3FNUZ: case FERRY_DTYPE_F8_E5M2FNUZ:
+    case FERRY_DTYPE_BOOL:
+    case FERRY_DTYPE_U8:
+    case FERRY_DTYPE_I8:
+    case FERRY_DTYPE_F8_E4M3:
+    case FERRY_DTYPE_F8_E5M2:
+    case FERRY_DTYPE_F8_E4M3FNUZ:
+    case FERRY_DTYPE_F8_E5M2FNUZ:
     case FERRY_DTYPE_F8_E8M0: return 1;
-    case FERRY_DTYPE_U16: case FERRY_DTYPE_I16: case FERRY_DTYPE_F16: case FERRY_DTYPE_BF16: return 2;
-    case FERRY_DTYPE_U32: case FERRY_DTYPE_I32: case FERRY_DTYPE_F32: return 4;
-    case FERRY_DTYPE_U64: case FERRY_DTYPE_I64: case FERRY_DTYPE_F64: case FERRY_DTYPE_C64: return 8;
+    case FERRY_DTYPE_U16:
+    case FERRY_DTYPE_I16:
+    case FERRY_DTYPE_F16:
+    case FERRY_DTYPE_BF16: return 2;
+    case FERRY_DTYPE_U32:
+    case FERRY_DTYPE_I32:
+    case FERRY_DTYPE_F32: return 4;
+    case FERRY_DTYPE_U64:
+    case FERRY_DTYPE_I64:
+    case FERRY_DTYPE_F64:
+    case FERRY_DTYPE_C64: return 8;
     default: return 0;
     }
 }

@@ -36,14 +36,14 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* Print what is wrong, then trap (libFuzzer saves the input). */
-#define CHECK(cond)                                                                      \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
-            fprintf(stderr, "fuzz_safetensors: invariant violated at %s:%d: %s\n",        \
-                    __FILE__, __LINE__, #cond);                                          \
-            if (g_err_shown) fprintf(stderr, "fuzz_safetensors: message: %s\n", g_err_shown); \
-            __builtin_trap();                                                            \
-        }                                                                                \
+#define CHECK(cond)                                                                                    \
+    do {                                                                                               \
+        if (!(cond)) {                                                                                 \
+            fprintf(stderr, "fuzz_safetensors: invariant violated at %s:%d: %s\n", __FILE__, __LINE__, \
+                    #cond);                                                                            \
+            if (g_err_shown) fprintf(stderr, "fuzz_safetensors: message: %s\n", g_err_shown);          \
+            __builtin_trap();                                                                          \
+        }                                                                                              \
     } while (0)
 
 static const char *g_err_shown;
@@ -57,13 +57,27 @@ static const char *g_err_shown;
 static int spec_bits(ferry_dtype dt)
 {
     switch (dt) {
-    case FERRY_DTYPE_BOOL: case FERRY_DTYPE_U8: case FERRY_DTYPE_I8:
-    case FERRY_DTYPE_F8_E4M3: case FERRY_DTYPE_F8_E5M2: case FERRY_DTYPE_F8_E4M3FNUZ:
-    case FERRY_DTYPE_F8_E5M2FNUZ: case FERRY_DTYPE_F8_E8M0: return 8;
-    case FERRY_DTYPE_U16: case FERRY_DTYPE_I16: case FERRY_DTYPE_F16: case FERRY_DTYPE_BF16: return 16;
-    case FERRY_DTYPE_U32: case FERRY_DTYPE_I32: case FERRY_DTYPE_F32: return 32;
-    case FERRY_DTYPE_U64: case FERRY_DTYPE_I64: case FERRY_DTYPE_F64: case FERRY_DTYPE_C64: return 64;
-    case FERRY_DTYPE_F6_E2M3: case FERRY_DTYPE_F6_E3M2: return 6;
+    case FERRY_DTYPE_BOOL:
+    case FERRY_DTYPE_U8:
+    case FERRY_DTYPE_I8:
+    case FERRY_DTYPE_F8_E4M3:
+    case FERRY_DTYPE_F8_E5M2:
+    case FERRY_DTYPE_F8_E4M3FNUZ:
+    case FERRY_DTYPE_F8_E5M2FNUZ:
+    case FERRY_DTYPE_F8_E8M0: return 8;
+    case FERRY_DTYPE_U16:
+    case FERRY_DTYPE_I16:
+    case FERRY_DTYPE_F16:
+    case FERRY_DTYPE_BF16: return 16;
+    case FERRY_DTYPE_U32:
+    case FERRY_DTYPE_I32:
+    case FERRY_DTYPE_F32: return 32;
+    case FERRY_DTYPE_U64:
+    case FERRY_DTYPE_I64:
+    case FERRY_DTYPE_F64:
+    case FERRY_DTYPE_C64: return 64;
+    case FERRY_DTYPE_F6_E2M3:
+    case FERRY_DTYPE_F6_E3M2: return 6;
     case FERRY_DTYPE_F4: return 4;
     default: return 0;
     }
@@ -175,7 +189,8 @@ static void check_vs_jansson(const uint8_t *data, size_t size)
     fy_json_info ji;
     int rc = fy_json_check(data + 8, (size_t)hlen, "__metadata__", fy_default_allocator(), &ji);
     json_error_t je;
-    json_t *j = json_loadb((const char *)data + 8, (size_t)hlen, JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &je);
+    json_t *j = json_loadb((const char *)data + 8, (size_t)hlen,
+                           JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &je);
     CHECK(rc == 0 || rc == FERRY_E_CORRUPT);
     /* One known difference, where ferry is the stricter: jansson drops a raw
      * NUL byte that follows a number or literal (its ungetc puts back a 0,

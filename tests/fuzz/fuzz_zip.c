@@ -28,13 +28,13 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define CHECK(cond)                                                                              \
-    do {                                                                                         \
-        if (!(cond)) {                                                                           \
+#define CHECK(cond)                                                                                    \
+    do {                                                                                               \
+        if (!(cond)) {                                                                                 \
             fprintf(stderr, "fuzz_zip: invariant violated at %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-            if (g_err_shown) fprintf(stderr, "fuzz_zip: message: %s\n", g_err_shown);           \
-            __builtin_trap();                                                                    \
-        }                                                                                        \
+            if (g_err_shown) fprintf(stderr, "fuzz_zip: message: %s\n", g_err_shown);                  \
+            __builtin_trap();                                                                          \
+        }                                                                                              \
     } while (0)
 
 static const char *g_err_shown;
@@ -46,7 +46,10 @@ static uint32_t rd32(const uint8_t *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
-static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint16_t rd16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
+}
 
 static bool inside(const uint8_t *data, size_t size, const void *p, uint64_t n)
 {

@@ -66,7 +66,11 @@ static void run_file(const char *path)
         n += fread(buf + n, 1, cap - n, f);
         if (n < cap) break;
         uint8_t *nb = realloc(buf, cap * 2);
-        if (!nb) { free(buf); buf = NULL; break; }
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
         buf = nb;
         cap *= 2;
     }
@@ -81,7 +85,11 @@ static void run_file(const char *path)
     if (verbose) fprintf(stderr, "replay: %s (%zu bytes)\n", path, n);
     /* An exact-size copy, so that ASan sees reads past the end of the input. */
     uint8_t *exact = malloc(n ? n : 1);
-    if (!exact) { free(buf); nfailed++; return; }
+    if (!exact) {
+        free(buf);
+        nfailed++;
+        return;
+    }
     memcpy(exact, buf, n);
     free(buf);
     g_current = path;
@@ -133,7 +141,10 @@ static void run_dir(const char *dir)
     for (size_t i = 0; i < n; i++) {
         char *p;
         struct stat st;
-        if (asprintf(&p, "%s/%s", dir, names[i]) < 0) { nfailed++; continue; }
+        if (asprintf(&p, "%s/%s", dir, names[i]) < 0) {
+            nfailed++;
+            continue;
+        }
         if (stat(p, &st) == 0 && S_ISREG(st.st_mode)) run_file(p);
         free(p);
         free(names[i]);

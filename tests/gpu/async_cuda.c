@@ -23,12 +23,12 @@ typedef int (*host_alloc_fn)(void **p, size_t n, unsigned flags);
 typedef int (*host_free_fn)(void *p);
 
 static int fails;
-#define EXPECT(c)                                                        \
-    do {                                                                 \
-        if (!(c)) {                                                      \
+#define EXPECT(c)                                                           \
+    do {                                                                    \
+        if (!(c)) {                                                         \
             fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #c); \
-            fails++;                                                     \
-        }                                                                \
+            fails++;                                                        \
+        }                                                                   \
     } while (0)
 
 int main(int argc, char **argv)
@@ -63,8 +63,12 @@ int main(int argc, char **argv)
         return 1;
     }
     uint64_t total = ferry_file_total_bytes(f);
-    ferry_store_opts o = {.size = sizeof o, .device_budget = 2 * total + (1 << 20), .host_budget = 2 * total + (1 << 30),
-                          .pinned_budget = total + (1 << 30), .spill_below = 1, .spill_above = 2};
+    ferry_store_opts o = {.size = sizeof o,
+                          .device_budget = 2 * total + (1 << 20),
+                          .host_budget = 2 * total + (1 << 30),
+                          .pinned_budget = total + (1 << 30),
+                          .spill_below = 1,
+                          .spill_above = 2};
     ferry_store *s = NULL;
     ferry_model *m = NULL;
     EXPECT(ferry_store_new(d, &o, &s) == 0);
@@ -106,7 +110,8 @@ int main(int argc, char **argv)
         ferry_file_tensor_info(f, i, &ti);
         for (uint64_t done = 0; done < ti.nbytes;) {
             size_t len = ti.nbytes - done < (1u << 20) ? (size_t)(ti.nbytes - done) : (1u << 20);
-            if (ferry_file_tensor_read(f, i, done, want, len) < 0 || memcmp(want, back + off + done, len) != 0) {
+            if (ferry_file_tensor_read(f, i, done, want, len) < 0 ||
+                memcmp(want, back + off + done, len) != 0) {
                 bad++;
                 break;
             }
@@ -133,10 +138,11 @@ int main(int argc, char **argv)
     EXPECT(freed == (int64_t)total);
     ferry_tensor_state ts = {.size = sizeof ts};
     EXPECT(ferry_model_tensor_state(m, 0, &ts) == 0 && ts.holds == 0 && ts.tier != FERRY_TIER_DEVICE);
-    printf("async_cuda: %s, %lld tensors, %.2f GB: queued move (query right after queueing: %d), their stream "
-           "ordered after it read back %s; release_after then make_room(all) freed %lld bytes; %s\n",
-           ferry_device_desc(d), (long long)n, (double)total / 1e9, q0, bad ? "WRONG bytes" : "the file's bytes",
-           (long long)freed, fails ? "FAILED" : "ok");
+    printf(
+        "async_cuda: %s, %lld tensors, %.2f GB: queued move (query right after queueing: %d), their stream "
+        "ordered after it read back %s; release_after then make_room(all) freed %lld bytes; %s\n",
+        ferry_device_desc(d), (long long)n, (double)total / 1e9, q0, bad ? "WRONG bytes" : "the file's bytes",
+        (long long)freed, fails ? "FAILED" : "ok");
     s_destroy(theirs);
     h_free(back);
     ferry_store_free(s);

@@ -6,9 +6,11 @@
 #include <stdio.h>
 #include <string.h>
 
-int main(void) {
+int main(void)
+{
     printf("header %s library %s\n", FERRY_VERSION_STRING, ferry_version_string());
-    if (strcmp(FERRY_VERSION_STRING, ferry_version_string()) != 0 || ferry_version() != FERRY_VERSION_NUMBER) {
+    if (strcmp(FERRY_VERSION_STRING, ferry_version_string()) != 0 ||
+        ferry_version() != FERRY_VERSION_NUMBER) {
         fprintf(stderr, "consumer: header version %s, library version %s\n", FERRY_VERSION_STRING,
                 ferry_version_string());
         return 1;

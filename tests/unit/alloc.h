@@ -56,6 +56,9 @@ static inline void c_free(void *o, void *p)
     free(p);
 }
 
-#define COUNTING_ALLOCATOR_INIT {c_alloc, c_realloc, c_free, NULL}
+#define COUNTING_ALLOCATOR_INIT          \
+    {                                    \
+        c_alloc, c_realloc, c_free, NULL \
+    }
 
 #endif

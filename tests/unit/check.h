@@ -9,31 +9,33 @@
 
 static int check_pass, check_fail;
 
-#define CHECK(cond)                                                              \
-    do {                                                                         \
-        if (cond) check_pass++;                                                  \
-        else {                                                                   \
-            check_fail++;                                                        \
+#define CHECK(cond)                                                                  \
+    do {                                                                             \
+        if (cond) check_pass++;                                                      \
+        else {                                                                       \
+            check_fail++;                                                            \
             fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-        }                                                                        \
+        }                                                                            \
     } while (0)
-#define CHECK_EQ(a, b)                                                           \
-    do {                                                                         \
-        long long a_ = (long long)(a), b_ = (long long)(b);                      \
-        if (a_ == b_) check_pass++;                                              \
-        else {                                                                   \
-            check_fail++;                                                        \
-            fprintf(stderr, "%s:%d: CHECK failed: %s == %s (%lld != %lld)\n", __FILE__, __LINE__, #a, #b, a_, b_); \
-        }                                                                        \
+#define CHECK_EQ(a, b)                                                                                    \
+    do {                                                                                                  \
+        long long a_ = (long long)(a), b_ = (long long)(b);                                               \
+        if (a_ == b_) check_pass++;                                                                       \
+        else {                                                                                            \
+            check_fail++;                                                                                 \
+            fprintf(stderr, "%s:%d: CHECK failed: %s == %s (%lld != %lld)\n", __FILE__, __LINE__, #a, #b, \
+                    a_, b_);                                                                              \
+        }                                                                                                 \
     } while (0)
-#define CHECK_STR_HAS(s, sub)                                                    \
-    do {                                                                         \
-        const char *s_ = (s);                                                    \
-        if (s_ && strstr(s_, (sub))) check_pass++;                               \
-        else {                                                                   \
-            check_fail++;                                                        \
-            fprintf(stderr, "%s:%d: CHECK failed: \"%s\" does not contain \"%s\"\n", __FILE__, __LINE__, s_ ? s_ : "(null)", (sub)); \
-        }                                                                        \
+#define CHECK_STR_HAS(s, sub)                                                                            \
+    do {                                                                                                 \
+        const char *s_ = (s);                                                                            \
+        if (s_ && strstr(s_, (sub))) check_pass++;                                                       \
+        else {                                                                                           \
+            check_fail++;                                                                                \
+            fprintf(stderr, "%s:%d: CHECK failed: \"%s\" does not contain \"%s\"\n", __FILE__, __LINE__, \
+                    s_ ? s_ : "(null)", (sub));                                                          \
+        }                                                                                                \
     } while (0)
 
 /* Cases. Each test binary ends with its list of cases and a main that sets up
@@ -50,15 +52,17 @@ typedef struct check_case {
     void (*fn)(void);
 } check_case;
 
-#define CHECK_CASE_FN_(name, call) \
-    static void check_case_##name(void) { call; }
+#define CHECK_CASE_FN_(name, call)      \
+    static void check_case_##name(void) \
+    {                                   \
+        call;                           \
+    }
 #define CHECK_CASE_ROW_(name, call) {#name, check_case_##name},
-#define CHECK_CASES(list)                                   \
-    list(CHECK_CASE_FN_)                                    \
-    static const check_case check_cases[] = {list(CHECK_CASE_ROW_)}; \
+#define CHECK_CASES(list)                                                                 \
+    list(CHECK_CASE_FN_) static const check_case check_cases[] = {list(CHECK_CASE_ROW_)}; \
     enum { check_ncases = sizeof check_cases / sizeof check_cases[0] };
 
-static int check_nargs;          /* case names given on the command line */
+static int check_nargs; /* case names given on the command line */
 static char **check_argv;
 static int check_ran, check_skipped; /* cases run, and of those skipped */
 static int check_skipping;           /* the running case called check_skip */

@@ -39,7 +39,8 @@ static inline pid_t kc_start(const char *sock, const char *log, uint64_t budget,
         if (lf >= 0) dup2(lf, 2);
         if (lf > 2) close(lf);
         int before = count_fds();
-        ferry_keep_opts o = {.socket = sock, .device = "sim", .budget = budget, .stop_fd = -1, .handle_signals = 1};
+        ferry_keep_opts o = {
+            .socket = sock, .device = "sim", .budget = budget, .stop_fd = -1, .handle_signals = 1};
         char err[1400];
         int rc = ferry_keep_serve(&o, err, sizeof err);
         if (rc < 0) {

@@ -27,7 +27,10 @@ static ferry_ctx *ctx;
 
 enum { NBLK = 6, NT = 2 * NBLK, WBYTES = 300 << 10 };
 
-static inline uint8_t val(uint32_t seed, int t, uint64_t j) { return (uint8_t)(seed * 151u + (uint32_t)t * 31u + j * 7u + (j >> 9)); }
+static inline uint8_t val(uint32_t seed, int t, uint64_t j)
+{
+    return (uint8_t)(seed * 151u + (uint32_t)t * 31u + j * 7u + (j >> 9));
+}
 
 /* Write the checkpoint at p: tensor t's bytes from seeds[t]. */
 static inline void write_ckpt(const char *p, const uint32_t *seeds)
@@ -37,8 +40,10 @@ static inline void write_ckpt(const char *p, const uint32_t *seeds)
     uint64_t off = 0;
     for (int t = 0; t < NT; t++) {
         uint64_t n = t % 2 ? 16 : WBYTES;
-        h += (size_t)snprintf(hdr + h, sizeof hdr - h, "%s\"blk.%d.%c\":{\"dtype\":\"U8\",\"shape\":[%" PRIu64
-                              "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", t ? "," : "", t / 2, t % 2 ? 'b' : 'w', n, off, off + n);
+        h += (size_t)snprintf(hdr + h, sizeof hdr - h,
+                              "%s\"blk.%d.%c\":{\"dtype\":\"U8\",\"shape\":[%" PRIu64
+                              "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}",
+                              t ? "," : "", t / 2, t % 2 ? 'b' : 'w', n, off, off + n);
         off += n;
     }
     h += (size_t)snprintf(hdr + h, sizeof hdr - h, "}");
@@ -82,8 +87,13 @@ static inline ferry_store *mk_store(ferry_device *d, bool keeper)
 {
     char spill[700];
     snprintf(spill, sizeof spill, "%s", dir);
-    ferry_store_opts o = {.size = sizeof o, .device_budget = 64 << 20, .host_budget = 64 << 20,
-                          .pinned_budget = 32 << 20, .spill_dir = spill, .spill_below = 1, .spill_above = 2};
+    ferry_store_opts o = {.size = sizeof o,
+                          .device_budget = 64 << 20,
+                          .host_budget = 64 << 20,
+                          .pinned_budget = 32 << 20,
+                          .spill_dir = spill,
+                          .spill_below = 1,
+                          .spill_above = 2};
     static const ferry_load_opts lo = {.size = sizeof lo, .ring_buffers = 4, .ring_buffer_bytes = 64 << 10};
     o.load = &lo;
     ferry_store *s = NULL;

@@ -22,7 +22,8 @@ static void write_st(const char *path, int n, unsigned len)
     char hdr[8192];
     size_t h = (size_t)snprintf(hdr, sizeof hdr, "{");
     for (int k = 0; k < n; k++)
-        h += (size_t)snprintf(hdr + h, sizeof hdr - h, "%s\"blk.%d.w\":{\"dtype\":\"U8\",\"shape\":[%u],\"data_offsets\":[%u,%u]}",
+        h += (size_t)snprintf(hdr + h, sizeof hdr - h,
+                              "%s\"blk.%d.w\":{\"dtype\":\"U8\",\"shape\":[%u],\"data_offsets\":[%u,%u]}",
                               k ? "," : "", k, len, k * len, (k + 1) * len);
     h += (size_t)snprintf(hdr + h, sizeof hdr - h, "}");
     while (h % 8) hdr[h++] = ' ';
@@ -91,7 +92,8 @@ static void test_old_load_structs(void)
     if (!f || !d) goto out;
     /* options of a caller that knew only size, route and threads; stats
      * without why */
-    ferry_load_opts o = {.size = (uint32_t)offsetof(ferry_load_opts, streams), .route = FERRY_ROUTE_RING, .threads = 2};
+    ferry_load_opts o = {
+        .size = (uint32_t)offsetof(ferry_load_opts, streams), .route = FERRY_ROUTE_RING, .threads = 2};
     unsigned char sb[sizeof(ferry_load_stats) + 32];
     memset(sb, CANARY, sizeof sb);
     ferry_load_stats *st = (ferry_load_stats *)sb;
@@ -131,8 +133,10 @@ static void test_old_store_structs(void)
     CHECK_EQ(ferry_device_open(ctx, "sim:64MiB", &d), 0);
     if (!f || !d) goto out;
     /* store options of a caller that knew the budgets only */
-    ferry_store_opts o = {.size = (uint32_t)offsetof(ferry_store_opts, spill_below), .device_budget = 1 << 20,
-                          .host_budget = 1 << 20, .pinned_budget = 1 << 19};
+    ferry_store_opts o = {.size = (uint32_t)offsetof(ferry_store_opts, spill_below),
+                          .device_budget = 1 << 20,
+                          .host_budget = 1 << 20,
+                          .pinned_budget = 1 << 19};
     CHECK_EQ(ferry_store_new(d, &o, &s), 0);
     if (!s) goto out;
     ferry_model *m = NULL;
@@ -191,13 +195,20 @@ static void test_abi_tables(void)
     static const struct {
         const char *name;
         size_t size;
-    } known[] = {{"ferry_allocator", sizeof(ferry_allocator)},       {"ferry_ctx_opts", sizeof(ferry_ctx_opts)},
-                 {"ferry_tensor_info", sizeof(ferry_tensor_info)},   {"ferry_load_opts", sizeof(ferry_load_opts)},
-                 {"ferry_load_stats", sizeof(ferry_load_stats)},     {"ferry_store_opts", sizeof(ferry_store_opts)},
-                 {"ferry_tensor_state", sizeof(ferry_tensor_state)}, {"ferry_store_stats", sizeof(ferry_store_stats)},
-                 {"ferry_mem_range", sizeof(ferry_mem_range)},       {"ferry_job_stats", sizeof(ferry_job_stats)},
-                 {"ferry_convert_opts", sizeof(ferry_convert_opts)}, {"ferry_plan_opts", sizeof(ferry_plan_opts)},
-                 {"ferry_plan", sizeof(ferry_plan)},                 {"ferry_streamer_opts", sizeof(ferry_streamer_opts)},
+    } known[] = {{"ferry_allocator", sizeof(ferry_allocator)},
+                 {"ferry_ctx_opts", sizeof(ferry_ctx_opts)},
+                 {"ferry_tensor_info", sizeof(ferry_tensor_info)},
+                 {"ferry_load_opts", sizeof(ferry_load_opts)},
+                 {"ferry_load_stats", sizeof(ferry_load_stats)},
+                 {"ferry_store_opts", sizeof(ferry_store_opts)},
+                 {"ferry_tensor_state", sizeof(ferry_tensor_state)},
+                 {"ferry_store_stats", sizeof(ferry_store_stats)},
+                 {"ferry_mem_range", sizeof(ferry_mem_range)},
+                 {"ferry_job_stats", sizeof(ferry_job_stats)},
+                 {"ferry_convert_opts", sizeof(ferry_convert_opts)},
+                 {"ferry_plan_opts", sizeof(ferry_plan_opts)},
+                 {"ferry_plan", sizeof(ferry_plan)},
+                 {"ferry_streamer_opts", sizeof(ferry_streamer_opts)},
                  {"ferry_streamer_stats", sizeof(ferry_streamer_stats)}};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
         CHECK_EQ(ferry_abi_sizeof(known[i].name), (int64_t)known[i].size);
@@ -223,7 +234,8 @@ static void test_abi_tables(void)
     CHECK_EQ(ferry_abi_offsetof("ferry_store_stats", "pinned_pool_bytes"),
              (int64_t)offsetof(ferry_store_stats, pinned_pool_bytes));
     /* the last field listed is the struct's last member */
-    CHECK(ferry_abi_field("ferry_job_stats", 17) && strcmp(ferry_abi_field("ferry_job_stats", 17), "dropped") == 0);
+    CHECK(ferry_abi_field("ferry_job_stats", 17) &&
+          strcmp(ferry_abi_field("ferry_job_stats", 17), "dropped") == 0);
     CHECK(ferry_abi_field("ferry_job_stats", 18) == NULL);
     CHECK_EQ(ferry_abi_sizeof("ferry_nothing"), FERRY_E_NOTFOUND);
     CHECK_EQ(ferry_abi_offsetof("ferry_load_opts", "path"), FERRY_E_NOTFOUND);
@@ -232,7 +244,8 @@ static void test_abi_tables(void)
     CHECK_EQ(ferry_abi_enum_count("ferry_dtype"), FERRY_DTYPE_COUNT);
     CHECK_EQ(ferry_abi_enum_count("ferry_route"), FERRY_ROUTE_COUNT);
     CHECK_EQ(ferry_abi_enum_count("ferry_tier"), FERRY_TIER_COUNT);
-    for (int r = 0; r < FERRY_ROUTE_COUNT; r++) CHECK(strcmp(ferry_route_name((ferry_route)r), "unknown") != 0);
+    for (int r = 0; r < FERRY_ROUTE_COUNT; r++)
+        CHECK(strcmp(ferry_route_name((ferry_route)r), "unknown") != 0);
     CHECK(strcmp(ferry_route_name(FERRY_ROUTE_COUNT), "unknown") == 0);
     int nerr = ferry_abi_enum_count("ferry_error");
     CHECK_EQ(nerr, FERRY_E_BASE - FERRY_E_LAST + 1);
@@ -242,7 +255,8 @@ static void test_abi_tables(void)
     }
     CHECK(strcmp(ferry_error_name(FERRY_E_BUSY), "BUSY") == 0);
     CHECK(strcmp(ferry_strerror(FERRY_E_BUSY), "in use") == 0);
-    CHECK(ferry_error_name(FERRY_E_LAST - 1) == NULL && ferry_error_name(-EINVAL) == NULL && ferry_error_name(0) == NULL);
+    CHECK(ferry_error_name(FERRY_E_LAST - 1) == NULL && ferry_error_name(-EINVAL) == NULL &&
+          ferry_error_name(0) == NULL);
 }
 
 /* ---- messages per handle ---- */
@@ -267,9 +281,9 @@ static void test_errors_per_handle(void)
     CHECK_EQ(ferry_model_to_device(a, NULL, 0), FERRY_E_BUDGET);
     CHECK_STR_HAS(ferry_model_errmsg(a), "model 'a'");
     CHECK_STR_HAS(ferry_model_errmsg(a), "can be made");
-    CHECK_STR_HAS(ferry_store_errmsg(s), "model 'a'");     /* a model's failure reaches its store */
-    CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "model 'a'");     /* and the context */
-    CHECK(strcmp(ferry_model_errmsg(b), "") == 0);           /* b never failed */
+    CHECK_STR_HAS(ferry_store_errmsg(s), "model 'a'"); /* a model's failure reaches its store */
+    CHECK_STR_HAS(ferry_ctx_errmsg(ctx), "model 'a'"); /* and the context */
+    CHECK(strcmp(ferry_model_errmsg(b), "") == 0);     /* b never failed */
     /* b's own failure: evicting a held tensor is BUSY, with the tensor quoted */
     CHECK_EQ(ferry_model_evict(b, NULL, 0), FERRY_E_BUSY);
     CHECK_STR_HAS(ferry_model_errmsg(b), "tensor 'blk.0.w' is in use");
@@ -307,11 +321,11 @@ out:
 
 /* `test_abi CASE` runs one of these, `--list` names them (check.h); main
  * writes the checkpoint and makes the ctx they share. */
-#define CASES(CASE)                                                              \
-    CASE(old_tensor_info, test_old_tensor_info())                                \
-    CASE(old_load_structs, test_old_load_structs())                              \
-    CASE(old_store_structs, test_old_store_structs())                            \
-    CASE(abi_tables, test_abi_tables())                                          \
+#define CASES(CASE)                                   \
+    CASE(old_tensor_info, test_old_tensor_info())     \
+    CASE(old_load_structs, test_old_load_structs())   \
+    CASE(old_store_structs, test_old_store_structs()) \
+    CASE(abi_tables, test_abi_tables())               \
     CASE(errors_per_handle, test_errors_per_handle())
 CHECK_CASES(CASES)
 

@@ -28,7 +28,9 @@ static void write_model(void)
     size_t h = 0;
     h += (size_t)snprintf(hdr + h, 1 << 16, "{");
     for (int k = 0; k < NT; k++)
-        h += (size_t)snprintf(hdr + h, (1 << 16) - h, "%s\"t.%d.w\":{\"dtype\":\"U8\",\"shape\":[%d],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}",
+        h += (size_t)snprintf(hdr + h, (1 << 16) - h,
+                              "%s\"t.%d.w\":{\"dtype\":\"U8\",\"shape\":[%d],\"data_offsets\":[%" PRIu64
+                              ",%" PRIu64 "]}",
                               k ? "," : "", k, TB, (uint64_t)k * TB, (uint64_t)(k + 1) * TB);
     h += (size_t)snprintf(hdr + h, (1 << 16) - h, "}");
     while (h % 8) hdr[h++] = ' ';
@@ -53,10 +55,15 @@ typedef struct run {
 static bool start(run *r, ferry_ctx *ctx, const char *spec, uint64_t budget)
 {
     memset(r, 0, sizeof *r);
-    ferry_store_opts o = {.size = sizeof o, .device_budget = budget, .host_budget = 1ull << 30,
-                          .pinned_budget = 256 * MiB, .spill_dir = spill_dir, .spill_below = 1, .spill_above = 2};
-    if (ferry_device_open(ctx, spec, &r->d) || ferry_file_open(ctx, path, 0, &r->f) || ferry_store_new(r->d, &o, &r->s) ||
-        ferry_store_add(r->s, "m", &r->f, 1, 0, &r->m)) {
+    ferry_store_opts o = {.size = sizeof o,
+                          .device_budget = budget,
+                          .host_budget = 1ull << 30,
+                          .pinned_budget = 256 * MiB,
+                          .spill_dir = spill_dir,
+                          .spill_below = 1,
+                          .spill_above = 2};
+    if (ferry_device_open(ctx, spec, &r->d) || ferry_file_open(ctx, path, 0, &r->f) ||
+        ferry_store_new(r->d, &o, &r->s) || ferry_store_add(r->s, "m", &r->f, 1, 0, &r->m)) {
         CHECK(0);
         return false;
     }
@@ -126,8 +133,9 @@ static void test_make_room_real(ferry_ctx *ctx)
     /* the caller (PyTorch's OOM retry) wants 160 MiB of the device */
     int64_t rc = ferry_store_make_room(r.s, 160 * MiB, NULL);
     CHECK(rc >= 0);
-    fprintf(stderr, "make_room(160 MiB) = %" PRId64 "; device free now %" PRIu64 " MiB (cached %" PRIu64 " MiB)\n", rc,
-            dev_free(&r) / MiB, r.s->arena.cached / MiB);
+    fprintf(stderr,
+            "make_room(160 MiB) = %" PRId64 "; device free now %" PRIu64 " MiB (cached %" PRIu64 " MiB)\n",
+            rc, dev_free(&r) / MiB, r.s->arena.cached / MiB);
     CHECK(dev_free(&r) >= 160 * MiB);
     check_books(&r);
     stop(&r);
@@ -148,7 +156,8 @@ static void test_shrink_gives_back(ferry_ctx *ctx)
     CHECK_EQ(ferry_store_set_device_budget(r.s, budget), 0);
     ferry_store_stats st = {.size = sizeof st};
     CHECK_EQ(ferry_store_get_stats(r.s, &st), 0);
-    fprintf(stderr, "budget %" PRIu64 " MiB: tensors %" PRIu64 " MiB, store holds %" PRIu64 " MiB of the device\n",
+    fprintf(stderr,
+            "budget %" PRIu64 " MiB: tensors %" PRIu64 " MiB, store holds %" PRIu64 " MiB of the device\n",
             budget / MiB, st.tier_bytes[FERRY_TIER_DEVICE] / MiB, dev_held(&r) / MiB);
     CHECK(st.tier_bytes[FERRY_TIER_DEVICE] <= budget);
     CHECK(dev_held(&r) <= budget + budget / 16);

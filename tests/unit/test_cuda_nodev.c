@@ -263,8 +263,8 @@ static void case_nodev(void)
 }
 
 /* `test_cuda_nodev CASE` runs one of these, `--list` names them (check.h). */
-#define CASES(CASE)                                                              \
-    CASE(device, case_device())                                                  \
+#define CASES(CASE)             \
+    CASE(device, case_device()) \
     CASE(nodev, case_nodev())
 CHECK_CASES(CASES)
 

@@ -20,25 +20,32 @@
 
 static char dir[256];
 
-static void path_of(char *out, size_t n, const char *name) { snprintf(out, n, "%s/%s", dir, name); }
+static void path_of(char *out, size_t n, const char *name)
+{
+    snprintf(out, n, "%s/%s", dir, name);
+}
 
 /* Write a safetensors file: tensors given as "name:DTYPE:n" with n 1-D elements
  * of deterministic bytes, in the given order in both header and data. */
-static void write_st(const char *name, int nt, const char *const *names, const char *const *dts, const int *counts,
-                     int byte_seed, size_t pad_data)
+static void write_st(const char *name, int nt, const char *const *names, const char *const *dts,
+                     const int *counts, int byte_seed, size_t pad_data)
 {
     char hdr[8192];
     size_t o = 0;
     uint64_t off = 0;
-    static const struct { const char *n; int b; } sz[] = {{"U8", 1}, {"BF16", 2}, {"F32", 4}, {"F64", 8}};
+    static const struct {
+        const char *n;
+        int b;
+    } sz[] = {{"U8", 1}, {"BF16", 2}, {"F32", 4}, {"F64", 8}};
     o += (size_t)snprintf(hdr + o, sizeof hdr - o, "{\"__metadata__\":{\"k\":\"v\"}");
     for (int i = 0; i < nt; i++) {
         int b = 1;
         for (size_t k = 0; k < 4; k++)
             if (strcmp(sz[k].n, dts[i]) == 0) b = sz[k].b;
         uint64_t len = (uint64_t)counts[i] * (uint64_t)b;
-        o += (size_t)snprintf(hdr + o, sizeof hdr - o, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%d],\"data_offsets\":[%llu,%llu]}",
-                              names[i], dts[i], counts[i], (unsigned long long)off, (unsigned long long)(off + len));
+        o += (size_t)snprintf(
+            hdr + o, sizeof hdr - o, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%d],\"data_offsets\":[%llu,%llu]}",
+            names[i], dts[i], counts[i], (unsigned long long)off, (unsigned long long)(off + len));
         off += len;
     }
     o += (size_t)snprintf(hdr + o, sizeof hdr - o, "}");
@@ -56,7 +63,9 @@ static void write_st(const char *name, int nt, const char *const *names, const c
         for (size_t k = 0; k < 4; k++)
             if (strcmp(sz[k].n, dts[i]) == 0) b = sz[k].b;
         for (uint64_t j = 0; j < (uint64_t)counts[i] * (uint64_t)b; j++)
-            fputc((int)((j * 131 + (uint64_t)byte_seed + (uint64_t)names[i][0] * 7 + strlen(names[i])) & 0xFF), f);
+            fputc(
+                (int)((j * 131 + (uint64_t)byte_seed + (uint64_t)names[i][0] * 7 + strlen(names[i])) & 0xFF),
+                f);
     }
     for (uint64_t i = 0; i < pad_data; i++) fputc(0, f);
     fclose(f);
@@ -91,17 +100,18 @@ static void make_files(void)
     static const char *const DB[] = {"F32", "U8"};
     static const int CB[] = {333, 7};
     write_st("s-2.safetensors", 2, B, DB, CB, 1, 0);
-    write_text("m.safetensors.index.json",
-               "{\"metadata\":{\"total_size\":2339},\"weight_map\":{\"w.0\":\"s-1.safetensors\",\"w.1\":\"s-2.safetensors\","
-               "\"bias\":\"s-2.safetensors\"}}");
+    write_text("m.safetensors.index.json", "{\"metadata\":{\"total_size\":2339},\"weight_map\":{\"w.0\":\"s-"
+                                           "1.safetensors\",\"w.1\":\"s-2.safetensors\","
+                                           "\"bias\":\"s-2.safetensors\"}}");
     write_text("missing.safetensors.index.json",
                "{\"weight_map\":{\"w.0\":\"s-1.safetensors\",\"w.1\":\"s-2.safetensors\"}}");
     write_text("extra.safetensors.index.json",
-               "{\"weight_map\":{\"w.0\":\"s-1.safetensors\",\"w.1\":\"s-2.safetensors\",\"bias\":\"s-2.safetensors\",\"z\":\"s-2.safetensors\"}}");
-    write_text("wrong.safetensors.index.json",
-               "{\"weight_map\":{\"w.0\":\"s-2.safetensors\",\"w.1\":\"s-1.safetensors\",\"bias\":\"s-2.safetensors\"}}");
-    write_text("dup.safetensors.index.json",
-               "{\"weight_map\":{\"w.0\":\"s-1.safetensors\",\"w.1\":\"one.safetensors\",\"bias\":\"one.safetensors\"}}");
+               "{\"weight_map\":{\"w.0\":\"s-1.safetensors\",\"w.1\":\"s-2.safetensors\",\"bias\":\"s-2."
+               "safetensors\",\"z\":\"s-2.safetensors\"}}");
+    write_text("wrong.safetensors.index.json", "{\"weight_map\":{\"w.0\":\"s-2.safetensors\",\"w.1\":\"s-1."
+                                               "safetensors\",\"bias\":\"s-2.safetensors\"}}");
+    write_text("dup.safetensors.index.json", "{\"weight_map\":{\"w.0\":\"s-1.safetensors\",\"w.1\":\"one."
+                                             "safetensors\",\"bias\":\"one.safetensors\"}}");
     write_text("gone.safetensors.index.json", "{\"weight_map\":{\"w.0\":\"nope.safetensors\"}}");
     write_st("trail.safetensors", 3, N3, D3, C3, 1, 5);
 }
@@ -126,7 +136,8 @@ static int mapping_perms(const void *addr, const char *perms)
     while (m && fgets(line, sizeof line, m)) {
         unsigned long lo, hi;
         char pm[8];
-        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, pm) == 3 && (unsigned long)addr >= lo && (unsigned long)addr < hi)
+        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, pm) == 3 && (unsigned long)addr >= lo &&
+            (unsigned long)addr < hi)
             found = strcmp(pm, perms) == 0 ? 1 : -1;
     }
     if (m) fclose(m);
@@ -218,7 +229,7 @@ static void test_open(ferry_ctx *ctx)
             unsigned char before = 0, after = 0;
             CHECK_EQ(ferry_file_tensor_read(f, 0, 0, &before, 1), 0);
             ((unsigned char *)v)[0] = (unsigned char)(before ^ 0xFF);
-            CHECK_EQ(((unsigned char *)v)[0], before ^ 0xFF); /* the view sees the write */
+            CHECK_EQ(((unsigned char *)v)[0], before ^ 0xFF);        /* the view sees the write */
             CHECK_EQ(ferry_file_tensor_read(f, 0, 0, &after, 1), 0); /* pread: the file does not */
             CHECK_EQ(after, before);
         }
@@ -273,7 +284,10 @@ static void test_open_touches_header_only(ferry_ctx *ctx)
     posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     ferry_file *f = NULL;
     CHECK_EQ(ferry_file_open(ctx, p, 0, &f), 0);
-    if (!f) { close(fd); return; }
+    if (!f) {
+        close(fd);
+        return;
+    }
     const void *data;
     ferry_file_tensor_data(f, 0, &data);
     size_t pages = (64u << 20) / 4096;
@@ -313,10 +327,10 @@ static void test_hash(ferry_ctx *ctx)
         CHECK(h[i] == ferry_xxh3(d, (size_t)ti.nbytes));
     }
     CHECK_EQ(ferry_file_hash(ctx, g, hr, &m2, NULL, NULL), 0);
-    CHECK(m1 == m2);              /* same tensors, other layout */
+    CHECK(m1 == m2); /* same tensors, other layout */
     CHECK(hr[0] == h[2] && hr[2] == h[0]);
     CHECK_EQ(ferry_file_hash(ctx, s, hs, &m3, NULL, NULL), 0);
-    CHECK(m1 == m3);              /* sharded copy hashes the same */
+    CHECK(m1 == m3); /* sharded copy hashes the same */
     ferry_ctx *one;
     ferry_ctx_opts o = {.size = sizeof o, .nthreads = 1};
     CHECK_EQ(ferry_ctx_new(&o, &one), 0);
@@ -419,10 +433,11 @@ static void test_caps(void)
         {2, 0, "one.safetensors", "one.safetensors: header holds 3 tensors, over the cap of 2 (max_tensors)"},
         {3, 0, "one.safetensors", NULL},
         {0, 100, "one.safetensors", "one.safetensors: header is 2"}, /* "... bytes, over the cap of 100" */
-        {0, 500, "one.safetensors", "(max_header_bytes)"},             /* the header fits, not its table */
+        {0, 500, "one.safetensors", "(max_header_bytes)"},           /* the header fits, not its table */
         {0, 4096, "one.safetensors", NULL},
         /* sharded: each shard is within the cap, the checkpoint is not */
-        {2, 0, "m.safetensors.index.json", "m.safetensors.index.json: holds more than 2 tensors, the cap (max_tensors)"},
+        {2, 0, "m.safetensors.index.json",
+         "m.safetensors.index.json: holds more than 2 tensors, the cap (max_tensors)"},
         {3, 0, "m.safetensors.index.json", NULL},
         {0, 100, "m.safetensors.index.json", "m.safetensors.index.json: index file is 1"},
         {0, 8192, "m.safetensors.index.json", NULL},
@@ -465,12 +480,12 @@ static void test_caps(void)
 /* `test_file CASE` runs one of these, `--list` names them (check.h); main
  * makes the files and the ctx they share. */
 static ferry_ctx *ctx;
-#define CASES(CASE)                                                              \
-    CASE(open, test_open(ctx))                                                   \
-    CASE(open_touches_header_only, test_open_touches_header_only(ctx))           \
-    CASE(hash, test_hash(ctx))                                                   \
-    CASE(faults, test_faults(ctx))                                               \
-    CASE(allocator, test_allocator())                                            \
+#define CASES(CASE)                                                    \
+    CASE(open, test_open(ctx))                                         \
+    CASE(open_touches_header_only, test_open_touches_header_only(ctx)) \
+    CASE(hash, test_hash(ctx))                                         \
+    CASE(faults, test_faults(ctx))                                     \
+    CASE(allocator, test_allocator())                                  \
     CASE(caps, test_caps())
 CHECK_CASES(CASES)
 

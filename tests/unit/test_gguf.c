@@ -35,11 +35,27 @@ static void put_le(uint64_t v, int n)
         put(&b, 1);
     }
 }
-static void u8(uint64_t v) { put_le(v, 1); }
-static void u32(uint64_t v) { put_le(v, 4); }
-static void u64(uint64_t v) { put_le(v, 8); }
-static void str_n(const char *s, size_t n) { u64(n); put(s, n); }
-static void str(const char *s) { str_n(s, strlen(s)); }
+static void u8(uint64_t v)
+{
+    put_le(v, 1);
+}
+static void u32(uint64_t v)
+{
+    put_le(v, 4);
+}
+static void u64(uint64_t v)
+{
+    put_le(v, 8);
+}
+static void str_n(const char *s, size_t n)
+{
+    u64(n);
+    put(s, n);
+}
+static void str(const char *s)
+{
+    str_n(s, strlen(s));
+}
 static void header(uint32_t version, uint64_t nt, uint64_t nkv)
 {
     blen = 0;
@@ -49,8 +65,18 @@ static void header(uint32_t version, uint64_t nt, uint64_t nkv)
     u64(nkv);
 }
 enum { U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 };
-static void kv_u32(const char *k, uint32_t v) { str(k); u32(U32); u32(v); }
-static void kv_str(const char *k, const char *v) { str(k); u32(STR); str(v); }
+static void kv_u32(const char *k, uint32_t v)
+{
+    str(k);
+    u32(U32);
+    u32(v);
+}
+static void kv_str(const char *k, const char *v)
+{
+    str(k);
+    u32(STR);
+    str(v);
+}
 /* a tensor info; ne innermost-first */
 static void tinfo(const char *name, uint32_t nd, const uint64_t *ne, uint32_t type, uint64_t off)
 {
@@ -65,7 +91,10 @@ static size_t pad_to(size_t a)
     while (blen % a) u8(0);
     return blen;
 }
-static void zeros(size_t n) { while (n--) u8(0); }
+static void zeros(size_t n)
+{
+    while (n--) u8(0);
+}
 
 static int parse(fy_table *tb)
 {
@@ -103,33 +132,38 @@ static int meta_kind(const fy_table *tb, const char *k)
     return -1;
 }
 
-#define CHECK_META(tb, k, v)                                                                 \
-    do {                                                                                     \
-        const char *m_ = meta((tb), (k));                                                    \
-        CHECK(m_ && strcmp(m_, (v)) == 0);                                                   \
-        if (!m_ || strcmp(m_, (v))) fprintf(stderr, "  %s = %s, expected %s\n", (k), m_ ? m_ : "(none)", (v)); \
+#define CHECK_META(tb, k, v)                                                           \
+    do {                                                                               \
+        const char *m_ = meta((tb), (k));                                              \
+        CHECK(m_ &&strcmp(m_, (v)) == 0);                                              \
+        if (!m_ || strcmp(m_, (v)))                                                    \
+            fprintf(stderr, "  %s = %s, expected %s\n", (k), m_ ? m_ : "(none)", (v)); \
     } while (0)
 
 /* ---- the dtype catalogue ---- */
 
 static void test_dtypes(void)
 {
-    static const struct { ferry_dtype dt; const char *name; int block, bytes; } want[] = {
-        {FERRY_DTYPE_F32, "F32", 1, 4},        {FERRY_DTYPE_F4, "F4", 2, 1},
-        {FERRY_DTYPE_F6_E2M3, "F6_E2M3", 4, 3}, {FERRY_DTYPE_Q4_0, "Q4_0", 32, 18},
-        {FERRY_DTYPE_Q4_1, "Q4_1", 32, 20},    {FERRY_DTYPE_Q5_0, "Q5_0", 32, 22},
-        {FERRY_DTYPE_Q5_1, "Q5_1", 32, 24},    {FERRY_DTYPE_Q8_0, "Q8_0", 32, 34},
-        {FERRY_DTYPE_Q8_1, "Q8_1", 32, 36},    {FERRY_DTYPE_Q2_K, "Q2_K", 256, 84},
-        {FERRY_DTYPE_Q3_K, "Q3_K", 256, 110},  {FERRY_DTYPE_Q4_K, "Q4_K", 256, 144},
-        {FERRY_DTYPE_Q5_K, "Q5_K", 256, 176},  {FERRY_DTYPE_Q6_K, "Q6_K", 256, 210},
-        {FERRY_DTYPE_Q8_K, "Q8_K", 256, 292},  {FERRY_DTYPE_IQ2_XXS, "IQ2_XXS", 256, 66},
-        {FERRY_DTYPE_IQ2_XS, "IQ2_XS", 256, 74}, {FERRY_DTYPE_IQ3_XXS, "IQ3_XXS", 256, 98},
-        {FERRY_DTYPE_IQ1_S, "IQ1_S", 256, 50}, {FERRY_DTYPE_IQ4_NL, "IQ4_NL", 32, 18},
-        {FERRY_DTYPE_IQ3_S, "IQ3_S", 256, 110}, {FERRY_DTYPE_IQ2_S, "IQ2_S", 256, 82},
+    static const struct {
+        ferry_dtype dt;
+        const char *name;
+        int block, bytes;
+    } want[] = {
+        {FERRY_DTYPE_F32, "F32", 1, 4},           {FERRY_DTYPE_F4, "F4", 2, 1},
+        {FERRY_DTYPE_F6_E2M3, "F6_E2M3", 4, 3},   {FERRY_DTYPE_Q4_0, "Q4_0", 32, 18},
+        {FERRY_DTYPE_Q4_1, "Q4_1", 32, 20},       {FERRY_DTYPE_Q5_0, "Q5_0", 32, 22},
+        {FERRY_DTYPE_Q5_1, "Q5_1", 32, 24},       {FERRY_DTYPE_Q8_0, "Q8_0", 32, 34},
+        {FERRY_DTYPE_Q8_1, "Q8_1", 32, 36},       {FERRY_DTYPE_Q2_K, "Q2_K", 256, 84},
+        {FERRY_DTYPE_Q3_K, "Q3_K", 256, 110},     {FERRY_DTYPE_Q4_K, "Q4_K", 256, 144},
+        {FERRY_DTYPE_Q5_K, "Q5_K", 256, 176},     {FERRY_DTYPE_Q6_K, "Q6_K", 256, 210},
+        {FERRY_DTYPE_Q8_K, "Q8_K", 256, 292},     {FERRY_DTYPE_IQ2_XXS, "IQ2_XXS", 256, 66},
+        {FERRY_DTYPE_IQ2_XS, "IQ2_XS", 256, 74},  {FERRY_DTYPE_IQ3_XXS, "IQ3_XXS", 256, 98},
+        {FERRY_DTYPE_IQ1_S, "IQ1_S", 256, 50},    {FERRY_DTYPE_IQ4_NL, "IQ4_NL", 32, 18},
+        {FERRY_DTYPE_IQ3_S, "IQ3_S", 256, 110},   {FERRY_DTYPE_IQ2_S, "IQ2_S", 256, 82},
         {FERRY_DTYPE_IQ4_XS, "IQ4_XS", 256, 136}, {FERRY_DTYPE_IQ1_M, "IQ1_M", 256, 56},
-        {FERRY_DTYPE_TQ1_0, "TQ1_0", 256, 54}, {FERRY_DTYPE_TQ2_0, "TQ2_0", 256, 66},
-        {FERRY_DTYPE_MXFP4, "MXFP4", 32, 17},  {FERRY_DTYPE_NVFP4, "NVFP4", 64, 36},
-        {FERRY_DTYPE_Q1_0, "Q1_0", 128, 18},   {FERRY_DTYPE_Q2_0, "Q2_0", 64, 18},
+        {FERRY_DTYPE_TQ1_0, "TQ1_0", 256, 54},    {FERRY_DTYPE_TQ2_0, "TQ2_0", 256, 66},
+        {FERRY_DTYPE_MXFP4, "MXFP4", 32, 17},     {FERRY_DTYPE_NVFP4, "NVFP4", 64, 36},
+        {FERRY_DTYPE_Q1_0, "Q1_0", 128, 18},      {FERRY_DTYPE_Q2_0, "Q2_0", 64, 18},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         int b = 0, by = 0;
@@ -267,13 +301,16 @@ static void test_valid(void)
 /* Every ggml type number ferry knows, and the ones it does not. */
 static void test_types(void)
 {
-    static const struct { uint32_t num; const char *name; } known[] = {
-        {0, "F32"},      {1, "F16"},      {2, "Q4_0"},    {3, "Q4_1"},    {6, "Q5_0"},   {7, "Q5_1"},
-        {8, "Q8_0"},     {9, "Q8_1"},     {10, "Q2_K"},   {11, "Q3_K"},   {12, "Q4_K"},  {13, "Q5_K"},
-        {14, "Q6_K"},    {15, "Q8_K"},    {16, "IQ2_XXS"}, {17, "IQ2_XS"}, {18, "IQ3_XXS"}, {19, "IQ1_S"},
-        {20, "IQ4_NL"},  {21, "IQ3_S"},   {22, "IQ2_S"},  {23, "IQ4_XS"}, {24, "I8"},    {25, "I16"},
-        {26, "I32"},     {27, "I64"},     {28, "F64"},    {29, "IQ1_M"},  {30, "BF16"},  {34, "TQ1_0"},
-        {35, "TQ2_0"},   {39, "MXFP4"},   {40, "NVFP4"},  {41, "Q1_0"},   {42, "Q2_0"},
+    static const struct {
+        uint32_t num;
+        const char *name;
+    } known[] = {
+        {0, "F32"},     {1, "F16"},    {2, "Q4_0"},     {3, "Q4_1"},    {6, "Q5_0"},     {7, "Q5_1"},
+        {8, "Q8_0"},    {9, "Q8_1"},   {10, "Q2_K"},    {11, "Q3_K"},   {12, "Q4_K"},    {13, "Q5_K"},
+        {14, "Q6_K"},   {15, "Q8_K"},  {16, "IQ2_XXS"}, {17, "IQ2_XS"}, {18, "IQ3_XXS"}, {19, "IQ1_S"},
+        {20, "IQ4_NL"}, {21, "IQ3_S"}, {22, "IQ2_S"},   {23, "IQ4_XS"}, {24, "I8"},      {25, "I16"},
+        {26, "I32"},    {27, "I64"},   {28, "F64"},     {29, "IQ1_M"},  {30, "BF16"},    {34, "TQ1_0"},
+        {35, "TQ2_0"},  {39, "MXFP4"}, {40, "NVFP4"},   {41, "Q1_0"},   {42, "Q2_0"},
     };
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
         fy_table tb;
@@ -314,34 +351,106 @@ static void test_metadata(void)
 {
     fy_table tb;
     header(3, 0, 23);
-    str("u8"); u32(U8); u8(200);
-    str("i8"); u32(I8); u8(0x80);
-    str("u16"); u32(U16); put_le(65535, 2);
-    str("i16"); u32(I16); put_le(0x8000, 2);
-    str("u32"); u32(U32); u32(4000000000u);
-    str("i32"); u32(I32); u32(0xFFFFFFFF);
-    str("u64"); u32(U64); u64(UINT64_MAX);
-    str("i64"); u32(I64); u64(0x8000000000000000ull);
-    str("f32"); u32(F32); u32(0x3f800000); /* 1 */
-    str("f64"); u32(F64); u64(0x3fd5555555555555ull); /* 1/3 */
-    str("nan"); u32(F32); u32(0x7fc00000);
-    str("ninf"); u32(F64); u64(0xfff0000000000000ull);
-    str("t"); u32(BOOL); u8(1);
-    str("f"); u32(BOOL); u8(0);
-    str("s"); u32(STR); str("line1\nline2 \xe5\x90\x8d");
-    str("empty"); u32(STR); str("");
+    str("u8");
+    u32(U8);
+    u8(200);
+    str("i8");
+    u32(I8);
+    u8(0x80);
+    str("u16");
+    u32(U16);
+    put_le(65535, 2);
+    str("i16");
+    u32(I16);
+    put_le(0x8000, 2);
+    str("u32");
+    u32(U32);
+    u32(4000000000u);
+    str("i32");
+    u32(I32);
+    u32(0xFFFFFFFF);
+    str("u64");
+    u32(U64);
+    u64(UINT64_MAX);
+    str("i64");
+    u32(I64);
+    u64(0x8000000000000000ull);
+    str("f32");
+    u32(F32);
+    u32(0x3f800000); /* 1 */
+    str("f64");
+    u32(F64);
+    u64(0x3fd5555555555555ull); /* 1/3 */
+    str("nan");
+    u32(F32);
+    u32(0x7fc00000);
+    str("ninf");
+    u32(F64);
+    u64(0xfff0000000000000ull);
+    str("t");
+    u32(BOOL);
+    u8(1);
+    str("f");
+    u32(BOOL);
+    u8(0);
+    str("s");
+    u32(STR);
+    str("line1\nline2 \xe5\x90\x8d");
+    str("empty");
+    u32(STR);
+    str("");
     /* arrays: short (shown), long (summarised), nested, strings escaped */
-    str("a.i16"); u32(ARR); u32(I16); u64(3); put_le(1, 2); put_le(0xFFFF, 2); put_le(300, 2);
-    str("a.long"); u32(ARR); u32(U8); u64(17); zeros(17);
-    str("a.str"); u32(ARR); u32(STR); u64(4); str("q\"b\\"); str("\x01\t"); str_n("n\0ul", 4); str("bad\xff\xc3");
-    str("a.nest"); u32(ARR); u32(ARR); u64(3);
-    u32(BOOL); u64(2); u8(1); u8(0);
-    u32(ARR); u64(1); u32(F32); u64(1); u32(0x40200000); /* [[2.5]] */
-    u32(U64); u64(20); zeros(160);
-    str("a.empty"); u32(ARR); u32(STR); u64(0);
-    str("a.bigstr"); u32(ARR); u32(STR); u64(1000);
+    str("a.i16");
+    u32(ARR);
+    u32(I16);
+    u64(3);
+    put_le(1, 2);
+    put_le(0xFFFF, 2);
+    put_le(300, 2);
+    str("a.long");
+    u32(ARR);
+    u32(U8);
+    u64(17);
+    zeros(17);
+    str("a.str");
+    u32(ARR);
+    u32(STR);
+    u64(4);
+    str("q\"b\\");
+    str("\x01\t");
+    str_n("n\0ul", 4);
+    str("bad\xff\xc3");
+    str("a.nest");
+    u32(ARR);
+    u32(ARR);
+    u64(3);
+    u32(BOOL);
+    u64(2);
+    u8(1);
+    u8(0);
+    u32(ARR);
+    u64(1);
+    u32(F32);
+    u64(1);
+    u32(0x40200000); /* [[2.5]] */
+    u32(U64);
+    u64(20);
+    zeros(160);
+    str("a.empty");
+    u32(ARR);
+    u32(STR);
+    u64(0);
+    str("a.bigstr");
+    u32(ARR);
+    u32(STR);
+    u64(1000);
     for (int i = 0; i < 1000; i++) str("tok");
-    str("a.nan"); u32(ARR); u32(F32); u64(2); u32(0x3f800000); u32(0x7fc00000);
+    str("a.nan");
+    u32(ARR);
+    u32(F32);
+    u64(2);
+    u32(0x3f800000);
+    u32(0x7fc00000);
     int rc = parse(&tb);
     CHECK_EQ(rc, 0);
     if (rc) fprintf(stderr, "  %s\n", err.msg);
@@ -363,20 +472,25 @@ static void test_metadata(void)
     CHECK_META(&tb, "empty", "");
     CHECK_META(&tb, "a.i16", "[1,-1,300]");
     CHECK_META(&tb, "a.long", "[UINT8 x 17]");
-    CHECK_META(&tb, "a.str", "[\"q\\\"b\\\\\",\"\\u0001\\t\",\"n\\u0000ul\",\"bad\xef\xbf\xbd\xef\xbf\xbd\"]");
+    CHECK_META(&tb, "a.str",
+               "[\"q\\\"b\\\\\",\"\\u0001\\t\",\"n\\u0000ul\",\"bad\xef\xbf\xbd\xef\xbf\xbd\"]");
     CHECK_META(&tb, "a.nest", "[[true,false],[[2.5]],[UINT64 x 20]]");
     CHECK_META(&tb, "a.empty", "[]");
     CHECK_META(&tb, "a.bigstr", "[STRING x 1000]");
     CHECK_META(&tb, "a.nan", "[1,NaN]");
     /* JSON: numbers, booleans, shown arrays; text: strings and what JSON cannot hold */
-    static const struct { const char *k; int kind; } kinds[] = {
-        {"u8", FERRY_META_JSON}, {"i8", FERRY_META_JSON}, {"u16", FERRY_META_JSON}, {"i16", FERRY_META_JSON},
-        {"u32", FERRY_META_JSON}, {"i32", FERRY_META_JSON}, {"u64", FERRY_META_JSON}, {"i64", FERRY_META_JSON},
-        {"f32", FERRY_META_JSON}, {"f64", FERRY_META_JSON}, {"nan", FERRY_META_TEXT}, {"ninf", FERRY_META_TEXT},
-        {"t", FERRY_META_JSON}, {"f", FERRY_META_JSON}, {"s", FERRY_META_TEXT}, {"empty", FERRY_META_TEXT},
-        {"a.i16", FERRY_META_JSON}, {"a.long", FERRY_META_TEXT}, {"a.str", FERRY_META_JSON},
-        {"a.nest", FERRY_META_TEXT}, {"a.empty", FERRY_META_JSON}, {"a.bigstr", FERRY_META_TEXT},
-        {"a.nan", FERRY_META_TEXT},
+    static const struct {
+        const char *k;
+        int kind;
+    } kinds[] = {
+        {"u8", FERRY_META_JSON},       {"i8", FERRY_META_JSON},     {"u16", FERRY_META_JSON},
+        {"i16", FERRY_META_JSON},      {"u32", FERRY_META_JSON},    {"i32", FERRY_META_JSON},
+        {"u64", FERRY_META_JSON},      {"i64", FERRY_META_JSON},    {"f32", FERRY_META_JSON},
+        {"f64", FERRY_META_JSON},      {"nan", FERRY_META_TEXT},    {"ninf", FERRY_META_TEXT},
+        {"t", FERRY_META_JSON},        {"f", FERRY_META_JSON},      {"s", FERRY_META_TEXT},
+        {"empty", FERRY_META_TEXT},    {"a.i16", FERRY_META_JSON},  {"a.long", FERRY_META_TEXT},
+        {"a.str", FERRY_META_JSON},    {"a.nest", FERRY_META_TEXT}, {"a.empty", FERRY_META_JSON},
+        {"a.bigstr", FERRY_META_TEXT}, {"a.nan", FERRY_META_TEXT},
     };
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         CHECK_EQ(meta_kind(&tb, kinds[i].k), kinds[i].kind);
@@ -386,14 +500,27 @@ static void test_metadata(void)
     fy_table_free(&tb);
 
     /* floats: the fewest digits that read back, plain or exponent form */
-    static const struct { uint32_t bits; const char *text; } f32s[] = {
-        {0x3dcccccd, "0.1"}, {0x3727c5ac, "1e-05"}, {0x80000000, "-0"}, {0x7f7fffff, "3.4028235e+38"},
-        {0x00000001, "1e-45"}, {0x461c4000, "10000"}, {0x501502f9, "10000000000"}, {0x7f800000, "Infinity"},
-        {0x38d1b717, "0.0001"}, {0x5a0e1bca, "1e+16"}, {0x59635fa9, "4000000000000000"},
+    static const struct {
+        uint32_t bits;
+        const char *text;
+    } f32s[] = {
+        {0x3dcccccd, "0.1"},
+        {0x3727c5ac, "1e-05"},
+        {0x80000000, "-0"},
+        {0x7f7fffff, "3.4028235e+38"},
+        {0x00000001, "1e-45"},
+        {0x461c4000, "10000"},
+        {0x501502f9, "10000000000"},
+        {0x7f800000, "Infinity"},
+        {0x38d1b717, "0.0001"},
+        {0x5a0e1bca, "1e+16"},
+        {0x59635fa9, "4000000000000000"},
     };
     for (size_t i = 0; i < sizeof f32s / sizeof f32s[0]; i++) {
         header(3, 0, 1);
-        str("x"); u32(F32); u32(f32s[i].bits);
+        str("x");
+        u32(F32);
+        u32(f32s[i].bits);
         CHECK_EQ(parse(&tb), 0);
         CHECK_META(&tb, "x", f32s[i].text);
         fy_table_free(&tb);
@@ -407,7 +534,8 @@ static void test_invalid(void)
     uint64_t ne4[1] = {4};
     /* header */
     blen = 0;
-    put("GGUX\3\0\0\0", 8); zeros(16);
+    put("GGUX\3\0\0\0", 8);
+    zeros(16);
     bad(FERRY_E_CORRUPT, "does not start with the GGUF magic");
     blen = 0;
     put("GGU", 3);
@@ -440,48 +568,87 @@ static void test_invalid(void)
 
     /* key/values */
     header(3, 0, 1);
-    str(""); u32(U8); u8(1); zeros(8);
+    str("");
+    u32(U8);
+    u8(1);
+    zeros(8);
     bad(FERRY_E_CORRUPT, "metadata key/value 1 of 1: the key is empty");
     header(3, 0, 1);
-    str("a\xc3"); u32(U8); u8(1);
+    str("a\xc3");
+    u32(U8);
+    u8(1);
     bad(FERRY_E_CORRUPT, "the key is not valid UTF-8 (byte 0xc3 at offset 33)");
     header(3, 0, 1);
-    str_n("a\0b", 3); u32(U8); u8(1);
+    str_n("a\0b", 3);
+    u32(U8);
+    u8(1);
     bad(FERRY_E_CORRUPT, "the key holds a NUL byte (offset 33)");
     header(3, 0, 1);
-    str("k"); u32(13); zeros(8);
+    str("k");
+    u32(13);
+    zeros(8);
     bad(FERRY_E_CORRUPT, "metadata key 'k': unknown value type 13");
     header(3, 0, 1);
-    str("k"); u32(BOOL); u8(2); zeros(8);
+    str("k");
+    u32(BOOL);
+    u8(2);
+    zeros(8);
     bad(FERRY_E_CORRUPT, "BOOL value 2 at offset 37 is neither 0 nor 1");
     header(3, 0, 1);
-    str("k"); u32(STR); str("a\xe0\x80\x80");
+    str("k");
+    u32(STR);
+    str("a\xe0\x80\x80");
     bad(FERRY_E_CORRUPT, "metadata key 'k': the STRING value is not valid UTF-8 (byte 0xe0 at offset 46)");
     header(3, 0, 1);
-    str("k"); u32(STR); str_n("a\0", 2);
+    str("k");
+    u32(STR);
+    str_n("a\0", 2);
     bad(FERRY_E_CORRUPT, "the STRING value holds a NUL byte (offset 46)");
     header(3, 0, 1);
-    str("k"); u32(STR); u64(1000); zeros(4);
-    bad(FERRY_E_CORRUPT, "a STRING value of 1000 bytes at offset 45 runs past the end of the file (49 bytes)");
+    str("k");
+    u32(STR);
+    u64(1000);
+    zeros(4);
+    bad(FERRY_E_CORRUPT,
+        "a STRING value of 1000 bytes at offset 45 runs past the end of the file (49 bytes)");
     header(3, 0, 1);
-    str("k"); u32(U64); u32(0);
+    str("k");
+    u32(U64);
+    u32(0);
     bad(FERRY_E_CORRUPT, "a UINT64 value at offset 37 runs past the end of the file");
     header(3, 0, 1);
-    str("k"); u32(ARR); u32(14); u64(0);
+    str("k");
+    u32(ARR);
+    u32(14);
+    u64(0);
     bad(FERRY_E_CORRUPT, "has unknown element type 14");
     header(3, 0, 1);
-    str("k"); u32(ARR); u32(ARR); u64(UINT64_MAX / 4);
+    str("k");
+    u32(ARR);
+    u32(ARR);
+    u64(UINT64_MAX / 4);
     zeros(30);
     bad(FERRY_E_CORRUPT, "needs at least 12 bytes per item");
     header(3, 0, 1);
-    str("k"); u32(ARR); u32(BOOL); u64(40); zeros(39); u8(7);
+    str("k");
+    u32(ARR);
+    u32(BOOL);
+    u64(40);
+    zeros(39);
+    u8(7);
     bad(FERRY_E_CORRUPT, "BOOL value 7");
     /* 32 levels of arrays are fine, 33 are not */
     for (int levels = 32; levels <= 33; levels++) {
         header(3, 0, 1);
-        str("k"); u32(ARR);
-        for (int i = 1; i < levels; i++) { u32(ARR); u64(1); }
-        u32(U8); u64(1); u8(9);
+        str("k");
+        u32(ARR);
+        for (int i = 1; i < levels; i++) {
+            u32(ARR);
+            u64(1);
+        }
+        u32(U8);
+        u64(1);
+        u8(9);
         if (levels == 32) {
             fy_table tb;
             CHECK_EQ(parse(&tb), 0);
@@ -501,10 +668,14 @@ static void test_invalid(void)
     kv_u32("general.alignment", 96);
     bad(FERRY_E_CORRUPT, "metadata key 'general.alignment': the alignment 96 is not a power of two");
     header(3, 0, 1);
-    str("general.alignment"); u32(I32); u32(32);
+    str("general.alignment");
+    u32(I32);
+    u32(32);
     bad(FERRY_E_CORRUPT, "the alignment must be a UINT32, not INT32");
     header(3, 0, 1);
-    str("k\x1b[31m\n"); u32(99); zeros(8);
+    str("k\x1b[31m\n");
+    u32(99);
+    zeros(8);
     bad(FERRY_E_CORRUPT, "metadata key 'k\\x1b[31m\\x0a': unknown value type 99");
 
     /* tensor infos */
@@ -539,7 +710,8 @@ static void test_invalid(void)
     header(3, 1, 0);
     tinfo("w", 2, ne33, 2, 0);
     zeros(64);
-    bad(FERRY_E_CORRUPT, "tensor 'w': ne [33, 1] of Q4_0: ne[0] = 33 is not a multiple of the Q4_0 block (32 elements)");
+    bad(FERRY_E_CORRUPT,
+        "tensor 'w': ne [33, 1] of Q4_0: ne[0] = 33 is not a multiple of the Q4_0 block (32 elements)");
     uint64_t neovf[3] = {1ull << 32, 1ull << 32, 1};
     header(3, 1, 0);
     tinfo("w", 3, neovf, 24, 0);
@@ -559,8 +731,10 @@ static void test_invalid(void)
     size_t start = pad_to(32);
     zeros(15);
     char sub[160];
-    snprintf(sub, sizeof sub, "tensor 'w': 16 bytes at offset 0 of the data section (which starts at %zu) run past the "
-             "end of the file (%zu bytes)", start, start + 15);
+    snprintf(sub, sizeof sub,
+             "tensor 'w': 16 bytes at offset 0 of the data section (which starts at %zu) run past the "
+             "end of the file (%zu bytes)",
+             start, start + 15);
     bad(FERRY_E_CORRUPT, sub);
     header(3, 1, 0);
     tinfo("w", 1, ne4, 0, UINT64_MAX - 31);
@@ -601,8 +775,20 @@ static size_t build_rich(void)
     header(3, 3, 4);
     kv_str("general.architecture", "llama");
     kv_u32("general.alignment", 16);
-    str("arr"); u32(ARR); u32(STR); u64(2); str("x"); str("yz");
-    str("nest"); u32(ARR); u32(ARR); u64(1); u32(BOOL); u64(2); u8(1); u8(0);
+    str("arr");
+    u32(ARR);
+    u32(STR);
+    u64(2);
+    str("x");
+    str("yz");
+    str("nest");
+    u32(ARR);
+    u32(ARR);
+    u64(1);
+    u32(BOOL);
+    u64(2);
+    u8(1);
+    u8(0);
     tinfo("a", 2, ne_a, 8, 0);
     tinfo("b", 1, ne_b, 0, 80);
     tinfo("e", 1, ne0, 2, 96);
@@ -668,7 +854,11 @@ static void *t_realloc(void *o, void *p, size_t n)
     if ((long)n > biggest) biggest = (long)n;
     return alloc_n++ == fail_at ? NULL : realloc(p, n);
 }
-static void t_free(void *o, void *p) { (void)o; free(p); }
+static void t_free(void *o, void *p)
+{
+    (void)o;
+    free(p);
+}
 static const ferry_allocator tmem = {t_alloc, t_realloc, t_free, NULL};
 
 static void test_oom(void)
@@ -695,7 +885,10 @@ static void test_oom(void)
 
     /* hostile counts allocate nothing big */
     header(3, 0, 1);
-    str("k"); u32(ARR); u32(STR); u64(UINT64_MAX);
+    str("k");
+    u32(ARR);
+    u32(STR);
+    u64(UINT64_MAX);
     zeros(64);
     fy_table tb;
     fy_table_init(&tb, &tmem);
@@ -704,7 +897,10 @@ static void test_oom(void)
     CHECK(biggest < 4096);
     fy_table_free(&tb);
     header(3, 0, 1);
-    str("k"); u32(ARR); u32(U8); u64(1u << 19);
+    str("k");
+    u32(ARR);
+    u32(U8);
+    u64(1u << 19);
     zeros(1u << 19);
     fy_table_init(&tb, &tmem);
     biggest = 0;
@@ -770,7 +966,10 @@ static void test_file_api(void)
     }
     /* a corrupt one: the message names the file */
     header(3, 0, 1);
-    str("k"); u32(BOOL); u8(3); zeros(8);
+    str("k");
+    u32(BOOL);
+    u8(3);
+    zeros(8);
     f = fopen(path, "wb");
     fwrite(buf, 1, blen, f);
     fclose(f);
@@ -783,14 +982,14 @@ static void test_file_api(void)
 }
 
 /* `test_gguf CASE` runs one of these, `--list` names them (check.h). */
-#define CASES(CASE)                                                              \
-    CASE(dtypes, test_dtypes())                                                  \
-    CASE(valid, test_valid())                                                    \
-    CASE(types, test_types())                                                    \
-    CASE(metadata, test_metadata())                                              \
-    CASE(invalid, test_invalid())                                                \
-    CASE(sweeps, test_sweeps())                                                  \
-    CASE(oom, test_oom())                                                        \
+#define CASES(CASE)                 \
+    CASE(dtypes, test_dtypes())     \
+    CASE(valid, test_valid())       \
+    CASE(types, test_types())       \
+    CASE(metadata, test_metadata()) \
+    CASE(invalid, test_invalid())   \
+    CASE(sweeps, test_sweeps())     \
+    CASE(oom, test_oom())           \
     CASE(file_api, test_file_api())
 CHECK_CASES(CASES)
 

@@ -39,9 +39,11 @@ static void check_empty(fy_gpu *g, int line)
     CHECK_EQ(fy_gpu_sim_usage(g, &d, &p, &r), 0);
     CHECK_EQ(g->ops->mem_info(g, &fr, &tot), 0);
     if (d || p || r || fr != tot)
-        fprintf(stderr, "line %d: usage not back to zero: device %llu pinned %llu registered %llu free %llu of %llu\n",
-                line, (unsigned long long)d, (unsigned long long)p, (unsigned long long)r, (unsigned long long)fr,
-                (unsigned long long)tot);
+        fprintf(
+            stderr,
+            "line %d: usage not back to zero: device %llu pinned %llu registered %llu free %llu of %llu\n",
+            line, (unsigned long long)d, (unsigned long long)p, (unsigned long long)r, (unsigned long long)fr,
+            (unsigned long long)tot);
     CHECK(d == 0 && p == 0 && r == 0 && fr == tot);
 }
 
@@ -55,7 +57,11 @@ static void sleep_ms(long ms)
 
 static void test_parse_size(void)
 {
-    static const struct { const char *s; int ok; uint64_t v; } t[] = {
+    static const struct {
+        const char *s;
+        int ok;
+        uint64_t v;
+    } t[] = {
         {"4096", 1, 4096},
         {"0", 1, 0},
         {"4096B", 1, 4096},
@@ -112,7 +118,7 @@ static void test_parse_size(void)
         {"1.", 0, 0},
         {"1..5G", 0, 0},
         {"1.5.5G", 0, 0},
-        {"1.5", 0, 0},  /* fractional bytes */
+        {"1.5", 0, 0}, /* fractional bytes */
         {"1.5B", 0, 0},
         {"1x", 0, 0},
         {"1Gi", 0, 0},
@@ -142,9 +148,10 @@ static void test_parse_size(void)
 
 static void test_open(void)
 {
-    static const char *const bad[] = {"", "cuda:", "cuda:x", "cuda:-1", "cuda:+1", "cuda:1.5", "cuda:0 ",
-                                      "cuda:99999999999", "CUDA", "cuda0", "sim", "sim:", "sim:0", "sim:abc",
-                                      "sim:-1G", "sim:24GiB ", "sim:16EiB", "rocm:0", "gpu", "sim24G"};
+    static const char *const bad[] = {
+        "",          "cuda:",  "cuda:x", "cuda:-1", "cuda:+1", "cuda:1.5", "cuda:0 ", "cuda:99999999999",
+        "CUDA",      "cuda0",  "sim",    "sim:",    "sim:0",   "sim:abc",  "sim:-1G", "sim:24GiB ",
+        "sim:16EiB", "rocm:0", "gpu",    "sim24G"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         fy_gpu *g = (fy_gpu *)&err; /* must be cleared */
         err.msg[0] = '\0';
@@ -355,10 +362,11 @@ static void test_register(void)
     CHECK_STR_HAS(err.msg, "inside one registration");
     CHECK_EQ(o->copy_htod(g, d, buf + 4096, 4096 + 1, s), FERRY_E_INVAL);
     CHECK_EQ(o->copy_htod(g, d, buf + 16384 - 1, 2, s), FERRY_E_INVAL); /* runs out into pageable memory */
-    CHECK_EQ(o->copy_htod(g, d, buf + 16384, 4096, s), 0);             /* pageable alone is fine */
+    CHECK_EQ(o->copy_htod(g, d, buf + 16384, 4096, s), 0);              /* pageable alone is fine */
     CHECK_EQ(o->stream_sync(g, s), 0);
     CHECK_EQ(o->host_unregister(g, buf + 8192), 0);
-    CHECK_EQ(o->copy_htod(g, d, buf + 8191, 2, s), FERRY_E_INVAL); /* from a registration into pageable memory */
+    CHECK_EQ(o->copy_htod(g, d, buf + 8191, 2, s),
+             FERRY_E_INVAL); /* from a registration into pageable memory */
     CHECK_EQ(o->host_unregister(g, buf), 0);
     CHECK_EQ(o->copy_htod(g, d, buf + 8191, 2, s), 0);
     CHECK_EQ(o->stream_sync(g, s), 0);
@@ -647,8 +655,8 @@ static void *worker(void *p)
     unsigned char *in = NULL, *out = NULL;
     fy_stream *s = NULL;
     fy_event *e = NULL;
-    if (o->stream_new(g, &s) || o->event_new(g, &e) || o->mem_alloc(g, n, &d) || o->host_alloc(g, n, (void **)&in) ||
-        o->host_alloc(g, n, (void **)&out)) {
+    if (o->stream_new(g, &s) || o->event_new(g, &e) || o->mem_alloc(g, n, &d) ||
+        o->host_alloc(g, n, (void **)&in) || o->host_alloc(g, n, (void **)&out)) {
         a->bad++;
         goto out;
     }
@@ -688,8 +696,8 @@ static void test_threads(void)
     for (int i = 0; i < 300; i++) {
         fy_dptr d = 0;
         uint64_t fr, tot;
-        if (g->ops->mem_alloc(g, (size_t)(i % 7 + 1) * 3000, &d) || g->ops->mem_info(g, &fr, &tot) || fr > tot ||
-            g->ops->mem_free(g, d))
+        if (g->ops->mem_alloc(g, (size_t)(i % 7 + 1) * 3000, &d) || g->ops->mem_info(g, &fr, &tot) ||
+            fr > tot || g->ops->mem_free(g, d))
             bad++;
     }
     CHECK_EQ(bad, 0);
@@ -744,7 +752,12 @@ out:
 
 static void test_faults(void)
 {
-    static const struct { fy_gpu_op op; const char *name; int code; long calls; } kinds[] = {
+    static const struct {
+        fy_gpu_op op;
+        const char *name;
+        int code;
+        long calls;
+    } kinds[] = {
         {FY_OP_ANY, "any", 0, 12},
         {FY_OP_MEM_ALLOC, "mem_alloc", -ENOMEM, 2},
         {FY_OP_HOST_ALLOC, "host_alloc", -ENOMEM, 1},
@@ -827,16 +840,16 @@ static void test_close_leftovers(void)
 }
 
 /* `test_gpu CASE` runs one of these, `--list` names them (check.h). */
-#define CASES(CASE)                                                              \
-    CASE(parse_size, test_parse_size())                                          \
-    CASE(open, test_open())                                                      \
-    CASE(capacity, test_capacity())                                              \
-    CASE(register, test_register())                                              \
-    CASE(truncated_source, test_truncated_source())                              \
-    CASE(async, test_async())                                                    \
-    CASE(bounds, test_bounds())                                                  \
-    CASE(threads, test_threads())                                                \
-    CASE(faults, test_faults())                                                  \
+#define CASES(CASE)                                 \
+    CASE(parse_size, test_parse_size())             \
+    CASE(open, test_open())                         \
+    CASE(capacity, test_capacity())                 \
+    CASE(register, test_register())                 \
+    CASE(truncated_source, test_truncated_source()) \
+    CASE(async, test_async())                       \
+    CASE(bounds, test_bounds())                     \
+    CASE(threads, test_threads())                   \
+    CASE(faults, test_faults())                     \
     CASE(close_leftovers, test_close_leftovers())
 CHECK_CASES(CASES)
 

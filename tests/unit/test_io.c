@@ -42,7 +42,10 @@ static write_fn *real_write;
 static open_fn *real_open;
 static atomic_long calls;
 
-static void path_of(char *out, size_t n, const char *name) { snprintf(out, n, "%s/%s", dir, name); }
+static void path_of(char *out, size_t n, const char *name)
+{
+    snprintf(out, n, "%s/%s", dir, name);
+}
 
 
 /* Entries of d other than . and .., whose names start with prefix. */
@@ -53,7 +56,9 @@ static int count_entries(const char *d, const char *prefix)
     int n = 0;
     struct dirent *e;
     while ((e = readdir(dd)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strncmp(e->d_name, prefix, strlen(prefix)) == 0) n++;
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") &&
+            strncmp(e->d_name, prefix, strlen(prefix)) == 0)
+            n++;
     closedir(dd);
     return n;
 }
@@ -77,7 +82,10 @@ static void put(const char *path, const void *data, size_t len)
     fclose(f);
 }
 
-static uint8_t byte_at(uint64_t i) { return (uint8_t)(i * 131u + (i >> 8)); }
+static uint8_t byte_at(uint64_t i)
+{
+    return (uint8_t)(i * 131u + (i >> 8));
+}
 
 /* A safetensors file with two tensors: "a" F32[300] and "b" U8[77]. */
 static void make_st(const char *name)
@@ -225,9 +233,10 @@ static int fake_fstatfs_frsize(int fd, struct statfs *sf)
 
 static void test_table(void)
 {
-    static const char *const names[] = {"open",      "close",     "read",   "write", "pread",  "pwrite",  "stat",
-                                        "fstat",     "fstatfs",   "fallocate", "ftruncate", "fchmod", "fsync",
-                                        "mmap",      "munmap",    "mincore", "mkostemp", "rename", "unlink"};
+    static const char *const names[] = {"open",      "close",    "read",   "write",   "pread",
+                                        "pwrite",    "stat",     "fstat",  "fstatfs", "fallocate",
+                                        "ftruncate", "fchmod",   "fsync",  "mmap",    "munmap",
+                                        "mincore",   "mkostemp", "rename", "unlink"};
     fy_sys_fn real[sizeof names / sizeof *names];
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         real[i] = fy_sys_get(names[i]);
@@ -240,7 +249,7 @@ static void test_table(void)
 
     CHECK_EQ(fy_sys_set("fsync", (fy_sys_fn)fail_fd_eio), 0);
     CHECK(fy_sys_get("fsync") == (fy_sys_fn)fail_fd_eio);
-    CHECK(fy_sys_get("close") == real[1]); /* only that entry */
+    CHECK(fy_sys_get("close") == real[1]);  /* only that entry */
     CHECK_EQ(fy_sys_set("fsync", NULL), 0); /* NULL: the real call again */
     CHECK(fy_sys_get("fsync") == real[12]);
 
@@ -751,15 +760,15 @@ static void test_threads(void)
 /* `test_io CASE` runs one of these, `--list` names them (check.h); main makes
  * the temp dir and the ctx they share and remembers the real calls. */
 static ferry_ctx *ctx;
-#define CASES(CASE)                                                              \
-    CASE(table, test_table())                                                    \
-    CASE(reads, if (ctx) test_reads(ctx))                                        \
-    CASE(mincore, test_mincore())                                                \
-    CASE(unmap_gently, test_unmap_gently())                                      \
-    CASE(convert, test_convert())                                                \
-    CASE(spill, test_spill())                                                    \
-    CASE(memstat, test_memstat())                                                \
-    CASE(uncounted, test_uncounted())                                            \
+#define CASES(CASE)                         \
+    CASE(table, test_table())               \
+    CASE(reads, if (ctx) test_reads(ctx))   \
+    CASE(mincore, test_mincore())           \
+    CASE(unmap_gently, test_unmap_gently()) \
+    CASE(convert, test_convert())           \
+    CASE(spill, test_spill())               \
+    CASE(memstat, test_memstat())           \
+    CASE(uncounted, test_uncounted())       \
     CASE(threads, test_threads())
 CHECK_CASES(CASES)
 

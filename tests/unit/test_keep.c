@@ -330,7 +330,8 @@ static void test_codec_reject(void)
     r->text[FKP_MAX_DEVICE + 1] = '\0';
     CHECK_EQ(fkp_encode(r, wire, sizeof wire), -EINVAL);
     /* fixed-size bodies: one byte short, one over */
-    uint16_t fixed[] = {FKP_HELLO, FKP_PUT_COMMIT, FKP_RELEASE, FKP_PUT_READY, FKP_HIT, FKP_MISS, FKP_DROPPED};
+    uint16_t fixed[] = {FKP_HELLO, FKP_PUT_COMMIT, FKP_RELEASE, FKP_PUT_READY,
+                        FKP_HIT,   FKP_MISS,       FKP_DROPPED};
     size_t fixed_len[] = {4, 8, 8, 16, 24, 1, 4};
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
         memset(wire + FKP_HDR, 0, 32);
@@ -385,7 +386,10 @@ static void test_codec_reject(void)
 
 /* ---- a keeper in a child ------------------------------------------------ */
 
-static pid_t start_keeper(uint64_t budget, bool check_fds) { return kc_start(sock, logpath, budget, check_fds); }
+static pid_t start_keeper(uint64_t budget, bool check_fds)
+{
+    return kc_start(sock, logpath, budget, check_fds);
+}
 
 static bool log_has(const char *s)
 {
@@ -515,7 +519,8 @@ static void test_put_get_two_processes(void)
         CHECK_EQ(s->npending, 0);
         CHECK_EQ(s->nclients, 1);
         CHECK(s->used == 1 << 20);
-        CHECK(s->listed_entries == 1 && s->entries[0].attached == 0 && strcmp(s->entries[0].tensor, "w") == 0);
+        CHECK(s->listed_entries == 1 && s->entries[0].attached == 0 &&
+              strcmp(s->entries[0].tensor, "w") == 0);
         ferry_keep_status_free(s);
     }
     /* DROP of the file, then a miss */
@@ -604,7 +609,8 @@ static void test_lru(void)
     /* an attached entry is never dropped for room, even as the least recent */
     int fdA;
     uint64_t off, n, eA;
-    CHECK_EQ(ferry_keep_get(k, &C, &fdA, &off, &n, &eA, NULL), 1); /* C: attached, and now the oldest use... */
+    CHECK_EQ(ferry_keep_get(k, &C, &fdA, &off, &n, &eA, NULL),
+             1); /* C: attached, and now the oldest use... */
     CHECK_EQ(get_check(k, &A, 4096, 'A', NULL), 1);
     CHECK_EQ(get_check(k, &D, 4096, 'D', NULL), 1);
     CHECK_EQ(put_fill(k, &E, 4096, 'E'), 0); /* ...so A goes, the least recent unattached */
@@ -1073,13 +1079,13 @@ static void test_bad_client(void)
         int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         struct sockaddr_un a = {.sun_family = AF_UNIX};
         CHECK(strlen(sock) < sizeof a.sun_path);
-    memcpy(a.sun_path, sock, strlen(sock) + 1);
+        memcpy(a.sun_path, sock, strlen(sock) + 1);
         CHECK_EQ(connect(s, (struct sockaddr *)&a, sizeof a), 0);
         struct timeval tv = {2, 0};
         setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
         if (variant == 0) put_hdr(FKP_MAGIC ^ 0xff, FKP_VERSION, FKP_HELLO, 4, 0);
         else if (variant == 1) put_hdr(FKP_MAGIC, FKP_VERSION, FKP_HELLO, 5, 0); /* a HELLO body of 5 bytes */
-        else put_hdr(FKP_MAGIC, FKP_VERSION, FKP_HIT, 24, 0);                   /* a reply sent as a request */
+        else put_hdr(FKP_MAGIC, FKP_VERSION, FKP_HIT, 24, 0); /* a reply sent as a request */
         memset(wire + FKP_HDR, 0, 24);
         size_t len = FKP_HDR + (variant == 1 ? 5 : variant == 2 ? 24 : 4);
         CHECK_EQ(send(s, wire, len, MSG_NOSIGNAL), (long long)len);
@@ -1146,19 +1152,19 @@ static void test_file_identity(void)
     check_rmtree(dir);
 }
 
-#define CASES(CASE)                                                              \
-    CASE(codec_roundtrip, test_codec_roundtrip())                                \
-    CASE(codec_reject, test_codec_reject())                                      \
-    CASE(put_get_two_processes, test_put_get_two_processes())                    \
-    CASE(stale, test_stale())                                                    \
-    CASE(lru, test_lru())                                                        \
-    CASE(same_user, test_same_user())                                            \
-    CASE(private_dir, test_private_dir())                                        \
-    CASE(kill_client, test_kill_client())                                        \
-    CASE(kill_keeper, test_kill_keeper())                                        \
-    CASE(clean_exit, test_clean_exit())                                          \
-    CASE(many_clients, test_many_clients())                                      \
-    CASE(bad_client, test_bad_client())                                          \
+#define CASES(CASE)                                           \
+    CASE(codec_roundtrip, test_codec_roundtrip())             \
+    CASE(codec_reject, test_codec_reject())                   \
+    CASE(put_get_two_processes, test_put_get_two_processes()) \
+    CASE(stale, test_stale())                                 \
+    CASE(lru, test_lru())                                     \
+    CASE(same_user, test_same_user())                         \
+    CASE(private_dir, test_private_dir())                     \
+    CASE(kill_client, test_kill_client())                     \
+    CASE(kill_keeper, test_kill_keeper())                     \
+    CASE(clean_exit, test_clean_exit())                       \
+    CASE(many_clients, test_many_clients())                   \
+    CASE(bad_client, test_bad_client())                       \
     CASE(file_identity, test_file_identity())
 CHECK_CASES(CASES)
 

@@ -98,7 +98,8 @@ static void test_killed(void)
     pthread_join(th, NULL);
     CHECK_EQ(atomic_load(&v.failed), 0);
     CHECK(kstats(s).errors >= 6);
-    fprintf(stderr, "killed: %d moves, keeper stats: %" PRIu64 " hits, %" PRIu64 " errors, %" PRIu64 " connects\n",
+    fprintf(stderr,
+            "killed: %d moves, keeper stats: %" PRIu64 " hits, %" PRIu64 " errors, %" PRIu64 " connects\n",
             atomic_load(&v.rounds), kstats(s).hits, kstats(s).errors, kstats(s).connects);
     /* whatever a killed keeper left, a new one serves whole bytes */
     c.kp = kc_start(sock, logpath, 64 << 20, false);
@@ -141,7 +142,7 @@ static void test_hung(void)
     uint64_t read = sstats(s).bytes_read;
     CHECK_EQ(read, 2 * TOTAL);
     const double waits[] = {0, 1.1, 1.1, 1.1}; /* after the waits so far: 0, 1.1, 2.2, 3.3 s */
-    const uint64_t errors[] = {1, 2, 2, 3};     /* tried at 1 s (fails: 2 s on), then at 3 s */
+    const uint64_t errors[] = {1, 2, 2, 3};    /* tried at 1 s (fails: 2 s on), then at 3 s */
     for (int i = 0; i < 4; i++) {
         usleep((useconds_t)(waits[i] * 1e6));
         CHECK(ferry_model_evict(m, NULL, 0) >= 0);
@@ -177,7 +178,8 @@ static void test_faults(void)
             if (fed == 0) { /* the keeper empty: this move feeds it */
                 ferry_keep *k = NULL;
                 char err[1400];
-                if (ferry_keep_connect(sock, 3000, &k, err, sizeof err) == 0) ferry_keep_drop(k, FERRY_KEEP_DROP_ALL, NULL);
+                if (ferry_keep_connect(sock, 3000, &k, err, sizeof err) == 0)
+                    ferry_keep_drop(k, FERRY_KEEP_DROP_ALL, NULL);
                 ferry_keep_close(k);
             }
             fy_fault_arm(n, EIO);
@@ -202,10 +204,13 @@ out:
     kcase_close(&c);
 }
 
-#define CASES(CASE)                                                              \
-    CASE(killed, test_killed())                                                  \
-    CASE(hung, test_hung())                                                      \
+#define CASES(CASE)             \
+    CASE(killed, test_killed()) \
+    CASE(hung, test_hung())     \
     CASE(faults, test_faults())
 CHECK_CASES(CASES)
 
-int main(int argc, char **argv) { return kmain(argc, argv, check_cases, check_ncases); }
+int main(int argc, char **argv)
+{
+    return kmain(argc, argv, check_cases, check_ncases);
+}

@@ -275,7 +275,8 @@ static void test_identity(void)
     write_ckpt(tmp, seeds);
     CHECK_EQ(rename(tmp, path), 0);
     CHECK_EQ(ferry_file_keep_identity(f, 0, p, sizeof p, &size, &mtime, &digest2), -ESTALE);
-    CHECK_EQ(ferry_file_keep_identity(f, 0, NULL, 0, &size2, &mtime2, &digest2), 0); /* its own figures, unchecked */
+    CHECK_EQ(ferry_file_keep_identity(f, 0, NULL, 0, &size2, &mtime2, &digest2),
+             0); /* its own figures, unchecked */
     CHECK_EQ(size2, size);
     CHECK(digest2 == digest);
     ferry_file_close(f);
@@ -288,13 +289,16 @@ out:
     end_case(-1);
 }
 
-#define CASES(CASE)                                                              \
-    CASE(served, test_served())                                                  \
-    CASE(changed, test_changed())                                                \
-    CASE(dirty, test_dirty())                                                    \
-    CASE(pinned_cache, test_pinned_cache())                                      \
-    CASE(no_keeper, test_no_keeper())                                            \
+#define CASES(CASE)                         \
+    CASE(served, test_served())             \
+    CASE(changed, test_changed())           \
+    CASE(dirty, test_dirty())               \
+    CASE(pinned_cache, test_pinned_cache()) \
+    CASE(no_keeper, test_no_keeper())       \
     CASE(identity, test_identity())
 CHECK_CASES(CASES)
 
-int main(int argc, char **argv) { return kmain(argc, argv, check_cases, check_ncases); }
+int main(int argc, char **argv)
+{
+    return kmain(argc, argv, check_cases, check_ncases);
+}

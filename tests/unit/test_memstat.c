@@ -26,7 +26,7 @@
 #define MIB (1024ull * 1024ull)
 
 static char base[512]; /* mkdtemp root of every fake tree */
-static char cur[1024];  /* the current scenario's tree */
+static char cur[1024]; /* the current scenario's tree */
 
 static void mkdirs(char *path) /* mkdir -p of path's parent directories */
 {
@@ -51,7 +51,10 @@ static void put_len(const char *rel, const char *data, size_t len)
     close(fd);
     CHECK(rename(tmp, path) == 0);
 }
-static void put(const char *rel, const char *data) { put_len(rel, data, strlen(data)); }
+static void put(const char *rel, const char *data)
+{
+    put_len(rel, data, strlen(data));
+}
 
 static void rm(const char *rel)
 {
@@ -84,7 +87,10 @@ static const char meminfo_8g[] = "MemTotal:       16384000 kB\n"
                                  "MemAvailable:    8388608 kB\n"
                                  "HugePages_Total:       0\n";
 
-static void poison_cg(fy_cgroup_mem *cg) { memset(cg, 0xA5, sizeof *cg); }
+static void poison_cg(fy_cgroup_mem *cg)
+{
+    memset(cg, 0xA5, sizeof *cg);
+}
 
 static int cg_zeroed(const fy_cgroup_mem *cg)
 {
@@ -96,7 +102,7 @@ static void test_no_cgroup_v2(void)
     tree("v1");
     put("proc/self/cgroup", "12:memory:/user.slice\n4:cpu,cpuacct:/\n1:name=systemd:/user.slice\n");
     put("proc/meminfo", meminfo_8g);
-    put("cg/user.slice/memory.current", "100\n"); /* not ours to read without a 0:: line */
+    put("cg/user.slice/memory.current", "100\n");               /* not ours to read without a 0:: line */
     put("cg/memory/user.slice/memory.usage_in_bytes", "100\n"); /* nor v1's without mountinfo */
     fy_cgroup_mem cg;
     poison_cg(&cg);
@@ -332,8 +338,16 @@ static void test_malformed_cgroup(void)
     char src[128];
 
     static const char *const bad_max[] = {
-        "12abc\n", "-1\n", "", "\n", " 12\n", "1 2\n", "0x10\n", "maximum\n", "max max\n",
-        "18446744073709551616\n",                     /* 2^64 */
+        "12abc\n",
+        "-1\n",
+        "",
+        "\n",
+        " 12\n",
+        "1 2\n",
+        "0x10\n",
+        "maximum\n",
+        "max max\n",
+        "18446744073709551616\n",                      /* 2^64 */
         "99999999999999999999999999999999999999999\n", /* long */
         "1111111111111111111111111111111111111111111111111111111111111111111111111111\n",
     };
@@ -351,7 +365,10 @@ static void test_malformed_cgroup(void)
         CHECK_EQ(avail, 0);
         CHECK_EQ(src[0], '\0');
     }
-    put_len("cg/a/memory.max", "12\0" "34\n", 6); /* a NUL inside */
+    put_len("cg/a/memory.max",
+            "12\0"
+            "34\n",
+            6); /* a NUL inside */
     CHECK_EQ(fy_cgroup_read(&cg), -EINVAL);
 
     put("cg/a/memory.max", "18446744073709551615\n"); /* 2^64 - 1: legal */
@@ -468,8 +485,12 @@ static void test_meminfo_malformed(void)
     uint64_t avail;
     char src[128];
     static const char *const bad[] = {
-        "MemAvailable: 12x kB\n", "MemAvailable:  kB\n", "MemAvailable: 5\n", "MemAvailable: 5 MB\n",
-        "MemAvailable: 5 kB trailing\n", "MemAvailable: -5 kB\n",
+        "MemAvailable: 12x kB\n",
+        "MemAvailable:  kB\n",
+        "MemAvailable: 5\n",
+        "MemAvailable: 5 MB\n",
+        "MemAvailable: 5 kB trailing\n",
+        "MemAvailable: -5 kB\n",
         "MemAvailable: 18014398509481984 kB\n", /* 2^54 kB = 2^64 bytes */
         "MemAvailable: 99999999999999999999999 kB\n",
     };
@@ -495,17 +516,18 @@ static void test_meminfo_malformed(void)
     CHECK_EQ(avail, 42 * KB);
 }
 
-static const char rollup_full[] = "5584a2922000-7ffd5e1d3000 ---p 00000000 00:00 0                          [rollup]\n"
-                                  "Rss:                1000 kB\n"
-                                  "Pss_Dirty:           111 kB\n"
-                                  "Pss:                 600 kB\n"
-                                  "Pss_Anon:            112 kB\n"
-                                  "Shared_Clean:        500 kB\n"
-                                  "Private_Clean:       200 kB\n"
-                                  "Private_Dirty:       300 kB\n"
-                                  "Shared_Hugetlb:      999 kB\n"
-                                  "Private_Hugetlb:       4 kB\n"
-                                  "Swap:                  0 kB";
+static const char rollup_full[] =
+    "5584a2922000-7ffd5e1d3000 ---p 00000000 00:00 0                          [rollup]\n"
+    "Rss:                1000 kB\n"
+    "Pss_Dirty:           111 kB\n"
+    "Pss:                 600 kB\n"
+    "Pss_Anon:            112 kB\n"
+    "Shared_Clean:        500 kB\n"
+    "Private_Clean:       200 kB\n"
+    "Private_Dirty:       300 kB\n"
+    "Shared_Hugetlb:      999 kB\n"
+    "Private_Hugetlb:       4 kB\n"
+    "Swap:                  0 kB";
 
 static void test_rollup_fake(void)
 {
@@ -527,8 +549,8 @@ static void test_rollup_fake(void)
 
     static const char *const bad[] = {
         "",
-        "Rss: 8 kB\nPrivate_Clean: 1 kB\nPrivate_Dirty: 2 kB\n",                    /* no Pss */
-        "Rss: 8 kB\nPss: 6 kB\nPrivate_Clean: 1 kB\n",                              /* no Private_Dirty */
+        "Rss: 8 kB\nPrivate_Clean: 1 kB\nPrivate_Dirty: 2 kB\n",                       /* no Pss */
+        "Rss: 8 kB\nPss: 6 kB\nPrivate_Clean: 1 kB\n",                                 /* no Private_Dirty */
         "Rss: 8 kB\nRss: 9 kB\nPss: 6 kB\nPrivate_Clean: 1 kB\nPrivate_Dirty: 2 kB\n", /* twice */
         "Rss: 8x kB\nPss: 6 kB\nPrivate_Clean: 1 kB\nPrivate_Dirty: 2 kB\n",
         "Rss: 99999999999999999999999 kB\nPss: 6 kB\nPrivate_Clean: 1 kB\nPrivate_Dirty: 2 kB\n",
@@ -590,8 +612,7 @@ static double now_s(void)
 static void sleep_ms(long ms)
 {
     struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
-    while (nanosleep(&t, &t) != 0 && errno == EINTR) {
-    }
+    while (nanosleep(&t, &t) != 0 && errno == EINTR) {}
 }
 
 /* Fresh anonymous memory, every page touched; munmap gives it back at once
@@ -655,8 +676,8 @@ static void test_cgroup_real(void)
         CHECK(cg.current > 0);
         CHECK(strncmp(cg.path, "cgroup /", 8) == 0);
         if (cg.limited) CHECK(cg.limit > 0);
-        printf("this process: cgroup v%d, %s, current %llu MiB (%llu MiB inactive cache)\n", cg.version, cg.path,
-               (unsigned long long)(cg.current / MIB), (unsigned long long)(cg.reclaimable / MIB));
+        printf("this process: cgroup v%d, %s, current %llu MiB (%llu MiB inactive cache)\n", cg.version,
+               cg.path, (unsigned long long)(cg.current / MIB), (unsigned long long)(cg.reclaimable / MIB));
     }
     uint64_t avail;
     char src[128];
@@ -757,8 +778,9 @@ static void test_sampler_real(void)
     } else {
         CHECK(r.cg_start == 0 && r.cg_end == 0 && r.cg_peak == 0);
     }
-    printf("sampler: rss start %llu MiB, peak %llu MiB, end %llu MiB\n", (unsigned long long)(r.start.rss / MIB),
-           (unsigned long long)(r.peak.rss / MIB), (unsigned long long)(r.end.rss / MIB));
+    printf("sampler: rss start %llu MiB, peak %llu MiB, end %llu MiB\n",
+           (unsigned long long)(r.start.rss / MIB), (unsigned long long)(r.peak.rss / MIB),
+           (unsigned long long)(r.end.rss / MIB));
 
     /* a long period does not hold stop up; period 0 is clamped to 1 ms */
     CHECK_EQ(fy_memsampler_start(NULL, 1000000, &s), 0);
@@ -868,9 +890,9 @@ static void test_v2_page_cache(void)
     CHECK_EQ(fy_cgroup_read(&cg), 0);
     CHECK_EQ(cg.reclaimable, 0);
     /* the key malformed or twice: the cgroup cannot be read */
-    static const char *const bad[] = {"inactive_file x\n", "inactive_file\n", "inactive_file  5\n",
-                                      "inactive_file 5\ninactive_file 5\n", "inactive_file -5\n",
-                                      "inactive_file 99999999999999999999999\n"};
+    static const char *const bad[] = {"inactive_file x\n",  "inactive_file\n",
+                                      "inactive_file  5\n", "inactive_file 5\ninactive_file 5\n",
+                                      "inactive_file -5\n", "inactive_file 99999999999999999999999\n"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         put("cg/a/memory.stat", bad[i]);
         poison_cg(&cg);
@@ -894,9 +916,10 @@ static const char mountinfo_v1[] =
     "40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,xattr,name=systemd\n"
     "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
 
-static const char stat_v1[] = "cache 300000000\nrss 100000000\ninactive_file 1\nactive_file 2\n"
-                              "hierarchical_memory_limit 9223372036854771712\n"
-                              "total_cache 300000000\ntotal_inactive_file 250000000\ntotal_active_file 50000000\n";
+static const char stat_v1[] =
+    "cache 300000000\nrss 100000000\ninactive_file 1\nactive_file 2\n"
+    "hierarchical_memory_limit 9223372036854771712\n"
+    "total_cache 300000000\ntotal_inactive_file 250000000\ntotal_active_file 50000000\n";
 
 static void test_v1_limit(void)
 {
@@ -1018,8 +1041,8 @@ static void test_v1_container(void)
     /* combined controllers, an escaped mount point, optional fields */
     tree("v1combined");
     put("proc/self/cgroup", "5:cpu,memory,cpuacct:/a\n");
-    put("proc/self/mountinfo",
-        "35 31 0:32 / /sys/fs/cgroup/cpu\\040mem rw shared:1 master:2 - cgroup cgroup rw,cpu,memory,cpuacct\n");
+    put("proc/self/mountinfo", "35 31 0:32 / /sys/fs/cgroup/cpu\\040mem rw shared:1 master:2 - cgroup cgroup "
+                               "rw,cpu,memory,cpuacct\n");
     put("cg/cpu mem/a/memory.usage_in_bytes", "10\n");
     put("cg/cpu mem/a/memory.limit_in_bytes", "100\n");
     put("proc/meminfo", meminfo_8g);
@@ -1057,11 +1080,11 @@ static void test_v1_not_found(void)
         "35 31 0:32 / /sys/fs/cgroup/../memory rw - cgroup cgroup rw,memory\n",  /* climbs */
         "35 31 0:32 / /cgroup/memory rw - cgroup cgroup rw,memory\n",            /* not in the fake tree */
         "35 31 0:32 / /sys/fs/cgroupmemory rw - cgroup cgroup rw,memory\n",
-        "35 31 0:32 / /sys/fs/cgroup/mem\\0ory rw - cgroup cgroup rw,memory\n",  /* a broken escape */
-        "35 31 0:32 / /sys/fs/cgroup/memory rw cgroup cgroup rw,memory\n",       /* no " - " */
-        "35 31 0:32 / /sys/fs/cgroup/memory - cgroup cgroup rw,memory\n",        /* a field short */
+        "35 31 0:32 / /sys/fs/cgroup/mem\\0ory rw - cgroup cgroup rw,memory\n", /* a broken escape */
+        "35 31 0:32 / /sys/fs/cgroup/memory rw cgroup cgroup rw,memory\n",      /* no " - " */
+        "35 31 0:32 / /sys/fs/cgroup/memory - cgroup cgroup rw,memory\n",       /* a field short */
         "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup\n",
-        "35 31 0:32 / sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n",      /* not absolute */
+        "35 31 0:32 / sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n", /* not absolute */
     };
     for (size_t i = 0; i < sizeof no_mount / sizeof *no_mount; i++) {
         put("proc/self/mountinfo", no_mount[i]);
@@ -1109,12 +1132,14 @@ static void test_v1_not_found(void)
     CHECK_EQ(fy_cgroup_read(&cg), -EINVAL);
     rm("cg/memory/a/memory.stat");
 
-    static const char *const bad_line[] = {"4:memory:a\n", "4:memory:/a/../b\n", "4:memory:\n", "4:memory:/./a\n"};
+    static const char *const bad_line[] = {"4:memory:a\n", "4:memory:/a/../b\n", "4:memory:\n",
+                                           "4:memory:/./a\n"};
     for (size_t i = 0; i < sizeof bad_line / sizeof *bad_line; i++) {
         put("proc/self/cgroup", bad_line[i]);
         CHECK_EQ(fy_cgroup_read(&cg), -EINVAL);
     }
-    static const char *const no_line[] = {"4:memoryx:/a\n", "4:name=memory:/a\n", "memory:/a\n", "4:cpu:/a\n"};
+    static const char *const no_line[] = {"4:memoryx:/a\n", "4:name=memory:/a\n", "memory:/a\n",
+                                          "4:cpu:/a\n"};
     for (size_t i = 0; i < sizeof no_line / sizeof *no_line; i++) {
         put("proc/self/cgroup", no_line[i]);
         CHECK_EQ(fy_cgroup_read(&cg), -ENOENT);
@@ -1151,27 +1176,27 @@ static void test_v1_sampler(void)
 
 /* `test_memstat CASE` runs one of these, `--list` names them (check.h); each
  * scenario makes its own tree under main's temp dir. */
-#define CASES(CASE)                                                              \
-    CASE(no_cgroup_v2, test_no_cgroup_v2())                                      \
-    CASE(unlimited, test_unlimited())                                            \
-    CASE(own_limit, test_own_limit())                                            \
-    CASE(ancestor_limit, test_ancestor_limit())                                  \
-    CASE(high_below_max, test_high_below_max())                                  \
-    CASE(missing_peak, test_missing_peak())                                      \
-    CASE(over_limit, test_over_limit())                                          \
-    CASE(host_lower, test_host_lower())                                          \
-    CASE(malformed_cgroup, test_malformed_cgroup())                              \
-    CASE(long_name, test_long_name())                                            \
-    CASE(meminfo_malformed, test_meminfo_malformed())                            \
-    CASE(rollup_fake, test_rollup_fake())                                        \
-    CASE(sampler_fake, test_sampler_fake())                                      \
-    CASE(v2_page_cache, test_v2_page_cache())                                    \
-    CASE(v1_limit, test_v1_limit())                                              \
-    CASE(v1_container, test_v1_container())                                      \
-    CASE(v1_not_found, test_v1_not_found())                                      \
-    CASE(v1_sampler, test_v1_sampler())                                          \
-    CASE(rollup_real, test_rollup_real())                                        \
-    CASE(cgroup_real, test_cgroup_real())                                        \
+#define CASES(CASE)                                   \
+    CASE(no_cgroup_v2, test_no_cgroup_v2())           \
+    CASE(unlimited, test_unlimited())                 \
+    CASE(own_limit, test_own_limit())                 \
+    CASE(ancestor_limit, test_ancestor_limit())       \
+    CASE(high_below_max, test_high_below_max())       \
+    CASE(missing_peak, test_missing_peak())           \
+    CASE(over_limit, test_over_limit())               \
+    CASE(host_lower, test_host_lower())               \
+    CASE(malformed_cgroup, test_malformed_cgroup())   \
+    CASE(long_name, test_long_name())                 \
+    CASE(meminfo_malformed, test_meminfo_malformed()) \
+    CASE(rollup_fake, test_rollup_fake())             \
+    CASE(sampler_fake, test_sampler_fake())           \
+    CASE(v2_page_cache, test_v2_page_cache())         \
+    CASE(v1_limit, test_v1_limit())                   \
+    CASE(v1_container, test_v1_container())           \
+    CASE(v1_not_found, test_v1_not_found())           \
+    CASE(v1_sampler, test_v1_sampler())               \
+    CASE(rollup_real, test_rollup_real())             \
+    CASE(cgroup_real, test_cgroup_real())             \
     CASE(sampler_real, test_sampler_real())
 CHECK_CASES(CASES)
 

@@ -30,15 +30,24 @@ static void raw(const void *s, size_t n)
     pn += n;
 }
 #define OPS(lit) raw(lit, sizeof(lit) - 1)
-static void byte(int b) { pb[pn++] = (uint8_t)b; }
-static void u32(uint32_t v) { for (int i = 0; i < 4; i++) byte((int)(v >> (8 * i)) & 0xFF); }
+static void byte(int b)
+{
+    pb[pn++] = (uint8_t)b;
+}
+static void u32(uint32_t v)
+{
+    for (int i = 0; i < 4; i++) byte((int)(v >> (8 * i)) & 0xFF);
+}
 static void ustr(const char *s)
 {
     byte('X');
     u32((uint32_t)strlen(s));
     raw(s, strlen(s));
 }
-static void int1(int v) { byte('K'), byte(v); }
+static void int1(int v)
+{
+    byte('K'), byte(v);
+}
 static void glob(const char *m, const char *n)
 {
     byte('c');
@@ -47,8 +56,14 @@ static void glob(const char *m, const char *n)
     raw(n, strlen(n));
     byte('\n');
 }
-static void begin(int proto) { pn = 0, byte(0x80), byte(proto); }
-static void stop(void) { byte('.'); }
+static void begin(int proto)
+{
+    pn = 0, byte(0x80), byte(proto);
+}
+static void stop(void)
+{
+    byte('.');
+}
 static void tuple_of(const int *v, int n)
 {
     byte('(');
@@ -56,7 +71,8 @@ static void tuple_of(const int *v, int n)
     byte('t');
 }
 /* _rebuild_tensor_v2(('storage', torch.<type>, key, 'cpu', numel), off, shape, stride, False, OrderedDict()) */
-static void tensor(const char *type, const char *key, int numel, int off, const int *shape, const int *stride, int ndim)
+static void tensor(const char *type, const char *key, int numel, int off, const int *shape, const int *stride,
+                   int ndim)
 {
     glob("torch._utils", "_rebuild_tensor_v2");
     byte('(');
@@ -91,11 +107,26 @@ typedef struct ent {
 static uint8_t zb[1 << 22];
 static size_t zn;
 
-static void z8(int v) { zb[zn++] = (uint8_t)v; }
-static void z16(uint32_t v) { z8(v & 0xFF), z8((v >> 8) & 0xFF); }
-static void z32(uint32_t v) { z16(v & 0xFFFF), z16(v >> 16); }
-static void z64(uint64_t v) { z32((uint32_t)v), z32((uint32_t)(v >> 32)); }
-static void zraw(const void *p, size_t n) { memcpy(zb + zn, p, n), zn += n; }
+static void z8(int v)
+{
+    zb[zn++] = (uint8_t)v;
+}
+static void z16(uint32_t v)
+{
+    z8(v & 0xFF), z8((v >> 8) & 0xFF);
+}
+static void z32(uint32_t v)
+{
+    z16(v & 0xFFFF), z16(v >> 16);
+}
+static void z64(uint64_t v)
+{
+    z32((uint32_t)v), z32((uint32_t)(v >> 32));
+}
+static void zraw(const void *p, size_t n)
+{
+    memcpy(zb + zn, p, n), zn += n;
+}
 
 /* zip64: add the zip64 end record and locator; z64x: sizes and offsets in zip64 extra fields. */
 static size_t mkzip(ent *e, int ne, int zip64, int z64x, const char *comment)
@@ -104,7 +135,8 @@ static size_t mkzip(ent *e, int ne, int zip64, int z64x, const char *comment)
     for (int i = 0; i < ne; i++) {
         e[i].hdr = (uint32_t)zn;
         z32(0x04034b50), z16(20), z16(0x0800), z16(e[i].method), z16(0), z16(0), z32(0);
-        z32((uint32_t)e[i].n), z32((uint32_t)e[i].n), z16((uint32_t)strlen(e[i].name)), z16((uint32_t)e[i].pad);
+        z32((uint32_t)e[i].n), z32((uint32_t)e[i].n), z16((uint32_t)strlen(e[i].name)),
+            z16((uint32_t)e[i].pad);
         zraw(e[i].name, strlen(e[i].name));
         memset(zb + zn, 'Z', e[i].pad), zn += e[i].pad;
         e[i].data_at = zn;
@@ -128,7 +160,8 @@ static size_t mkzip(ent *e, int ne, int zip64, int z64x, const char *comment)
         z32(0x07064b50), z32(0), z64(rec), z32(1);
     }
     size_t cl = comment ? strlen(comment) : 0;
-    z32(0x06054b50), z16(0), z16(0), z16((uint32_t)ne), z16((uint32_t)ne), z32((uint32_t)cdsize), z32((uint32_t)cd);
+    z32(0x06054b50), z16(0), z16(0), z16((uint32_t)ne), z16((uint32_t)ne), z32((uint32_t)cdsize),
+        z32((uint32_t)cd);
     z16((uint32_t)cl);
     if (cl) zraw(comment, cl);
     return zn;
@@ -197,8 +230,10 @@ static void build_valid(int proto, int zip64, int z64x, size_t pad)
     stop();
     for (int i = 0; i < 24; i++) s0[i] = (uint8_t)i;
     for (int i = 0; i < 8; i++) s1[i] = (uint8_t)(100 + i);
-    ent e[] = {{"arch/data.pkl", pb, pn, 0, pad, 0, 0}, {"arch/byteorder", "little", 6, 0, 0, 0, 0},
-               {"arch/data/0", s0, 24, 0, pad ? 64 : 0, 0, 0}, {"arch/data/1", s1, 8, 0, 3, 0, 0},
+    ent e[] = {{"arch/data.pkl", pb, pn, 0, pad, 0, 0},
+               {"arch/byteorder", "little", 6, 0, 0, 0, 0},
+               {"arch/data/0", s0, 24, 0, pad ? 64 : 0, 0, 0},
+               {"arch/data/1", s1, 8, 0, 3, 0, 0},
                {"arch/version", "3\n", 2, 0, 0, 0, 0}};
     mkzip(e, 5, zip64, z64x, NULL);
 }
@@ -269,8 +304,11 @@ static void test_protocol4_v3(void)
     begin(4);
     OPS("\x95\x00\x00\x00\x00\x00\x00\x00\x00"); /* FRAME (its length is not checked against opcodes) */
     OPS("\x8c\x0ctorch._utils\x94\x8c\x12_rebuild_tensor_v3\x94\x93\x94(");
-    OPS("(\x8c\x07storage\x94\x8c\x0dtorch.storage\x8c\x0eUntypedStorage\x93\x8c\x01" "0\x8c\x03" "cpuK\x10tQ");
-    OPS("K\x01K\x03\x85K\x02\x85\x89\x8c\x0b" "collections\x8c\x0bOrderedDict\x93)R");
+    OPS("(\x8c\x07storage\x94\x8c\x0dtorch.storage\x8c\x0eUntypedStorage\x93\x8c\x01"
+        "0\x8c\x03"
+        "cpuK\x10tQ");
+    OPS("K\x01K\x03\x85K\x02\x85\x89\x8c\x0b"
+        "collections\x8c\x0bOrderedDict\x93)R");
     OPS("\x8c\x05torch\x8c\x06uint16\x93tR");
     stop();
     pb[3] = (uint8_t)(pn - 11); /* the frame holds the rest */
@@ -285,7 +323,7 @@ static void test_protocol4_v3(void)
         CHECK(strcmp(tb.t[0].name, "") == 0);
         CHECK_EQ(tb.t[0].dtype, FERRY_DTYPE_U16);
         CHECK_EQ(tb.t[0].ndim, 1);
-        CHECK_EQ(tb.t[0].nbytes, 10); /* 1 + 2 x 2 elements of 2 bytes */
+        CHECK_EQ(tb.t[0].nbytes, 10);   /* 1 + 2 x 2 elements of 2 bytes */
         CHECK(tb.t[0].strides != NULL); /* stride 2 */
         CHECK_EQ(tb.t[0].offset, e[1].data_at + 2);
     }
@@ -321,7 +359,10 @@ static void test_pickles(void)
     bad_pickle(FERRY_E_CORRUPT, "memo index 5 was never stored");
     begin(2), OPS("]r\xff\xff\xff\xff"), stop();
     bad_pickle(FERRY_E_CORRUPT, "memo index 4294967295 is out of range");
-    begin(2), OPS("]q\x00h\x00" "a"), stop();
+    begin(2),
+        OPS("]q\x00h\x00"
+            "a"),
+        stop();
     bad_pickle(FERRY_E_CORRUPT, "a container holds itself");
     begin(2);
     for (int i = 0; i < 257; i++) byte(']');
@@ -349,7 +390,10 @@ static void test_pickles(void)
     bad_pickle(FERRY_E_CORRUPT, "STOP with 2 values");
     begin(2), OPS("\x80\x02}"), stop();
     bad_pickle(FERRY_E_CORRUPT, "PROTO after the start");
-    begin(2), OPS("X\x10\x00\x00\x00" "ab"), stop();
+    begin(2),
+        OPS("X\x10\x00\x00\x00"
+            "ab"),
+        stop();
     bad_pickle(FERRY_E_CORRUPT, "runs past the end of the pickle");
     begin(2), OPS("\x8b\xff\xff\xff\xff"), stop();
     bad_pickle(FERRY_E_CORRUPT, "negative length");
@@ -365,15 +409,24 @@ static void test_pickles(void)
     bad_pickle(FERRY_E_CORRUPT, "calls an int, not a global");
     begin(2), glob("collections", "OrderedDict"), OPS("K\x01R"), stop();
     bad_pickle(FERRY_E_CORRUPT, "are an int, not a tuple");
-    begin(2), OPS("}K\x01" "a"), stop();
+    begin(2),
+        OPS("}K\x01"
+            "a"),
+        stop();
     bad_pickle(FERRY_E_UNSUPPORTED, "appends to a dict, not a list");
     begin(2), OPS("](K\x01K\x02u"), stop();
     bad_pickle(FERRY_E_UNSUPPORTED, "adds items to a list, not a dict");
     begin(2), OPS("}(K\x01u"), stop();
     bad_pickle(FERRY_E_CORRUPT, "an odd number of values (1)");
-    begin(2), OPS("(K\x01" "d"), stop();
+    begin(2),
+        OPS("(K\x01"
+            "d"),
+        stop();
     bad_pickle(FERRY_E_CORRUPT, "an odd number of values (1)");
-    begin(2), OPS("(}K\x01K\x02" "d"), stop();
+    begin(2),
+        OPS("(}K\x01K\x02"
+            "d"),
+        stop();
     bad_pickle(FERRY_E_CORRUPT, "an odd number of values (3)");
     begin(2), OPS("}("), ustr("a"), OPS("(K\x01K\x02l"), OPS("u"), stop();
     bad_pickle(0, ""); /* LIST, DICT (protocol 1 forms) work */
@@ -381,23 +434,27 @@ static void test_pickles(void)
     bad_pickle(FERRY_E_CORRUPT, "has 2 fields, not 5");
     begin(2), OPS("K\x01Q"), stop();
     bad_pickle(FERRY_E_CORRUPT, "persistent id is an int, not a tuple");
-    begin(2), OPS("(X\x07\x00\x00\x00storage"), glob("torch", "FloatStorage"), OPS("X\x00\x00\x00\x00"), ustr("cpu"),
-        int1(1), OPS("tQ"), stop();
+    begin(2), OPS("(X\x07\x00\x00\x00storage"), glob("torch", "FloatStorage"), OPS("X\x00\x00\x00\x00"),
+        ustr("cpu"), int1(1), OPS("tQ"), stop();
     bad_pickle(FERRY_E_CORRUPT, "storage key '' is not a plain name");
     begin(2), OPS("(X\x07\x00\x00\x00storage"), glob("torch", "FloatStorage"), ustr("0"), ustr("cpu"),
         OPS("J\xff\xff\xff\xfftQ"), stop();
     bad_pickle(FERRY_E_CORRUPT, "the storage size is -1, negative");
     /* tensors */
-    begin(2), OPS("}("), ustr("t"), tensor("FloatStorage", "0", 6, 0, (int[]){2, 3}, (int[]){3, 1}, 2), OPS("u"), stop();
+    begin(2), OPS("}("), ustr("t"), tensor("FloatStorage", "0", 6, 0, (int[]){2, 3}, (int[]){3, 1}, 2),
+        OPS("u"), stop();
     bad_pickle(0, "");
-    begin(2), OPS("}("), ustr("t"), tensor("FloatStorage", "0", 6, 1, (int[]){2, 3}, (int[]){3, 1}, 2), OPS("u"), stop();
+    begin(2), OPS("}("), ustr("t"), tensor("FloatStorage", "0", 6, 1, (int[]){2, 3}, (int[]){3, 1}, 2),
+        OPS("u"), stop();
     bad_pickle(FERRY_E_CORRUPT, "ends at byte 28 of storage '0', which holds 24 bytes");
-    begin(2), OPS("}("), ustr("t"), tensor("FloatStorage", "0", 7, 0, (int[]){2, 3}, (int[]){3, 1}, 2), OPS("u"), stop();
+    begin(2), OPS("}("), ustr("t"), tensor("FloatStorage", "0", 7, 0, (int[]){2, 3}, (int[]){3, 1}, 2),
+        OPS("u"), stop();
     bad_pickle(FERRY_E_CORRUPT, "holds 24 bytes, but its persistent id says 7 elements");
-    begin(2), OPS("}("), ustr("t"), tensor("FloatStorage", "9", 6, 0, (int[]){2, 3}, (int[]){3, 1}, 2), OPS("u"), stop();
+    begin(2), OPS("}("), ustr("t"), tensor("FloatStorage", "9", 6, 0, (int[]){2, 3}, (int[]){3, 1}, 2),
+        OPS("u"), stop();
     bad_pickle(FERRY_E_CORRUPT, "storage '9' is not in the archive (no entry 'a/data/9')");
-    begin(2), OPS("}("), ustr("t"), tensor("ComplexDoubleStorage", "0", 1, 0, (int[]){1}, (int[]){1}, 1), OPS("u"),
-        stop();
+    begin(2), OPS("}("), ustr("t"), tensor("ComplexDoubleStorage", "0", 1, 0, (int[]){1}, (int[]){1}, 1),
+        OPS("u"), stop();
     bad_pickle(FERRY_E_UNSUPPORTED, "ComplexDoubleStorage (complex128) has no ferry equivalent");
     begin(2), OPS("}("), ustr("a.b"), tensor("FloatStorage", "0", 6, 0, (int[]){6}, (int[]){1}, 1), ustr("a"),
         OPS("}("), ustr("b"), tensor("FloatStorage", "0", 6, 0, (int[]){6}, (int[]){1}, 1), OPS("uu"), stop();
@@ -453,7 +510,8 @@ static void test_geometry(void)
 static void test_zip(void)
 {
     static uint8_t d[24];
-    begin(2), OPS("}("), ustr("t"), tensor("FloatStorage", "0", 6, 0, (int[]){6}, (int[]){1}, 1), OPS("u"), stop();
+    begin(2), OPS("}("), ustr("t"), tensor("FloatStorage", "0", 6, 0, (int[]){6}, (int[]){1}, 1), OPS("u"),
+        stop();
     ent e[] = {{"a/data.pkl", pb, pn, 0, 5, 0, 0}, {"a/data/0", d, 24, 0, 0, 0, 0}};
     size_t n = mkzip(e, 2, 1, 0, NULL);
     fy_table tb;
@@ -461,8 +519,9 @@ static void test_zip(void)
     fy_table_free(&tb);
     size_t cd = e[1].data_at + 24;
 
-#define PATCH32(at, v) (zb[(at)] = (uint8_t)(v), zb[(at) + 1] = (uint8_t)((v) >> 8), zb[(at) + 2] = (uint8_t)((v) >> 16), \
-                        zb[(at) + 3] = (uint8_t)((v) >> 24))
+#define PATCH32(at, v)                                                                                 \
+    (zb[(at)] = (uint8_t)(v), zb[(at) + 1] = (uint8_t)((v) >> 8), zb[(at) + 2] = (uint8_t)((v) >> 16), \
+     zb[(at) + 3] = (uint8_t)((v) >> 24))
     /* compressed */
     e[1].method = 8;
     mkzip(e, 2, 1, 0, NULL);
@@ -527,9 +586,21 @@ static void test_zip(void)
 /* Fail allocation N for N = 0, 1, ... until the parse succeeds: each failure
  * is -ENOMEM with nothing leaked (run under ASan) and an empty table. */
 static long fail_at = -1, nallocs;
-static void *fa_alloc(void *o, size_t n) { (void)o; return nallocs++ == fail_at ? NULL : malloc(n); }
-static void *fa_realloc(void *o, void *p, size_t n) { (void)o; return nallocs++ == fail_at ? NULL : realloc(p, n); }
-static void fa_free(void *o, void *p) { (void)o; free(p); }
+static void *fa_alloc(void *o, size_t n)
+{
+    (void)o;
+    return nallocs++ == fail_at ? NULL : malloc(n);
+}
+static void *fa_realloc(void *o, void *p, size_t n)
+{
+    (void)o;
+    return nallocs++ == fail_at ? NULL : realloc(p, n);
+}
+static void fa_free(void *o, void *p)
+{
+    (void)o;
+    free(p);
+}
 
 static void test_alloc_faults(void)
 {
@@ -629,13 +700,13 @@ static void test_file(void)
 }
 
 /* `test_pytorch CASE` runs one of these, `--list` names them (check.h). */
-#define CASES(CASE)                                                              \
-    CASE(valid, test_valid())                                                    \
-    CASE(protocol4_v3, test_protocol4_v3())                                      \
-    CASE(pickles, test_pickles())                                                \
-    CASE(geometry, test_geometry())                                              \
-    CASE(zip, test_zip())                                                        \
-    CASE(alloc_faults, test_alloc_faults())                                      \
+#define CASES(CASE)                         \
+    CASE(valid, test_valid())               \
+    CASE(protocol4_v3, test_protocol4_v3()) \
+    CASE(pickles, test_pickles())           \
+    CASE(geometry, test_geometry())         \
+    CASE(zip, test_zip())                   \
+    CASE(alloc_faults, test_alloc_faults()) \
     CASE(file, test_file())
 CHECK_CASES(CASES)
 

@@ -297,7 +297,7 @@ static void test_fences(ferry_ctx *ctx)
     rs_fences_wait_all(&fs);
     CHECK(fs.reuse == NULL);
     CHECK_EQ(rs_fences_reap(&fs, true, fence_done, NULL), 1); /* waited for when not done */
-    CHECK_EQ(gone[1], 1); /* (the deferred one was not called back) */
+    CHECK_EQ(gone[1], 1);                                     /* (the deferred one was not called back) */
     CHECK_EQ(gone[2], 2);
     CHECK(fs.pending == NULL);
     /* what is left at the end is waited for and freed */
@@ -313,19 +313,20 @@ static void test_fences(ferry_ctx *ctx)
 static int lru_list(const rs_lru *l, int li, int64_t *out, int max)
 {
     int k = 0;
-    for (int64_t id = rs_lru_first(l, li); id != RS_LRU_END && k < max; id = rs_lru_next(l, id)) out[k++] = id;
+    for (int64_t id = rs_lru_first(l, li); id != RS_LRU_END && k < max; id = rs_lru_next(l, id))
+        out[k++] = id;
     return k;
 }
 
-#define LIST_IS(l, li, ...)                                                              \
-    do {                                                                                 \
-        const int64_t want_[] = {__VA_ARGS__};                                           \
-        int64_t got_[64];                                                                \
-        int n_ = lru_list((l), (li), got_, 64);                                          \
-        CHECK_EQ(n_, (int)(sizeof want_ / sizeof want_[0]));                             \
-        for (int i_ = 0; i_ < n_ && i_ < (int)(sizeof want_ / sizeof want_[0]); i_++)    \
-            CHECK_EQ(got_[i_], want_[i_]);                                               \
-        CHECK_EQ((l)->count[li], (int64_t)(sizeof want_ / sizeof want_[0]));             \
+#define LIST_IS(l, li, ...)                                                           \
+    do {                                                                              \
+        const int64_t want_[] = {__VA_ARGS__};                                        \
+        int64_t got_[64];                                                             \
+        int n_ = lru_list((l), (li), got_, 64);                                       \
+        CHECK_EQ(n_, (int)(sizeof want_ / sizeof want_[0]));                          \
+        for (int i_ = 0; i_ < n_ && i_ < (int)(sizeof want_ / sizeof want_[0]); i_++) \
+            CHECK_EQ(got_[i_], want_[i_]);                                            \
+        CHECK_EQ((l)->count[li], (int64_t)(sizeof want_ / sizeof want_[0]));          \
     } while (0)
 
 /* The candidates' lists: order by (key, id), references, touches, the two
@@ -547,12 +548,12 @@ static void test_keeper(ferry_ctx *c)
 }
 
 static ferry_ctx *ctx;
-#define CASES(CASE)                    \
-    CASE(arena, test_arena(ctx))       \
-    CASE(pinpool, test_pinpool(ctx))   \
-    CASE(fences, test_fences(ctx))     \
-    CASE(lru, test_lru(ctx))              \
-    CASE(spill_file, test_spill_file())   \
+#define CASES(CASE)                     \
+    CASE(arena, test_arena(ctx))        \
+    CASE(pinpool, test_pinpool(ctx))    \
+    CASE(fences, test_fences(ctx))      \
+    CASE(lru, test_lru(ctx))            \
+    CASE(spill_file, test_spill_file()) \
     CASE(keeper, test_keeper(ctx))
 CHECK_CASES(CASES)
 

@@ -30,7 +30,9 @@ static void write_model(const char *name, int n)
     char *hdr = malloc(cap), path[512];
     h += (size_t)snprintf(hdr + h, cap - h, "{");
     for (int k = 0; k < n; k++)
-        h += (size_t)snprintf(hdr + h, cap - h, "%s\"t.%d.w\":{\"dtype\":\"U8\",\"shape\":[%d],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}",
+        h += (size_t)snprintf(hdr + h, cap - h,
+                              "%s\"t.%d.w\":{\"dtype\":\"U8\",\"shape\":[%d],\"data_offsets\":[%" PRIu64
+                              ",%" PRIu64 "]}",
                               k ? "," : "", k, TB, (uint64_t)k * TB, (uint64_t)(k + 1) * TB);
     h += (size_t)snprintf(hdr + h, cap - h, "}");
     while (h % 8) hdr[h++] = ' ';
@@ -57,8 +59,11 @@ static bool open_world(world *w, ferry_ctx *ctx, int nm, int nt, uint64_t budget
 {
     memset(w, 0, sizeof *w);
     w->nm = nm;
-    ferry_store_opts o = {.size = sizeof o, .device_budget = budget, .host_budget = 1ull << 30,
-                          .pinned_budget = 256 * MiB, .spill_dir = spill_dir};
+    ferry_store_opts o = {.size = sizeof o,
+                          .device_budget = budget,
+                          .host_budget = 1ull << 30,
+                          .pinned_budget = 256 * MiB,
+                          .spill_dir = spill_dir};
     if (ferry_device_open(ctx, "sim:512MiB", &w->d) || ferry_store_new(w->d, &o, &w->s)) {
         CHECK(0);
         return false;
@@ -69,7 +74,8 @@ static bool open_world(world *w, ferry_ctx *ctx, int nm, int nt, uint64_t budget
         snprintf(path, sizeof path, "%s/%s", dir, name);
         if (access(path, F_OK) != 0) write_model(name, nt);
         snprintf(name, sizeof name, "m%d", i);
-        if (ferry_file_open(ctx, path, 0, &w->f[i]) || ferry_store_add(w->s, name, &w->f[i], 1, 0, &w->m[i])) {
+        if (ferry_file_open(ctx, path, 0, &w->f[i]) ||
+            ferry_store_add(w->s, name, &w->f[i], 1, 0, &w->m[i])) {
             CHECK(0);
             return false;
         }
@@ -121,8 +127,8 @@ static void test_visits(ferry_ctx *ctx)
         visits += v;
         evicted += (uint64_t)gone;
     }
-    fprintf(stderr, "50 calls on %d groups: %" PRIu64 " evicted, %" PRIu64 " groups looked at\n", NM * NT, evicted,
-            visits);
+    fprintf(stderr, "50 calls on %d groups: %" PRIu64 " evicted, %" PRIu64 " groups looked at\n", NM * NT,
+            evicted, visits);
     CHECK(visits <= evicted + 3 * 50);
     /* a streamed pass's pattern: a model asks for its groups again in turn,
      * each move making room by evicting the least recently used */
@@ -169,13 +175,17 @@ static void ref_build(ref *r, ferry_store *s, bool spare, ferry_model *pm, const
         for (int64_t j = 0; j < m->n; j++) {
             if (m->t[j].group != j) continue;
             fy_cand *cd = &r->c[r->n];
-            *cd = (fy_cand){.priority = m->priority, .last_use = m->last_use, .streams = m->t[j].streams,
-                            .use = m->t[j].use, .id = r->n};
+            *cd = (fy_cand){.priority = m->priority,
+                            .last_use = m->last_use,
+                            .streams = m->t[j].streams,
+                            .use = m->t[j].use,
+                            .id = r->n};
             for (int64_t q = 0; q < m->n; q++) {
                 rtensor *u = &m->t[q];
                 if (u->group != j || (u->tier != FERRY_TIER_DEVICE && !u->moving)) continue;
                 if (u->tier == FERRY_TIER_DEVICE) cd->bytes += u->nbytes;
-                if (u->holds || u->moving || u->evicting || u->busy || u->wanted || (m == pm && prot && prot[q]))
+                if (u->holds || u->moving || u->evicting || u->busy || u->wanted ||
+                    (m == pm && prot && prot[q]))
                     cd->protect = true;
                 if (spare && m == pm && !u->streams) cd->protect = true;
             }
@@ -243,7 +253,8 @@ static void test_order(ferry_ctx *ctx)
             CHECK_EQ(ferry_model_set_priority(m, (int)(rnd() % 3)), 0);
         } else if (what == 8) { /* streamed flags, as a plan sets them */
             pthread_mutex_lock(&s->lock);
-            for (int64_t j = 0; j < m->n; j++) m->t[j].streams = m->t[m->t[j].group].group % 3 == (int64_t)(step % 3);
+            for (int64_t j = 0; j < m->n; j++)
+                m->t[j].streams = m->t[m->t[j].group].group % 3 == (int64_t)(step % 3);
             rs_dev_reindex(m);
             pthread_mutex_unlock(&s->lock);
         } else { /* make room, and compare */
@@ -297,8 +308,8 @@ out:
 }
 
 static ferry_ctx *ctx;
-#define CASES(CASE)                    \
-    CASE(visits, test_visits(ctx))     \
+#define CASES(CASE)                \
+    CASE(visits, test_visits(ctx)) \
     CASE(order, test_order(ctx))
 CHECK_CASES(CASES)
 

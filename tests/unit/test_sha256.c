@@ -122,15 +122,16 @@ static void test_pieces(void)
         hex(d, pieces);
         sha256_force_portable(false);
         if (strcmp(whole, other) != 0 || strcmp(whole, pieces) != 0) {
-            if (bad++ < 5) fprintf(stderr, "length %zu: %s, portable %s, in pieces %s\n", len, whole, other, pieces);
+            if (bad++ < 5)
+                fprintf(stderr, "length %zu: %s, portable %s, in pieces %s\n", len, whole, other, pieces);
         }
     }
     CHECK_EQ(bad, 0);
     free(buf);
 }
 
-#define CASES(CASE)                                                              \
-    CASE(vectors, test_vectors())                                                \
+#define CASES(CASE)               \
+    CASE(vectors, test_vectors()) \
     CASE(pieces, test_pieces())
 CHECK_CASES(CASES)
 

@@ -48,8 +48,14 @@ static ferry_ctx *ctx;
 
 static const int nblk[NMODELS] = {8, 6, 10};
 
-static uint64_t wsize(int k, int j) { return 20000u + (uint64_t)((k * 7 + j * 13) % 9) * 11111u; }
-static uint8_t file_byte(int k, int t, uint64_t i) { return (uint8_t)((i * 2654435761u >> 7) + (uint64_t)t * 31u + (uint64_t)k * 101u); }
+static uint64_t wsize(int k, int j)
+{
+    return 20000u + (uint64_t)((k * 7 + j * 13) % 9) * 11111u;
+}
+static uint8_t file_byte(int k, int t, uint64_t i)
+{
+    return (uint8_t)((i * 2654435761u >> 7) + (uint64_t)t * 31u + (uint64_t)k * 101u);
+}
 
 static void write_model(int k)
 {
@@ -59,11 +65,11 @@ static void write_model(int k)
     h += (size_t)snprintf(hdr + h, sizeof hdr - h, "{");
     for (int j = 0; j < nblk[k]; j++) {
         uint64_t w = wsize(k, j);
-        h += (size_t)snprintf(hdr + h, sizeof hdr - h,
-                              "%s\"blk.%d.w\":{\"dtype\":\"U8\",\"shape\":[%" PRIu64 "],\"data_offsets\":[%" PRIu64
-                              ",%" PRIu64 "]},\"blk.%d.b\":{\"dtype\":\"U8\",\"shape\":[16],\"data_offsets\":[%" PRIu64
-                              ",%" PRIu64 "]}",
-                              j ? "," : "", j, w, off, off + w, j, off + w, off + w + 16);
+        h += (size_t)snprintf(
+            hdr + h, sizeof hdr - h,
+            "%s\"blk.%d.w\":{\"dtype\":\"U8\",\"shape\":[%" PRIu64 "],\"data_offsets\":[%" PRIu64 ",%" PRIu64
+            "]},\"blk.%d.b\":{\"dtype\":\"U8\",\"shape\":[16],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}",
+            j ? "," : "", j, w, off, off + w, j, off + w, off + w + 16);
         off += w + 16;
     }
     h += (size_t)snprintf(hdr + h, sizeof hdr - h, "}");
@@ -87,10 +93,10 @@ typedef struct model {
     int64_t n;                /* tensors */
     int64_t file_index[MAXT]; /* model tensor i -> the file's order (w/b interleaved) */
     uint64_t nbytes[MAXT];
-    uint8_t key[MAXT];        /* expected bytes: the file's XOR key (0: as in the file) */
+    uint8_t key[MAXT]; /* expected bytes: the file's XOR key (0: as in the file) */
     uint32_t rng;
     long jobs, failed;
-    int last;                 /* the last job's kind */
+    int last; /* the last job's kind */
     uint64_t verified;
 } model;
 
@@ -168,10 +174,14 @@ static int check_store(soak *z)
         if (z->mo[k].m)
             for (int64_t i = 0; i < z->mo[k].n; i++) models += z->mo[k].nbytes[i];
     int bad = 0;
-    if (in_tiers != models) fprintf(stderr, "soak: tiers hold %" PRIu64 " bytes, models %" PRIu64 "\n", in_tiers, models), bad++;
-    if (st.pinned_pool_bytes > z->pinned_budget) fprintf(stderr, "soak: pinned pool %" PRIu64 " over budget\n", st.pinned_pool_bytes), bad++;
+    if (in_tiers != models)
+        fprintf(stderr, "soak: tiers hold %" PRIu64 " bytes, models %" PRIu64 "\n", in_tiers, models), bad++;
+    if (st.pinned_pool_bytes > z->pinned_budget)
+        fprintf(stderr, "soak: pinned pool %" PRIu64 " over budget\n", st.pinned_pool_bytes), bad++;
     if (st.spill_file_bytes > z->total_bytes + (16u << 20))
-        fprintf(stderr, "soak: spill file %" PRIu64 " bytes for %" PRIu64 " of models\n", st.spill_file_bytes, z->total_bytes), bad++;
+        fprintf(stderr, "soak: spill file %" PRIu64 " bytes for %" PRIu64 " of models\n", st.spill_file_bytes,
+                z->total_bytes),
+            bad++;
     return bad;
 }
 
@@ -208,9 +218,7 @@ static int job(soak *z, model *mo, disarm_fn disarm)
         return add_model(z, mo);
     }
     switch ((mo->last = (int)(rnd(&mo->rng) % 10))) {
-    case 0: /* use all */
-        rc = ferry_model_to_device(mo->m, NULL, 0);
-        break;
+    case 0: /* use all */ rc = ferry_model_to_device(mo->m, NULL, 0); break;
     case 1: /* use some */
         pick(mo, ts, &n);
         rc = ferry_model_to_device(mo->m, ts, n);
@@ -242,9 +250,7 @@ static int job(soak *z, model *mo, disarm_fn disarm)
         pick(mo, ts, &n);
         rc = ferry_model_evict(mo->m, ts, n);
         break;
-    case 6: /* evict all */
-        rc = ferry_model_evict(mo->m, NULL, 0);
-        break;
+    case 6: /* evict all */ rc = ferry_model_evict(mo->m, NULL, 0); break;
     case 7: { /* the device budget changes (another model, activations) */
         uint64_t b = z->total_bytes / 4 + rnd(&mo->rng) % (z->total_bytes / 2);
         rc = ferry_store_set_device_budget(z->s, b);
@@ -273,15 +279,19 @@ static int job(soak *z, model *mo, disarm_fn disarm)
 
 typedef struct fault_point {
     const char *what;
-    int sys_err;   /* a counted system call failing with -sys_err, or 0 */
-    fy_gpu_op op;  /* a sim device call, when sys_err is 0 */
+    int sys_err;  /* a counted system call failing with -sys_err, or 0 */
+    fy_gpu_op op; /* a sim device call, when sys_err is 0 */
 } fault_point;
 
 static const fault_point points[] = {
-    {"system call, EIO", EIO, FY_OP_ANY},       {"system call, ENOSPC", ENOSPC, FY_OP_ANY},
-    {"system call, ENOMEM", ENOMEM, FY_OP_ANY}, {"device allocation", 0, FY_OP_MEM_ALLOC},
-    {"pinned allocation", 0, FY_OP_HOST_ALLOC}, {"registration", 0, FY_OP_HOST_REGISTER},
-    {"copy", 0, FY_OP_COPY},                    {"event", 0, FY_OP_EVENT},
+    {"system call, EIO", EIO, FY_OP_ANY},
+    {"system call, ENOSPC", ENOSPC, FY_OP_ANY},
+    {"system call, ENOMEM", ENOMEM, FY_OP_ANY},
+    {"device allocation", 0, FY_OP_MEM_ALLOC},
+    {"pinned allocation", 0, FY_OP_HOST_ALLOC},
+    {"registration", 0, FY_OP_HOST_REGISTER},
+    {"copy", 0, FY_OP_COPY},
+    {"event", 0, FY_OP_EVENT},
 };
 enum { NPOINTS = sizeof points / sizeof points[0] };
 
@@ -324,8 +334,9 @@ static long fault_round(soak *z, long jobs, long *cursor)
         long b = check_store(z);
         for (int k = 0; k < NMODELS; k++) b += verify_model(&z->mo[k]);
         if (b && !bad)
-            fprintf(stderr, "soak: first mismatch after job %ld (kind %d on m%d, %s, call %ld%s): rc %d %s\n", j,
-                    mo->last, mo->k, p->what, nth, hit ? ", hit" : "", rc, rc < 0 && mo->m ? ferry_model_errmsg(mo->m) : "");
+            fprintf(stderr, "soak: first mismatch after job %ld (kind %d on m%d, %s, call %ld%s): rc %d %s\n",
+                    j, mo->last, mo->k, p->what, nth, hit ? ", hit" : "", rc,
+                    rc < 0 && mo->m ? ferry_model_errmsg(mo->m) : "");
         bad += b;
     }
     return bad;
@@ -388,8 +399,13 @@ static void soak_run(long jobs, uint32_t seed)
     /* the device holds about half of the models; dirty tensors overflow the
      * pinned pool and host budget into the spill file */
     z.pinned_budget = z.total_bytes / 8;
-    ferry_store_opts o = {.size = sizeof o, .device_budget = z.total_bytes / 2, .host_budget = z.total_bytes / 4,
-                          .pinned_budget = z.pinned_budget, .spill_dir = spill_dir, .spill_below = 1, .spill_above = 2};
+    ferry_store_opts o = {.size = sizeof o,
+                          .device_budget = z.total_bytes / 2,
+                          .host_budget = z.total_bytes / 4,
+                          .pinned_budget = z.pinned_budget,
+                          .spill_dir = spill_dir,
+                          .spill_below = 1,
+                          .spill_above = 2};
     static const ferry_load_opts lo = {.size = sizeof lo, .ring_buffers = 4, .ring_buffer_bytes = 64 << 10};
     o.load = &lo;
     CHECK_EQ(ferry_store_new(z.d, &o, &z.s), 0);
@@ -412,14 +428,15 @@ static void soak_run(long jobs, uint32_t seed)
     }
     long total_jobs = 0, failed = 0;
     uint64_t verified = 0;
-    for (int k = 0; k < NMODELS; k++) total_jobs += z.mo[k].jobs, failed += z.mo[k].failed, verified += z.mo[k].verified;
+    for (int k = 0; k < NMODELS; k++)
+        total_jobs += z.mo[k].jobs, failed += z.mo[k].failed, verified += z.mo[k].verified;
     ferry_store_stats st = {.size = sizeof st};
     if (z.s) ferry_store_get_stats(z.s, &st);
     printf("soak: seed %u: %ld jobs (%ld failed cleanly), %ld faults armed (%ld hit, over %d fault points), "
-           "%" PRIu64 " bytes verified, %ld mismatches; %" PRIu64 " evictions (%" PRIu64 " clean drops), %" PRIu64
-           " bytes spilled, %" PRIu64 " moved to the device\n",
-           seed, total_jobs, failed, z.faults_armed, z.faults_hit, NPOINTS, verified, bad, st.evicted, st.dropped,
-           st.bytes_written, st.bytes_htod);
+           "%" PRIu64 " bytes verified, %ld mismatches; %" PRIu64 " evictions (%" PRIu64
+           " clean drops), %" PRIu64 " bytes spilled, %" PRIu64 " moved to the device\n",
+           seed, total_jobs, failed, z.faults_armed, z.faults_hit, NPOINTS, verified, bad, st.evicted,
+           st.dropped, st.bytes_written, st.bytes_htod);
     CHECK_EQ(bad, 0);
     CHECK(z.faults_hit > 0);
     CHECK(total_jobs >= jobs / 2);
@@ -452,9 +469,15 @@ static void test_queued_read_fault(void)
     if (!d || !mo.f) return;
     uint64_t total = ferry_file_total_bytes(mo.f);
     for (long nth = 1; nth < 40; nth++) {
-        ferry_store_opts o = {.size = sizeof o, .device_budget = total * 2, .host_budget = total,
-                              .pinned_budget = total / 2, .spill_dir = spill_dir, .spill_below = 1, .spill_above = 2};
-        static const ferry_load_opts lo = {.size = sizeof lo, .ring_buffers = 4, .ring_buffer_bytes = 64 << 10};
+        ferry_store_opts o = {.size = sizeof o,
+                              .device_budget = total * 2,
+                              .host_budget = total,
+                              .pinned_budget = total / 2,
+                              .spill_dir = spill_dir,
+                              .spill_below = 1,
+                              .spill_above = 2};
+        static const ferry_load_opts lo = {
+            .size = sizeof lo, .ring_buffers = 4, .ring_buffer_bytes = 64 << 10};
         o.load = &lo;
         soak z = {.d = d};
         CHECK_EQ(ferry_store_new(d, &o, &z.s), 0);
@@ -467,7 +490,9 @@ static void test_queued_read_fault(void)
         bool hit = fy_fault_fired();
         fy_fault_arm(0, 0);
         long bad = verify_model(&mo);
-        if (bad) fprintf(stderr, "queued_read_fault: call %ld%s: rc %d, %ld tensors wrong\n", nth, hit ? " (hit)" : "", rc, bad);
+        if (bad)
+            fprintf(stderr, "queued_read_fault: call %ld%s: rc %d, %ld tensors wrong\n", nth,
+                    hit ? " (hit)" : "", rc, bad);
         CHECK_EQ(bad, 0);
         if (hit) CHECK(rc < 0);
         ferry_store_free(z.s);
@@ -477,7 +502,10 @@ static void test_queued_read_fault(void)
     ferry_device_close(d);
 }
 
-static void test_short(void) { soak_run(600, 1); }
+static void test_short(void)
+{
+    soak_run(600, 1);
+}
 
 static void test_long(void)
 {
@@ -489,9 +517,9 @@ static void test_long(void)
     soak_run(atol(j), s ? (uint32_t)strtoul(s, NULL, 0) : 7);
 }
 
-#define CASES(CASE)           \
+#define CASES(CASE)                                   \
     CASE(queued_read_fault, test_queued_read_fault()) \
-    CASE(short, test_short()) \
+    CASE(short, test_short())                         \
     CASE(long, test_long())
 CHECK_CASES(CASES)
 

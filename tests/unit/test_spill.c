@@ -39,7 +39,10 @@ static const ferry_allocator counting_allocator = COUNTING_ALLOCATOR_INIT;
 static fy_err err;
 static char base[PATH_MAX]; /* a disk-backed directory for the test's own temp dirs */
 
-static const char *msg(void) { return err.msg; }
+static const char *msg(void)
+{
+    return err.msg;
+}
 
 
 static bool dir_empty(const char *path)
@@ -158,9 +161,9 @@ static void test_basic(void)
     CHECK_EQ(o, 77);
     CHECK_EQ(fy_spill_reserve(s, UINT64_MAX, &o), -EFBIG);
     CHECK_EQ(fy_spill_reserve(s, (uint64_t)INT64_MAX, &o), -EFBIG); /* rounds up past the limit */
-    fy_spill_release(s, offs[1] + 1, K);   /* unaligned */
-    fy_spill_release(s, total, K);         /* past the end */
-    fy_spill_release(s, total - K, 2 * K); /* runs past the end */
+    fy_spill_release(s, offs[1] + 1, K);                            /* unaligned */
+    fy_spill_release(s, total, K);                                  /* past the end */
+    fy_spill_release(s, total - K, 2 * K);                          /* runs past the end */
     CHECK_EQ(used(s), total);
     CHECK_EQ(fsize(s), total);
     fy_spill_release(s, offs[2], lens[2]);
@@ -283,7 +286,7 @@ static void test_punch(void)
     CHECK(before >= (long long)(12 * MiB));
     fy_spill_release(s, o[1], 4 * MiB);
     long long after = (long long)fst(fd).st_blocks * 512;
-    CHECK(before - after >= (long long)(4 * MiB)); /* the middle range's blocks are gone */
+    CHECK(before - after >= (long long)(4 * MiB));    /* the middle range's blocks are gone */
     CHECK_EQ(fst(fd).st_size, (long long)(12 * MiB)); /* but the file keeps its size */
     /* The hole reads as zeros, its neighbours as written. */
     unsigned char *z = malloc(4 * MiB), *zero = calloc(1, 4 * MiB);
@@ -316,7 +319,10 @@ static void test_model(void)
     if (!s) return;
     int fd = fy_spill_fd(s);
     static unsigned char page[MODEL_PAGES]; /* 0 free, else 1 */
-    struct { uint64_t off, len; unsigned seed; } live_r[256];
+    struct {
+        uint64_t off, len;
+        unsigned seed;
+    } live_r[256];
     int nl = 0;
     uint64_t reserved = 0, size = 0;
     unsigned rng = 12345;
@@ -331,10 +337,16 @@ static void test_model(void)
             /* expected: smallest free run inside the file that fits, lowest first */
             uint64_t best_off = size / K, best_len = UINT64_MAX;
             for (uint64_t p = 0; p < size / K;) {
-                if (page[p]) { p++; continue; }
+                if (page[p]) {
+                    p++;
+                    continue;
+                }
                 uint64_t q = p;
                 while (q < size / K && !page[q]) q++;
-                if (q - p >= pages && q - p < best_len) { best_len = q - p; best_off = p; }
+                if (q - p >= pages && q - p < best_len) {
+                    best_len = q - p;
+                    best_off = p;
+                }
                 p = q;
             }
             uint64_t off;
@@ -343,7 +355,10 @@ static void test_model(void)
             if (rc) break;
             if (off != best_off * K) bad_fit++;
             for (uint64_t p = off / K; p < off / K + pages; p++) {
-                if (p >= MODEL_PAGES || page[p]) { bad_fit++; break; }
+                if (p >= MODEL_PAGES || page[p]) {
+                    bad_fit++;
+                    break;
+                }
                 page[p] = 1;
             }
             if (off + pages * K > size) size = off + pages * K;
@@ -536,7 +551,8 @@ static void test_unreserve(void)
             CHECK_EQ(fsize(s), z0);
             struct stat st1 = fst(fd);
             CHECK_EQ(st1.st_size, st0.st_size);
-            if (holding) CHECK(st1.st_blocks <= st0.st_blocks + 8); /* the reused ranges punched, nothing kept */
+            if (holding)
+                CHECK(st1.st_blocks <= st0.st_blocks + 8); /* the reused ranges punched, nothing kept */
             /* as before, but for one block of the file system's own metadata:
              * ext4 keeps an extent-tree block once a file had more than four
              * extents, even after the punch and truncate (seen under CI) */
@@ -548,7 +564,8 @@ static void test_unreserve(void)
         CHECK_EQ(bo[2], 116 * K);
         CHECK_EQ(bo[3], o[3] + 12 * K);
         for (int i = 0; i < 6; i++)
-            if (i != 1 && i != 3) CHECK(holds(fd, o[i], lens[i], (unsigned)i + 1)); /* the live ranges untouched */
+            if (i != 1 && i != 3)
+                CHECK(holds(fd, o[i], lens[i], (unsigned)i + 1)); /* the live ranges untouched */
         /* nonsense is ignored: unaligned, past the end, overlapping a free range */
         fy_spill_unreserve(s, o[0] + 1, K);
         fy_spill_unreserve(s, z0, K);
@@ -876,7 +893,7 @@ static void test_fault_reserve(void)
     fy_spill_release(s, b, 256 * K); /* a hole to reuse */
     static const int errs[] = {EIO, ENOSPC, EDQUOT};
     for (int e = 0; e < 3; e++) {
-        fault_reserve_loop(s, 128 * K, b, errs[e], d, 1);      /* into the hole */
+        fault_reserve_loop(s, 128 * K, b, errs[e], d, 1);       /* into the hole */
         fault_reserve_loop(s, 2 * MiB, 384 * K, errs[e], d, 2); /* growing: larger than the hole */
     }
     /* Everything is still consistent: the hole is whole, the tail goes. */
@@ -1013,22 +1030,22 @@ static void test_kill9(int fallback)
 
 /* `test_spill CASE` runs one of these, `--list` names them (check.h); each
  * makes its own directory under base. */
-#define CASES(CASE)                                                              \
-    CASE(basic, test_basic())                                                    \
-    CASE(reuse_merge_truncate, test_reuse_merge_truncate())                      \
-    CASE(punch, test_punch())                                                    \
-    CASE(model, test_model())                                                    \
-    CASE(refusals, test_refusals())                                              \
-    CASE(fallback, test_fallback())                                              \
-    CASE(enospc, test_enospc())                                                  \
-    CASE(fault_open, test_fault_open())                                          \
-    CASE(fault_alloc, test_fault_alloc())                                        \
-    CASE(fault_reserve, test_fault_reserve())                                    \
-    CASE(fault_release, test_fault_release())                                    \
-    CASE(unreserve, test_unreserve())                                            \
-    CASE(unreserve_faults, test_unreserve_faults())                              \
-    CASE(check_room, test_check_room())                                          \
-    CASE(kill9, test_kill9(0))                                                   \
+#define CASES(CASE)                                         \
+    CASE(basic, test_basic())                               \
+    CASE(reuse_merge_truncate, test_reuse_merge_truncate()) \
+    CASE(punch, test_punch())                               \
+    CASE(model, test_model())                               \
+    CASE(refusals, test_refusals())                         \
+    CASE(fallback, test_fallback())                         \
+    CASE(enospc, test_enospc())                             \
+    CASE(fault_open, test_fault_open())                     \
+    CASE(fault_alloc, test_fault_alloc())                   \
+    CASE(fault_reserve, test_fault_reserve())               \
+    CASE(fault_release, test_fault_release())               \
+    CASE(unreserve, test_unreserve())                       \
+    CASE(unreserve_faults, test_unreserve_faults())         \
+    CASE(check_room, test_check_room())                     \
+    CASE(kill9, test_kill9(0))                              \
     CASE(kill9_fallback, test_kill9(1))
 CHECK_CASES(CASES)
 

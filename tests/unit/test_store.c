@@ -38,7 +38,10 @@
 
 static char dir[256], spill_dir[300];
 
-static uint8_t byte_at(uint32_t seed, int t, uint64_t j) { return (uint8_t)((seed * 131u + (uint32_t)t * 7919u + j * 31u) >> 3); }
+static uint8_t byte_at(uint32_t seed, int t, uint64_t j)
+{
+    return (uint8_t)((seed * 131u + (uint32_t)t * 7919u + j * 31u) >> 3);
+}
 
 /* Start a safetensors file dir/name: its header hdr (h bytes; hdr has room for
  * 7 more) padded to 8 bytes, then the open file for its data; path gets its
@@ -64,11 +67,11 @@ static void write_model(const char *name, int nblk, uint64_t wbytes, uint32_t se
     uint64_t off = 0;
     h += (size_t)snprintf(hdr + h, sizeof hdr - h, "{");
     for (int k = 0; k < nblk; k++) {
-        h += (size_t)snprintf(hdr + h, sizeof hdr - h,
-                              "%s\"blk.%d.w\":{\"dtype\":\"U8\",\"shape\":[%" PRIu64 "],\"data_offsets\":[%" PRIu64
-                              ",%" PRIu64 "]},\"blk.%d.b\":{\"dtype\":\"U8\",\"shape\":[16],\"data_offsets\":[%" PRIu64
-                              ",%" PRIu64 "]}",
-                              k ? "," : "", k, wbytes, off, off + wbytes, k, off + wbytes, off + wbytes + 16);
+        h += (size_t)snprintf(
+            hdr + h, sizeof hdr - h,
+            "%s\"blk.%d.w\":{\"dtype\":\"U8\",\"shape\":[%" PRIu64 "],\"data_offsets\":[%" PRIu64 ",%" PRIu64
+            "]},\"blk.%d.b\":{\"dtype\":\"U8\",\"shape\":[16],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}",
+            k ? "," : "", k, wbytes, off, off + wbytes, k, off + wbytes, off + wbytes + 16);
         off += wbytes + 16;
     }
     h += (size_t)snprintf(hdr + h, sizeof hdr - h, "}");
@@ -102,7 +105,8 @@ static int verify(ferry_model *m, ferry_file *f, int64_t mod, uint8_t x)
         if (i == mod)
             for (uint64_t j = 0; j < st.nbytes; j++) b[j] ^= x;
         if (r1 || r2 || memcmp(a, b, st.nbytes) != 0) {
-            fprintf(stderr, "verify: %s (tier %s) differs (%d %d)\n", st.name, ferry_tier_name(st.tier), r1, r2);
+            fprintf(stderr, "verify: %s (tier %s) differs (%d %d)\n", st.name, ferry_tier_name(st.tier), r1,
+                    r2);
             bad++;
         }
         free(a);
@@ -150,13 +154,13 @@ static void test_policy(void)
         uint64_t freed;
         int64_t first[3];
     } rows[] = {
-        {0, 0, 0, {-1}},                /* nothing asked: nothing evicted */
-        {1, 1, 30, {2}},                /* lowest priority, oldest */
+        {0, 0, 0, {-1}}, /* nothing asked: nothing evicted */
+        {1, 1, 30, {2}}, /* lowest priority, oldest */
         {30, 1, 30, {2}},
-        {31, 2, 80, {2, 1}},            /* whole groups: overshoot allowed */
+        {31, 2, 80, {2, 1}}, /* whole groups: overshoot allowed */
         {81, 3, 180, {2, 1, 0}},
         {180, 3, 180, {2, 1, 0}},
-        {181, -1, 180, {-1}},           /* impossible: nothing, says what could be */
+        {181, -1, 180, {-1}},            /* impossible: nothing, says what could be */
         {UINT64_MAX, 3, 180, {2, 1, 0}}, /* free all: everything evictable, protected stays */
     };
     for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
@@ -177,7 +181,10 @@ static void test_policy(void)
 
     /* dirty destinations with hysteresis */
     const uint64_t G = 1ull << 30;
-    fy_hoststate h = {.host_budget = 4 * G, .pinned_budget = G, .available = 10 * G, .spill_below = 2 * G,
+    fy_hoststate h = {.host_budget = 4 * G,
+                      .pinned_budget = G,
+                      .available = 10 * G,
+                      .spill_below = 2 * G,
                       .spill_above = 3 * G};
     CHECK_EQ(fy_policy_dest(&h, G / 2), FY_DEST_PINNED);
     h.pinned_used = G;
@@ -201,11 +208,16 @@ static void test_policy(void)
 
 /* ---- the store on sim ---- */
 
-static ferry_store *mk_store(ferry_device *d, uint64_t dev_budget, uint64_t host_budget, uint64_t pinned_budget)
+static ferry_store *mk_store(ferry_device *d, uint64_t dev_budget, uint64_t host_budget,
+                             uint64_t pinned_budget)
 {
-    ferry_store_opts o = {.size = sizeof o, .device_budget = dev_budget, .host_budget = host_budget,
-                          .pinned_budget = pinned_budget, .spill_dir = spill_dir,
-                          .spill_below = 1, .spill_above = 2}; /* the host's real free memory does not decide here */
+    ferry_store_opts o = {.size = sizeof o,
+                          .device_budget = dev_budget,
+                          .host_budget = host_budget,
+                          .pinned_budget = pinned_budget,
+                          .spill_dir = spill_dir,
+                          .spill_below = 1,
+                          .spill_above = 2}; /* the host's real free memory does not decide here */
     static const ferry_load_opts lo = {.size = sizeof lo, .ring_buffers = 4, .ring_buffer_bytes = 64 << 10};
     o.load = &lo;
     ferry_store *s = NULL;
@@ -463,8 +475,12 @@ static void test_refused_tmpfs(ferry_ctx *ctx)
     ferry_device *d = NULL;
     CHECK_EQ(ferry_device_open(ctx, "sim:1GiB", &d), 0);
     ferry_file *fa = open_model(ctx, "a.safetensors");
-    ferry_store_opts o = {.size = sizeof o, .host_budget = 1, .pinned_budget = 1, .spill_dir = "/dev/shm",
-                          .spill_below = 1, .spill_above = 2};
+    ferry_store_opts o = {.size = sizeof o,
+                          .host_budget = 1,
+                          .pinned_budget = 1,
+                          .spill_dir = "/dev/shm",
+                          .spill_below = 1,
+                          .spill_above = 2};
     ferry_store *s = NULL;
     ferry_model *ma = NULL;
     if (d && fa && ferry_store_new(d, &o, &s) == 0 && ferry_store_add(s, "a", &fa, 1, 0, &ma) == 0) {
@@ -648,7 +664,8 @@ static int fake_fstatfs(int fd, struct statfs *sf)
 {
     if (fstatfs(fd, sf) < 0) return -1;
     uint64_t f = atomic_load(&fake_free);
-    sf->f_bavail += (fsblkcnt_t)(atomic_load(&fake_extra) / (uint64_t)(sf->f_frsize ? sf->f_frsize : sf->f_bsize));
+    sf->f_bavail +=
+        (fsblkcnt_t)(atomic_load(&fake_extra) / (uint64_t)(sf->f_frsize ? sf->f_frsize : sf->f_bsize));
     if (f) {
         sf->f_frsize = 4096;
         sf->f_bavail = (fsblkcnt_t)(f / 4096);
@@ -668,7 +685,8 @@ static int check_xor(ferry_model *m, ferry_file *f, uint8_t x, int64_t nb, ferry
         int r1 = ferry_model_read(m, i, a), r2 = ferry_file_tensor_read(f, i, 0, b, st.nbytes);
         for (uint64_t j = 0; j < st.nbytes; j++) b[j] ^= x;
         if (r1 || r2 || memcmp(a, b, st.nbytes) != 0 || ((nb < 0 || i < nb) && st.tier != t)) {
-            fprintf(stderr, "check_xor: %s (tier %s) differs (%d %d)\n", st.name, ferry_tier_name(st.tier), r1, r2);
+            fprintf(stderr, "check_xor: %s (tier %s) differs (%d %d)\n", st.name, ferry_tier_name(st.tier),
+                    r1, r2);
             bad++;
         }
         free(a);
@@ -837,8 +855,12 @@ static void small_fs_child(const char *mnt)
     CHECK_EQ(ferry_ctx_new(NULL, &c2), 0);
     CHECK_EQ(ferry_device_open(c2, "sim:1GiB", &d), 0);
     CHECK_EQ(ferry_file_open(c2, path, 0, &f), 0);
-    ferry_store_opts o = {.size = sizeof o, .host_budget = 1, .pinned_budget = 1, .spill_dir = mnt,
-                          .spill_below = 1, .spill_above = 2};
+    ferry_store_opts o = {.size = sizeof o,
+                          .host_budget = 1,
+                          .pinned_budget = 1,
+                          .spill_dir = mnt,
+                          .spill_below = 1,
+                          .spill_above = 2};
     CHECK_EQ(ferry_store_new(d, &o, &s), 0);
     if (!s || !f) return;
     CHECK_EQ(ferry_store_add(s, "big", &f, 1, 0, &m), 0);
@@ -865,7 +887,8 @@ static void small_fs_child(const char *mnt)
     atomic_store(&falloc_calls, 0);
     int rc = ferry_model_evict(m, NULL, 0);
     CHECK_EQ(rc, -ENOSPC);
-    printf("small_fs: %d reservations, the last failed: %s\n", atomic_load(&falloc_calls), ferry_ctx_errmsg(c2));
+    printf("small_fs: %d reservations, the last failed: %s\n", atomic_load(&falloc_calls),
+           ferry_ctx_errmsg(c2));
     CHECK_STR_HAS(ferry_ctx_errmsg(c2), "cannot reserve"); /* fallocate's own ENOSPC */
     CHECK(atomic_load(&falloc_calls) > 1);
     snprintf(want, sizeof want, "(%" PRIu64 " bytes in the spill file)", total);
@@ -945,10 +968,15 @@ static void test_kill9(ferry_ctx *ctx)
         ferry_model *m = NULL;
         char path[512];
         snprintf(path, sizeof path, "%s/big.safetensors", dir);
-        if (ferry_ctx_new(NULL, &c2) || ferry_device_open(c2, "sim:1GiB", &d) || ferry_file_open(c2, path, 0, &f))
+        if (ferry_ctx_new(NULL, &c2) || ferry_device_open(c2, "sim:1GiB", &d) ||
+            ferry_file_open(c2, path, 0, &f))
             _exit(3);
-        ferry_store_opts o = {.size = sizeof o, .host_budget = 1, .pinned_budget = 1, .spill_dir = spill_dir,
-                              .spill_below = 1, .spill_above = 2};
+        ferry_store_opts o = {.size = sizeof o,
+                              .host_budget = 1,
+                              .pinned_budget = 1,
+                              .spill_dir = spill_dir,
+                              .spill_below = 1,
+                              .spill_above = 2};
         if (ferry_store_new(d, &o, &s) || ferry_store_add(s, "big", &f, 1, 0, &m)) _exit(3);
         for (int round = 0;; round++) { /* spill and reload until killed */
             if (ferry_model_to_device(m, NULL, 0)) _exit(4);
@@ -995,7 +1023,8 @@ static void test_threads(ferry_ctx *ctx)
     CHECK_EQ(ferry_device_open(ctx, "sim:1GiB", &d), 0);
     ferry_file *fa = open_model(ctx, "a.safetensors"), *fb = open_model(ctx, "b.safetensors");
     if (!d || !fa || !fb) goto out;
-    ferry_store *s = mk_store(d, ferry_file_total_bytes(fa) + ferry_file_total_bytes(fb) / 2, 64 << 20, 32 << 20);
+    ferry_store *s =
+        mk_store(d, ferry_file_total_bytes(fa) + ferry_file_total_bytes(fb) / 2, 64 << 20, 32 << 20);
     targ t[4] = {{0}};
     CHECK_EQ(ferry_store_add(s, "a", &fa, 1, 0, &t[0].m), 0);
     CHECK_EQ(ferry_store_add(s, "b", &fb, 1, 1, &t[1].m), 0);
@@ -1258,8 +1287,8 @@ static void test_async(ferry_ctx *ctx)
     if (!op) goto free_store;
     ferry_tensor_state st = {.size = sizeof st};
     CHECK_EQ(ferry_model_tensor_state(m, 0, &st), 0);
-    CHECK(st.dptr != 0);                    /* the block is there already */
-    CHECK_EQ(st.tier, FERRY_TIER_PINNED);   /* the old copy stays until the move lands */
+    CHECK(st.dptr != 0);                  /* the block is there already */
+    CHECK_EQ(st.tier, FERRY_TIER_PINNED); /* the old copy stays until the move lands */
     /* a caller's stream ordered after the move sees the bytes, before anyone waited */
     fy_gpu *g = fy_device_gpu(d);
     fy_stream *theirs = NULL;
@@ -1278,7 +1307,8 @@ static void test_async(ferry_ctx *ctx)
         CHECK_EQ(x.query_after, 0); /* the move was still in flight when they returned */
         CHECK_EQ(g->ops->stream_sync(g, theirs), 0);
         uint8_t *want = malloc(st.nbytes);
-        CHECK(want && ferry_file_tensor_read(fb, 0, 0, want, st.nbytes) == 0 && memcmp(back, want, st.nbytes) == 0);
+        CHECK(want && ferry_file_tensor_read(fb, 0, 0, want, st.nbytes) == 0 &&
+              memcmp(back, want, st.nbytes) == 0);
         free(want);
     }
     /* the held-back tensors cannot leave while the move is queued */
@@ -1373,7 +1403,8 @@ static void test_pinned_cache(ferry_ctx *ctx)
     if (!d || !fa || !fb) goto out;
     const uint64_t A = ferry_file_total_bytes(fa), B = ferry_file_total_bytes(fb);
     /* the device holds either model, not both; the pinned budget both */
-    ferry_store *s = mk_store(d, (A > B ? A : B) + 4096, 64 << 20, A + B + (1 << 20)); /* (the pool rounds up) */
+    ferry_store *s =
+        mk_store(d, (A > B ? A : B) + 4096, 64 << 20, A + B + (1 << 20)); /* (the pool rounds up) */
     if (!s) goto out;
     ferry_model *ma = NULL, *mb = NULL;
     CHECK_EQ(ferry_store_add(s, "a", &fa, 1, 0, &ma), 0);
@@ -1478,9 +1509,15 @@ static void test_pinned_reserve(ferry_ctx *ctx)
     ferry_file *fa = open_model(ctx, "a.safetensors");
     if (!d || !fa) goto out;
     fy_gpu *g = fy_device_gpu(d);
-    const uint64_t A = ferry_file_total_bytes(fa), R = 3ull << 20; /* 3 MiB: room for a (0.6 MB) several times */
-    ferry_store_opts o = {.size = sizeof o, .host_budget = 64 << 20, .pinned_budget = 32 << 20, .pinned_reserve = R,
-                          .spill_dir = spill_dir, .spill_below = 1, .spill_above = 2};
+    const uint64_t A = ferry_file_total_bytes(fa),
+                   R = 3ull << 20; /* 3 MiB: room for a (0.6 MB) several times */
+    ferry_store_opts o = {.size = sizeof o,
+                          .host_budget = 64 << 20,
+                          .pinned_budget = 32 << 20,
+                          .pinned_reserve = R,
+                          .spill_dir = spill_dir,
+                          .spill_below = 1,
+                          .spill_above = 2};
     ferry_store *s = NULL;
     CHECK_EQ(ferry_store_new(d, &o, &s), 0);
     if (!s) goto out;
@@ -1498,7 +1535,8 @@ static void test_pinned_reserve(ferry_ctx *ctx)
     CHECK_EQ(ferry_store_add(s, "a", &fa, 1, 0, &ma), 0);
     for (int cycle = 0; cycle < 2; cycle++) {
         CHECK_EQ(ferry_model_to_device(ma, NULL, 0), 0);
-        for (int64_t t = 0; t < ferry_model_tensor_count(ma); t++) CHECK_EQ(modify(ma, t, (uint8_t)(0x30 + t)), 0);
+        for (int64_t t = 0; t < ferry_model_tensor_count(ma); t++)
+            CHECK_EQ(modify(ma, t, (uint8_t)(0x30 + t)), 0);
         CHECK_EQ(ferry_model_evict(ma, NULL, 0), 0);
         /* every dirty byte landed in the reserve: nothing pageable, no more pinned */
         CHECK_EQ(tier_bytes(s, FERRY_TIER_PINNED), A);
@@ -1512,7 +1550,12 @@ static void test_pinned_reserve(ferry_ctx *ctx)
             ferry_model_tensor_state(ma, t, &w);
             CHECK(w.dirty);
             uint8_t *a = malloc(w.nbytes + 1), *b = malloc(w.nbytes + 1);
-            if (!a || !b) { free(a); free(b); CHECK(0); continue; }
+            if (!a || !b) {
+                free(a);
+                free(b);
+                CHECK(0);
+                continue;
+            }
             CHECK_EQ(ferry_model_read(ma, t, a), 0);
             CHECK_EQ(ferry_file_tensor_read(fa, t, 0, b, w.nbytes), 0);
             uint8_t x = cycle ? 0 : (uint8_t)(0x30 + t); /* modify XORs: twice is the file again */
@@ -1629,7 +1672,8 @@ static void test_pinned_reserve(ferry_ctx *ctx)
         double t0 = now_s();
         CHECK_EQ(ferry_store_new(big, &o, &s), 0);
         ferry_store_free(s);
-        CHECK(now_s() - t0 < 2.0); /* it stopped after the piece it was pinning (0.125 s), not after 24 (3 s) */
+        CHECK(now_s() - t0 <
+              2.0); /* it stopped after the piece it was pinning (0.125 s), not after 24 (3 s) */
         s = NULL;
         fy_gpu_sim_usage(fy_device_gpu(big), NULL, &left, NULL);
         CHECK_EQ(left, 0);
@@ -1654,8 +1698,8 @@ static void write_sparse_model(const char *name, int n, uint64_t each)
     h += (size_t)snprintf(hdr + h, sizeof hdr - h, "{");
     for (int k = 0; k < n; k++)
         h += (size_t)snprintf(hdr + h, sizeof hdr - h,
-                              "%s\"blk.%d.w\":{\"dtype\":\"U8\",\"shape\":[%" PRIu64 "],\"data_offsets\":[%" PRIu64
-                              ",%" PRIu64 "]}",
+                              "%s\"blk.%d.w\":{\"dtype\":\"U8\",\"shape\":[%" PRIu64
+                              "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}",
                               k ? "," : "", k, each, (uint64_t)k * each, (uint64_t)(k + 1) * each);
     h += (size_t)snprintf(hdr + h, sizeof hdr - h, "}");
     FILE *f = start_checkpoint(name, hdr, h, path);
@@ -1697,8 +1741,14 @@ static void test_evict_unlocked(ferry_ctx *ctx)
     ferry_file *f = open_model(ctx, "gig.safetensors");
     if (!d || !f) goto out;
     ferry_load_opts lo = {.size = sizeof lo, .ring_buffers = 4, .ring_buffer_bytes = 8 << 20};
-    ferry_store_opts o = {.size = sizeof o, .device_budget = 1536ull << 20, .host_budget = 1, .pinned_budget = 1,
-                          .spill_dir = spill_dir, .spill_below = 1, .spill_above = 2, .load = &lo};
+    ferry_store_opts o = {.size = sizeof o,
+                          .device_budget = 1536ull << 20,
+                          .host_budget = 1,
+                          .pinned_budget = 1,
+                          .spill_dir = spill_dir,
+                          .spill_below = 1,
+                          .spill_above = 2,
+                          .load = &lo};
     ferry_store *s = NULL;
     CHECK_EQ(ferry_store_new(d, &o, &s), 0);
     ferry_model *m = NULL;
@@ -1740,9 +1790,10 @@ static void test_evict_unlocked(ferry_ctx *ctx)
         fy_sleep_until(fy_now() + 0.01);
     }
     pthread_join(th, NULL);
-    fprintf(stderr, "evict_unlocked: the spill took %.0f ms; %d probes meanwhile (%d tried again), the slowest "
-                    "stats %.1f ms, make_room %.1f ms\n", e.seconds * 1e3, probes, retried, worst_stats * 1e3,
-            worst_room * 1e3);
+    fprintf(stderr,
+            "evict_unlocked: the spill took %.0f ms; %d probes meanwhile (%d tried again), the slowest "
+            "stats %.1f ms, make_room %.1f ms\n",
+            e.seconds * 1e3, probes, retried, worst_stats * 1e3, worst_room * 1e3);
     CHECK_EQ(e.rc, 0);
     CHECK(e.seconds > 0.1); /* the spill was slow enough to tell */
     CHECK(probes >= 2);
@@ -1768,24 +1819,24 @@ out:
 }
 
 static ferry_ctx *ctx;
-#define CASES(CASE)                                                              \
-    CASE(policy, test_policy())                                                  \
-    CASE(tiers, test_tiers(ctx))                                                 \
-    CASE(spill, test_spill(ctx))                                                 \
-    CASE(spill_batch_enospc, test_spill_batch_enospc(ctx))                       \
-    CASE(spill_batch_room, test_spill_batch_room(ctx))                           \
-    CASE(small_fs, test_small_fs())                                              \
-    CASE(refused_tmpfs, test_refused_tmpfs(ctx))                                 \
-    CASE(device_faults, test_device_faults(ctx))                                 \
-    CASE(jobs, test_jobs(ctx))                                                   \
-    CASE(kill9, test_kill9(ctx))                                                 \
-    CASE(threads, test_threads(ctx))                                             \
-    CASE(find_remove, test_find_remove(ctx))                                     \
-    CASE(review, test_review(ctx))                                               \
-    CASE(add_oom, test_add_oom())                                                \
-    CASE(async, test_async(ctx))                                                 \
-    CASE(pinned_cache, test_pinned_cache(ctx))                                   \
-    CASE(pinned_reserve, test_pinned_reserve(ctx))                               \
+#define CASES(CASE)                                        \
+    CASE(policy, test_policy())                            \
+    CASE(tiers, test_tiers(ctx))                           \
+    CASE(spill, test_spill(ctx))                           \
+    CASE(spill_batch_enospc, test_spill_batch_enospc(ctx)) \
+    CASE(spill_batch_room, test_spill_batch_room(ctx))     \
+    CASE(small_fs, test_small_fs())                        \
+    CASE(refused_tmpfs, test_refused_tmpfs(ctx))           \
+    CASE(device_faults, test_device_faults(ctx))           \
+    CASE(jobs, test_jobs(ctx))                             \
+    CASE(kill9, test_kill9(ctx))                           \
+    CASE(threads, test_threads(ctx))                       \
+    CASE(find_remove, test_find_remove(ctx))               \
+    CASE(review, test_review(ctx))                         \
+    CASE(add_oom, test_add_oom())                          \
+    CASE(async, test_async(ctx))                           \
+    CASE(pinned_cache, test_pinned_cache(ctx))             \
+    CASE(pinned_reserve, test_pinned_reserve(ctx))         \
     CASE(evict_unlocked, test_evict_unlocked(ctx))
 CHECK_CASES(CASES)
 

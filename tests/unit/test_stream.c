@@ -31,7 +31,10 @@ enum { NB = 12, WB = 1 << 20, FIXED = 64 << 10, BIAS = 16 };
 
 static char dir[256], spill_dir[300], path[512];
 
-static uint8_t byte_at(int t, uint64_t j) { return (uint8_t)((uint32_t)t * 7919u + j * 31u + (j >> 9)); }
+static uint8_t byte_at(int t, uint64_t j)
+{
+    return (uint8_t)((uint32_t)t * 7919u + j * 31u + (j >> 9));
+}
 
 /* "embed.w" (FIXED bytes, outside the blocks), then NB blocks "blocks.K" of
  * a weight (WB) and a bias (BIAS), U8; tensor k's bytes are byte_at(k, j). */
@@ -41,12 +44,14 @@ static void write_model(void)
     size_t h = 0;
     uint64_t off = FIXED;
     h += (size_t)snprintf(hdr + h, sizeof hdr - h,
-                          "{\"embed.w\":{\"dtype\":\"U8\",\"shape\":[%d],\"data_offsets\":[0,%d]}", FIXED, FIXED);
+                          "{\"embed.w\":{\"dtype\":\"U8\",\"shape\":[%d],\"data_offsets\":[0,%d]}", FIXED,
+                          FIXED);
     for (int k = 0; k < NB; k++) {
-        h += (size_t)snprintf(hdr + h, sizeof hdr - h,
-                              ",\"blocks.%d.w\":{\"dtype\":\"U8\",\"shape\":[%d],\"data_offsets\":[%" PRIu64 ",%" PRIu64
-                              "]},\"blocks.%d.b\":{\"dtype\":\"U8\",\"shape\":[%d],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}",
-                              k, WB, off, off + WB, k, BIAS, off + WB, off + WB + BIAS);
+        h += (size_t)snprintf(
+            hdr + h, sizeof hdr - h,
+            ",\"blocks.%d.w\":{\"dtype\":\"U8\",\"shape\":[%d],\"data_offsets\":[%" PRIu64 ",%" PRIu64
+            "]},\"blocks.%d.b\":{\"dtype\":\"U8\",\"shape\":[%d],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}",
+            k, WB, off, off + WB, k, BIAS, off + WB, off + WB + BIAS);
         off += WB + BIAS;
     }
     h += (size_t)snprintf(hdr + h, sizeof hdr - h, "}");
@@ -72,10 +77,10 @@ typedef struct run {
     ferry_store *s;
     ferry_model *m;
     fy_stream *compute;
-    int64_t blk[NB][2];  /* the tensors (weight, bias) of each block, in the model */
+    int64_t blk[NB][2]; /* the tensors (weight, bias) of each block, in the model */
     int64_t embed;
-    ferry_op *ops[NB];   /* queued and not yet waited for */
-    uint8_t *kbuf[NB];   /* what each block's kernel read */
+    ferry_op *ops[NB];           /* queued and not yet waited for */
+    uint8_t *kbuf[NB];           /* what each block's kernel read */
     uint8_t dirty_x[1 + 2 * NB]; /* per file tensor: XOR of its bytes made in place (0: clean) */
     int prefetch;
 } run;
@@ -102,8 +107,13 @@ static int open_run(run *r, ferry_ctx *ctx, const char *spec, uint64_t dev_budge
     r->prefetch = 2;
     if (ferry_device_open(ctx, spec, &r->d) || ferry_file_open(ctx, path, 0, &r->f)) return -1;
     r->g = fy_device_gpu(r->d);
-    ferry_store_opts o = {.size = sizeof o, .device_budget = dev_budget, .host_budget = host_budget,
-                          .pinned_budget = pinned_budget, .spill_dir = spill_dir, .spill_below = 1, .spill_above = 2};
+    ferry_store_opts o = {.size = sizeof o,
+                          .device_budget = dev_budget,
+                          .host_budget = host_budget,
+                          .pinned_budget = pinned_budget,
+                          .spill_dir = spill_dir,
+                          .spill_below = 1,
+                          .spill_above = 2};
     static const ferry_load_opts lo = {.size = sizeof lo, .ring_buffers = 4, .ring_buffer_bytes = 256 << 10};
     o.load = &lo;
     if (ferry_store_new(r->d, &o, &r->s) || ferry_store_add(r->s, "dit", &r->f, 1, 0, &r->m)) return -1;
@@ -147,7 +157,11 @@ static int plan(run *r, int64_t window, uint64_t budget, int pinned_cache, ferry
 {
     int64_t blocks[NB];
     for (int k = 0; k < NB; k++) blocks[k] = r->blk[k][0];
-    ferry_plan_opts o = {.size = sizeof o, .blocks = blocks, .nblocks = NB, .window = window, .budget = budget,
+    ferry_plan_opts o = {.size = sizeof o,
+                         .blocks = blocks,
+                         .nblocks = NB,
+                         .window = window,
+                         .budget = budget,
                          .pinned_cache = pinned_cache};
     out->size = sizeof *out;
     return ferry_model_plan(r->m, &o, out);
@@ -248,7 +262,8 @@ static int verify(run *r)
         }
         for (uint64_t j = 0; j < st.nbytes; j++)
             if (b[j] != (uint8_t)(byte_at(t, j) ^ r->dirty_x[t])) {
-                fprintf(stderr, "verify: %s (tier %s) byte %" PRIu64 " differs\n", st.name, ferry_tier_name(st.tier), j);
+                fprintf(stderr, "verify: %s (tier %s) byte %" PRIu64 " differs\n", st.name,
+                        ferry_tier_name(st.tier), j);
                 bad++;
                 break;
             }
@@ -257,7 +272,10 @@ static int verify(run *r)
     return bad;
 }
 
-static uint64_t block_bytes(void) { return WB + BIAS; }
+static uint64_t block_bytes(void)
+{
+    return WB + BIAS;
+}
 
 /* ---- cases ---- */
 
@@ -300,13 +318,14 @@ static void test_plan(ferry_ctx *ctx)
     {
         int64_t blocks[NB];
         for (int k = 0; k < NB; k++) blocks[k] = r.blk[k][0];
-        ferry_plan_opts d = {.size = sizeof d, .blocks = blocks, .nblocks = NB, .window = 2, .budget = budget,
-                             .dry_run = 1};
+        ferry_plan_opts d = {
+            .size = sizeof d, .blocks = blocks, .nblocks = NB, .window = 2, .budget = budget, .dry_run = 1};
         ferry_plan q = {.size = sizeof q};
         int before[NB];
         for (int k = 0; k < NB; k++) before[k] = tstate(&r, r.blk[k][1]).streams;
         CHECK_EQ(ferry_model_plan(r.m, &d, &q), 0);
-        for (int k = 0; k < NB; k++) CHECK_EQ(tstate(&r, r.blk[k][1]).streams, before[k]); /* no tensor marked */
+        for (int k = 0; k < NB; k++)
+            CHECK_EQ(tstate(&r, r.blk[k][1]).streams, before[k]); /* no tensor marked */
         CHECK_EQ(q.resident_blocks, 5);
         CHECK_EQ(q.window_bytes, 2 * block_bytes());
         d.window = 8; /* more than the budget holds beside the fixed tensors: a smaller window */
@@ -391,7 +410,8 @@ static void cyclic(ferry_ctx *ctx, int pinned_cache)
         for (int j = 0; j < 2; j++) {
             ferry_tensor_state st = tstate(&r, r.blk[k][j]);
             CHECK_EQ(ad[3 * j], st.dptr);
-            if (st.dptr) CHECK(ad[3 * j + 1] <= st.dptr && st.dptr + st.nbytes <= ad[3 * j + 1] + ad[3 * j + 2]);
+            if (st.dptr)
+                CHECK(ad[3 * j + 1] <= st.dptr && st.dptr + st.nbytes <= ad[3 * j + 1] + ad[3 * j + 2]);
             else CHECK(ad[3 * j + 1] == 0 && ad[3 * j + 2] == 0);
         }
     }
@@ -419,8 +439,14 @@ static void cyclic(ferry_ctx *ctx, int pinned_cache)
     close_run(&r);
 }
 
-static void test_cyclic(ferry_ctx *ctx) { cyclic(ctx, 0); }
-static void test_cyclic_nocache(ferry_ctx *ctx) { cyclic(ctx, -1); }
+static void test_cyclic(ferry_ctx *ctx)
+{
+    cyclic(ctx, 0);
+}
+static void test_cyclic_nocache(ferry_ctx *ctx)
+{
+    cyclic(ctx, -1);
+}
 
 /* A block released after the compute stream while "kernels" there still
  * read it (and change a dirty member in place), and another block's move
@@ -519,7 +545,8 @@ static void test_dirty(ferry_ctx *ctx)
     for (int n = 0; n < 4; n++) CHECK_EQ(pass(&r), 0);
     CHECK_EQ(stats(&r).bytes_dtoh - d0.bytes_dtoh, 4 * WB);
     CHECK_EQ(tstate(&r, r.blk[ks][0]).dirty, 1);
-    CHECK(tstate(&r, r.blk[ks][0]).tier == FERRY_TIER_DEVICE || tstate(&r, r.blk[ks][0]).tier == FERRY_TIER_PINNED);
+    CHECK(tstate(&r, r.blk[ks][0]).tier == FERRY_TIER_DEVICE ||
+          tstate(&r, r.blk[ks][0]).tier == FERRY_TIER_PINNED);
     /* and a cache that must give way (host budget short) never drops its only copy */
     CHECK(ferry_store_make_room(r.s, UINT64_MAX, NULL) >= 0);
     CHECK_EQ(tstate(&r, r.blk[ks][0]).dirty, 1);
@@ -627,8 +654,8 @@ typedef struct twin {
     run *r;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    ferry_op *q[NB];   /* queued by the prefetcher for the computer, per block */
-    int next_compute;  /* blocks the computer has finished */
+    ferry_op *q[NB];  /* queued by the prefetcher for the computer, per block */
+    int next_compute; /* blocks the computer has finished */
     int total;
     int bad;
 } twin;
@@ -737,7 +764,7 @@ static void test_lane_fault(ferry_ctx *ctx)
     CHECK_EQ(ferry_model_evict(r.m, r.blk[k[0]], 2), 0);
     CHECK_EQ(tstate(&r, r.blk[k[0]][0]).tier, FERRY_TIER_PINNED);
     CHECK_EQ(ferry_model_to_device_async(r.m, r.blk[k[0]], 2, &a), 0); /* keeps the lane busy */
-    CHECK(fy_gpu_sim_fault(r.g, FY_OP_COPY, 2) >= 0);                     /* the next bias copy fails */
+    CHECK(fy_gpu_sim_fault(r.g, FY_OP_COPY, 2) >= 0);                  /* the next bias copy fails */
     CHECK_EQ(ferry_model_to_device_async(r.m, r.blk[k[1]], 2, &b), 0);
     /* ordered onto a stream (the PyTorch hooks' way): the failure and its cause */
     CHECK(ferry_op_stream_wait(b, r.g->ops->stream_raw(r.g, r.compute)) < 0);
@@ -749,7 +776,7 @@ static void test_lane_fault(ferry_ctx *ctx)
     int res = 0; /* a resident block: loaded through the ring, into the freed device blocks */
     while (ferry_model_block_streams(r.m, res) != 0) res++;
     CHECK_EQ(ferry_model_to_device(r.m, r.blk[res], 2), 0);
-    usleep(100 * 1000);                                          /* the lane's leftovers would land now */
+    usleep(100 * 1000); /* the lane's leftovers would land now */
     CHECK_EQ(ferry_op_wait(a), 0);
     CHECK_EQ(verify(&r), 0);
     close_run(&r);
@@ -887,8 +914,13 @@ static ferry_streamer *engine(run *r, int64_t prefetch, uint64_t budget, uint64_
 {
     int64_t blocks[NB];
     for (int k = 0; k < NB; k++) blocks[k] = r->blk[k][0];
-    ferry_streamer_opts o = {.size = sizeof o, .blocks = blocks, .nblocks = NB, .prefetch = prefetch,
-                             .budget = budget, .reserve = reserve, .copies = copies};
+    ferry_streamer_opts o = {.size = sizeof o,
+                             .blocks = blocks,
+                             .nblocks = NB,
+                             .prefetch = prefetch,
+                             .budget = budget,
+                             .reserve = reserve,
+                             .copies = copies};
     ferry_streamer *st = NULL;
     int rc = ferry_streamer_new(r->m, &o, &st);
     if (rc < 0) fprintf(stderr, "ferry_streamer_new: %s\n", ferry_model_errmsg(r->m));
@@ -1040,7 +1072,8 @@ static void test_engine_minimum(ferry_ctx *ctx)
     int64_t blocks[NB];
     for (int k = 0; k < NB; k++) blocks[k] = r.blk[k][0];
     CHECK_EQ(ferry_store_set_device_budget(r.s, 64 << 20), 0);
-    ferry_streamer_opts o = {.size = sizeof o, .blocks = blocks, .nblocks = NB, .budget = min - 1, .reserve = reserve};
+    ferry_streamer_opts o = {
+        .size = sizeof o, .blocks = blocks, .nblocks = NB, .budget = min - 1, .reserve = reserve};
     ferry_streamer *st = NULL;
     CHECK_EQ(ferry_streamer_new(r.m, &o, &st), FERRY_E_BUDGET);
     CHECK(st == NULL);
@@ -1132,15 +1165,13 @@ static void soak_mid(run *r, ferry_streamer *st, int k, void *arg)
         (void)ferry_model_to_device(sk->other, NULL, 0);
         sk->events++;
         break;
-    case 4: /* and leaves */
-        (void)ferry_model_evict(sk->other, NULL, 0);
-        break;
+    case 4: /* and leaves */ (void)ferry_model_evict(sk->other, NULL, 0); break;
     case 1: /* the budget the engine plans for changes mid-pass (applied at the next pass) */
         CHECK_EQ(ferry_streamer_set_budget(st, sk->min + rnd(&sk->seed) % (sk->total - sk->min + 1), 0), 0);
         sk->events++;
         break;
     case 2: /* memory taken outside the store (room made through it first, as
-             * a framework's allocator does; mid-pass it may not be: held) */
+               * a framework's allocator does; mid-pass it may not be: held) */
         if (!sk->raw && ferry_store_make_room(r->s, 5 * block_bytes(), NULL) >= 0 &&
             r->g->ops->mem_alloc(r->g, 5 * block_bytes(), &sk->raw) < 0)
             sk->raw = 0;
@@ -1151,8 +1182,7 @@ static void soak_mid(run *r, ferry_streamer *st, int k, void *arg)
         if (sk->raw) CHECK_EQ(r->g->ops->mem_free(r->g, sk->raw), 0);
         sk->raw = 0;
         break;
-    default:
-        break;
+    default: break;
     }
 }
 
@@ -1186,8 +1216,10 @@ static void test_engine_soak(ferry_ctx *ctx)
     ferry_streamer_stats e = estats(st);
     CHECK_EQ(e.passes, passes);
     CHECK(sk.events > passes / 4);
-    fprintf(stderr, "soak: %d passes, %d events (%d squeezes), %" PRIu64 " retries, %" PRIu64 " shrinks, %" PRIu64
-            " grows\n", passes, sk.events, sk.squeezes, e.retries, e.shrinks, e.grows);
+    fprintf(stderr,
+            "soak: %d passes, %d events (%d squeezes), %" PRIu64 " retries, %" PRIu64 " shrinks, %" PRIu64
+            " grows\n",
+            passes, sk.events, sk.squeezes, e.retries, e.shrinks, e.grows);
     if (sk.raw) CHECK_EQ(r.g->ops->mem_free(r.g, sk.raw), 0);
     ferry_streamer_free(st);
     CHECK_EQ(ferry_store_remove(other), 0);
@@ -1196,25 +1228,25 @@ static void test_engine_soak(ferry_ctx *ctx)
 }
 
 static ferry_ctx *ctx;
-#define CASES(CASE)                                        \
-    CASE(plan, test_plan(ctx))                             \
-    CASE(cyclic, test_cyclic(ctx))                         \
-    CASE(cyclic_nocache, test_cyclic_nocache(ctx))         \
-    CASE(lru_thrashes, test_lru_thrashes(ctx))             \
-    CASE(reuse_ordered, test_reuse_ordered(ctx))           \
-    CASE(dirty, test_dirty(ctx))                           \
-    CASE(faults, test_faults(ctx))                         \
-    CASE(budget, test_budget(ctx))                         \
-    CASE(threads, test_threads(ctx))                       \
-    CASE(lane_fault, test_lane_fault(ctx))                 \
+#define CASES(CASE)                                                      \
+    CASE(plan, test_plan(ctx))                                           \
+    CASE(cyclic, test_cyclic(ctx))                                       \
+    CASE(cyclic_nocache, test_cyclic_nocache(ctx))                       \
+    CASE(lru_thrashes, test_lru_thrashes(ctx))                           \
+    CASE(reuse_ordered, test_reuse_ordered(ctx))                         \
+    CASE(dirty, test_dirty(ctx))                                         \
+    CASE(faults, test_faults(ctx))                                       \
+    CASE(budget, test_budget(ctx))                                       \
+    CASE(threads, test_threads(ctx))                                     \
+    CASE(lane_fault, test_lane_fault(ctx))                               \
     CASE(stream_wait_while_landing, test_stream_wait_while_landing(ctx)) \
-    CASE(dirty_changed_again, test_dirty_changed_again(ctx)) \
-    CASE(async_file_reads, test_async_file_reads(ctx))     \
-    CASE(async_file_read_fails, test_async_file_read_fails(ctx)) \
-    CASE(engine_cyclic, test_engine_cyclic(ctx))           \
-    CASE(engine_order, test_engine_order(ctx))             \
-    CASE(engine_minimum, test_engine_minimum(ctx))         \
-    CASE(engine_squeeze, test_engine_squeeze(ctx))         \
+    CASE(dirty_changed_again, test_dirty_changed_again(ctx))             \
+    CASE(async_file_reads, test_async_file_reads(ctx))                   \
+    CASE(async_file_read_fails, test_async_file_read_fails(ctx))         \
+    CASE(engine_cyclic, test_engine_cyclic(ctx))                         \
+    CASE(engine_order, test_engine_order(ctx))                           \
+    CASE(engine_minimum, test_engine_minimum(ctx))                       \
+    CASE(engine_squeeze, test_engine_squeeze(ctx))                       \
     CASE(engine_soak, test_engine_soak(ctx))
 CHECK_CASES(CASES)
 

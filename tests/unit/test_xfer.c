@@ -36,11 +36,17 @@
 #define FAULT_MAX 500
 
 static char dir[256];
-static bool direct_ok;  /* O_DIRECT works in dir (not on tmpfs) */
+static bool direct_ok; /* O_DIRECT works in dir (not on tmpfs) */
 
-static void path_of(char *out, size_t n, const char *name) { snprintf(out, n, "%s/%s", dir, name); }
+static void path_of(char *out, size_t n, const char *name)
+{
+    snprintf(out, n, "%s/%s", dir, name);
+}
 
-static uint64_t page_round(uint64_t n) { return (n + PAGE - 1) / PAGE * PAGE; }
+static uint64_t page_round(uint64_t n)
+{
+    return (n + PAGE - 1) / PAGE * PAGE;
+}
 
 /* ---- a counting allocator whose nth call can fail: alloc.h ---- */
 
@@ -71,7 +77,8 @@ static uint64_t write_st(const char *file, const tdef *t, int nt, uint32_t seed,
     uint64_t off = 0;
     o += (size_t)snprintf(hdr + o, cap - o, "{\"__metadata__\":{\"format\":\"pt\"}");
     for (int i = 0; i < nt; i++) {
-        o += (size_t)snprintf(hdr + o, cap - o, ",\"%s\":{\"dtype\":\"U8\",\"shape\":[%llu],\"data_offsets\":[%llu,%llu]}",
+        o += (size_t)snprintf(hdr + o, cap - o,
+                              ",\"%s\":{\"dtype\":\"U8\",\"shape\":[%llu],\"data_offsets\":[%llu,%llu]}",
                               t[i].name, (unsigned long long)t[i].n, (unsigned long long)off,
                               (unsigned long long)(off + t[i].n));
         off += t[i].n;
@@ -121,13 +128,14 @@ static tdef *defs(const char *prefix, const uint64_t *sizes, int n)
 }
 
 /* The sharded checkpoint's index, built from the shards' tensor lists. */
-static void write_index(const char *name, const tdef *a, int na, const char *fa, const tdef *b, int nb, const char *fb)
+static void write_index(const char *name, const tdef *a, int na, const char *fa, const tdef *b, int nb,
+                        const char *fb)
 {
     char *s = malloc(65536);
     size_t o = (size_t)snprintf(s, 65536, "{\"metadata\":{\"total_size\":0},\"weight_map\":{");
     for (int i = 0; i < na + nb; i++)
-        o += (size_t)snprintf(s + o, 65536 - o, "%s\"%s\":\"%s\"", i ? "," : "", i < na ? a[i].name : b[i - na].name,
-                              i < na ? fa : fb);
+        o += (size_t)snprintf(s + o, 65536 - o, "%s\"%s\":\"%s\"", i ? "," : "",
+                              i < na ? a[i].name : b[i - na].name, i < na ? fa : fb);
     snprintf(s + o, 65536 - o, "}}");
     write_text(name, s);
     free(s);
@@ -237,7 +245,10 @@ static ferry_device *open_dev(ferry_ctx *ctx, const char *spec)
 }
 
 /* The ring of opts o: its buffers and their O_DIRECT slack. */
-static uint64_t ring_pinned(uint32_t nbuf, uint64_t bytes) { return nbuf * (page_round(bytes) + 2 * PAGE); }
+static uint64_t ring_pinned(uint32_t nbuf, uint64_t bytes)
+{
+    return nbuf * (page_round(bytes) + 2 * PAGE);
+}
 
 /* The small ring's buffers. */
 static uint32_t small_bufs = 2;
@@ -255,7 +266,10 @@ static ferry_load_opts small_opts(ferry_route p)
 }
 #define SMALL_RING ring_pinned(small_bufs, 4096)
 
-static bool uses_ring(ferry_route p) { return p == FERRY_ROUTE_RING || p == FERRY_ROUTE_DIRECT || p == FERRY_ROUTE_AUTO; }
+static bool uses_ring(ferry_route p)
+{
+    return p == FERRY_ROUTE_RING || p == FERRY_ROUTE_DIRECT || p == FERRY_ROUTE_AUTO;
+}
 
 /* Copy n bytes of device memory back, synchronously. */
 static int dev_read(ferry_device *d, uint64_t src, void *dst, size_t n)
@@ -311,8 +325,9 @@ static int verify_loaded(ferry_loaded *l, const ferry_file *f, const char *what)
             else if (delta[ti.shard] != dl) ok = false;
         }
         if (!ok) {
-            if (bad < 5) fprintf(stderr, "%s: tensor %s (%llu bytes): read rc %d, wrong bytes or layout\n", what, ti.name,
-                                 (unsigned long long)ti.nbytes, rc);
+            if (bad < 5)
+                fprintf(stderr, "%s: tensor %s (%llu bytes): read rc %d, wrong bytes or layout\n", what,
+                        ti.name, (unsigned long long)ti.nbytes, rc);
             bad++;
         }
         free(buf);
@@ -324,7 +339,8 @@ static int verify_loaded(ferry_loaded *l, const ferry_file *f, const char *what)
 
 /* ---- 1. every path, every shape of checkpoint ---- */
 
-static ferry_route all_paths[] = {FERRY_ROUTE_RING, FERRY_ROUTE_DIRECT, FERRY_ROUTE_REGISTER, FERRY_ROUTE_AUTO};
+static ferry_route all_paths[] = {FERRY_ROUTE_RING, FERRY_ROUTE_DIRECT, FERRY_ROUTE_REGISTER,
+                                  FERRY_ROUTE_AUTO};
 #define NPATHS 4
 
 static void check_stats(const ferry_load_stats *st, ferry_route asked, const ferry_file *f)
@@ -439,8 +455,10 @@ static void test_auto_cold(ferry_ctx *ctx)
         o.ring_buffer_bytes = 256 * KiB;
         ferry_loaded *l = NULL;
         ferry_load_stats st = {.size = sizeof st};
-        if (r >= 0.5) fprintf(stderr, "note: page cache not droppable here (%.0f%% resident): auto->direct not tested\n",
-                              r * 100);
+        if (r >= 0.5)
+            fprintf(stderr,
+                    "note: page cache not droppable here (%.0f%% resident): auto->direct not tested\n",
+                    r * 100);
         if (r < 0.5 && !direct_ok) {
             /* auto would pick O_DIRECT where it cannot work: not tested */
             fprintf(stderr, "note: cold file where O_DIRECT fails: auto not tested\n");
@@ -491,14 +509,16 @@ static void test_resident_sampled(ferry_ctx *ctx)
     posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     exact = ferry_file_resident(f);
     if (exact > 0.5) {
-        fprintf(stderr, "note: page cache not droppable here (%.0f%% resident): cold sample not tested\n", exact * 100);
+        fprintf(stderr, "note: page cache not droppable here (%.0f%% resident): cold sample not tested\n",
+                exact * 100);
     } else {
         CHECK(xf_resident_sampled(f) < exact + 0.1);
         struct stat sb;
         CHECK_EQ(fstat(fd, &sb), 0);
         static char buf[1 << 20];
         posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM); /* no readahead past the half */
-        for (off_t off = 0; off < sb.st_size / 2; off += (off_t)sizeof buf) CHECK(pread(fd, buf, sizeof buf, off) > 0);
+        for (off_t off = 0; off < sb.st_size / 2; off += (off_t)sizeof buf)
+            CHECK(pread(fd, buf, sizeof buf, off) > 0);
         exact = ferry_file_resident(f), sampled = xf_resident_sampled(f);
         if (!(exact > 0.4 && exact < 0.7 && sampled > exact - 0.1 && sampled < exact + 0.1))
             fprintf(stderr, "half read: exact %.3f, sampled %.3f\n", exact, sampled);
@@ -604,7 +624,8 @@ static void load_into_case(ferry_ctx *ctx, ferry_device *d, const ferry_file *f,
     if (rc < 0) fprintf(stderr, "%s: %s\n", what, ferry_ctx_errmsg(ctx));
     CHECK_EQ(rc, 0);
     if (rc == 0) {
-        CHECK_EQ(st.route, p == FERRY_ROUTE_AUTO ? (st.resident >= 0.5 ? FERRY_ROUTE_RING : FERRY_ROUTE_DIRECT) : p);
+        CHECK_EQ(st.route,
+                 p == FERRY_ROUTE_AUTO ? (st.resident >= 0.5 ? FERRY_ROUTE_RING : FERRY_ROUTE_DIRECT) : p);
         CHECK_EQ(dests_verify(d, f, &x, what), 0);
         CHECK_EQ(st.bytes, x.bytes);
         CHECK(st.alloc_seconds == 0); /* the caller's memory */
@@ -643,11 +664,15 @@ static void test_alloc_edges(ferry_ctx *ctx)
             if (sp == 1 && paths[pi] != FERRY_ROUTE_RING) continue; /* of these, the one cpu takes */
             int64_t idx[EDGE_N];
             uint64_t dp[EDGE_N];
-            for (int i = 0; i < EDGE_N; i++) idx[i] = i, dp[i] = b0 + (uint64_t)i * 256 * KiB; /* 4..7 in b1 */
+            for (int i = 0; i < EDGE_N; i++)
+                idx[i] = i, dp[i] = b0 + (uint64_t)i * 256 * KiB; /* 4..7 in b1 */
             ferry_load_opts o = small_opts(paths[pi]);
-            o.ring_buffer_bytes = 2 * MiB; /* a buffer holds the whole edge: the copies could merge across it */
+            o.ring_buffer_bytes =
+                2 * MiB; /* a buffer holds the whole edge: the copies could merge across it */
             int rc = ferry_load_into(d, f, idx, dp, EDGE_N, &o, NULL);
-            if (rc < 0) fprintf(stderr, "alloc_edges %s %s: %s\n", specs[sp], ferry_route_name(paths[pi]), ferry_ctx_errmsg(ctx));
+            if (rc < 0)
+                fprintf(stderr, "alloc_edges %s %s: %s\n", specs[sp], ferry_route_name(paths[pi]),
+                        ferry_ctx_errmsg(ctx));
             CHECK_EQ(rc, 0);
             uint8_t *got = malloc(256 * KiB), *want = malloc(256 * KiB);
             for (int i = 0; rc == 0 && got && want && i < EDGE_N; i++) {
@@ -833,11 +858,12 @@ static void fd0_guard(void)
  * registered, the ring whole or gone); a clean load on the same device must
  * then work. cold: a fresh device each time (the ring gets allocated under
  * the fault); warm: one device whose ring is cached (and must stay the same). */
-static void fault_loop(ferry_ctx *ctx, const ferry_file *f, const char *fname, ferry_route p, int kind, bool warm)
+static void fault_loop(ferry_ctx *ctx, const ferry_file *f, const char *fname, ferry_route p, int kind,
+                       bool warm)
 {
     char what[200];
-    snprintf(what, sizeof what, "%s --route %s, %s faults, %s device", fname, ferry_route_name(p), kind_name[kind],
-             warm ? "warm" : "cold");
+    snprintf(what, sizeof what, "%s --route %s, %s faults, %s device", fname, ferry_route_name(p),
+             kind_name[kind], warm ? "warm" : "cold");
     ferry_load_opts o = small_opts(p);
     ferry_load_opts bad = o;
     bad.size = 3;
@@ -866,14 +892,19 @@ static void fault_loop(ferry_ctx *ctx, const ferry_file *f, const char *fname, f
             failed++;
             const char *msg = ferry_ctx_errmsg(ctx);
             if (!fired || l != NULL) { /* a failure with no fault, or a result despite it */
-                if (swallowed++ < 3) fprintf(stderr, "%s: call %d: failed (%d: %s) but the fault %s\n", what, n, rc, msg, fired ? "fired" : "did not fire");
+                if (swallowed++ < 3)
+                    fprintf(stderr, "%s: call %d: failed (%d: %s) but the fault %s\n", what, n, rc, msg,
+                            fired ? "fired" : "did not fire");
             }
             if (!code_ok(kind, rc)) {
-                if (bad_code++ < 3) fprintf(stderr, "%s: call %d: code %d (%s): %s\n", what, n, rc, ferry_strerror(rc), msg);
+                if (bad_code++ < 3)
+                    fprintf(stderr, "%s: call %d: code %d (%s): %s\n", what, n, rc, ferry_strerror(rc), msg);
             }
             if (msg[0] == '\0' || strstr(msg, "opts->size is 3") ||
-                (kind < K_IO && !strstr(msg, "injected failure")) || (kind == K_MALLOC && !strstr(msg, "memory"))) {
-                if (bad_msg++ < 3) fprintf(stderr, "%s: call %d: code %d, message \"%s\"\n", what, n, rc, msg);
+                (kind < K_IO && !strstr(msg, "injected failure")) ||
+                (kind == K_MALLOC && !strstr(msg, "memory"))) {
+                if (bad_msg++ < 3)
+                    fprintf(stderr, "%s: call %d: code %d, message \"%s\"\n", what, n, rc, msg);
             }
         } else {
             if (fired && kind == K_MALLOC && p == FERRY_ROUTE_AUTO && st.resident < 0) {
@@ -893,14 +924,16 @@ static void fault_loop(ferry_ctx *ctx, const ferry_file *f, const char *fname, f
                             : (u.pinned == 0 || (uses_ring(p) && u.pinned == SMALL_RING));
         if (u.dev != 0 || u.reg != 0 || !ring_ok) {
             if (leaks++ < 3)
-                fprintf(stderr, "%s: call %d (rc %d): left device %llu, registered %llu, pinned %llu bytes\n", what, n,
-                        rc, (unsigned long long)u.dev, (unsigned long long)u.reg, (unsigned long long)u.pinned);
+                fprintf(stderr, "%s: call %d (rc %d): left device %llu, registered %llu, pinned %llu bytes\n",
+                        what, n, rc, (unsigned long long)u.dev, (unsigned long long)u.reg,
+                        (unsigned long long)u.pinned);
         }
         /* the device still works */
         l = NULL;
         int rc2 = ferry_load(d, f, &o, &l, &st);
         if (rc2 < 0 || !l || verify_loaded(l, f, what) != 0) {
-            if (reloads++ < 3) fprintf(stderr, "%s: call %d: the next load failed: %s\n", what, n, ferry_ctx_errmsg(ctx));
+            if (reloads++ < 3)
+                fprintf(stderr, "%s: call %d: the next load failed: %s\n", what, n, ferry_ctx_errmsg(ctx));
         }
         ferry_loaded_free(l);
         u = use_of(d);
@@ -922,7 +955,8 @@ static void fault_loop(ferry_ctx *ctx, const ferry_file *f, const char *fname, f
         if (failed == 0) fprintf(stderr, "%s: no call failed\n", what);
         CHECK(failed > 0);
     } else {
-        if (failed != 0) fprintf(stderr, "%s: %d loads failed; this kind should not reach this path\n", what, failed);
+        if (failed != 0)
+            fprintf(stderr, "%s: %d loads failed; this kind should not reach this path\n", what, failed);
         CHECK_EQ(failed, 0);
     }
 }
@@ -934,7 +968,8 @@ static void fault_loop(ferry_ctx *ctx, const ferry_file *f, const char *fname, f
 static void fault_loop_into(ferry_ctx *ctx, const ferry_file *f, const char *fname, ferry_route p, int kind)
 {
     char what[200];
-    snprintf(what, sizeof what, "load_into %s --route %s, %s faults", fname, ferry_route_name(p), kind_name[kind]);
+    snprintf(what, sizeof what, "load_into %s --route %s, %s faults", fname, ferry_route_name(p),
+             kind_name[kind]);
     ferry_device *d = open_dev(ctx, "sim:64MiB");
     if (!d) return;
     dests x;
@@ -957,16 +992,20 @@ static void fault_loop_into(ferry_ctx *ctx, const ferry_file *f, const char *fna
         if (rc < 0) {
             failed++;
             if (!fired || !code_ok(kind, rc) || msg[0] == '\0' || strstr(msg, "opts->size is 3")) {
-                if (problems++ < 3) fprintf(stderr, "%s: call %d: %d (%s), fault %s\n", what, n, rc, msg, fired ? "fired" : "not fired");
+                if (problems++ < 3)
+                    fprintf(stderr, "%s: call %d: %d (%s), fault %s\n", what, n, rc, msg,
+                            fired ? "fired" : "not fired");
             }
         } else if (fired || dests_verify(d, f, &x, what) != 0) {
-            if (problems++ < 3) fprintf(stderr, "%s: call %d: succeeded, fault %s\n", what, n, fired ? "fired" : "not fired");
+            if (problems++ < 3)
+                fprintf(stderr, "%s: call %d: succeeded, fault %s\n", what, n, fired ? "fired" : "not fired");
         }
         usage u = use_of(d);
         if (u.dev != mine || u.reg != 0 || !(u.pinned == 0 || (uses_ring(p) && u.pinned == SMALL_RING))) {
-            if (problems++ < 3) fprintf(stderr, "%s: call %d: left device %llu (of %llu), registered %llu, pinned %llu\n", what, n,
-                                        (unsigned long long)u.dev, (unsigned long long)mine, (unsigned long long)u.reg,
-                                        (unsigned long long)u.pinned);
+            if (problems++ < 3)
+                fprintf(stderr, "%s: call %d: left device %llu (of %llu), registered %llu, pinned %llu\n",
+                        what, n, (unsigned long long)u.dev, (unsigned long long)mine,
+                        (unsigned long long)u.reg, (unsigned long long)u.pinned);
         }
     }
     /* and it still works */
@@ -1165,7 +1204,8 @@ static int64_t pieces_of(const ferry_file *f, uint64_t piece)
     int64_t n = 0;
     for (int s = 0; s < ferry_file_shard_count(f); s++) {
         struct stat st;
-        if (stat(ferry_file_shard_path(f, s), &st) == 0) n += (int64_t)((page_round((uint64_t)st.st_size) + piece - 1) / piece);
+        if (stat(ferry_file_shard_path(f, s), &st) == 0)
+            n += (int64_t)((page_round((uint64_t)st.st_size) + piece - 1) / piece);
     }
     return n;
 }
@@ -1191,8 +1231,11 @@ static int straddlers(const ferry_file *f, uint64_t piece)
  * which says it reused it. */
 static void test_register_pieces(ferry_ctx *ctx)
 {
-    static const struct { const char *file, *named; uint64_t piece; } cases[] = {
-        {"odd.safetensors", "/odd.safetensors: ", 12 * KiB},          /* not a power of two */
+    static const struct {
+        const char *file, *named;
+        uint64_t piece;
+    } cases[] = {
+        {"odd.safetensors", "/odd.safetensors: ", 12 * KiB},              /* not a power of two */
         {"sh.safetensors.index.json", "-of-00002.safetensors: ", 4 * KiB} /* every page its own */
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -1269,7 +1312,8 @@ static void test_register_pieces(ferry_ctx *ctx)
         for (int v = 0; v < 2; v++) {
             o = small_opts(v ? FERRY_ROUTE_AUTO : FERRY_ROUTE_REGISTER);
             st = (ferry_load_stats){.size = sizeof st};
-            CHECK(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_HOST_REGISTER, 1) >= 0); /* no registration happens */
+            CHECK(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_HOST_REGISTER, 1) >=
+                  0); /* no registration happens */
             l = NULL;
             CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
             CHECK_EQ(fy_gpu_sim_fault(fy_device_gpu(d), FY_OP_HOST_REGISTER, 0), 1);
@@ -1331,7 +1375,8 @@ static void test_closed_registered(ferry_ctx *ctx)
         /* another file, perhaps at the same address: a load does not find it registered */
         f = open_file(ctx, files[k]);
         if (!f) goto next;
-        if ((const void *)f == old) fprintf(stderr, "closed_registered: the new file reuses the old address\n");
+        if ((const void *)f == old)
+            fprintf(stderr, "closed_registered: the new file reuses the old address\n");
         ferry_load_opts o = small_opts(FERRY_ROUTE_AUTO);
         ferry_load_stats st = {.size = sizeof st};
         ferry_loaded *l = NULL;
@@ -1377,7 +1422,9 @@ static void test_closed_registered(ferry_ctx *ctx)
 
 static void test_capacity(ferry_ctx *ctx)
 {
-    static const struct { const char *file, *dev; } c[] = {
+    static const struct {
+        const char *file, *dev;
+    } c[] = {
         {"odd.safetensors", "sim:64KiB"},
         {"sh.safetensors.index.json", "sim:64KiB"}, /* shard 1 fits, shard 2 does not */
         {"tiny.safetensors", "sim:1KiB"},
@@ -1801,7 +1848,7 @@ static void test_reader_pool(ferry_ctx *ctx)
             else CHECK_EQ(task_count(), after_first);
         }
         CHECK(after_first > before); /* the pool's threads stay between loads */
-#if !defined(__SANITIZE_THREAD__) /* (ThreadSanitizer refuses threads started after such a fork) */
+#if !defined(__SANITIZE_THREAD__)    /* (ThreadSanitizer refuses threads started after such a fork) */
         /* a child of fork() has none of the pool's threads: it makes its own */
         fflush(NULL);
         pid_t pid = fork();
@@ -1874,7 +1921,7 @@ static void test_direct_defaults(ferry_ctx *ctx)
         ferry_loaded_free(l);
         CHECK_EQ(use_of(d).pinned, ring_pinned(2, ring_after[i]));
         if (i == 2) CHECK(st.pin_seconds == 0); /* the ring load's ring, reused */
-        if (i == 1) { /* pinning ahead for a direct load keeps it too */
+        if (i == 1) {                           /* pinning ahead for a direct load keeps it too */
             ferry_load_opts direct = {.size = sizeof direct, .route = FERRY_ROUTE_DIRECT};
             CHECK_EQ(ferry_device_prepare(d, &direct, ferry_file_total_bytes(f)), 0);
             CHECK_EQ(use_of(d).pinned, ring_pinned(2, 4 * MiB));
@@ -2025,8 +2072,12 @@ static void test_copy_rate(ferry_ctx *ctx)
     CHECK_EQ(ferry_device_copy_rate(NULL, 1, &up, &down), FERRY_E_INVAL);
     usage u = use_of(d);
     CHECK(u.dev == 0 && u.pinned == 0 && u.reg == 0);
-    static const struct { fy_gpu_op op; long nth; int rc; } c[] = {
-        {FY_OP_MEM_ALLOC, 1, -ENOMEM}, {FY_OP_HOST_ALLOC, 1, -ENOMEM}, {FY_OP_COPY, 1, FERRY_E_DEVICE},
+    static const struct {
+        fy_gpu_op op;
+        long nth;
+        int rc;
+    } c[] = {
+        {FY_OP_MEM_ALLOC, 1, -ENOMEM},   {FY_OP_HOST_ALLOC, 1, -ENOMEM}, {FY_OP_COPY, 1, FERRY_E_DEVICE},
         {FY_OP_COPY, 4, FERRY_E_DEVICE}, {FY_OP_ANY, 3, FERRY_E_DEVICE},
     };
     for (size_t k = 0; k < sizeof c / sizeof *c; k++) {
@@ -2120,7 +2171,8 @@ static void test_truncated_register(ferry_ctx *ctx)
         } else {
             rc = ferry_load(d, f, &o, &l, NULL);
         }
-        if (rc != FERRY_E_CORRUPT) fprintf(stderr, "truncated_register %d: %d %s\n", k, rc, ferry_ctx_errmsg(ctx));
+        if (rc != FERRY_E_CORRUPT)
+            fprintf(stderr, "truncated_register %d: %d %s\n", k, rc, ferry_ctx_errmsg(ctx));
         CHECK_EQ(rc, FERRY_E_CORRUPT);
         CHECK(l == NULL);
         ferry_loaded_free(l);
@@ -2210,7 +2262,7 @@ static void test_tmpfs_ring(ferry_ctx *ctx)
         if (k) o.ring_buffers = 0, o.ring_buffer_bytes = 0;
         ferry_loaded *l = NULL;
         ferry_load_stats st = {.size = sizeof st};
-        real_pread = (ssize_t (*)(int, void *, size_t, off_t))fy_sys_get("pread");
+        real_pread = (ssize_t(*)(int, void *, size_t, off_t))fy_sys_get("pread");
         atomic_store(&tmpfs_preads, 0);
         CHECK_EQ(fy_sys_set("pread", (fy_sys_fn)counting_pread), 0);
         CHECK_EQ(ferry_load(d, f, &o, &l, &st), 0);
@@ -2553,7 +2605,8 @@ static void test_regressions(ferry_ctx *ctx)
     int status = 0;
     if (pid > 0) waitpid(pid, &status, 0);
     if (WIFSIGNALED(status))
-        fprintf(stderr, "known bugs: register load of a truncated file: killed by signal %d\n", WTERMSIG(status));
+        fprintf(stderr, "known bugs: register load of a truncated file: killed by signal %d\n",
+                WTERMSIG(status));
     CHECK(pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
 out:
     ferry_device_close(d);
@@ -2685,8 +2738,8 @@ out:
     if (dev) fy_xfer_dev_free(d, dev);
     if (pin) fy_xfer_pinned_free(d, pin);
     usage u = use_of(d);
-    CHECK_EQ(u.dev, 0);                       /* every block went back */
-    CHECK(before.pinned - u.pinned >= n);     /* (what stays pinned is the device's ring) */
+    CHECK_EQ(u.dev, 0);                   /* every block went back */
+    CHECK(before.pinned - u.pinned >= n); /* (what stays pinned is the device's ring) */
     ferry_device_close(d);
 }
 
@@ -2694,33 +2747,33 @@ out:
  * makes the files and the ctx they share, and checks afterwards that the
  * cases left descriptor 0 open and freed everything ferry allocated. */
 static ferry_ctx *ctx;
-#define CASES(CASE)                                                              \
-    CASE(api, test_api(ctx))                                                     \
-    CASE(paths, test_paths(ctx))                                                 \
-    CASE(auto_cold, test_auto_cold(ctx))                                         \
-    CASE(resident_sampled, test_resident_sampled(ctx))                           \
-    CASE(pageable, test_pageable(ctx))                                           \
-    CASE(prepare, test_prepare(ctx))                                             \
-    CASE(route_choice, test_route_choice(ctx))                                   \
-    CASE(reader_pool, test_reader_pool(ctx))                                     \
-    CASE(load_into, test_load_into(ctx))                                         \
-    CASE(alloc_edges, test_alloc_edges(ctx))                                     \
-    CASE(register, test_register(ctx))                                           \
-    CASE(register_pieces, test_register_pieces(ctx))                             \
-    CASE(closed_registered, test_closed_registered(ctx))                         \
-    CASE(capacity, test_capacity(ctx))                                           \
-    CASE(ring_reuse, test_ring_reuse(ctx))                                       \
-    CASE(direct_defaults, test_direct_defaults(ctx))                             \
-    CASE(huge, test_huge(ctx))                                                   \
-    CASE(truncated, test_truncated(ctx))                                         \
-    CASE(tmpfs_ring, test_tmpfs_ring(ctx))                                       \
-    CASE(truncated_register, test_truncated_register(ctx))                       \
-    CASE(own_fds, test_own_fds(ctx))                                             \
-    CASE(copy_rate, test_copy_rate(ctx))                                         \
-    CASE(progress, test_progress(ctx))                                           \
-    CASE(concurrent, test_concurrent(ctx))                                       \
-    CASE(faults, test_faults(ctx))                                               \
-    CASE(regressions, test_regressions(ctx))                                     \
+#define CASES(CASE)                                        \
+    CASE(api, test_api(ctx))                               \
+    CASE(paths, test_paths(ctx))                           \
+    CASE(auto_cold, test_auto_cold(ctx))                   \
+    CASE(resident_sampled, test_resident_sampled(ctx))     \
+    CASE(pageable, test_pageable(ctx))                     \
+    CASE(prepare, test_prepare(ctx))                       \
+    CASE(route_choice, test_route_choice(ctx))             \
+    CASE(reader_pool, test_reader_pool(ctx))               \
+    CASE(load_into, test_load_into(ctx))                   \
+    CASE(alloc_edges, test_alloc_edges(ctx))               \
+    CASE(register, test_register(ctx))                     \
+    CASE(register_pieces, test_register_pieces(ctx))       \
+    CASE(closed_registered, test_closed_registered(ctx))   \
+    CASE(capacity, test_capacity(ctx))                     \
+    CASE(ring_reuse, test_ring_reuse(ctx))                 \
+    CASE(direct_defaults, test_direct_defaults(ctx))       \
+    CASE(huge, test_huge(ctx))                             \
+    CASE(truncated, test_truncated(ctx))                   \
+    CASE(tmpfs_ring, test_tmpfs_ring(ctx))                 \
+    CASE(truncated_register, test_truncated_register(ctx)) \
+    CASE(own_fds, test_own_fds(ctx))                       \
+    CASE(copy_rate, test_copy_rate(ctx))                   \
+    CASE(progress, test_progress(ctx))                     \
+    CASE(concurrent, test_concurrent(ctx))                 \
+    CASE(faults, test_faults(ctx))                         \
+    CASE(regressions, test_regressions(ctx))               \
     CASE(moves, test_moves(ctx))
 CHECK_CASES(CASES)
 

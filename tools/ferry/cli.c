@@ -39,7 +39,10 @@ int cli_fail_ctx(ferry_ctx *ctx, int rc)
     return cli_fail("%s", ferry_strerror(rc));
 }
 
-bool cli_is_help(const char *arg) { return strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0; }
+bool cli_is_help(const char *arg)
+{
+    return strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0;
+}
 
 int cli_help(const cli_cmd *c)
 {
@@ -79,7 +82,10 @@ bool cli_ends_with(const char *s, const char *end)
     return a >= b && strcmp(s + a - b, end) == 0;
 }
 
-const char *cli_plural(int64_t n, const char *one, const char *many) { return n == 1 ? one : many; }
+const char *cli_plural(int64_t n, const char *one, const char *many)
+{
+    return n == 1 ? one : many;
+}
 
 const char *cli_human(char *buf, size_t n, uint64_t b)
 {
@@ -146,4 +152,7 @@ long cli_vmhwm_kib(void)
     return v;
 }
 
-bool cli_parse_size(const char *s, uint64_t *out) { return ferry_parse_size(s, out) == 0; }
+bool cli_parse_size(const char *s, uint64_t *out)
+{
+    return ferry_parse_size(s, out) == 0;
+}

@@ -19,8 +19,7 @@ typedef struct cli_cmd {
     int (*run)(int argc, char **argv);
 } cli_cmd;
 
-extern const cli_cmd cmd_inspect, cmd_cat, cmd_hash, cmd_load, cmd_bench, cmd_convert, cmd_simulate,
-    cmd_keep;
+extern const cli_cmd cmd_inspect, cmd_cat, cmd_hash, cmd_load, cmd_bench, cmd_convert, cmd_simulate, cmd_keep;
 
 /* Print "ferry CMD: message" and return EXIT_USAGE. */
 int cli_usage_error(const cli_cmd *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

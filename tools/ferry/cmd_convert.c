@@ -50,8 +50,8 @@ static int run(int argc, char **argv)
         if (strcmp(a, "--force") == 0) force = true;
         else if (strcmp(a, "--json") == 0) json = true;
         else if (strcmp(a, "--align") == 0) {
-            if (i + 1 >= argc || !cli_parse_size(argv[i + 1], &align) || align == 0 || (align & (align - 1)) ||
-                align > (1u << 20))
+            if (i + 1 >= argc || !cli_parse_size(argv[i + 1], &align) || align == 0 ||
+                (align & (align - 1)) || align > (1u << 20))
                 return cli_usage_error(&cmd_convert, "--align takes a power of two from 1 to 1MiB");
             i++;
         } else if (strcmp(a, "--dtype") == 0) {
@@ -88,15 +88,16 @@ static int run(int argc, char **argv)
         } else {
             char h[32];
             if (json)
-                printf("{\"in\": \"%s\", \"out\": \"%s\", \"tensors\": %lld, \"bytes\": %llu, \"align\": %llu, "
-                       "\"seconds\": %.3f}\n",
-                       in, out, (long long)ferry_file_tensor_count(g), (unsigned long long)ferry_file_total_bytes(g),
-                       (unsigned long long)align, secs);
+                printf(
+                    "{\"in\": \"%s\", \"out\": \"%s\", \"tensors\": %lld, \"bytes\": %llu, \"align\": %llu, "
+                    "\"seconds\": %.3f}\n",
+                    in, out, (long long)ferry_file_tensor_count(g),
+                    (unsigned long long)ferry_file_total_bytes(g), (unsigned long long)align, secs);
             else
                 printf("%s -> %s: %lld %s, %s, data aligned to %llu bytes, %.2f s\n", in, out,
                        (long long)ferry_file_tensor_count(g),
-                       cli_plural(ferry_file_tensor_count(g), "tensor", "tensors"), cli_human(h, sizeof h, ferry_file_total_bytes(g)),
-                       (unsigned long long)align, secs);
+                       cli_plural(ferry_file_tensor_count(g), "tensor", "tensors"),
+                       cli_human(h, sizeof h, ferry_file_total_bytes(g)), (unsigned long long)align, secs);
             ferry_file_close(g);
         }
     }

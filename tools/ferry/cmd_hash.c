@@ -184,7 +184,8 @@ static int run_sha256(char **paths, int npaths, bool json)
         if (!json) fflush(stdout);
     }
     if (json) {
-        if (json_dumpf(out, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) < 0) ex = cli_fail("writing JSON failed");
+        if (json_dumpf(out, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) < 0)
+            ex = cli_fail("writing JSON failed");
         fputc('\n', stdout);
         json_decref(out);
     }
@@ -215,7 +216,8 @@ static int run(int argc, char **argv)
             if (*end || threads < 1 || threads > 64)
                 return cli_usage_error(&cmd_hash, "--threads takes 1..64, not '%s'", argv[i]);
         } else if (opts && strcmp(argv[i], "--") == 0) opts = false;
-        else if (opts && argv[i][0] == '-' && argv[i][1]) return cli_usage_error(&cmd_hash, "unknown option '%s'", argv[i]);
+        else if (opts && argv[i][0] == '-' && argv[i][1])
+            return cli_usage_error(&cmd_hash, "unknown option '%s'", argv[i]);
         else paths[npaths++] = argv[i];
     }
     if (!npaths) return cli_usage_error(&cmd_hash, "missing PATH");
@@ -223,7 +225,8 @@ static int run(int argc, char **argv)
         if (threads) return cli_usage_error(&cmd_hash, "--threads is for the tensor hashes, not --sha256");
         return run_sha256(paths, npaths, json);
     }
-    if (npaths > 1) return cli_usage_error(&cmd_hash, "one PATH only, got '%s' too (several: with --sha256)", paths[1]);
+    if (npaths > 1)
+        return cli_usage_error(&cmd_hash, "one PATH only, got '%s' too (several: with --sha256)", paths[1]);
     return run_tensors(paths[0], json, threads);
 }
 
@@ -235,14 +238,20 @@ static int run_tensors(const char *path, bool json, long threads)
     if (ex) return ex;
     int64_t n = ferry_file_tensor_count(f);
     uint64_t *h = calloc((size_t)(n ? n : 1), sizeof *h), model = 0;
-    if (!h) { ex = cli_fail("out of memory"); goto out; }
+    if (!h) {
+        ex = cli_fail("out of memory");
+        goto out;
+    }
     cli_progress p;
     cli_progress_start(&p, "hash");
     double t0 = cli_now();
     int rc = ferry_file_hash(ctx, f, h, &model, cli_progress_update, &p);
     double secs = cli_now() - t0;
     cli_progress_end(&p);
-    if (rc < 0) { ex = cli_fail_ctx(ctx, rc); goto out; }
+    if (rc < 0) {
+        ex = cli_fail_ctx(ctx, rc);
+        goto out;
+    }
     /* the bytes hashed: a strided view's elements, not its span in the storage */
     uint64_t total = 0;
     for (int64_t i = 0; i < n; i++) total += hashed_bytes(f, i);
@@ -265,7 +274,8 @@ static int run_tensors(const char *path, bool json, long threads)
             json_array_append_new(ts, t);
         }
         json_object_set_new(o, "tensors", ts);
-        if (json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) < 0) ex = cli_fail("writing JSON failed");
+        if (json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) < 0)
+            ex = cli_fail("writing JSON failed");
         fputc('\n', stdout);
         json_decref(o);
     } else {
@@ -275,8 +285,8 @@ static int run_tensors(const char *path, bool json, long threads)
             printf("%016" PRIx64 "  %s\n", h[i], ti.name);
         }
         char hb[32];
-        printf("%016" PRIx64 "  (model: %" PRId64 " %s, %s, %.2f s, %.2f GB/s)\n", model, n, cli_plural(n, "tensor", "tensors"),
-               cli_human(hb, sizeof hb, total), secs,
+        printf("%016" PRIx64 "  (model: %" PRId64 " %s, %s, %.2f s, %.2f GB/s)\n", model, n,
+               cli_plural(n, "tensor", "tensors"), cli_human(hb, sizeof hb, total), secs,
                secs > 0 ? (double)total / secs / 1e9 : 0.0);
     }
 out:

@@ -126,17 +126,17 @@ static int real_digits(const json_t *j)
     const char *k;
     json_t *v;
     if (json_is_real(j)) return digits_of(json_real_value(j));
-    if (json_is_array(j))
-        json_array_foreach(j, i, v) if ((d = real_digits(v)) > m) m = d;
-    if (json_is_object(j))
-        json_object_foreach((json_t *)j, k, v) if ((d = real_digits(v)) > m) m = d;
+    if (json_is_array(j)) json_array_foreach(j, i, v) if ((d = real_digits(v)) > m) m = d;
+    if (json_is_object(j)) json_object_foreach((json_t *)j, k, v) if ((d = real_digits(v)) > m) m = d;
     return m;
 }
 
 /* Print o (and free it). */
 static int emit_json(json_t *o)
 {
-    int rc = o ? json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(real_digits(o))) : -1;
+    int rc =
+        o ? json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(real_digits(o)))
+          : -1;
     json_decref(o);
     if (rc < 0) return cli_fail("writing JSON failed (out of memory?)");
     fputc('\n', stdout);
@@ -185,8 +185,10 @@ static json_t *file_json(ferry_file *f, const char *path)
         }
         if (ti.flags) {
             json_t *fl = json_array();
-            if (ti.flags & FERRY_TENSOR_NONCONTIGUOUS) json_array_append_new(fl, json_string("noncontiguous"));
-            if (ti.flags & FERRY_TENSOR_SHARED_STORAGE) json_array_append_new(fl, json_string("shared_storage"));
+            if (ti.flags & FERRY_TENSOR_NONCONTIGUOUS)
+                json_array_append_new(fl, json_string("noncontiguous"));
+            if (ti.flags & FERRY_TENSOR_SHARED_STORAGE)
+                json_array_append_new(fl, json_string("shared_storage"));
             json_object_set_new(t, "flags", fl);
         }
         json_array_append_new(ts, t);
@@ -204,7 +206,8 @@ static void print_text(ferry_file *f, const char *path)
     if (ferry_file_shard_count(f) > 1 || ferry_file_format(f) == FERRY_FORMAT_SAFETENSORS_INDEX)
         printf("files:       %d shards\n", ferry_file_shard_count(f));
     printf("tensors:     %" PRId64 "\n", n);
-    printf("total bytes: %" PRIu64 " (%s)\n", ferry_file_total_bytes(f), cli_human(h, sizeof h, ferry_file_total_bytes(f)));
+    printf("total bytes: %" PRIu64 " (%s)\n", ferry_file_total_bytes(f),
+           cli_human(h, sizeof h, ferry_file_total_bytes(f)));
     int64_t nm = ferry_file_metadata_count(f);
     printf("metadata:    %s\n", nm ? "" : "(none)");
     for (int64_t i = 0; i < nm; i++) {
@@ -229,11 +232,15 @@ static void print_text(ferry_file *f, const char *path)
         size_t l = strlen(ti.name);
         if (l > w) w = l;
     }
-    if (nfilters) printf("matching:    %" PRId64 " %s, %" PRIu64 " bytes\n", cnt, cli_plural(cnt, "tensor", "tensors"), lb);
+    if (nfilters)
+        printf("matching:    %" PRId64 " %s, %" PRIu64 " bytes\n", cnt, cli_plural(cnt, "tensor", "tensors"),
+               lb);
     printf("elements:    %" PRIu64 " (%.3g parameters)\n", numel, (double)numel);
     printf("dtypes:     ");
     for (int d = 1; d < FERRY_DTYPE_COUNT; d++)
-        if (cnt_dt[d]) printf(" %s x%" PRId64 " (%s)", ferry_dtype_name((ferry_dtype)d), cnt_dt[d], cli_human(h, sizeof h, by_dt[d]));
+        if (cnt_dt[d])
+            printf(" %s x%" PRId64 " (%s)", ferry_dtype_name((ferry_dtype)d), cnt_dt[d],
+                   cli_human(h, sizeof h, by_dt[d]));
     printf("\n\n");
     if (w > 60) w = 60;
     printf("%-*s  %-11s  %-24s  %14s  %14s\n", (int)w, "NAME", "DTYPE", "SHAPE", "BYTES", "OFFSET");
@@ -247,8 +254,8 @@ static void print_text(ferry_file *f, const char *path)
         for (int d = 0; d < ti.ndim && o < sizeof shape - 24; d++)
             o += (size_t)snprintf(shape + o, sizeof shape - o, "%s%" PRId64, d ? ", " : "", ti.shape[d]);
         snprintf(shape + o, sizeof shape - o, "]");
-        printf("%-*s  %-11s  %-24s  %14" PRIu64 "  %14" PRIu64, (int)w, ti.name, ferry_dtype_name(ti.dtype), shape,
-               ti.nbytes, ti.offset);
+        printf("%-*s  %-11s  %-24s  %14" PRIu64 "  %14" PRIu64, (int)w, ti.name, ferry_dtype_name(ti.dtype),
+               shape, ti.nbytes, ti.offset);
         if (ferry_file_shard_count(f) > 1) printf("  %s", ferry_file_shard_path(f, ti.shard));
         if (ti.strides) { /* a strided view (PyTorch): BYTES is its span in the storage */
             printf("  strides [");
@@ -306,8 +313,8 @@ static int inspect_folder(const char *dir, bool json)
             totals(f[i], &cnt, &tb, &tn);
             printf("%s  %s  %" PRId64 " %s  %" PRIu64 " bytes (%s)  %.3g parameters%s%s%s\n", fo.c[i].path,
                    ferry_format_name(ferry_file_format(f[i])), cnt, cli_plural(cnt, "tensor", "tensors"), tb,
-                   cli_human(h, sizeof h, tb), (double)tn,
-                   fo.c[i].note ? "  (" : "", fo.c[i].note ? fo.c[i].note : "", fo.c[i].note ? ")" : "");
+                   cli_human(h, sizeof h, tb), (double)tn, fo.c[i].note ? "  (" : "",
+                   fo.c[i].note ? fo.c[i].note : "", fo.c[i].note ? ")" : "");
         }
         for (int i = 0; i < fo.n; i++) {
             if (!f[i]) continue;
@@ -338,7 +345,8 @@ static int run(int argc, char **argv)
             filters = nf;
             filters[nfilters++] = argv[++i];
         } else if (opts && strcmp(argv[i], "--") == 0) opts = false;
-        else if (opts && argv[i][0] == '-' && argv[i][1]) return cli_usage_error(&cmd_inspect, "unknown option '%s'", argv[i]);
+        else if (opts && argv[i][0] == '-' && argv[i][1])
+            return cli_usage_error(&cmd_inspect, "unknown option '%s'", argv[i]);
         else if (!path) path = argv[i];
         else return cli_usage_error(&cmd_inspect, "one PATH only, got '%s' too", argv[i]);
     }

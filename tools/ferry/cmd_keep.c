@@ -91,8 +91,9 @@ static int status(const char *sock, bool json)
         json_t *cl = json_array();
         for (uint32_t i = 0; i < s->listed_clients; i++) {
             const ferry_keep_client_info *c = &s->clients[i];
-            json_array_append_new(cl, json_pack("{s:i,s:I,s:I,s:I}", "pid", (int)c->pid, "uid", (json_int_t)c->uid,
-                                                "attached", (json_int_t)c->attached, "pending", (json_int_t)c->pending));
+            json_array_append_new(cl, json_pack("{s:i,s:I,s:I,s:I}", "pid", (int)c->pid, "uid",
+                                                (json_int_t)c->uid, "attached", (json_int_t)c->attached,
+                                                "pending", (json_int_t)c->pending));
         }
         json_object_set_new(o, "clients", cl);
         json_t *el = json_array();
@@ -100,29 +101,34 @@ static int status(const char *sock, bool json)
             const ferry_keep_entry_info *e = &s->entries[i];
             char hex[17];
             snprintf(hex, sizeof hex, "%016" PRIx64, e->header_digest);
-            json_array_append_new(el, json_pack("{s:I,s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:s,s:I}", "id", (json_int_t)e->id,
-                                                "path", e->path, "tensor", e->tensor, "index", (json_int_t)e->index,
-                                                "nbytes", (json_int_t)e->nbytes, "attached", (json_int_t)e->attached,
-                                                "file_size", (json_int_t)e->file_size, "mtime_ns", (json_int_t)e->mtime_ns,
-                                                "header_digest", hex, "idle_ms", (json_int_t)e->idle_ms));
+            json_array_append_new(
+                el, json_pack("{s:I,s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:s,s:I}", "id", (json_int_t)e->id, "path",
+                              e->path, "tensor", e->tensor, "index", (json_int_t)e->index, "nbytes",
+                              (json_int_t)e->nbytes, "attached", (json_int_t)e->attached, "file_size",
+                              (json_int_t)e->file_size, "mtime_ns", (json_int_t)e->mtime_ns, "header_digest",
+                              hex, "idle_ms", (json_int_t)e->idle_ms));
         }
         json_object_set_new(o, "listed", el);
-        if (json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) < 0) ex = cli_fail("writing JSON failed");
+        if (json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) < 0)
+            ex = cli_fail("writing JSON failed");
         else printf("\n");
         json_decref(o);
     } else {
         char b1[32], b2[32], b3[32];
         printf("keeper on %s: device %s, budget %s, holding %s in %u %s", sock, s->device,
-               cli_human(b1, sizeof b1, s->budget), cli_human(b2, sizeof b2, s->used - s->pending_bytes), s->nentries,
-               cli_plural(s->nentries, "entry", "entries"));
-        if (s->npending) printf(" (+ %s in %u unfinished %s)", cli_human(b3, sizeof b3, s->pending_bytes), s->npending,
-                                cli_plural(s->npending, "put", "puts"));
+               cli_human(b1, sizeof b1, s->budget), cli_human(b2, sizeof b2, s->used - s->pending_bytes),
+               s->nentries, cli_plural(s->nentries, "entry", "entries"));
+        if (s->npending)
+            printf(" (+ %s in %u unfinished %s)", cli_human(b3, sizeof b3, s->pending_bytes), s->npending,
+                   cli_plural(s->npending, "put", "puts"));
         printf("\n");
         /* the status connection itself is one of the clients */
-        printf("%u %s connected (this one included):\n", s->listed_clients, cli_plural(s->listed_clients, "client", "clients"));
+        printf("%u %s connected (this one included):\n", s->listed_clients,
+               cli_plural(s->listed_clients, "client", "clients"));
         for (uint32_t i = 0; i < s->listed_clients; i++) {
             const ferry_keep_client_info *c = &s->clients[i];
-            printf("  pid %d uid %u: %u attached, %u unfinished\n", (int)c->pid, (unsigned)c->uid, c->attached, c->pending);
+            printf("  pid %d uid %u: %u attached, %u unfinished\n", (int)c->pid, (unsigned)c->uid,
+                   c->attached, c->pending);
         }
         if (s->listed_entries) printf("entries (most recently made first):\n");
         for (uint32_t i = 0; i < s->listed_entries; i++) {
@@ -130,7 +136,8 @@ static int status(const char *sock, bool json)
             char name[64];
             if (!e->tensor[0]) snprintf(name, sizeof name, "#%u", e->index);
             printf("  %10s  %s  %s  idle %.1f s%s\n", cli_human(b1, sizeof b1, e->nbytes), e->path,
-                   e->tensor[0] ? e->tensor : name, (double)e->idle_ms / 1e3, e->attached ? "  attached" : "");
+                   e->tensor[0] ? e->tensor : name, (double)e->idle_ms / 1e3,
+                   e->attached ? "  attached" : "");
         }
         if (s->listed_entries < s->nentries) printf("  ... and %u more\n", s->nentries - s->listed_entries);
     }
@@ -155,7 +162,8 @@ static int run(int argc, char **argv)
             if (a[2] == 's') sock = v;
             else if (a[2] == 'd') device = v;
             else if (!cli_parse_size(v, &budget) || budget == 0)
-                return cli_usage_error(&cmd_keep, "--budget needs a size above 0 (4096, 64MiB, 32GiB), not '%s'", v);
+                return cli_usage_error(&cmd_keep,
+                                       "--budget needs a size above 0 (4096, 64MiB, 32GiB), not '%s'", v);
             i++;
         } else if (a[0] == '-') return cli_usage_error(&cmd_keep, "unknown option '%s'", a);
         else return cli_usage_error(&cmd_keep, "unexpected argument '%s'", a);
@@ -165,7 +173,8 @@ static int run(int argc, char **argv)
         return status(sock, json);
     }
     if (json) return cli_usage_error(&cmd_keep, "--json goes with --status");
-    ferry_keep_opts o = {.socket = sock, .device = device, .budget = budget, .stop_fd = -1, .handle_signals = 1};
+    ferry_keep_opts o = {
+        .socket = sock, .device = device, .budget = budget, .stop_fd = -1, .handle_signals = 1};
     char err[1400];
     int rc = ferry_keep_serve(&o, err, sizeof err);
     if (rc < 0) {

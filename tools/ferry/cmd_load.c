@@ -126,14 +126,18 @@ static int run(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (opts && cli_is_help(a)) { free(paths); return cli_help(&cmd_load); }
+        if (opts && cli_is_help(a)) {
+            free(paths);
+            return cli_help(&cmd_load);
+        }
         if (opts && strcmp(a, "--json") == 0) json = true;
         else if (opts && strcmp(a, "--verify") == 0) do_verify = true;
         else if (opts && strcmp(a, "--") == 0) opts = false;
-        else if (opts && (strcmp(a, "--device") == 0 || strcmp(a, "--route") == 0 || strcmp(a, "--path") == 0 ||
-                          strcmp(a, "--threads") == 0 ||
-                          strcmp(a, "--streams") == 0 || strcmp(a, "--buffers") == 0 || strcmp(a, "--buffer-size") == 0 ||
-                          strcmp(a, "--repeat") == 0 || strcmp(a, "--pinned-budget") == 0)) {
+        else if (opts &&
+                 (strcmp(a, "--device") == 0 || strcmp(a, "--route") == 0 || strcmp(a, "--path") == 0 ||
+                  strcmp(a, "--threads") == 0 || strcmp(a, "--streams") == 0 || strcmp(a, "--buffers") == 0 ||
+                  strcmp(a, "--buffer-size") == 0 || strcmp(a, "--repeat") == 0 ||
+                  strcmp(a, "--pinned-budget") == 0)) {
             int ex = EXIT_OK;
             if (!v) ex = cli_usage_error(&cmd_load, "%s needs a value", a);
             else if (strcmp(a, "--device") == 0) dev_spec = v;
@@ -142,45 +146,61 @@ static int run(int argc, char **argv)
                 if (a[2] == 'p') fprintf(stderr, "ferry load: --path is deprecated, use --route\n");
                 int p = ferry_route_parse(v);
                 if (p < 0 || p == FERRY_ROUTE_CUFILE)
-                    ex = cli_usage_error(&cmd_load, "--route takes auto, ring, direct, register or pageable, not '%s'%s",
-                                         v, p == FERRY_ROUTE_CUFILE ? " (cuFile is a probe: ferry bench reports it)" : "");
+                    ex = cli_usage_error(
+                        &cmd_load, "--route takes auto, ring, direct, register or pageable, not '%s'%s", v,
+                        p == FERRY_ROUTE_CUFILE ? " (cuFile is a probe: ferry bench reports it)" : "");
                 else lo.route = (ferry_route)p;
             } else if (strcmp(a, "--threads") == 0) {
-                if (!parse_u32(v, 1, 64, &lo.threads)) ex = cli_usage_error(&cmd_load, "--threads takes 1..64");
+                if (!parse_u32(v, 1, 64, &lo.threads))
+                    ex = cli_usage_error(&cmd_load, "--threads takes 1..64");
             } else if (strcmp(a, "--repeat") == 0) {
-                if (!parse_u32(v, 1, 1000, &repeat)) ex = cli_usage_error(&cmd_load, "--repeat takes 1..1000");
+                if (!parse_u32(v, 1, 1000, &repeat))
+                    ex = cli_usage_error(&cmd_load, "--repeat takes 1..1000");
             } else if (strcmp(a, "--streams") == 0) {
-                if (!parse_u32(v, 2, 16, &lo.streams)) ex = cli_usage_error(&cmd_load, "--streams takes 2..16");
+                if (!parse_u32(v, 2, 16, &lo.streams))
+                    ex = cli_usage_error(&cmd_load, "--streams takes 2..16");
             } else if (strcmp(a, "--pinned-budget") == 0) {
                 if (!cli_parse_size(v, &lo.pinned_budget) || lo.pinned_budget == 0)
                     ex = cli_usage_error(&cmd_load, "--pinned-budget takes a size, e.g. 16GiB, not '%s'", v);
             } else if (strcmp(a, "--buffers") == 0) {
-                if (!parse_u32(v, 2, 4096, &lo.ring_buffers)) ex = cli_usage_error(&cmd_load, "--buffers takes 2..4096");
+                if (!parse_u32(v, 2, 4096, &lo.ring_buffers))
+                    ex = cli_usage_error(&cmd_load, "--buffers takes 2..4096");
             } else {
                 if (!cli_parse_size(v, &lo.ring_buffer_bytes) || lo.ring_buffer_bytes < 4096 ||
                     lo.ring_buffer_bytes > (1ull << 32))
-                    ex = cli_usage_error(&cmd_load, "--buffer-size takes 4KiB..4GiB, e.g. 16MiB, not '%s'", v);
+                    ex =
+                        cli_usage_error(&cmd_load, "--buffer-size takes 4KiB..4GiB, e.g. 16MiB, not '%s'", v);
             }
-            if (ex) { free(paths); return ex; }
+            if (ex) {
+                free(paths);
+                return ex;
+            }
             i++;
         } else if (opts && a[0] == '-' && a[1]) {
             free(paths);
             return cli_usage_error(&cmd_load, "unknown option '%s'", a);
         } else paths[npaths++] = a;
     }
-    if (!npaths) { free(paths); return cli_usage_error(&cmd_load, "missing PATH"); }
+    if (!npaths) {
+        free(paths);
+        return cli_usage_error(&cmd_load, "missing PATH");
+    }
     /* "cpu" is the only spelling of the cpu device (ferry_device_open), and
      * ferry_load refuses it any route but ring and auto: say so before any work */
     if (strcmp(dev_spec, "cpu") == 0 && lo.route != FERRY_ROUTE_AUTO && lo.route != FERRY_ROUTE_RING) {
         free(paths);
-        return cli_usage_error(&cmd_load, "--device cpu reads straight into host memory: use --route ring or auto, not %s",
-                               ferry_route_name(lo.route));
+        return cli_usage_error(
+            &cmd_load, "--device cpu reads straight into host memory: use --route ring or auto, not %s",
+            ferry_route_name(lo.route));
     }
 
     ferry_ctx *ctx;
     ferry_device *dev = NULL;
     int ex = EXIT_OK;
-    if ((ex = cli_ctx_new(0, &ctx))) { free(paths); return ex; }
+    if ((ex = cli_ctx_new(0, &ctx))) {
+        free(paths);
+        return ex;
+    }
     int rc = ferry_device_open(ctx, dev_spec, &dev);
     if (rc < 0) {
         /* FERRY_E_INVAL: a spec that names no device ("gpu", "sim:banana"), a usage
@@ -188,9 +208,10 @@ static int run(int argc, char **argv)
         if (rc == FERRY_E_INVAL) ex = cli_usage_error(&cmd_load, "--device: %s", ferry_ctx_errmsg(ctx));
         else if (rc == FERRY_E_NODEV && strncmp(dev_spec, "cuda", 4) == 0)
             /* no usable GPU: say what runs here instead */
-            ex = cli_fail("%s; without a GPU use --device sim:SIZE (a simulated GPU, e.g. sim:24GiB) or --device cpu "
-                          "(host memory)",
-                          ferry_ctx_errmsg(ctx));
+            ex = cli_fail(
+                "%s; without a GPU use --device sim:SIZE (a simulated GPU, e.g. sim:24GiB) or --device cpu "
+                "(host memory)",
+                ferry_ctx_errmsg(ctx));
         else ex = cli_fail_ctx(ctx, rc);
         goto out;
     }
@@ -279,8 +300,9 @@ static int run(int argc, char **argv)
         if (st.route == FERRY_ROUTE_REGISTER) {
             /* "registered": this load page-locked the file (register_seconds
              * of it, overlapping the copies); "reused": it was registered already */
-            json_object_set_new(o, "registration",
-                                json_string(st.registration == FERRY_REGISTRATION_NEW ? "registered" : "reused"));
+            json_object_set_new(
+                o, "registration",
+                json_string(st.registration == FERRY_REGISTRATION_NEW ? "registered" : "reused"));
             json_object_set_new(o, "register_seconds", json_real(st.register_seconds));
         }
         if (do_verify) json_object_set_new(o, "verified", json_boolean(bad == 0));
@@ -291,11 +313,14 @@ static int run(int argc, char **argv)
             if (st.resident >= 0) snprintf(cached, sizeof cached, "; %.0f%% cached", st.resident * 100);
             else if (st.route == FERRY_ROUTE_REGISTER && st.registration == FERRY_REGISTRATION_NEW)
                 snprintf(cached, sizeof cached, "; registered in %.1f ms", st.register_seconds * 1e3);
-            else if (st.route == FERRY_ROUTE_REGISTER) snprintf(cached, sizeof cached, "; registration reused");
-            if (st.bytes >= RATE_MIN_BYTES) snprintf(rate, sizeof rate, "%.3f s = %.2f GB/s", st.seconds, gbps);
+            else if (st.route == FERRY_ROUTE_REGISTER)
+                snprintf(cached, sizeof cached, "; registration reused");
+            if (st.bytes >= RATE_MIN_BYTES)
+                snprintf(rate, sizeof rate, "%.3f s = %.2f GB/s", st.seconds, gbps);
             else snprintf(rate, sizeof rate, "%.2f ms (too small for a GB/s figure)", st.seconds * 1e3);
-            printf("%s: %" PRId64 " %s, %s in %s via %s (%s%s)%s\n", paths[k], nt, cli_plural(nt, "tensor", "tensors"),
-                   cli_human(h, sizeof h, st.bytes), rate, ferry_route_name(st.route), st.why, cached,
+            printf("%s: %" PRId64 " %s, %s in %s via %s (%s%s)%s\n", paths[k], nt,
+                   cli_plural(nt, "tensor", "tensors"), cli_human(h, sizeof h, st.bytes), rate,
+                   ferry_route_name(st.route), st.why, cached,
                    do_verify && bad == 0 ? "; verified bit-identical" : "");
         }
         if (do_verify) { /* each repeat into fresh memory: the same bytes already there would hide a copy that did not happen */

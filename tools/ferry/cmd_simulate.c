@@ -206,14 +206,14 @@ static int run(int argc, char **argv)
     if (rc < 0) {
         if (rc == FERRY_E_INVAL)
             ex = sim_scen_err(&sc, dev_override ? "--device" : "device", "%s", sim_errmsg(ctx, rc));
-        else
-            ex = cli_fail_ctx(ctx, rc);
+        else ex = cli_fail_ctx(ctx, rc);
         goto out;
     }
     if (sc.probe_rate) { /* before the store takes the device's memory */
         double htod = 0;
         if ((rc = ferry_device_copy_rate(dev, 256u << 20, &htod, NULL)) < 0) {
-            ex = cli_fail("%s: copy_rate: probing %s: %s", sc.path, ferry_device_desc(dev), sim_errmsg(ctx, rc));
+            ex = cli_fail("%s: copy_rate: probing %s: %s", sc.path, ferry_device_desc(dev),
+                          sim_errmsg(ctx, rc));
             goto out;
         }
         sc.copy_rate = htod * 1e9;
@@ -244,7 +244,8 @@ static int run(int argc, char **argv)
         for (int64_t k = 0; k < sm->nblocks; k++)
             if ((rc = ferry_model_group(sm->m, sm->block_tensors + sm->block_first[k],
                                         sm->block_first[k + 1] - sm->block_first[k])) < 0) {
-                ex = cli_fail("%s: models.%s: grouping block %" PRId64 ": %s", sc.path, sm->name, k, sim_errmsg(ctx, rc));
+                ex = cli_fail("%s: models.%s: grouping block %" PRId64 ": %s", sc.path, sm->name, k,
+                              sim_errmsg(ctx, rc));
                 goto out;
             }
     }

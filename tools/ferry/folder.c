@@ -17,8 +17,11 @@
 static const struct {
     const char *stem, *ext;
 } known[] = {
-    {"diffusion_pytorch_model", "safetensors"}, {"model", "safetensors"},
-    {"diffusion_pytorch_model", "bin"}, {"model", "bin"}, {"pytorch_model", "bin"},
+    {"diffusion_pytorch_model", "safetensors"},
+    {"model", "safetensors"},
+    {"diffusion_pytorch_model", "bin"},
+    {"model", "bin"},
+    {"pytorch_model", "bin"},
 };
 static const char *const ckpt_ends[] = {".safetensors", ".gguf", ".bin", ".pt", ".pth", ".ckpt"};
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
@@ -45,7 +48,10 @@ static bool names_add(names *l, const char *s)
     return true;
 }
 
-static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
 
 static bool names_has(const names *l, const char *s)
 {
@@ -59,7 +65,8 @@ static const char *names_join(const names *l, char *buf, size_t n)
 {
     size_t o = 0;
     buf[0] = '\0';
-    for (int i = 0; i < l->n && o < n; i++) o += (size_t)snprintf(buf + o, n - o, "%s%s", i ? ", " : "", l->v[i]);
+    for (int i = 0; i < l->n && o < n; i++)
+        o += (size_t)snprintf(buf + o, n - o, "%s%s", i ? ", " : "", l->v[i]);
     return buf;
 }
 
@@ -94,10 +101,16 @@ static int list(const char *dir, bool dirs, names *out)
     while ((e = readdir(d))) {
         if (e->d_name[0] == '.') continue;
         char *p = join(dir, e->d_name);
-        if (!p) { rc = -ENOMEM; break; }
+        if (!p) {
+            rc = -ENOMEM;
+            break;
+        }
         bool want = dirs ? cli_is_dir(p) : is_file(p);
         free(p);
-        if (want && !names_add(out, e->d_name)) { rc = -ENOMEM; break; }
+        if (want && !names_add(out, e->d_name)) {
+            rc = -ENOMEM;
+            break;
+        }
     }
     closedir(d);
     if (rc) names_free(out);
@@ -148,7 +161,8 @@ static int pick(const char *dir, const names *fs, char **path, char **note)
         snprintf(one, sizeof one, "%s.%s", stem, ext);
         hit = names_has(fs, idx) ? idx : names_has(fs, one) ? one : NULL;
         for (int i = 0; hit && i < fs->n; i++)
-            if (variant_of(fs->v[i], stem, ext, v, sizeof v) && !names_has(&vars, v) && !names_add(&vars, v)) goto oom;
+            if (variant_of(fs->v[i], stem, ext, v, sizeof v) && !names_has(&vars, v) && !names_add(&vars, v))
+                goto oom;
         if (hit) {
             if (!(*path = join(dir, hit))) goto oom;
             if (vars.n) {
@@ -164,7 +178,8 @@ static int pick(const char *dir, const names *fs, char **path, char **note)
     for (size_t k = 0; k < COUNT(known); k++) {
         const char *stem = known[k].stem, *ext = known[k].ext;
         for (int i = 0; i < fs->n; i++)
-            if (variant_of(fs->v[i], stem, ext, v, sizeof v) && !names_has(&vars, v) && !names_add(&vars, v)) goto oom;
+            if (variant_of(fs->v[i], stem, ext, v, sizeof v) && !names_has(&vars, v) && !names_add(&vars, v))
+                goto oom;
         if (!vars.n) continue;
         qsort(vars.v, (size_t)vars.n, sizeof *vars.v, by_name);
         char idx[256], one[256];
@@ -172,7 +187,8 @@ static int pick(const char *dir, const names *fs, char **path, char **note)
         snprintf(one, sizeof one, "%s.%s.%s", stem, vars.v[0], ext);
         if (!(*path = join(dir, names_has(fs, idx) ? idx : one))) goto oom;
         snprintf(buf, sizeof buf, "the %s variant: no plain %s.%s%s%s", vars.v[0], stem, ext,
-                 vars.n > 1 ? "; variants: " : "", vars.n > 1 ? names_join(&vars, list_buf, sizeof list_buf) : "");
+                 vars.n > 1 ? "; variants: " : "",
+                 vars.n > 1 ? names_join(&vars, list_buf, sizeof list_buf) : "");
         names_free(&vars);
         return (*note = strdup(buf)) ? PICKED : -ENOMEM;
     }
@@ -182,7 +198,7 @@ static int pick(const char *dir, const names *fs, char **path, char **note)
         bool ck = false;
         for (size_t k = 0; k < COUNT(ckpt_ends); k++) ck |= cli_ends_with(fs->v[i], ckpt_ends[k]);
         if (cli_ends_with(fs->v[i], ".safetensors.index.json") ? !names_add(&idxs, fs->v[i])
-                                                           : ck && !names_add(&ckpts, fs->v[i])) {
+                                                               : ck && !names_add(&ckpts, fs->v[i])) {
             names_free(&idxs), names_free(&ckpts);
             return -ENOMEM;
         }
@@ -253,9 +269,8 @@ static int from_model_index(const cli_cmd *cmd, const char *dir, const char *mi,
     int rc = 0;
     /* diffusers: "name": [library, class]; "_..." are not components, and a
      * name is one subfolder (no "/", none above the folder) */
-    json_object_foreach(root, k, v)
-        if (k[0] != '_' && k[0] != '.' && k[0] && !strchr(k, '/') && json_is_array(v) && !names_add(&comps, k))
-            rc = -ENOMEM;
+    json_object_foreach(root, k, v) if (k[0] != '_' && k[0] != '.' && k[0] && !strchr(k, '/') &&
+                                        json_is_array(v) && !names_add(&comps, k)) rc = -ENOMEM;
     json_decref(root);
     if (comps.n) qsort(comps.v, (size_t)comps.n, sizeof *comps.v, by_name);
     int with = 0;
@@ -276,7 +291,8 @@ static int from_model_index(const cli_cmd *cmd, const char *dir, const char *mi,
     names_free(&comps);
     if (rc == -ENOMEM) rc = cli_fail("out of memory");
     if (rc == 0 && with == 0)
-        rc = cli_usage_error(cmd, "%s: its model_index.json names no component folder holding a checkpoint", dir);
+        rc = cli_usage_error(cmd, "%s: its model_index.json names no component folder holding a checkpoint",
+                             dir);
     if (rc) cli_folder_free(out);
     return rc;
 }
@@ -300,8 +316,10 @@ int cli_folder_open(const cli_cmd *cmd, const char *dir, cli_folder *out)
     if (rc == -ENOMEM) return cli_fail("out of memory");
     if (rc < 0) return cli_fail("%s: %s", dir, strerror(-rc));
     if (rc == NONE)
-        return cli_usage_error(cmd, "%s: a folder without model_index.json or a checkpoint (.safetensors, "
-                                    "*.safetensors.index.json, .gguf, .bin, .pt, .pth, .ckpt)", dir);
+        return cli_usage_error(cmd,
+                               "%s: a folder without model_index.json or a checkpoint (.safetensors, "
+                               "*.safetensors.index.json, .gguf, .bin, .pt, .pth, .ckpt)",
+                               dir);
     if (rc == SEVERAL) {
         rc = cli_usage_error(cmd, "%s holds several checkpoints (%s): name one of them", dir, note);
         free(note);

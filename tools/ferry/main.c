@@ -8,7 +8,8 @@
 
 #include "cli.h"
 
-static const cli_cmd *const cmds[] = {&cmd_inspect, &cmd_hash, &cmd_cat, &cmd_load, &cmd_bench, &cmd_convert, &cmd_simulate, &cmd_keep};
+static const cli_cmd *const cmds[] = {&cmd_inspect, &cmd_hash,    &cmd_cat,      &cmd_load,
+                                      &cmd_bench,   &cmd_convert, &cmd_simulate, &cmd_keep};
 #define NCMDS (sizeof cmds / sizeof cmds[0])
 
 static void usage(FILE *out)
@@ -32,18 +33,17 @@ static void usage(FILE *out)
             "commands:\n",
             ferry_version_string());
     for (size_t i = 0; i < NCMDS; i++) fprintf(out, "  %-10s %s\n", cmds[i]->name, cmds[i]->summary);
-    fprintf(out,
-            "\n"
-            "Devices: cuda:N (the CUDA driver is loaded at run time; no GPU needed to build),\n"
-            "sim:SIZE[,RATE/s], a GPU emulated in host memory (e.g. sim:24GiB, or sim:24GiB,25GB/s\n"
-            "to model the copy rate of each direction), or cpu.\n"
-            "\n"
-            "Checkpoints: .safetensors files, sharded checkpoints opened through their\n"
-            "*.safetensors.index.json, GGUF files and PyTorch zip checkpoints (.pt, .ckpt,\n"
-            ".bin; read by an unpickler that runs nothing). Files are validated completely\n"
-            "before use and mapped read-only; nothing is ever written to them.\n"
-            "\n"
-            "Exit status: 0 success, 1 failure (message on stderr), 2 usage error.\n");
+    fprintf(out, "\n"
+                 "Devices: cuda:N (the CUDA driver is loaded at run time; no GPU needed to build),\n"
+                 "sim:SIZE[,RATE/s], a GPU emulated in host memory (e.g. sim:24GiB, or sim:24GiB,25GB/s\n"
+                 "to model the copy rate of each direction), or cpu.\n"
+                 "\n"
+                 "Checkpoints: .safetensors files, sharded checkpoints opened through their\n"
+                 "*.safetensors.index.json, GGUF files and PyTorch zip checkpoints (.pt, .ckpt,\n"
+                 ".bin; read by an unpickler that runs nothing). Files are validated completely\n"
+                 "before use and mapped read-only; nothing is ever written to them.\n"
+                 "\n"
+                 "Exit status: 0 success, 1 failure (message on stderr), 2 usage error.\n");
 }
 
 static int dispatch(int argc, char **argv);
@@ -75,7 +75,8 @@ int main(int argc, char **argv)
         if (strcmp(a, "--stats") == 0) stats = true;
         else if (strcmp(a, "--max-tensors") == 0 || strcmp(a, "--max-header-bytes") == 0) {
             bool size = a[6] == 'h';
-            if (!global_value(a, i + 1 < argc ? argv[i + 1] : NULL, size, size ? &cli_max_header_bytes : &cli_max_tensors))
+            if (!global_value(a, i + 1 < argc ? argv[i + 1] : NULL, size,
+                              size ? &cli_max_header_bytes : &cli_max_tensors))
                 return EXIT_USAGE;
             i++;
         } else break;

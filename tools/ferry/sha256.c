@@ -94,7 +94,7 @@ static void blocks_portable(uint32_t h[8], const uint8_t *data, size_t nblocks)
  * adds s1(W[t-2]) (its last two words of the previous four feeding the first
  * two it makes). */
 __attribute__((target("sha,sse4.1,ssse3"))) static void blocks_shani(uint32_t h[8], const uint8_t *data,
-                                                                      size_t nblocks)
+                                                                     size_t nblocks)
 {
     /* big-endian words of the block into lanes 0..3 */
     const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL);

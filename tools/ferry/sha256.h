@@ -13,9 +13,9 @@
 #define SHA256_BLOCK_SIZE 64
 
 typedef struct sha256_ctx {
-    uint32_t h[8];                   /* the chaining state H0..H7 */
-    uint64_t bytes;                  /* message bytes taken so far */
-    uint8_t buf[SHA256_BLOCK_SIZE];  /* a partial block: bytes % 64 of them */
+    uint32_t h[8];                  /* the chaining state H0..H7 */
+    uint64_t bytes;                 /* message bytes taken so far */
+    uint8_t buf[SHA256_BLOCK_SIZE]; /* a partial block: bytes % 64 of them */
 } sha256_ctx;
 
 void sha256_init(sha256_ctx *c);

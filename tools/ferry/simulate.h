@@ -32,7 +32,7 @@ typedef struct sim_model {
     char *blocks_key;          /* and where it was, for messages */
     char blocks_desc[256];     /* the prefixes, e.g. "blocks." */
     int64_t nblocks;
-    int64_t *block_first;  /* nblocks + 1 offsets into block_tensors */
+    int64_t *block_first;   /* nblocks + 1 offsets into block_tensors */
     int64_t *block_tensors; /* model tensor indices, block by block, each block's in file order */
     uint64_t *block_bytes;
     int64_t *fixed, nfixed; /* the tensors outside every block */
@@ -95,9 +95,9 @@ typedef struct step_result {
 typedef struct run_result {
     bool planned;
     ferry_plan plan;
-    bool *streams;      /* per block: it streams under the plan */
+    bool *streams; /* per block: it streams under the plan */
     step_result *steps;
-    int64_t nsteps; /* passes completed */
+    int64_t nsteps;        /* passes completed */
     uint64_t device_bytes; /* the model's bytes on the device after the passes */
     uint64_t pinned_cache_bytes;
     uint64_t shrinks, grows, retries; /* the engine's: moves that found no room, and what it gave back */
@@ -125,7 +125,8 @@ typedef struct bufs {
 /* ---- simulate_scenario.c ---- */
 
 /* "ferry simulate: SCENARIO: KEY: message"; returns EXIT_USAGE. */
-int sim_scen_err(const scenario *sc, const char *key, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int sim_scen_err(const scenario *sc, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* Read and check sc->path into sc (a sc->device set beforehand, from --device,
  * wins over the file's); 0, or an exit status with the message printed. */
 int sim_scenario_parse(scenario *sc);

@@ -129,10 +129,11 @@ int sim_find_blocks(const scenario *sc, sim_model *sm, const json_t *spec, const
     }
     best b = best_prefix(e, ne);
     if (b.blocks)
-        snprintf(hint, sizeof hint, "\"%.*s\" has the most: %" PRId64 " %s, %s of %s", (int)(b.plen > 200 ? 200 : b.plen),
-                 b.name, b.blocks, cli_plural(b.blocks, "block", "blocks"), cli_human(h1, sizeof h1, b.bytes), cli_human(h2, sizeof h2, total));
-    else
-        snprintf(hint, sizeof hint, "no name has a numbered component after a prefix (like \"blocks.3.\")");
+        snprintf(hint, sizeof hint, "\"%.*s\" has the most: %" PRId64 " %s, %s of %s",
+                 (int)(b.plen > 200 ? 200 : b.plen), b.name, b.blocks,
+                 cli_plural(b.blocks, "block", "blocks"), cli_human(h1, sizeof h1, b.bytes),
+                 cli_human(h2, sizeof h2, total));
+    else snprintf(hint, sizeof hint, "no name has a numbered component after a prefix (like \"blocks.3.\")");
 
     bool is_auto = !spec || (json_is_string(spec) && strcmp(json_string_value(spec), "auto") == 0);
     char *auto_prefix = NULL;
@@ -140,11 +141,13 @@ int sim_find_blocks(const scenario *sc, sim_model *sm, const json_t *spec, const
         /* half the bytes: a model whose numbered parts are a small part of it
          * (t_embedder.mlp.0, .2) has no blocks worth streaming */
         if (!b.blocks || b.bytes < total / 2) {
-            ex = sim_scen_err(sc, key,
-                              "model \"%s\" has no repeated blocks: \"auto\" looks for tensors named PREFIX.N. (\"blocks.3.\","
-                              " \"layers.3.\") holding at least half of its bytes, and %s; name the prefix instead "
-                              "(\"blocks\": \"PREFIX.\")",
-                              sm->name, hint);
+            ex = sim_scen_err(
+                sc, key,
+                "model \"%s\" has no repeated blocks: \"auto\" looks for tensors named PREFIX.N. "
+                "(\"blocks.3.\","
+                " \"layers.3.\") holding at least half of its bytes, and %s; name the prefix instead "
+                "(\"blocks\": \"PREFIX.\")",
+                sm->name, hint);
             goto out;
         }
         if (!(auto_prefix = strndup(b.name, b.plen))) goto oom;
@@ -177,8 +180,11 @@ int sim_find_blocks(const scenario *sc, sim_model *sm, const json_t *spec, const
         const char *nm = names[t] ? names[t] : "";
         if (!match(nm, prefixes, np, &pi, &num, &second)) continue;
         if (second >= 0) {
-            ex = sim_scen_err(sc, key, "tensor \"%s\" of model \"%s\" is in a block of \"%s\" and of \"%s\": give prefixes "
-                              "that do not overlap", nm, sm->name, prefixes[pi], prefixes[second]);
+            ex = sim_scen_err(
+                sc, key,
+                "tensor \"%s\" of model \"%s\" is in a block of \"%s\" and of \"%s\": give prefixes "
+                "that do not overlap",
+                nm, sm->name, prefixes[pi], prefixes[second]);
             free(perp);
             goto out_p;
         }
@@ -188,8 +194,8 @@ int sim_find_blocks(const scenario *sc, sim_model *sm, const json_t *spec, const
     }
     for (int p = 0; p < np; p++)
         if (!perp[p]) {
-            ex = sim_scen_err(sc, key, "model \"%s\" has no tensor named \"%sN.<name>\" (N a number); %s", sm->name,
-                              prefixes[p], hint);
+            ex = sim_scen_err(sc, key, "model \"%s\" has no tensor named \"%sN.<name>\" (N a number); %s",
+                              sm->name, prefixes[p], hint);
             free(perp);
             goto out_p;
         }

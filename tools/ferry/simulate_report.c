@@ -70,10 +70,10 @@ static void model_tiers(sim_model *sm, uint64_t *tb)
  * the checkpoint and fills the pinned cache), the rest averaged. */
 typedef struct run_figs {
     int64_t nsteady;
-    step_result steady;   /* means over passes 2.. */
-    double predicted;     /* their median wall time: a pass that still warms up (a re-plan's
-                             new streamed blocks not yet in the pinned cache) does not move it */
-    double compute_s;     /* blocks x block_ms */
+    step_result steady;     /* means over passes 2.. */
+    double predicted;       /* their median wall time: a pass that still warms up (a re-plan's
+                               new streamed blocks not yet in the pinned cache) does not move it */
+    double compute_s;       /* blocks x block_ms */
     double copy_s, bound_s; /* streamed bytes / rate and max(compute, copy); < 0 unknown */
 } run_figs;
 
@@ -125,10 +125,10 @@ static run_figs figures(const scenario *sc, const sim_job *j, const run_result *
 static json_t *jstep(const step_result *x)
 {
     double stall = x->seconds - x->compute;
-    return json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I}", "seconds", x->seconds, "compute_seconds", x->compute,
-                     "stall_seconds", stall, "stall_fraction", x->seconds > 0 ? stall / x->seconds : 0.0, "wait_seconds",
-                     x->wait, "queue_seconds", x->queue, "bytes_htod", (json_int_t)x->htod, "bytes_dtoh",
-                     (json_int_t)x->dtoh);
+    return json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I}", "seconds", x->seconds, "compute_seconds",
+                     x->compute, "stall_seconds", stall, "stall_fraction",
+                     x->seconds > 0 ? stall / x->seconds : 0.0, "wait_seconds", x->wait, "queue_seconds",
+                     x->queue, "bytes_htod", (json_int_t)x->htod, "bytes_dtoh", (json_int_t)x->dtoh);
 }
 
 static json_t *jrun(const scenario *sc, const sim_job *j, const run_result *rr)
@@ -153,10 +153,11 @@ static json_t *jrun(const scenario *sc, const sim_job *j, const run_result *rr)
         json_t *st = json_array();
         for (int64_t k = 0; k < sm->nblocks; k++)
             if (rr->streams[k]) json_array_append_new(st, json_integer(k));
-        plan = json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o}", "blocks", (json_int_t)p->blocks, "resident_blocks",
-                         (json_int_t)p->resident_blocks, "streamed_blocks", (json_int_t)p->streamed_blocks,
-                         "fixed_bytes", (json_int_t)p->fixed_bytes, "resident_bytes", (json_int_t)p->resident_bytes,
-                         "window_bytes", (json_int_t)p->window_bytes, "streamed_bytes", (json_int_t)p->streamed_bytes,
+        plan = json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o}", "blocks", (json_int_t)p->blocks,
+                         "resident_blocks", (json_int_t)p->resident_blocks, "streamed_blocks",
+                         (json_int_t)p->streamed_blocks, "fixed_bytes", (json_int_t)p->fixed_bytes,
+                         "resident_bytes", (json_int_t)p->resident_bytes, "window_bytes",
+                         (json_int_t)p->window_bytes, "streamed_bytes", (json_int_t)p->streamed_bytes,
                          "budget", (json_int_t)p->budget, "streamed", st);
     }
     json_object_set_new(o, "plan", plan);
@@ -192,7 +193,8 @@ static void print_run(const scenario *sc, const sim_job *j, const run_result *rr
     run_figs f = figures(sc, j, rr);
     char a[32], b[32], c[32], d[32];
 #define H(buf, v) cli_human(buf, sizeof buf, v)
-    printf("    run %s: %" PRId64 " of %" PRId64 " passes over %" PRId64 " blocks (%s), %.3g ms each, prefetch %" PRId64,
+    printf("    run %s: %" PRId64 " of %" PRId64 " passes over %" PRId64
+           " blocks (%s), %.3g ms each, prefetch %" PRId64,
            sm->name, rr->nsteps, run->steps, sm->nblocks, sm->blocks_desc, run->block_ms, run->prefetch);
     if (rr->planned) {
         const ferry_plan *p = &rr->plan;
@@ -209,27 +211,29 @@ static void print_run(const scenario *sc, const sim_job *j, const run_result *rr
             }
             printf(")");
         }
-        printf(", resident %s, window %s, streams %s a pass, budget %s", H(a, p->resident_bytes), H(b, p->window_bytes),
-               H(c, p->streamed_bytes), H(d, p->budget));
+        printf(", resident %s, window %s, streams %s a pass, budget %s", H(a, p->resident_bytes),
+               H(b, p->window_bytes), H(c, p->streamed_bytes), H(d, p->budget));
     }
     if (rr->nsteps) {
         const step_result *x = &rr->steps[0];
-        printf(" | pass 1: %.3f s, %s to the device, stall %.3f s", x->seconds, H(a, x->htod), x->seconds - x->compute);
+        printf(" | pass 1: %.3f s, %s to the device, stall %.3f s", x->seconds, H(a, x->htod),
+               x->seconds - x->compute);
     }
     if (f.nsteady) {
         double stall = f.steady.seconds - f.steady.compute;
-        printf(" | steady (passes 2-%" PRId64 "): %.3f s a pass, %s to the device, stall %.3f s (%.0f%%)", rr->nsteps,
-               f.steady.seconds, H(a, f.steady.htod), stall, f.steady.seconds > 0 ? 100 * stall / f.steady.seconds : 0.0);
+        printf(" | steady (passes 2-%" PRId64 "): %.3f s a pass, %s to the device, stall %.3f s (%.0f%%)",
+               rr->nsteps, f.steady.seconds, H(a, f.steady.htod), stall,
+               f.steady.seconds > 0 ? 100 * stall / f.steady.seconds : 0.0);
         printf(" | predicted %.3f s a pass", f.predicted);
     }
     if (rr->shrinks || rr->retries)
-        printf(" | %" PRIu64 " moves found no room: shrank %" PRIu64 " times, grew back %" PRIu64 ", prefetch now %" PRId64,
+        printf(" | %" PRIu64 " moves found no room: shrank %" PRIu64 " times, grew back %" PRIu64
+               ", prefetch now %" PRId64,
                rr->retries, rr->shrinks, rr->grows, rr->prefetch_now);
     if (f.bound_s >= 0)
         printf("; bound %.3f s (compute %.3f s, copy %s at %.3g GB/s %.3f s)", f.bound_s, f.compute_s,
                H(a, rr->plan.streamed_bytes), sc->copy_rate / 1e9, f.copy_s);
-    else if (rr->planned)
-        printf("; compute %.3f s a pass (no copy rate known for a bound)", f.compute_s);
+    else if (rr->planned) printf("; compute %.3f s a pass (no copy rate known for a bound)", f.compute_s);
     putchar('\n');
 #undef H
 }
@@ -259,9 +263,11 @@ void sim_print_job(scenario *sc, int ji, const ferry_job_stats *js, const job_re
         json_object_set_new(o, "bytes_read", json_integer((json_int_t)js->bytes_read));
         json_object_set_new(o, "evicted", json_integer((json_int_t)js->evicted));
         json_object_set_new(o, "dropped", json_integer((json_int_t)js->dropped));
-        json_object_set_new(o, "reserve", j->has_reserve ? json_integer((json_int_t)j->reserve) : json_null());
+        json_object_set_new(o, "reserve",
+                            j->has_reserve ? json_integer((json_int_t)j->reserve) : json_null());
         json_object_set_new(o, "reserve_freed",
-                            j->has_reserve && r->reserve_freed >= 0 ? json_integer(r->reserve_freed) : json_null());
+                            j->has_reserve && r->reserve_freed >= 0 ? json_integer(r->reserve_freed)
+                                                                    : json_null());
         json_object_set_new(o, "modified", json_integer(r->modified));
         json_object_set_new(o, "modified_bytes", json_integer((json_int_t)r->modified_bytes));
         json_object_set_new(o, "verified", j->verify ? json_integer(r->verified) : json_null());
@@ -286,12 +292,13 @@ void sim_print_job(scenario *sc, int ji, const ferry_job_stats *js, const job_re
     }
     char a[32], b[32], c[32], d[32];
 #define H(buf, v) cli_human(buf, sizeof buf, v)
-    printf("[%d/%d] %s: %.3f s | rss %s -> %s (peak %s)", ji + 1, sc->njobs, j->name, js->seconds, H(a, js->rss.start),
-           H(b, js->rss.end), H(c, js->rss.peak));
+    printf("[%d/%d] %s: %.3f s | rss %s -> %s (peak %s)", ji + 1, sc->njobs, j->name, js->seconds,
+           H(a, js->rss.start), H(b, js->rss.end), H(c, js->rss.peak));
     printf(", uss %s -> %s (peak %s)", H(a, js->uss.start), H(b, js->uss.end), H(c, js->uss.peak));
     printf(", pss %s -> %s (peak %s)", H(a, js->pss.start), H(b, js->pss.end), H(c, js->pss.peak));
     if (js->cgroup.start || js->cgroup.end || js->cgroup.peak)
-        printf(", cgroup %s -> %s (peak %s)", H(a, js->cgroup.start), H(b, js->cgroup.end), H(c, js->cgroup.peak));
+        printf(", cgroup %s -> %s (peak %s)", H(a, js->cgroup.start), H(b, js->cgroup.end),
+               H(c, js->cgroup.peak));
     printf(" | device %s, pinned %s, host %s, spill %s", H(a, js->device_bytes), H(b, js->pinned_bytes),
            H(c, js->host_bytes), H(d, js->spill_bytes));
     printf(" | read %s, written %s | evicted %" PRIu64 " (%" PRIu64 " dropped)", H(a, js->bytes_read),
@@ -317,7 +324,8 @@ void sim_print_summary(ferry_device *dev, ferry_store *store, int njobs, int ran
     if (json) {
         json_t *tb = json_object();
         for (int t = 0; t < FERRY_TIER_COUNT; t++)
-            json_object_set_new(tb, ferry_tier_name((ferry_tier)t), json_integer((json_int_t)st.tier_bytes[t]));
+            json_object_set_new(tb, ferry_tier_name((ferry_tier)t),
+                                json_integer((json_int_t)st.tier_bytes[t]));
         json_t *s = json_object();
         json_object_set_new(s, "device", json_string(ferry_device_desc(dev)));
         json_object_set_new(s, "jobs", json_integer(njobs));
@@ -353,15 +361,17 @@ void sim_print_summary(ferry_device *dev, ferry_store *store, int njobs, int ran
     }
     char a[32], b[32], c[32], d[32], e[32];
 #define H(buf, v) cli_human(buf, sizeof buf, v)
-    printf("summary: %d of %d jobs run, %d failed, on %s | budgets: device %s, host %s (pinned %s); host available %s"
+    printf("summary: %d of %d jobs run, %d failed, on %s | budgets: device %s, host %s (pinned %s); host "
+           "available %s"
            " (%s)",
            ran, njobs, failed, ferry_device_desc(dev), H(a, st.device_budget), H(b, st.host_budget),
            H(c, st.pinned_budget), H(d, st.host_available), source);
-    printf(" | now: device %s, pinned %s, host %s, spill %s, source %s", H(a, st.tier_bytes[FERRY_TIER_DEVICE]),
-           H(b, st.tier_bytes[FERRY_TIER_PINNED]), H(c, st.tier_bytes[FERRY_TIER_HOST]),
-           H(d, st.tier_bytes[FERRY_TIER_SPILL]), H(e, st.tier_bytes[FERRY_TIER_SOURCE]));
-    printf(" | to device %s in %.3f s, from device %s in %.3f s | read %s, written %s",
-           H(a, st.bytes_htod), st.seconds_htod, H(b, st.bytes_dtoh), st.seconds_dtoh, H(c, st.bytes_read),
+    printf(" | now: device %s, pinned %s, host %s, spill %s, source %s",
+           H(a, st.tier_bytes[FERRY_TIER_DEVICE]), H(b, st.tier_bytes[FERRY_TIER_PINNED]),
+           H(c, st.tier_bytes[FERRY_TIER_HOST]), H(d, st.tier_bytes[FERRY_TIER_SPILL]),
+           H(e, st.tier_bytes[FERRY_TIER_SOURCE]));
+    printf(" | to device %s in %.3f s, from device %s in %.3f s | read %s, written %s", H(a, st.bytes_htod),
+           st.seconds_htod, H(b, st.bytes_dtoh), st.seconds_dtoh, H(c, st.bytes_read),
            H(d, st.bytes_written));
     if (spill_dir) printf(" (spill file in %s: %s)", spill_dir, H(a, st.spill_file_bytes));
     printf(" | evicted %" PRIu64 " (%" PRIu64 " dropped)%s\n", st.evicted, st.dropped,

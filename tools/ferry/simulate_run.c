@@ -24,7 +24,8 @@ static int check_tensor(ferry_ctx *ctx, sim_model *sm, int64_t t, bufs *b, bool 
     int64_t rc = ferry_model_tensor_state(sm->m, t, &st);
     if (rc == 0) rc = ferry_model_read(sm->m, t, b->a);
     if (rc < 0) {
-        sim_job_err(r, "verify: reading %s/%s back: %s", sm->name, st.name ? st.name : "?", sim_errmsg(ctx, rc));
+        sim_job_err(r, "verify: reading %s/%s back: %s", sm->name, st.name ? st.name : "?",
+                    sim_errmsg(ctx, rc));
         return (int)rc;
     }
     if (sm->changed[t]) {
@@ -37,7 +38,8 @@ static int check_tensor(ferry_ctx *ctx, sim_model *sm, int64_t t, bufs *b, bool 
     for (uint64_t off = 0; off < st.nbytes && *same; off += b->bn) {
         size_t len = st.nbytes - off < b->bn ? (size_t)(st.nbytes - off) : b->bn;
         if ((rc = ferry_file_tensor_read(sm->files[f], t - sm->first[f], off, b->b, len)) < 0) {
-            sim_job_err(r, "verify: reading %s/%s from %s: %s", sm->name, st.name, sm->paths[f], sim_errmsg(ctx, rc));
+            sim_job_err(r, "verify: reading %s/%s from %s: %s", sm->name, st.name, sm->paths[f],
+                        sim_errmsg(ctx, rc));
             return (int)rc;
         }
         *same = memcmp(b->a + off, b->b, len) == 0;
@@ -56,7 +58,8 @@ static void verify_model(ferry_ctx *ctx, sim_model *sm, bufs *b, job_result *r, 
             ferry_model_tensor_state(sm->m, t, &st);
             if (r->mismatches < 4) {
                 size_t l = strlen(bad);
-                snprintf(bad + l, badn - l, "%s%s/%s (in %s)", l ? ", " : "", sm->name, st.name, ferry_tier_name(st.tier));
+                snprintf(bad + l, badn - l, "%s%s/%s (in %s)", l ? ", " : "", sm->name, st.name,
+                         ferry_tier_name(st.tier));
             }
             r->mismatches++;
         }
@@ -135,7 +138,8 @@ static void run_steps(ferry_ctx *ctx, ferry_store *store, scenario *sc, int ji, 
             }
         }
         ferry_store_stats ss = {.size = sizeof ss};
-        if (held && ferry_store_get_stats(store, &ss) == 0) budget = ss.device_budget > held ? ss.device_budget - held : 1;
+        if (held && ferry_store_get_stats(store, &ss) == 0)
+            budget = ss.device_budget > held ? ss.device_budget - held : 1;
         sim_run_stream(ctx, store, sc, ji, budget, r);
     }
 unpin:
@@ -146,18 +150,20 @@ unpin:
     if (r->stop) return;
     for (int e = 0; e < j->nevict; e++) {
         sim_model *sm = &sc->models[j->evict[e]];
-        if ((rc = ferry_model_evict(sm->m, NULL, 0)) < 0) sim_job_err(r, "evict %s: %s", sm->name, sim_errmsg(ctx, rc));
+        if ((rc = ferry_model_evict(sm->m, NULL, 0)) < 0)
+            sim_job_err(r, "evict %s: %s", sm->name, sim_errmsg(ctx, rc));
     }
     if (j->verify) {
         char bad[512] = "";
         int64_t before = r->verified;
         if (j->nuse)
-            for (int u = 0; u < j->nuse; u++) verify_model(ctx, &sc->models[j->use[u]], b, r, bad, sizeof bad);
+            for (int u = 0; u < j->nuse; u++)
+                verify_model(ctx, &sc->models[j->use[u]], b, r, bad, sizeof bad);
         else
             for (int i = 0; i < sc->nmodels; i++) verify_model(ctx, &sc->models[i], b, r, bad, sizeof bad);
         if (r->mismatches)
-            sim_job_err(r, "verify: %" PRId64 " of %" PRId64 " tensors differ from what was written: %s%s", r->mismatches,
-                    r->verified - before, bad, r->mismatches > 4 ? ", ..." : "");
+            sim_job_err(r, "verify: %" PRId64 " of %" PRId64 " tensors differ from what was written: %s%s",
+                        r->mismatches, r->verified - before, bad, r->mismatches > 4 ? ", ..." : "");
     }
 }
 
@@ -170,6 +176,7 @@ void sim_run_job(ferry_ctx *ctx, ferry_store *store, scenario *sc, int ji, bufs 
         r->stop = true;
     } else {
         run_steps(ctx, store, sc, ji, b, r);
-        if ((rc = ferry_store_job_end(store, js)) < 0) sim_job_err(r, "ending the job: %s", sim_errmsg(ctx, rc));
+        if ((rc = ferry_store_job_end(store, js)) < 0)
+            sim_job_err(r, "ending the job: %s", sim_errmsg(ctx, rc));
     }
 }

@@ -30,13 +30,15 @@ static int check_keys(const scenario *sc, json_t *obj, const char *key, const ch
 {
     const char *k;
     json_t *v;
-    json_object_foreach(obj, k, v) {
+    json_object_foreach(obj, k, v)
+    {
         bool ok = false;
         for (const char *const *a = allowed; *a && !ok; a++) ok = strcmp(*a, k) == 0;
         if (!ok) {
             char known[256] = "";
             for (const char *const *a = allowed; *a; a++)
-                snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", a == allowed ? "" : ", ", *a);
+                snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s",
+                         a == allowed ? "" : ", ", *a);
             if (key && *key) return sim_scen_err(sc, key, "unknown key \"%s\" (known: %s)", k, known);
             return sim_scen_err(sc, NULL, "unknown key \"%s\" (known: %s)", k, known);
         }
@@ -47,18 +49,20 @@ static int check_keys(const scenario *sc, json_t *obj, const char *key, const ch
 static int get_size(const scenario *sc, const json_t *v, const char *key, uint64_t *out)
 {
     if (json_is_integer(v)) {
-        if (json_integer_value(v) < 0) return sim_scen_err(sc, key, "a size cannot be negative (%" JSON_INTEGER_FORMAT ")",
-                                                       json_integer_value(v));
+        if (json_integer_value(v) < 0)
+            return sim_scen_err(sc, key, "a size cannot be negative (%" JSON_INTEGER_FORMAT ")",
+                                json_integer_value(v));
         *out = (uint64_t)json_integer_value(v);
         return 0;
     }
     if (json_is_string(v)) {
         if (ferry_parse_size(json_string_value(v), out) < 0)
             return sim_scen_err(sc, key, "bad size \"%s\" (expected e.g. \"4096\", \"16MiB\", \"1.5GB\")",
-                            json_string_value(v));
+                                json_string_value(v));
         return 0;
     }
-    return sim_scen_err(sc, key, "expected a size (a string such as \"2GiB\", or a byte count), not %s", jtype(v));
+    return sim_scen_err(sc, key, "expected a size (a string such as \"2GiB\", or a byte count), not %s",
+                        jtype(v));
 }
 
 static int find_model(const scenario *sc, const char *name)
@@ -70,13 +74,16 @@ static int find_model(const scenario *sc, const char *name)
 
 static int model_ref(const scenario *sc, const json_t *v, const char *key, int *out)
 {
-    if (!json_is_string(v)) return sim_scen_err(sc, key, "expected a model name (a string), not %s", jtype(v));
+    if (!json_is_string(v))
+        return sim_scen_err(sc, key, "expected a model name (a string), not %s", jtype(v));
     int i = find_model(sc, json_string_value(v));
     if (i < 0) {
         char known[512] = "";
         for (int k = 0; k < sc->nmodels; k++)
-            snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", k ? ", " : "", sc->models[k].name);
-        return sim_scen_err(sc, key, "no model called \"%s\" in \"models\" (there: %s)", json_string_value(v), known);
+            snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", k ? ", " : "",
+                     sc->models[k].name);
+        return sim_scen_err(sc, key, "no model called \"%s\" in \"models\" (there: %s)", json_string_value(v),
+                            known);
     }
     *out = i;
     return 0;
@@ -120,10 +127,12 @@ static int parse_model(scenario *sc, sim_model *sm, json_t *v, const char *key)
     } else if (json_is_object(v)) {
         int ex = check_keys(sc, v, key, keys);
         if (ex) return ex;
-        json_t *p = json_object_get(v, "path"), *ps = json_object_get(v, "paths"), *pr = json_object_get(v, "priority");
+        json_t *p = json_object_get(v, "path"), *ps = json_object_get(v, "paths"),
+               *pr = json_object_get(v, "priority");
         char k[200];
         if (p && ps) return sim_scen_err(sc, key, "give \"path\" or \"paths\", not both");
-        if (!p && !ps) return sim_scen_err(sc, key, "needs \"path\" (a checkpoint) or \"paths\" (a list of them)");
+        if (!p && !ps)
+            return sim_scen_err(sc, key, "needs \"path\" (a checkpoint) or \"paths\" (a list of them)");
         if (p && !json_is_string(p)) {
             snprintf(k, sizeof k, "%.150s.path", key);
             return sim_scen_err(sc, k, "expected a path (a string), not %s", jtype(p));
@@ -140,7 +149,8 @@ static int parse_model(scenario *sc, sim_model *sm, json_t *v, const char *key)
         }
         paths = p ? json_pack("[O]", p) : json_incref(ps);
     } else {
-        return sim_scen_err(sc, key, "expected a checkpoint path or {\"path\": ..., \"priority\": ...}, not %s", jtype(v));
+        return sim_scen_err(
+            sc, key, "expected a checkpoint path or {\"path\": ..., \"priority\": ...}, not %s", jtype(v));
     }
     if (!paths) return cli_fail("out of memory");
     sm->npaths = (int)json_array_size(paths);
@@ -190,7 +200,8 @@ static int get_rate(const scenario *sc, const json_t *v, const char *key, double
         return 0;
     }
     if (json_is_string(v) && parse_rate(json_string_value(v), out)) return 0;
-    return sim_scen_err(sc, key, "expected a copy rate above 0 (a string such as \"25GB/s\", or bytes per second) or "
+    return sim_scen_err(sc, key,
+                        "expected a copy rate above 0 (a string such as \"25GB/s\", or bytes per second) or "
                         "\"probe\"");
 }
 
@@ -205,10 +216,12 @@ static bool same_blocks(const json_t *a, const json_t *b)
 
 static int parse_run(scenario *sc, sim_job *j, json_t *v, const char *key)
 {
-    static const char *const keys[] = {"model", "steps", "block_ms", "blocks", "prefetch", "pinned_cache", NULL};
+    static const char *const keys[] = {"model",    "steps",        "block_ms", "blocks",
+                                       "prefetch", "pinned_cache", NULL};
     char k[400];
     if (!json_is_object(v))
-        return sim_scen_err(sc, key, "expected {\"model\": NAME, \"steps\": N, \"block_ms\": MS, ...}, not %s", jtype(v));
+        return sim_scen_err(
+            sc, key, "expected {\"model\": NAME, \"steps\": N, \"block_ms\": MS, ...}, not %s", jtype(v));
     int ex = check_keys(sc, v, key, keys);
     if (ex) return ex;
     sim_run *r = &j->run;
@@ -234,7 +247,8 @@ static int parse_run(scenario *sc, sim_job *j, json_t *v, const char *key)
     if ((x = json_object_get(v, "prefetch"))) {
         snprintf(k, sizeof k, "%.300s.prefetch", key);
         if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > 1000)
-            return sim_scen_err(sc, k, "expected the blocks queued ahead of the one computing, from 0 to 1000");
+            return sim_scen_err(sc, k,
+                                "expected the blocks queued ahead of the one computing, from 0 to 1000");
         r->prefetch = json_integer_value(x);
     }
     if ((x = json_object_get(v, "pinned_cache"))) {
@@ -244,23 +258,28 @@ static int parse_run(scenario *sc, sim_job *j, json_t *v, const char *key)
     }
     x = json_object_get(v, "blocks");
     snprintf(k, sizeof k, "%.300s.blocks", key);
-    if (x && !(json_is_string(x) && *json_string_value(x)) && !(json_is_array(x) && json_array_size(x))) 
-        return sim_scen_err(sc, k, "expected \"auto\", a name prefix such as \"blocks.\" or a list of them, not %s",
+    if (x && !(json_is_string(x) && *json_string_value(x)) && !(json_is_array(x) && json_array_size(x)))
+        return sim_scen_err(sc, k,
+                            "expected \"auto\", a name prefix such as \"blocks.\" or a list of them, not %s",
                             jtype(x));
     for (size_t i = 0; json_is_array(x) && i < json_array_size(x); i++) {
         json_t *e = json_array_get(x, i);
         if (!json_is_string(e) || !*json_string_value(e) || strcmp(json_string_value(e), "auto") == 0) {
             snprintf(k, sizeof k, "%.300s.blocks[%zu]", key, i);
-            return sim_scen_err(sc, k, "expected a name prefix such as \"blocks.\" (a non-empty string; \"auto\" "
-                                "stands alone), not %s", jtype(e));
+            return sim_scen_err(sc, k,
+                                "expected a name prefix such as \"blocks.\" (a non-empty string; \"auto\" "
+                                "stands alone), not %s",
+                                jtype(e));
         }
     }
     /* a model's blocks become its groups, which can only be joined, never
      * split again: every run of one model must name the same blocks */
     sim_model *sm = &sc->models[r->model];
     if (sm->blocks_key && !same_blocks(sm->blocks_spec, x))
-        return sim_scen_err(sc, k, "model \"%s\" is run with other blocks in %s: every run of a model must give the "
-                            "same \"blocks\"", sm->name, sm->blocks_key);
+        return sim_scen_err(sc, k,
+                            "model \"%s\" is run with other blocks in %s: every run of a model must give the "
+                            "same \"blocks\"",
+                            sm->name, sm->blocks_key);
     if (!sm->blocks_key) {
         sm->blocks_spec = x;
         if (!(sm->blocks_key = strdup(k))) return cli_fail("out of memory");
@@ -321,7 +340,8 @@ static int parse_job(scenario *sc, int ji, json_t *v)
         json_object_foreach(x, mname, list) total += json_is_array(list) ? json_array_size(list) : 0;
         j->mod = calloc(total ? total : 1, sizeof *j->mod);
         if (!j->mod) return cli_fail("out of memory");
-        json_object_foreach(x, mname, list) {
+        json_object_foreach(x, mname, list)
+        {
             char mk[400];
             snprintf(mk, sizeof mk, "%s.%s", k, mname);
             int mi = find_model(sc, mname);
@@ -331,7 +351,8 @@ static int parse_job(scenario *sc, int ji, json_t *v)
                 json_decref(s);
                 return ex ? ex : EXIT_USAGE;
             }
-            if (!json_is_array(list)) return sim_scen_err(sc, mk, "expected a list of tensor names, not %s", jtype(list));
+            if (!json_is_array(list))
+                return sim_scen_err(sc, mk, "expected a list of tensor names, not %s", jtype(list));
             for (size_t i = 0; i < json_array_size(list); i++) {
                 json_t *tn = json_array_get(list, i);
                 if (!json_is_string(tn)) {
@@ -353,11 +374,13 @@ static int parse_job(scenario *sc, int ji, json_t *v)
 static int resolve_mods(scenario *sc)
 {
     for (int ji = 0; ji < sc->njobs; ji++) {
-        json_t *mods = json_object_get(json_array_get(json_object_get(sc->root, "jobs"), (size_t)ji), "modify");
+        json_t *mods =
+            json_object_get(json_array_get(json_object_get(sc->root, "jobs"), (size_t)ji), "modify");
         const char *mname;
         json_t *list;
         int q = 0;
-        json_object_foreach(mods, mname, list) {
+        json_object_foreach(mods, mname, list)
+        {
             for (size_t i = 0; i < json_array_size(list); i++, q++) {
                 const char *tn = json_string_value(json_array_get(list, i));
                 sim_mod *md = &sc->jobs[ji].mod[q];
@@ -369,8 +392,8 @@ static int resolve_mods(scenario *sc)
                 if (md->t < 0) {
                     char k[400];
                     snprintf(k, sizeof k, "jobs[%d].modify.%s[%zu]", ji, mname, i);
-                    return sim_scen_err(sc, k, "model \"%s\" has no tensor \"%s\" (%s%s)", mname, tn, sm->paths[0],
-                                    sm->npaths > 1 ? " and the other files" : "");
+                    return sim_scen_err(sc, k, "model \"%s\" has no tensor \"%s\" (%s%s)", mname, tn,
+                                        sm->paths[0], sm->npaths > 1 ? " and the other files" : "");
                 }
             }
         }
@@ -380,10 +403,10 @@ static int resolve_mods(scenario *sc)
 
 int sim_scenario_parse(scenario *sc)
 {
-    static const char *const keys[] = {"device",      "device_budget", "device_reserve", "host_budget",
-                                        "pinned_budget", "host_reserve", "spill_below",   "spill_above",
-                                        "spill_dir",   "copy_rate",     "models",         "jobs",
-                                        "pinned_reserve", NULL};
+    static const char *const keys[] = {
+        "device",       "device_budget", "device_reserve", "host_budget", "pinned_budget",
+        "host_reserve", "spill_below",   "spill_above",    "spill_dir",   "copy_rate",
+        "models",       "jobs",          "pinned_reserve", NULL};
     json_error_t je;
     sc->root = json_load_file(sc->path, JSON_REJECT_DUPLICATES, &je);
     if (!sc->root) {
@@ -393,24 +416,30 @@ int sim_scenario_parse(scenario *sc)
         }
         return sim_scen_err(sc, NULL, "%s", je.text);
     }
-    if (!json_is_object(sc->root)) return sim_scen_err(sc, NULL, "expected a JSON object, not %s", jtype(sc->root));
+    if (!json_is_object(sc->root))
+        return sim_scen_err(sc, NULL, "expected a JSON object, not %s", jtype(sc->root));
     int ex = check_keys(sc, sc->root, NULL, keys);
     if (ex) return ex;
     json_t *x;
     if ((x = json_object_get(sc->root, "device"))) {
-        if (!json_is_string(x)) return sim_scen_err(sc, "device", "expected a device (cuda:N, sim:SIZE, cpu), not %s", jtype(x));
+        if (!json_is_string(x))
+            return sim_scen_err(sc, "device", "expected a device (cuda:N, sim:SIZE, cpu), not %s", jtype(x));
         if (!sc->device) sc->device = json_string_value(x);
     }
-    struct { const char *k; uint64_t *p; } sizes[] = {
-        {"device_budget", &sc->o.device_budget}, {"device_reserve", &sc->o.device_reserve},
-        {"host_budget", &sc->o.host_budget},     {"pinned_budget", &sc->o.pinned_budget},
-        {"host_reserve", &sc->o.host_reserve},   {"spill_below", &sc->o.spill_below},
-        {"spill_above", &sc->o.spill_above},     {"pinned_reserve", &sc->o.pinned_reserve}};
+    struct {
+        const char *k;
+        uint64_t *p;
+    } sizes[] = {{"device_budget", &sc->o.device_budget}, {"device_reserve", &sc->o.device_reserve},
+                 {"host_budget", &sc->o.host_budget},     {"pinned_budget", &sc->o.pinned_budget},
+                 {"host_reserve", &sc->o.host_reserve},   {"spill_below", &sc->o.spill_below},
+                 {"spill_above", &sc->o.spill_above},     {"pinned_reserve", &sc->o.pinned_reserve}};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-        if ((x = json_object_get(sc->root, sizes[i].k)) && (ex = get_size(sc, x, sizes[i].k, sizes[i].p))) return ex;
+        if ((x = json_object_get(sc->root, sizes[i].k)) && (ex = get_size(sc, x, sizes[i].k, sizes[i].p)))
+            return ex;
     if ((x = json_object_get(sc->root, "spill_dir"))) {
         if (!json_is_string(x) || !*json_string_value(x))
-            return sim_scen_err(sc, "spill_dir", "expected a directory (a non-empty string), not %s", jtype(x));
+            return sim_scen_err(sc, "spill_dir", "expected a directory (a non-empty string), not %s",
+                                jtype(x));
         sc->o.spill_dir = json_string_value(x);
     } else {
         /* the library reads no environment: the CLI passes the default on */
@@ -431,7 +460,8 @@ int sim_scenario_parse(scenario *sc)
     const char *name;
     json_t *mv;
     int mi = 0;
-    json_object_foreach(x, name, mv) {
+    json_object_foreach(x, name, mv)
+    {
         char k[200];
         snprintf(k, sizeof k, "models.%.140s", name);
         if (!*name) return sim_scen_err(sc, "models", "a model needs a non-empty name");
@@ -447,7 +477,8 @@ int sim_scenario_parse(scenario *sc)
     if (!sc->jobs) return cli_fail("out of memory");
     for (int i = 0; i < sc->njobs; i++)
         if ((ex = parse_job(sc, i, json_array_get(x, (size_t)i)))) return ex;
-    if (!sc->device) return sim_scen_err(sc, NULL, "no device: give \"device\" (e.g. \"sim:24GiB\") or --device");
+    if (!sc->device)
+        return sim_scen_err(sc, NULL, "no device: give \"device\" (e.g. \"sim:24GiB\") or --device");
     /* a sim device's modelled rate is the one its copies keep to */
     const char *comma = strncmp(sc->device, "sim:", 4) == 0 ? strchr(sc->device, ',') : NULL;
     double rate = 0;

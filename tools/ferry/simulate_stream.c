@@ -23,21 +23,21 @@ static void sleep_until(double t)
 {
     struct timespec ts = {.tv_sec = (time_t)t, .tv_nsec = (long)((t - (double)(time_t)t) * 1e9)};
     if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0 && cli_now() < t) {
-    }
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0 && cli_now() < t) {}
 }
 
 static const char *block_name(const sim_model *sm, int64_t k, char *buf, size_t n)
 {
     ferry_tensor_state st = {.size = sizeof st};
-    if (ferry_model_tensor_state(sm->m, sm->block_tensors[sm->block_first[k]], &st) < 0 || !st.name) return "?";
+    if (ferry_model_tensor_state(sm->m, sm->block_tensors[sm->block_first[k]], &st) < 0 || !st.name)
+        return "?";
     snprintf(buf, n, "%s", st.name);
     return buf;
 }
 
 /* A block's call failed: say which block, end the pass (its holds go), rc. */
-static int block_failed(ferry_ctx *ctx, ferry_streamer *st, const sim_model *sm, int64_t k, const char *when, int rc,
-                        job_result *r)
+static int block_failed(ferry_ctx *ctx, ferry_streamer *st, const sim_model *sm, int64_t k, const char *when,
+                        int rc, job_result *r)
 {
     char b[256];
     sim_job_err(r, "run %s: %s %" PRId64 " (%s, ...): %s", sm->name, when, k, block_name(sm, k, b, sizeof b),
@@ -47,8 +47,8 @@ static int block_failed(ferry_ctx *ctx, ferry_streamer *st, const sim_model *sm,
 }
 
 /* One pass (step s): begin, every block in order, end. */
-static int run_pass(ferry_ctx *ctx, ferry_streamer *st, const sim_model *sm, const sim_run *run, step_result *sr,
-                    job_result *r)
+static int run_pass(ferry_ctx *ctx, ferry_streamer *st, const sim_model *sm, const sim_run *run,
+                    step_result *sr, job_result *r)
 {
     double t0 = cli_now();
     int rc = ferry_streamer_pass_begin(st, 0);
@@ -70,7 +70,8 @@ static int run_pass(ferry_ctx *ctx, ferry_streamer *st, const sim_model *sm, con
         sr->queue += cli_now() - q0;
         if (rc < 0) return block_failed(ctx, st, sm, k, "after block", rc, r);
     }
-    if ((rc = ferry_streamer_pass_end(st, 0)) < 0) sim_job_err(r, "run %s: ending a pass: %s", sm->name, sim_errmsg(ctx, rc));
+    if ((rc = ferry_streamer_pass_end(st, 0)) < 0)
+        sim_job_err(r, "run %s: ending a pass: %s", sm->name, sim_errmsg(ctx, rc));
     return rc;
 }
 
@@ -96,11 +97,12 @@ void sim_run_stream(ferry_ctx *ctx, ferry_store *store, scenario *sc, int ji, ui
                               .prefetch = run->prefetch ? run->prefetch : -1,
                               .budget = budget,
                               .reserve = j->has_reserve ? j->reserve : 0,
-                              .copies = run->pinned_cache ? FERRY_STREAM_COPIES_PINNED : FERRY_STREAM_COPIES_RING};
+                              .copies =
+                                  run->pinned_cache ? FERRY_STREAM_COPIES_PINNED : FERRY_STREAM_COPIES_RING};
     int rc = ferry_streamer_new(sm->m, &so, &st);
     if (rc < 0) {
-        sim_job_err(r, "run %s: planning %" PRId64 " blocks (prefetch %" PRId64 "): %s", sm->name, nb, run->prefetch,
-                    sim_errmsg(ctx, rc));
+        sim_job_err(r, "run %s: planning %" PRId64 " blocks (prefetch %" PRId64 "): %s", sm->name, nb,
+                    run->prefetch, sim_errmsg(ctx, rc));
         goto out;
     }
     for (int64_t s = 0; s < run->steps; s++) {
