@@ -152,7 +152,7 @@ SUDO=""
 export DEBIAN_FRONTEND=noninteractive
 
 need=""
-for p in build-essential cmake ninja-build clang llvm libclang-rt-dev libxxhash-dev xxhash python3-pytest \
+for p in build-essential cmake ninja-build clang clang-format llvm libclang-rt-dev libxxhash-dev xxhash python3-pytest \
          python3 python3-venv pkgconf ca-certificates dpkg-dev; do
     [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || need="$need $p"
 done
