@@ -51,11 +51,12 @@ uint64_t rs_kept_fetch(ferry_store *s, ferry_op *op)
         for (int64_t i = 0; i < n; i++) {
             if (r[i].kind != RS_KV_HOST) continue;
             rtensor *t = &m->t[r[i].tag];
-            if (t->caching)
+            if (t->caching) {
                 memcpy(t->host, r[i].host, (size_t)t->nbytes); /* its pinned copy, then DMA'd with the rest */
-            else
-                hr[nh++] = (fy_hostrange){(void *)(uintptr_t)r[i].host, t->dptr, t->nbytes},
+            } else {
+                hr[nh++] = (fy_hostrange){(void *)(uintptr_t)r[i].host, t->dptr, t->nbytes};
                 bytes += t->nbytes;
+            }
         }
         int rc = nh ? fy_xfer_host_to_device(s->dev, hr, nh, NULL) : 0; /* (waited: the mappings go next) */
         if (rc < 0) {
