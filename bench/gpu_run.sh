@@ -35,6 +35,9 @@
 #             C streaming engine (STREAM_PART: all, a, b)
 #   comfyui   bench/gpu_comfyui.sh OUT/comfyui: the seed workflow in ComfyUI, stock against
 #             the node pack (COMFYUI_PART: a, b, all; see that script for what it carries)
+#   keeper    bench/keeper_restart.py on the 10 GB file: fresh processes whose store brings
+#             it to cuda:0 reading the checkpoint alone, against using a running `ferry keep`
+#             (sim backend: memfd host memory), ROUNDS (default 3) alternated
 #   table     nothing run: OUT/table.md made again from the logs already in OUT
 # Each part records the pinned copy limit (bench_pinrate) at its start and end.
 set -uo pipefail
@@ -43,7 +46,7 @@ case "${1:-}" in -h|--help) usage; exit 0 ;; esac
 [ $# -eq 2 ] || { usage >&2; exit 2; }
 OUT=$1
 PARTS=$2
-PARTS_OK=" tests bench load register cold peers store ring flux stream comfyui table "
+PARTS_OK=" tests bench load register cold peers store ring flux stream comfyui keeper table "
 for p in ${PARTS//,/ }; do
   case "$PARTS_OK" in *" $p "*) ;; *) echo "gpu_run.sh: unknown part '$p' (one of:$PARTS_OK)" >&2; exit 2 ;; esac
 done
@@ -115,6 +118,14 @@ part_store() {
   mkdir -p /var/tmp/ferry-gpu-run
   timeout 200 "$B"/bench_store "$F" /var/tmp/ferry-gpu-run cuda:0 2>&1 | tee "$OUT/store.jsonl" | cut -c1-200
   timeout 120 "$B"/bench_swap "$F" "$F" cuda:0 6 2>&1 | tee "$OUT/swap.jsonl" | cut -c1-200
+}
+part_keeper() {
+  mk w10g
+  cat "$F" >/dev/null
+  python3 bench/keeper_restart.py --device cuda:0 --rounds "${ROUNDS:-3}" "$F" | tee "$OUT/keeper.txt"
+  local rc=${PIPESTATUS[0]}
+  grep '^|' "$OUT/keeper.txt" >"$OUT/keeper.md"
+  return "$rc"
 }
 part_ring() {
   mk w10g
