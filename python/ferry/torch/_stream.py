@@ -224,7 +224,7 @@ class Streamer:
 
     def step_begin(self):
         with self.store._lock:
-            core = self.store._live()
+            self.store._live()  # (raises once the store is closed)
             if self.replan_wanted:
                 self._replan()
             self._t0 = time.perf_counter()
