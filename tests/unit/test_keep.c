@@ -27,6 +27,7 @@
 #include "fds.h"
 #include "keeper_child.h"
 #include "ferry_experimental.h"
+#include "io/io.h"
 #include "keep/keep.h"
 #include "keep/keep_proto.h"
 
@@ -1147,6 +1148,28 @@ static void test_file_identity(void)
     fclose(f);
     CHECK_EQ(ferry_keep_file_identity(p, &size, &mtime2, &digest2), 0);
     CHECK(digest2 != digest);
+    /* every system call it makes through io/ failing in turn: an error, never a wrong identity */
+    int failed = 0, n;
+    for (n = 1; n < 100; n++) {
+        uint64_t s2 = 0, d3 = 0;
+        int64_t m3 = 0;
+        fy_fault_arm(n, EIO);
+        int rc = ferry_keep_file_identity(p, &s2, &m3, &d3);
+        bool fired = fy_fault_fired();
+        fy_fault_arm(0, 0);
+        if (!fired) {
+            CHECK_EQ(rc, 0);
+            CHECK(s2 == size && m3 == mtime2 && d3 == digest2);
+            break;
+        }
+        CHECK_EQ(rc, -EIO);
+        failed++;
+    }
+    CHECK(failed >= 2 && n < 100); /* the open and the read at least */
+    /* a FIFO is refused at once, not waited on for a writer */
+    snprintf(p, sizeof p, "%s/fifo", dir);
+    CHECK_EQ(mkfifo(p, 0600), 0);
+    CHECK_EQ(ferry_keep_file_identity(p, &size, &mtime, &digest), -EINVAL);
     snprintf(p, sizeof p, "%s/missing", dir);
     CHECK_EQ(ferry_keep_file_identity(p, &size, &mtime, &digest), -ENOENT);
     check_rmtree(dir);
