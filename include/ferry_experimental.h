@@ -34,7 +34,8 @@ typedef struct ferry_keep_id {
 } ferry_keep_id;
 
 /* Fill size, mtime (ns) and digest (XXH3-64 of the file's first
- * min(size, 1 MiB) bytes) for the file at path: 0 or -errno. */
+ * min(size, 1 MiB) bytes) for the file at path: 0 or -errno (-EINVAL for
+ * anything but a regular file, -EIO when it shrinks while it is read). */
 FERRY_API int ferry_keep_file_identity(const char *path, uint64_t *file_size, int64_t *mtime_ns,
                                        uint64_t *header_digest);
 
