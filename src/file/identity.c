@@ -17,8 +17,6 @@
 
 #include "file_impl.h"
 
-#define IDENT_HEAD ((uint64_t)1 << 20) /* as ferry_keep_file_identity */
-
 FERRY_API int ferry_file_keep_identity(const ferry_file *f, int i, char *path, size_t n, uint64_t *file_size,
                                        int64_t *mtime_ns, uint64_t *header_digest)
 {
@@ -38,12 +36,7 @@ FERRY_API int ferry_file_keep_identity(const ferry_file *f, int i, char *path, s
     int64_t mtime = 0;
     FY_TRY(fy_file_ident(sh->fd, path, &size, &mtime)); /* -ESTALE: path names another file now */
     if (header_digest) {
-        size_t want = (size_t)(size < IDENT_HEAD ? size : IDENT_HEAD);
-        uint8_t *buf = fy_malloc(&f->ctx->mem, want ? want : 1);
-        if (!buf) return -ENOMEM;
-        int rc = want ? fy_pread_full(sh->fd, buf, want, 0) : 0;
-        if (rc == 0) *header_digest = ferry_xxh3(buf, want);
-        fy_free(&f->ctx->mem, buf);
+        int rc = fy_head_digest(sh->fd, size, header_digest);
         if (rc < 0) return rc == FERRY_E_CORRUPT ? -ESTALE : rc; /* cut short since the fstat */
     }
     *file_size = size;

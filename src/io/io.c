@@ -16,6 +16,9 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 /* ---- the table ------------------------------------------------------------ */
 
 enum {
@@ -319,6 +322,22 @@ int fy_file_ident(int fd, const char *path, uint64_t *size, int64_t *mtime_ns)
         return -ESTALE;
     *size = (uint64_t)a.st_size;
     *mtime_ns = (int64_t)a.st_mtim.tv_sec * 1000000000 + a.st_mtim.tv_nsec;
+    return 0;
+}
+
+int fy_head_digest(int fd, uint64_t size, uint64_t *digest)
+{
+    uint8_t buf[32 << 10];
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    uint64_t want = size < FY_HEAD_BYTES ? size : FY_HEAD_BYTES;
+    for (uint64_t off = 0; off < want;) {
+        size_t n = want - off < sizeof buf ? (size_t)(want - off) : sizeof buf;
+        FY_TRY(fy_pread_full(fd, buf, n, off));
+        XXH3_64bits_update(&st, buf, n);
+        off += n;
+    }
+    *digest = XXH3_64bits_digest(&st);
     return 0;
 }
 

@@ -90,6 +90,12 @@ int fy_fd_path(int fd, char *buf, size_t n);
  * that path names that same file now (stat: device and inode), else
  * -ESTALE. 0 or -errno. */
 int fy_file_ident(int fd, const char *path, uint64_t *size, int64_t *mtime_ns);
+/* How much of a file's head the keeper's identity digests. */
+#define FY_HEAD_BYTES ((uint64_t)1 << 20)
+/* XXH3-64 of the first min(size, FY_HEAD_BYTES) bytes of fd (size: the file's,
+ * as fstat told it), read with pread in pieces: 0, -errno, or
+ * FERRY_E_CORRUPT when the file ends first (it shrank since). */
+int fy_head_digest(int fd, uint64_t size, uint64_t *digest);
 
 /* ---- mappings ---- */
 

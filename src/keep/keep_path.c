@@ -78,8 +78,6 @@ int fk_private_dir(const char *socket_path, bool create, uid_t self, char *err, 
     return 0;
 }
 
-#define IDENT_HEAD ((size_t)1 << 20)
-
 int ferry_keep_file_identity(const char *path, uint64_t *file_size, int64_t *mtime_ns,
                              uint64_t *header_digest)
 {
@@ -92,27 +90,14 @@ int ferry_keep_file_identity(const char *path, uint64_t *file_size, int64_t *mti
     int rc = fy_open_ro(path, &fd, &size, &e);
     fy_err_destroy(&e);
     if (rc < 0) return rc <= FERRY_E_CORRUPT ? -EINVAL : rc;
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int err = errno;
-        fy_close(fd);
-        return -err;
-    }
-    size_t want = size < IDENT_HEAD ? (size_t)size : IDENT_HEAD;
-    char *buf = malloc(want ? want : 1);
-    if (!buf) {
-        fy_close(fd);
-        return -ENOMEM;
-    }
-    rc = want ? fy_pread_full(fd, buf, want, 0) : 0;
+    int64_t mtime = 0;
+    uint64_t digest = 0;
+    rc = fy_file_ident(fd, NULL, &size, &mtime);
+    if (rc == 0) rc = fy_head_digest(fd, size, &digest);
     fy_close(fd);
-    if (rc < 0) {
-        free(buf);
-        return rc <= FERRY_E_CORRUPT ? -EIO : rc; /* (the file shrank while it was read) */
-    }
+    if (rc < 0) return rc <= FERRY_E_CORRUPT ? -EIO : rc; /* (the file shrank while it was read) */
     *file_size = size;
-    *mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
-    *header_digest = ferry_xxh3(buf, want);
-    free(buf);
+    *mtime_ns = mtime;
+    *header_digest = digest;
     return 0;
 }
