@@ -1,58 +1,84 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""comfyui_seed - the seed workload in ComfyUI: Wan 2.1 T2V 14B text to video
-with stock ComfyUI's loaders, with --fast-disk, and with ferry's node pack,
-each in a fresh ComfyUI process per host-memory setting.
+"""comfyui_seed - the seed workload in ComfyUI: Wan 2.1 T2V (14B, or 1.3B)
+text to video with stock ComfyUI's loaders, with --fast-disk, and with
+ferry's node pack, each in a fresh ComfyUI process per setting (the DiT, the
+GPU's free memory, the host memory).
 
-    # models with random weights of the real shapes (40 GB; --tiny: test size)
-    python bench/comfyui_seed.py prepare --models DIR [--tiny] [--experts 2
-        [--expert-dtype fp8_e4m3fn|fp8_scaled|bf16]]
+    # models with random weights of the real shapes (40 GB with the 14B DiT,
+    # 2.8 GB more with the 1.3B one; --tiny: test size)
+    python bench/comfyui_seed.py prepare --models DIR [--tiny] [--dits 14B,1.3B]
+        [--experts 2 [--expert-dtype fp8_e4m3fn|fp8_scaled|bf16]]
     # ComfyUI's model detection on those shapes (no files written; needs ComfyUI)
-    python bench/comfyui_seed.py check [--tiny] [--experts 2] [--comfyui DIR]
+    python bench/comfyui_seed.py check [--tiny] [--dits 14B,1.3B] [--experts 2] [--comfyui DIR]
     # the benchmark: one ComfyUI process per setting x method, 3 prompts each
     python bench/comfyui_seed.py run --models DIR --out RESULT.json [--table]
         [--settings none,avail32,cg32,cg16,cg8] [--methods stock,fast_disk,ferry]
         [--vram-gib 24] [--python PY] [--comfyui DIR] [--ferry-lib SO]
         [--deadline S] [--process-timeout S] [--cgroups auto|off|DIR]
+    # e.g. --settings 1.3b-v6-none,1.3b-v12-none,14b-v24-none --methods fast_disk,ferry
     # the table again from a result
     python bench/comfyui_seed.py table RESULT.json
 
-prepare: Wan 2.1 T2V 14B (dim 5120, ffn 13824, 40 blocks, text dim 4096;
-28.6 GB BF16), UMT5-XXL (d_model 4096, vocab 256384, 24 blocks, d_ff 10240,
+prepare: the Wan 2.1 T2V DiTs of --dits (default 14B): 14B (dim 5120, ffn
+13824, 40 blocks, 40 heads; 28.6 GB BF16), 1.3B (dim 1536, ffn 8960, 30
+blocks, 12 heads; 2.8 GB BF16), both text dim 4096, 16 channels in and out,
+patch (1, 2, 2); UMT5-XXL (d_model 4096, vocab 256384, 24 blocks, d_ff 10240,
 64 heads of 64; 11.4 GB BF16, with a small SentencePiece model inside as
 "spiece_model", where ComfyUI's Wan text encoder takes its tokenizer from)
-and the Wan 2.1 VAE (width 96), in ComfyUI's models/ layout, key names and
-value scales from tests/data/comfy_models.py. Values are a 32 Mi-element
-random pool (torch, on CUDA where there is one) scaled once per value rule
-and written as windows at a per-tensor offset, so writing is file I/O only.
-At real size ComfyUI detects the files with its default configs; --tiny writes
-comfy_models.py's tiny files, which need its overrides (passed through).
---experts 2 adds a high-noise expert (Wan 2.2 A14B style: same architecture)
-and samples with two KSamplerAdvanced halves; --expert-dtype (default
-fp8_e4m3fn with two experts: two BF16 experts and UMT5 exceed the GPU
-machine's 64 GB disk) stores the blocks' matrices as plain float8_e4m3fn,
-which ComfyUI runs with weights cast at use ("manual cast"); fp8_scaled adds
-ComfyUI's scaled-fp8 markers ("scaled_fp8" and a ".scale_weight" of 1.0 per
-matrix), which ComfyUI turns into its quantized layers (comfy_kitchen).
+and the Wan 2.1 VAE (width 96), shared by both DiTs, in ComfyUI's models/
+layout, key names and value scales from tests/data/comfy_models.py. The
+manifest (seed_manifest.json) names each file by role: "unet" the 14B DiT,
+"unet_1.3B" the 1.3B one, "clip", "vae" (and "unet_high"). A file an earlier
+prepare recorded (same --tiny, --experts, --expert-dtype) at its recorded
+size is kept, so a later prepare with more DiTs writes only those. Values
+are a 32 Mi-element random pool (torch, on CUDA where there is one) scaled
+once per value rule and written as windows at a per-tensor offset, so
+writing is file I/O only. At real size ComfyUI detects the files with its
+default configs (`check`: the 1.3B file as WAN21_T2V with dim 1536, 30
+layers, 12 heads); --tiny writes comfy_models.py's tiny files, one tiny DiT
+that stands for every size, which need its overrides (passed through).
+--experts 2 adds a high-noise 14B expert (Wan 2.2 A14B style: same
+architecture) and samples with two KSamplerAdvanced halves; --expert-dtype
+(default fp8_e4m3fn with two experts: two BF16 experts and UMT5 exceed the
+GPU machine's 64 GB disk) stores the 14B blocks' matrices as plain
+float8_e4m3fn, which ComfyUI runs with weights cast at use ("manual cast");
+fp8_scaled adds ComfyUI's scaled-fp8 markers ("scaled_fp8" and a
+".scale_weight" of 1.0 per matrix), which ComfyUI turns into its quantized
+layers (comfy_kitchen). The 1.3B DiT is always BF16.
 
 run: per setting and method a fresh ComfyUI (tests/comfyui/harness.py) runs 3
 prompts that differ by seed: UNETLoader -> CLIPLoader(wan) -> CLIPTextEncode
 -> KSampler (4 steps, 480x272, 9 frames, cfg 2 against the zeroed text) ->
 VAEDecode -> SaveImage and the harness's exact tensor digests. Methods:
 stock; fast_disk (stock with --fast-disk); ferry (the pack's loader nodes,
-ferry from this checkout's python/ and --ferry-lib). Settings: none; availN
+ferry from this checkout's python/ and --ferry-lib). A setting is
+[MODEL-][vG-]HOST. MODEL: 14b (default) or 1.3b, the DiT the prompts load.
+vG: a helper holds GPU memory until cudaMemGetInfo reports G GiB free;
+`full` or no vG: --vram-gib's G, or no helper when that is unset. The
+settings run grouped by G (in the order each G first appears), one helper
+per G, started before its group and stopped after it (none with --cpu); its
+`ready` facts go into each process record ("vram"), and a helper that cannot
+hold its G makes its processes "unavailable". HOST: none; availN
 (MemAvailable N GiB: a helper process mlocks the rest); cgN (a hard N GiB
 memory cgroup, v1 memory.limit_in_bytes or v2 memory.max, that ComfyUI's
-process enters before it execs Python). --vram-gib G: a helper holds GPU
-memory until cudaMemGetInfo reports G GiB free, for the whole run. Measured
-per process: status (ok, error, oom, timeout), the first prompt's seconds
-and the later ones' (execute only: start-up apart), output digests, peak RSS
-(/proc/PID/statm every 50 ms) and peak USS (Private_Clean + Private_Dirty of
-/proc/PID/smaps_rollup, read in a loop 100 ms apart: a read costs 10-30 ms
-per resident GiB, so this is done here, not in ComfyUI's process), the
-cgroup's counters, and the pack's per-prompt JSON ($FERRY_COMFYUI_STATS, set
-for every method; stock writes none; its in-process USS reads are off unless
---pack-uss). The result JSON is rewritten after every process.
+process enters before it execs Python). The old names (none, avail32, cg8,
+...) are 14B settings at --vram-gib. The method order reverses from one
+setting to the next. Each ComfyUI process runs with PYTHONFAULTHANDLER=1, so
+a crash, at exit too, leaves the Python stacks in its log. Measured per
+process: status (ok: every prompt passed and the process exited 0; exit:
+every prompt passed, then a non-zero returncode, e.g. a crash at exit;
+error, oom, killed, timeout, unavailable, skipped) and returncode, the first
+prompt's seconds and the later ones' (execute only: start-up apart), output
+digests (compared with stock's and with fast_disk's in the same setting),
+peak RSS (/proc/PID/statm every 50 ms) and peak USS (Private_Clean +
+Private_Dirty of /proc/PID/smaps_rollup, read in a loop 100 ms apart: a
+read costs 10-30 ms per resident GiB, so this is done here, not in
+ComfyUI's process), the cgroup's counters, and the pack's per-prompt JSON
+($FERRY_COMFYUI_STATS, set for every method; stock writes none; its
+in-process USS reads are off unless --pack-uss). The table has a row per
+process (setting, DiT, GPU GiB free, method) and the ratios per setting.
+The result JSON is rewritten after every process.
 """
 import argparse
 import concurrent.futures
@@ -86,12 +112,16 @@ METHODS = ("stock", "fast_disk", "ferry")
 SETTINGS = ("none", "avail32", "cg32", "cg16", "cg8")
 SEEDS = (42, 43, 44)
 
-# real dims of the seed workload's models
-WAN = dict(dim=5120, ffn=13824, blocks=40, text_dim=4096, in_ch=16, out_ch=16, patch=(1, 2, 2))
+# real dims of the seed workload's models: the Wan 2.1 T2V DiTs by size (heads:
+# what ComfyUI derives from dim, dim // 128; checked by `check`), UMT5-XXL, the VAE
+DITS = {"14B": dict(dim=5120, ffn=13824, blocks=40, heads=40, text_dim=4096, in_ch=16, out_ch=16, patch=(1, 2, 2)),
+        "1.3B": dict(dim=1536, ffn=8960, blocks=30, heads=12, text_dim=4096, in_ch=16, out_ch=16, patch=(1, 2, 2))}
 UMT5 = dict(dim=4096, vocab=256384, umt5=True, blocks=24, ff=10240, heads=64, kv=64)
 WAN_VAE = dict(dim=96)
+# the files by manifest role: "unet" is the 14B DiT, "unet_<size>" another size's
 REAL_FILES = {"unet": "diffusion_models/wan2.1_t2v_14B_{dtype}.safetensors",
               "unet_high": "diffusion_models/wan2.2_t2v_high_noise_14B_{dtype}.safetensors",
+              "unet_1.3B": "diffusion_models/wan2.1_t2v_1.3B_bf16.safetensors",
               "clip": "text_encoders/umt5_xxl_bf16.safetensors",
               "vae": "vae/wan_2.1_vae.safetensors"}
 REAL_SIZE = dict(width=480, height=272, length=9, steps=4)
@@ -101,12 +131,23 @@ MANIFEST = "seed_manifest.json"
 
 # ------------------------------------------------------------------ prepare
 
-def real_entries(experts=1):
-    """{role: [(name, shape)]} of the real-size models."""
-    out = {"unet": comfy_models.wan21_t2v_entries(**WAN), "clip": comfy_models.t5_entries(**UMT5),
-           "vae": comfy_models.wan21_vae_entries(**WAN_VAE)}
+def dit_role(size):
+    """The manifest role of a DiT size: "unet" for 14B, "unet_<size>" else."""
+    return "unet" if size == "14B" else f"unet_{size}"
+
+
+def dit_entries(size):
+    """[(name, shape)] of the real-size Wan 2.1 T2V DiT of `size`."""
+    return comfy_models.wan21_t2v_entries(**{k: v for k, v in DITS[size].items() if k != "heads"})
+
+
+def real_entries(experts=1, dits=("14B",)):
+    """{role: [(name, shape)]} of the real-size models: the DiTs of `dits`
+    (with two experts, the 14B pair), UMT5-XXL and the VAE."""
+    out = {dit_role(d): dit_entries(d) for d in dits}
     if experts == 2:
         out["unet_high"] = out["unet"]
+    out.update(clip=comfy_models.t5_entries(**UMT5), vae=comfy_models.wan21_vae_entries(**WAN_VAE))
     return out
 
 
@@ -198,53 +239,81 @@ def write_real(path, entries, pool, dtype="BF16", expert_dtype=None, extra=(), t
 
 
 def cmd_prepare(opts):
-    """Write the models (skipping what an identical earlier prepare left) and
-    their manifest: {tiny, experts, expert_dtype, files {role: name}, sizes, s}."""
+    """Write the models and their manifest: {tiny, experts, expert_dtype,
+    paths {role: path under the models folder}, files {role: name}, sizes, s}.
+    A file an earlier prepare with the same tiny, experts and expert_dtype
+    recorded, at its recorded size, is kept (so a later prepare with more
+    DiTs writes only the new ones), and so is its role in the manifest."""
     t0 = time.perf_counter()
     want = {"tiny": opts.tiny, "experts": opts.experts, "expert_dtype": opts.expert_dtype}
+    dits = list(dict.fromkeys(d.strip() for d in opts.dits.split(",") if d.strip()))
+    for d in dits:
+        if d not in DITS:
+            sys.exit(f"prepare: unknown DiT size {d!r} (one of {', '.join(DITS)})")
+    if opts.experts == 2 and "14B" not in dits:
+        sys.exit("prepare: --experts 2 is a pair of 14B DiTs: --dits must name 14B")
+    if opts.tiny:
+        # one tiny DiT, which `run` takes for every size
+        paths = dict(comfy_models.FILES["wan"])
+        if opts.experts == 2:
+            paths["unet_high"] = "diffusion_models/tiny_wan2.2_t2v_high_noise.safetensors"
+    else:
+        entries = real_entries(opts.experts, dits)
+        udt = opts.expert_dtype if opts.experts == 2 else "bf16"
+        paths = {r: p.format(dtype=udt) for r, p in REAL_FILES.items() if r in entries}
     mpath = os.path.join(opts.models, MANIFEST)
+    kept = {}
     try:
         with open(mpath) as f:
             old = json.load(f)
-        if all(old.get(k) == v for k, v in want.items()) and all(
-                os.path.getsize(os.path.join(opts.models, p)) == old["sizes"][r] for r, p in old["paths"].items()):
-            print(f"prepare: the models in {opts.models} are there already ({sum(old['sizes'].values()) / 1e9:.1f} GB)")
-            return 0
-    except (OSError, ValueError, KeyError):
+        if all(old.get(k) == v for k, v in want.items()):
+            for r, p in old["paths"].items():
+                try:
+                    if os.path.getsize(os.path.join(opts.models, p)) == old["sizes"][r]:
+                        kept[r] = p
+                except OSError:
+                    pass
+    except (OSError, ValueError, KeyError, AttributeError):
         pass
+    todo = {r: p for r, p in paths.items() if kept.get(r) != p}
+    if not todo:
+        size = sum(os.path.getsize(os.path.join(opts.models, p)) for p in paths.values())
+        print(f"prepare: the models in {opts.models} are there already ({size / 1e9:.1f} GB)")
+        return 0
     os.makedirs(opts.models, exist_ok=True)
     if opts.tiny:
-        paths = dict(comfy_models.FILES["wan"])
         comfy_models.write_models(opts.models, archs=("wan",))
         if opts.experts == 2:
-            paths["unet_high"] = "diffusion_models/tiny_wan2.2_t2v_high_noise.safetensors"
             meta = {"config": json.dumps({"transformer": {"text_dim": comfy_models.UMT5_DIM}})}
             comfy_models.write(os.path.join(opts.models, paths["unet_high"]), comfy_models.wan21_t2v_entries(),
                                "BF16", 11, metadata=meta)
     else:
+        if kept:
+            print(f"prepare: kept {', '.join(sorted(kept))}; writing {', '.join(todo)}")
         pool = Pool(opts.seed)
         print(f"prepare: value pool on {pool.device}")
-        entries = real_entries(opts.experts)
-        udt = opts.expert_dtype if opts.experts == 2 else "bf16"
-        paths = {r: p.format(dtype=udt) for r, p in REAL_FILES.items() if r in entries}
         sp = comfy_models.spiece_model()
-        for role, rel in paths.items():
+        for role, rel in todo.items():
             t = time.perf_counter()
             path = os.path.join(opts.models, rel)
             if role.startswith("unet"):
-                write_real(path, entries[role], pool, expert_dtype=None if udt == "bf16" else udt)
+                fp8 = role in ("unet", "unet_high") and udt != "bf16"
+                write_real(path, entries[role], pool, expert_dtype=udt if fp8 else None)
             else:
                 extra = [("spiece_model", "U8", [len(sp)], sp)] if role == "clip" else ()
                 write_real(path, entries[role], pool, extra=extra)
             size = os.path.getsize(path)
             dt = time.perf_counter() - t
             print(f"prepare: {rel} {size / 1e9:.2f} GB in {dt:.1f} s ({size / 1e9 / max(dt, 1e-9):.2f} GB/s)", flush=True)
+    paths = dict(kept, **paths)
     sizes = {r: os.path.getsize(os.path.join(opts.models, p)) for r, p in paths.items()}
     manifest = dict(want, paths=paths, files={r: p.split("/", 1)[1] for r, p in paths.items()},
                     sizes=sizes, s=round(time.perf_counter() - t0, 1))
     with open(mpath, "w") as f:
         json.dump(manifest, f, indent=1)
-    print(f"prepare: {sum(sizes.values()) / 1e9:.2f} GB in {manifest['s']} s")
+    wrote = sum(sizes[r] for r in todo)
+    print(f"prepare: {wrote / 1e9:.2f} GB written in {manifest['s']} s; "
+          f"{sum(sizes.values()) / 1e9:.2f} GB in {opts.models}")
     return 0
 
 
@@ -253,7 +322,7 @@ def cmd_check(opts):
     written): the diffusion model's config and supported-model class, the
     text encoder's kind and the Wan text encoder it would build, the VAE's
     kind. Exits 1 where the real-size files would not be taken for Wan 2.1
-    T2V 14B / UMT5-XXL."""
+    T2V of each --dits size (its dim, blocks, heads and ffn) / UMT5-XXL."""
     import torch
     comfyui = opts.comfyui or harness.find_comfyui()[0]
     sys.path.insert(0, comfyui)
@@ -263,20 +332,26 @@ def cmd_check(opts):
     import comfy.model_detection as md
     import comfy.sd
     import comfy.text_encoders.sd3_clip as sd3
-    ents = real_entries(opts.experts) if not opts.tiny else {
+    dits = [d.strip() for d in opts.dits.split(",") if d.strip()]
+    if any(d not in DITS for d in dits):
+        sys.exit(f"check: --dits takes {', '.join(DITS)}")
+    ents = real_entries(opts.experts, dits) if not opts.tiny else {
         "unet": comfy_models.wan21_t2v_entries(), "vae": comfy_models.wan21_vae_entries(),
         "clip": comfy_models.t5_entries(comfy_models.UMT5_DIM, comfy_models.UMT5_VOCAB, umt5=True)}
 
     def meta(entries, dtype=torch.bfloat16):
         return {n: torch.empty(s, dtype=dtype, device="meta") for n, s in entries}
     ok = True
-    unet = meta(ents["unet"])
-    cfg = md.detect_unet_config(unet, "")
-    mc = md.model_config_from_unet(unet, "")
-    print("unet config:", cfg)
-    print("supported model:", type(mc).__name__ if mc else None)
-    ok &= mc is not None and type(mc).__name__ == "WAN21_T2V" and (opts.tiny or (
-        cfg["dim"], cfg["num_layers"], cfg["num_heads"], cfg["ffn_dim"]) == (5120, 40, 40, 13824))
+    for size in ["tiny"] if opts.tiny else dits:
+        unet = meta(ents["unet" if opts.tiny else dit_role(size)])
+        cfg = md.detect_unet_config(unet, "")
+        mc = md.model_config_from_unet(unet, "")
+        print(f"unet {size} config:", cfg)
+        print(f"unet {size} supported model:", type(mc).__name__ if mc else None)
+        d = DITS.get(size)
+        ok &= mc is not None and type(mc).__name__ == "WAN21_T2V" and (opts.tiny or (
+            cfg["dim"], cfg["num_layers"], cfg["num_heads"], cfg["ffn_dim"], cfg["in_dim"], cfg["out_dim"]) == (
+            d["dim"], d["blocks"], d["heads"], d["ffn"], d["in_ch"], d["out_ch"]))
     clip = meta(ents["clip"])
     te = comfy.sd.detect_te_model(clip)
     det = sd3.t5_xxl_detect(clip)
@@ -320,6 +395,44 @@ def workflow(files, seed, size, experts=1):
             common, model=s["model"], add_noise="disable", noise_seed=seed, latent_image=["sampler_high", 0],
             start_at_step=half, end_at_step=10000, return_with_leftover_noise="disable")}
     return p
+
+
+# ----------------------------------------------------------------- settings
+
+# [MODEL-][vG-]HOST: the DiT (14b, 1.3b; default 14b), the GPU's free memory
+# (vG: G GiB; full or absent: --vram-gib's, none when that is unset), the host
+SETTING = re.compile(r"(?:(?P<model>14b|1\.3b)-)?(?:v(?P<vram>\d+(?:\.\d+)?)-|(?P<full>full)-)?"
+                     r"(?P<host>none|avail\d+(?:\.\d+)?|cg\d+(?:\.\d+)?)", re.I)
+
+
+def parse_setting(name, vram_gib=None):
+    """A setting's parts: {"model": "14B" or "1.3B", "vram_gib": G or None
+    (no VRAM helper), "host": "none", "availN" or "cgN"}; ValueError when
+    `name` is not [MODEL-][vG-]HOST. vram_gib: --vram-gib's value, for a
+    setting without vG or with `full`."""
+    m = SETTING.fullmatch(name)
+    if not m or (m.group("vram") and float(m.group("vram")) <= 0):
+        raise ValueError(f"unknown setting {name!r}: [14b-|1.3b-][vG-|full-](none|availN|cgN)")
+    model = (m.group("model") or "14b").upper()
+    return {"model": model, "vram_gib": float(m.group("vram")) if m.group("vram") else vram_gib,
+            "host": m.group("host").lower()}
+
+
+def plan(settings, methods, vram_gib=None):
+    """[(setting, its parts, method)] in run order: the settings grouped by
+    their GPU size (in the order each size first appears; one VRAM helper per
+    group), the method order reversed from one setting to the next."""
+    parsed = [(s, parse_setting(s, vram_gib)) for s in settings]
+    sizes = list(dict.fromkeys(p["vram_gib"] for _, p in parsed))
+    parsed.sort(key=lambda sp: sizes.index(sp[1]["vram_gib"]))
+    return [(s, p, m) for i, (s, p) in enumerate(parsed) for m in (methods if i % 2 == 0 else methods[::-1])]
+
+
+def dit_file(manifest, model):
+    """The DiT file (as UNETLoader lists it) of `model` in the prepared
+    models: the tiny DiT for every size; None where it was not prepared."""
+    files = manifest["files"]
+    return files["unet"] if manifest["tiny"] else files.get(dit_role(model))
 
 
 # ------------------------------------------------------------ host settings
@@ -583,15 +696,61 @@ def dmesg_oom(pid):
 
 # ---------------------------------------------------------------------- run
 
-def run_one(opts, manifest, setting, method, workdir, timeout):
-    """One fresh ComfyUI process: `method` under `setting`, 3 prompts. Returns its record."""
+def fault_text(log_file, n=2500):
+    """What Python's fault handler wrote into a log (from its "Fatal Python
+    error" line, at most n characters), or ""."""
+    try:
+        with open(log_file, errors="replace") as f:
+            text = f.read()
+    except (OSError, TypeError):
+        return ""
+    at = text.rfind("Fatal Python error")
+    return text[at:at + n].rstrip() if at >= 0 else ""
+
+
+def outcome(res, n_prompts, timeout, oom=lambda: None):
+    """(status, error) of one harness result: "ok" only when every prompt
+    passed and the process exited 0; "timeout" (killed at the limit), "oom"
+    or "killed" (SIGKILL: `oom()` says whether the OOM killer did it),
+    "exit" (every prompt passed, then a non-zero exit, e.g. a crash at exit:
+    the returncode, and the fault handler's stack where the log has one),
+    else "error" (harness.describe_failure's text)."""
+    rc = res.get("returncode")
+    passed = bool(res.get("ok")) and len(res.get("runs", [])) == n_prompts
+    after = " (every prompt had passed)" if passed else ""
+    if passed and rc == 0:
+        return "ok", None
+    if rc is None:
+        return "timeout", f"killed after the {timeout:.0f} s process limit{after}"
+    if rc in (-9, 137):
+        o = oom()
+        return ("oom" if o else "killed"), ("OOM-killed" if o else "SIGKILL") + f" (returncode {rc}; {o}){after}"
+    sig = ""
+    if rc < 0:
+        try:
+            sig = f" ({signal.Signals(-rc).name})"
+        except ValueError:
+            pass
+    if passed:
+        fault = fault_text(res.get("log_file"))
+        return "exit", f"every prompt passed, then the process exited with returncode {rc}{sig}" + (
+            "\n" + fault if fault else "")
+    return "error", (harness.describe_failure(res) + f"\nreturncode {rc}{sig}")[:3000]
+
+
+def run_one(opts, manifest, setting, parts, method, workdir, timeout):
+    """One fresh ComfyUI process: `method` under `setting` (its `parts`:
+    the DiT and the host setting; the VRAM helper is the caller's), 3
+    prompts. Returns its record."""
     tiny = manifest["tiny"]
     size = TINY_SIZE if tiny else REAL_SIZE
-    ps = [workflow(manifest["files"], s, size, manifest["experts"]) for s in SEEDS]
+    files = dict(manifest["files"], unet=dit_file(manifest, parts["model"]))
+    ps = [workflow(files, s, size, manifest["experts"]) for s in SEEDS]
     extra, packs = [], ()
     stats = os.path.join(workdir, "pack_stats.jsonl")
+    # PYTHONFAULTHANDLER: a crash (at exit too) prints the Python stacks into the log
     env = {"FERRY_COMFYUI_STATS": stats, "FERRY_COMFYUI_USS": "1" if opts.pack_uss else "0",
-           "FERRY_COMFYUI_DISABLE": None, "FERRY_HOST_LIMIT_GB": None}
+           "FERRY_COMFYUI_DISABLE": None, "FERRY_HOST_LIMIT_GB": None, "PYTHONFAULTHANDLER": "1"}
     if method == "fast_disk":
         extra.append("--fast-disk")
     elif method == "ferry":
@@ -599,20 +758,21 @@ def run_one(opts, manifest, setting, method, workdir, timeout):
         packs = (PACK,)
         env["FERRY_LIBRARY"] = opts.ferry_lib
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH")]))
-    rec = {"setting": setting, "method": method, "workdir": workdir, "status": "error"}
+    rec = dict(record(setting, parts, method), dit_file=files["unet"], workdir=workdir, status="error")
     python = opts.python
     host, cg = None, None
+    hs = parts["host"]
     try:
-        if setting.startswith("avail"):
-            gib = float(setting[5:])
+        if hs.startswith("avail"):
+            gib = float(hs[5:])
             avail = meminfo()
             lock = avail - int(gib * GIB)
             if lock <= 0:
                 raise Unavailable(f"MemAvailable is {avail / GIB:.1f} GiB, not above {gib:g} GiB: nothing to lock")
             host = Helper(["_lock", str(lock)], "mlock helper")
             rec["host"] = dict(host.info, mem_available_before=avail)
-        elif setting.startswith("cg"):
-            cg = Cgroup(float(setting[2:]), setting, opts.cgroups, python, workdir)
+        elif hs.startswith("cg"):
+            cg = Cgroup(float(hs[2:]), re.sub(r"[^\w-]", "_", setting), opts.cgroups, python, workdir)
             python = cg.wrapper
             rec["cgroup"] = cg.counters()
     except Unavailable as e:
@@ -641,16 +801,8 @@ def run_one(opts, manifest, setting, method, workdir, timeout):
     ex = [s for s, r in zip(rec["execute_s"], runs) if r.get("ok")]
     rec["first_s"] = ex[0] if ex else None
     rec["later_s"] = ex[1:]
-    if res.get("ok") and len(runs) == len(ps):
-        rec["status"] = "ok"
-    elif rc is None:
-        rec.update(status="timeout", error=f"killed after the {timeout:.0f} s process limit")
-    elif rc in (-9, 137):
-        oom = (rec.get("cgroup") or {}).get("oom_kill") or dmesg_oom(rec["memory"].get("pid"))
-        rec.update(status="oom" if oom else "killed",
-                   error=("OOM-killed" if oom else "SIGKILL") + f" (returncode {rc}; {oom})")
-    else:
-        rec["error"] = harness.describe_failure(res)[:3000]
+    rec["status"], rec["error"] = outcome(res, len(ps), timeout, lambda: (
+        (rec.get("cgroup") or {}).get("oom_kill") or dmesg_oom(rec["memory"].get("pid"))))
     if os.path.exists(stats):
         with open(stats) as f:
             rec["pack_stats"] = [json.loads(ln) for ln in f if ln.strip()]
@@ -664,24 +816,48 @@ def run_one(opts, manifest, setting, method, workdir, timeout):
     return rec
 
 
+def record(setting, parts, method):
+    """A process record's first fields: the setting, its parts, the method."""
+    return {"setting": setting, "model": parts["model"], "vram_gib": parts["vram_gib"],
+            "host_setting": parts["host"], "method": method}
+
+
+def _model(p):
+    """A record's DiT size (older results: from the setting's name)."""
+    if p.get("model"):
+        return p["model"]
+    try:
+        return parse_setting(p["setting"])["model"]
+    except ValueError:
+        return None
+
+
 def compare(procs):
     """Each record's 'same_as_stock': its digests against stock's in the same
-    setting ('yes'/'no'), or against an ok stock of another setting ('yes*'),
-    or None when there is nothing to compare."""
-    stock = {p["setting"]: p["digests"] for p in procs if p["method"] == "stock" and p["status"] == "ok"}
+    setting ('yes'/'no'), or against an ok stock of another setting with the
+    same DiT ('yes*'), or None when there is nothing to compare; and for
+    ferry 'same_as_fast_disk': against fast_disk's in the same setting, or None."""
+    stock = {p["setting"]: (_model(p), p["digests"])
+             for p in procs if p["method"] == "stock" and p["status"] == "ok"}
+    fast = {p["setting"]: p["digests"] for p in procs if p["method"] == "fast_disk" and p["status"] == "ok"}
     for p in procs:
         d = p.get("digests")
-        if p["method"] == "stock" or p["status"] != "ok" or not d:
-            p["same_as_stock"] = None
+        p["same_as_stock"] = p["same_as_fast_disk"] = None
+        if p["status"] != "ok" or not d:
             continue
-        ref, mark = stock.get(p["setting"]), ""
-        if ref is None and stock:
-            ref, mark = next(iter(stock.values())), "*"
-        p["same_as_stock"] = None if ref is None else ("yes" if ref == d else "no") + mark
+        if p["method"] != "stock":
+            ref, mark = stock.get(p["setting"], (None, None))[1], ""
+            if ref is None:
+                ref = next((dg for m, dg in stock.values() if m == _model(p)), None)
+                mark = "*"
+            p["same_as_stock"] = None if ref is None else ("yes" if ref == d else "no") + mark
+        if p["method"] not in ("stock", "fast_disk") and p["setting"] in fast:
+            p["same_as_fast_disk"] = "yes" if fast[p["setting"]] == d else "no"
 
 
 def ratios(procs):
-    """Per setting: ferry first / stock first, ferry later / fast_disk later (means)."""
+    """Per setting: ferry first / stock first, ferry first / fast_disk first,
+    ferry later / fast_disk later (means)."""
     by = {(p["setting"], p["method"]): p for p in procs if p["status"] == "ok"}
     out = {}
     for s in dict.fromkeys(p["setting"] for p in procs):
@@ -689,6 +865,8 @@ def ratios(procs):
         r = {}
         if f and st and st["first_s"]:
             r["ferry_first_over_stock_first"] = round(f["first_s"] / st["first_s"], 3)
+        if f and fd and fd["first_s"]:
+            r["ferry_first_over_fast_disk_first"] = round(f["first_s"] / fd["first_s"], 3)
         if f and fd and f["later_s"] and fd["later_s"]:
             r["ferry_later_over_fast_disk_later"] = round(
                 (sum(f["later_s"]) / len(f["later_s"])) / (sum(fd["later_s"]) / len(fd["later_s"])), 3)
@@ -696,23 +874,38 @@ def ratios(procs):
     return out
 
 
+def _gib(v):
+    return "" if v == "" else "full" if v is None else f"{v:g}"
+
+
 def table(result):
-    """The markdown table of a result: setting x method, and the ratios."""
-    rows = ["| setting | method | first prompt s | later prompts s | peak RSS GiB | peak USS GiB "
-            "| outputs same as stock | status |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    """The markdown table of a result: setting (its DiT and GPU size) x
+    method, and the ratios per setting."""
+    rows = ["| setting | DiT | GPU GiB free | method | first prompt s | later prompts s | peak RSS GiB "
+            "| peak USS GiB | outputs same as | status |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    tiny = ((result.get("meta") or {}).get("manifest") or {}).get("tiny")
     for p in result["processes"]:
         m = p.get("memory") or {}
+        dit = f"tiny ({_model(p)})" if tiny else _model(p) or ""
         status = p["status"] if p["status"] == "ok" else f"{p['status']}: {(p.get('error') or '').splitlines()[0][:90]}"
-        same = p.get("same_as_stock") or ("(reference)" if p["method"] == "stock" and p["status"] == "ok" else "")
-        rows.append(f"| {p['setting']} | {p['method']} | {p.get('first_s') or ''} | "
-                    f"{', '.join(str(x) for x in p.get('later_s') or [])} | {m.get('peak_rss_gib', '')} | "
-                    f"{m.get('peak_uss_gib', '')} | {same} | {status} |")
-    rows += ["", "| setting | ferry first / stock first | ferry later / fast_disk later |", "| --- | --- | --- |"]
+        same = ", ".join(f"{ref} {p[k]}" for ref, k in (("stock", "same_as_stock"),
+                                                          ("fast_disk", "same_as_fast_disk")) if p.get(k))
+        same = same or ("(reference)" if p["method"] == "stock" and p["status"] == "ok" else "")
+        rows.append(f"| {p['setting']} | {dit} | {_gib(p.get('vram_gib', ''))} | {p['method']} | "
+                    f"{p.get('first_s') or ''} | {', '.join(str(x) for x in p.get('later_s') or [])} | "
+                    f"{m.get('peak_rss_gib', '')} | {m.get('peak_uss_gib', '')} | {same} | {status} |")
+    rows += ["", "| setting | ferry first / stock first | ferry first / fast_disk first "
+             "| ferry later / fast_disk later |", "| --- | --- | --- | --- |"]
     for s, r in result.get("ratios", {}).items():
         rows.append(f"| {s} | {r.get('ferry_first_over_stock_first', '')} | "
+                    f"{r.get('ferry_first_over_fast_disk_first', '')} | "
                     f"{r.get('ferry_later_over_fast_disk_later', '')} |")
     rows.append("")
-    rows.append("yes*: compared with stock of another setting (stock did not finish in this one).")
+    rows.append("GPU GiB free: what a helper left free of the GPU's memory (full: no helper; see each record's "
+                "vram). "
+                "stock yes*: compared with stock of another setting with the same DiT "
+                "(stock did not finish in this one).")
     return "\n".join(rows) + "\n"
 
 
@@ -729,9 +922,10 @@ def machine_facts():
 
 
 def cmd_run(opts):
-    """Run every setting x method (alternating the method order from one
-    setting to the next) until done or the deadline, writing the result after
-    each process."""
+    """Run every setting x method (settings grouped by GPU size, the method
+    order alternating from one setting to the next) until done or the
+    deadline, writing the result after each process. One VRAM helper per
+    GPU size, started before its first process and stopped after its last."""
     t_start = time.time()
     with open(os.path.join(opts.models, MANIFEST)) as f:
         manifest = json.load(f)
@@ -741,15 +935,25 @@ def cmd_run(opts):
                                      or os.path.join(ROOT, "build", "libferry.so"))
     opts.python = opts.python or sys.executable
     work = opts.work or os.path.splitext(opts.out)[0] + "-work"
-    settings = opts.settings.split(",")
     methods = opts.methods.split(",")
-    for s in settings:
-        if not re.fullmatch(r"none|avail\d+(\.\d+)?|cg\d+(\.\d+)?", s):
-            sys.exit(f"unknown setting {s!r}")
+    for m in methods:
+        if m not in METHODS:
+            sys.exit(f"unknown method {m!r} (one of {', '.join(METHODS)})")
+    try:
+        steps = plan(opts.settings.split(","), methods, opts.vram_gib)
+    except ValueError as e:
+        sys.exit(str(e))
+    for setting, parts, _ in steps:
+        if dit_file(manifest, parts["model"]) is None:
+            sys.exit(f"{setting}: the models in {opts.models} have no Wan 2.1 T2V {parts['model']} DiT "
+                     f"(comfyui_seed.py prepare --dits {parts['model']})")
+        if manifest["experts"] == 2 and parts["model"] != "14B" and not manifest["tiny"]:
+            sys.exit(f"{setting}: two experts are 14B DiTs")
     result = {"meta": {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "argv": sys.argv,
                        "manifest": manifest, "comfyui": opts.comfyui, "python": opts.python,
                        "ferry_lib": opts.ferry_lib, "machine": machine_facts(), "seeds": SEEDS,
-                       "size": TINY_SIZE if manifest["tiny"] else REAL_SIZE, "cpu": opts.cpu},
+                       "size": TINY_SIZE if manifest["tiny"] else REAL_SIZE, "cpu": opts.cpu,
+                       "vram_helpers": []},
               "processes": []}
 
     def save():
@@ -763,33 +967,47 @@ def cmd_run(opts):
             with open(os.path.splitext(opts.out)[0] + ".md", "w") as f:
                 f.write(table(result))
 
-    vram = None
-    if opts.vram_gib:
-        try:
-            vram = Helper(["_vram", str(opts.vram_gib)], "VRAM helper")
-            result["meta"]["vram"] = vram.info
-        except Unavailable as e:
-            result["meta"]["vram"] = {"unavailable": str(e)}
-        print("vram:", result["meta"]["vram"], flush=True)
+    vram, vram_for, vram_info = None, "none yet", None
     try:
-        for i, setting in enumerate(settings):
-            for method in (methods if i % 2 == 0 else methods[::-1]):
-                left = opts.deadline - (time.time() - t_start) if opts.deadline else None
-                rec = {"setting": setting, "method": method}
-                if left is not None and left < opts.min_process:
-                    rec.update(status="skipped", error=f"deadline: {left:.0f} s left")
+        for setting, parts, method in steps:
+            left = opts.deadline - (time.time() - t_start) if opts.deadline else None
+            rec = record(setting, parts, method)
+            if left is not None and left < opts.min_process:
+                rec.update(status="skipped", error=f"deadline: {left:.0f} s left")
+            else:
+                if parts["vram_gib"] != vram_for:
+                    if vram:
+                        vram.stop()
+                        vram = None
+                    vram_for, gib = parts["vram_gib"], parts["vram_gib"]
+                    if gib is None:
+                        vram_info = None
+                    elif opts.cpu:
+                        vram_info = {"gib": gib, "skipped": "ComfyUI runs on the CPU"}
+                    else:
+                        try:
+                            vram = Helper(["_vram", str(gib)], "VRAM helper")
+                            vram_info = dict(vram.info, gib=gib)
+                        except Unavailable as e:
+                            vram_info = {"gib": gib, "unavailable": str(e)}
+                    if vram_info:
+                        result["meta"]["vram_helpers"].append(dict(vram_info, at_s=round(time.time() - t_start, 1)))
+                    print("vram:", vram_info or "the whole GPU (no helper)", flush=True)
+                if vram_info and "unavailable" in vram_info:
+                    rec.update(status="unavailable", error=vram_info["unavailable"])
                 else:
                     timeout = opts.process_timeout if left is None else min(opts.process_timeout, left - 5)
                     wd = os.path.join(work, f"{setting}-{method}")
                     os.makedirs(wd, exist_ok=True)
-                    rec = run_one(opts, manifest, setting, method, wd, timeout)
-                result["processes"].append(rec)
-                save()
-                m = rec.get("memory") or {}
-                print(f"{setting:8} {method:9} {rec['status']:11} first {rec.get('first_s')} later {rec.get('later_s')} "
-                      f"rss {m.get('peak_rss_gib')} uss {m.get('peak_uss_gib')} wall {rec.get('wall_s')} s"
-                      + (f"  [{(rec.get('error') or '').splitlines()[0][:160]}]" if rec["status"] != "ok" else ""),
-                      flush=True)
+                    rec = run_one(opts, manifest, setting, parts, method, wd, timeout)
+                rec["vram"] = vram_info
+            result["processes"].append(rec)
+            save()
+            m = rec.get("memory") or {}
+            print(f"{setting:14} {method:9} {rec['status']:11} first {rec.get('first_s')} "
+                  f"later {rec.get('later_s')} rss {m.get('peak_rss_gib')} uss {m.get('peak_uss_gib')} wall {rec.get('wall_s')} s"
+                  + (f"  [{(rec.get('error') or '').splitlines()[0][:160]}]" if rec["status"] != "ok" else ""),
+                  flush=True)
     finally:
         if vram:
             vram.stop()
@@ -814,18 +1032,22 @@ def main(argv=None):
     p.add_argument("--experts", type=int, choices=(1, 2), default=1)
     p.add_argument("--expert-dtype", choices=("fp8_e4m3fn", "fp8_scaled", "bf16"), default="fp8_e4m3fn",
                    help="with --experts 2: the experts' matrices")
+    p.add_argument("--dits", default="14B", help="the Wan 2.1 T2V DiT sizes to write: 14B, 1.3B (comma-separated)")
     p.add_argument("--seed", type=int, default=1)
     c = sub.add_parser("check", help="ComfyUI's detection on the models' shapes")
     c.add_argument("--tiny", action="store_true")
     c.add_argument("--experts", type=int, choices=(1, 2), default=1)
+    c.add_argument("--dits", default="14B", help="the DiT sizes to check: 14B, 1.3B")
     c.add_argument("--comfyui")
     r = sub.add_parser("run", help="the benchmark")
     r.add_argument("--models", required=True)
     r.add_argument("--out", required=True, help="the result JSON (and, with --table, a .md beside it)")
     r.add_argument("--table", action="store_true", help="write and print the markdown table")
-    r.add_argument("--settings", default=",".join(SETTINGS))
+    r.add_argument("--settings", default=",".join(SETTINGS),
+                   help="[14b-|1.3b-][vG-|full-](none|availN|cgN), comma-separated")
     r.add_argument("--methods", default=",".join(METHODS))
-    r.add_argument("--vram-gib", type=float, default=None, help="emulate a GPU with this much free memory")
+    r.add_argument("--vram-gib", type=float, default=None,
+                   help="emulate a GPU with this much free memory in the settings without vG (or with full)")
     r.add_argument("--python", help="the interpreter ComfyUI runs in (default: this one)")
     r.add_argument("--comfyui", help="ComfyUI's directory (default: where tests/comfyui/harness.py finds it, $COMFYUI_DIR first)")
     r.add_argument("--ferry-lib", help="libferry.so for the ferry method ($FERRY_LIBRARY, build/libferry.so)")
