@@ -954,6 +954,13 @@ typedef struct ferry_streamer_opts {
     uint64_t budget;  /* device bytes to plan for; 0 = the store's device budget */
     uint64_t reserve; /* of them, left free for the caller (activations) */
     int copies;       /* ferry_stream_copies */
+    /* The tensors outside the blocks that each pass brings to the device and
+     * holds (a module's own, where its checkpoint has more: a tokenizer, an
+     * unused head); the plan counts them and no other tensor outside the
+     * blocks. NULL: every tensor outside the blocks. Copied; each must be in
+     * range and outside every block (FERRY_E_INVAL). */
+    const int64_t *fixed;
+    int64_t nfixed;
 } ferry_streamer_opts;
 
 typedef struct ferry_streamer_stats {

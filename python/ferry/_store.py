@@ -189,7 +189,7 @@ class Streamer:
 
     _free = lib.ferry_streamer_free
 
-    def __init__(self, core, m, blocks, prefetch, budget, reserve, copies):
+    def __init__(self, core, m, blocks, prefetch, budget, reserve, copies, fixed=None):
         self.core, self.m, self.st = core, m, None
         if copies not in _lib.STREAM_COPIES:
             raise ValueError(f"copies must be one of {sorted(_lib.STREAM_COPIES)}, not {copies!r}")
@@ -201,6 +201,10 @@ class Streamer:
         o.budget = int(budget)
         o.reserve = int(reserve)
         o.copies = _lib.STREAM_COPIES[copies]
+        if fixed is not None:
+            farr = (ctypes.c_int64 * max(len(fixed), 1))(*fixed)
+            o.fixed = ctypes.cast(farr, ctypes.POINTER(ctypes.c_int64))
+            o.nfixed = len(fixed)
         out = ctypes.c_void_p()
         core.check_model(m, lib.ferry_streamer_new(m.m, ctypes.byref(o), ctypes.byref(out)))
         self.st = out
@@ -459,10 +463,12 @@ class StoreCore:
 
     # ---- the streaming engine ----
 
-    def streamer(self, m, blocks, prefetch=0, budget=0, reserve=0, copies="auto"):
+    def streamer(self, m, blocks, prefetch=0, budget=0, reserve=0, copies="auto", fixed=None):
         """ferry_streamer_new: blocks = one model index per block (each block
-        already one group), in the order they are expected to run."""
-        return Streamer(self, m, blocks, prefetch, budget, reserve, copies)
+        already one group), in the order they are expected to run; fixed =
+        the model indices outside the blocks that the passes bring (None:
+        all of them)."""
+        return Streamer(self, m, blocks, prefetch, budget, reserve, copies, fixed)
 
     def read(self, m, i, address):
         """Copy tensor i's bytes (from whichever tier holds them) to address."""

@@ -165,6 +165,8 @@ class StreamerOpts(Struct):
         ("budget", ctypes.c_uint64),
         ("reserve", ctypes.c_uint64),
         ("copies", ctypes.c_int),
+        ("fixed", ctypes.POINTER(ctypes.c_int64)),  # copied by ferry_streamer_new; NULL: all outside the blocks
+        ("nfixed", ctypes.c_int64),
     ]
 
 

@@ -145,7 +145,8 @@ static const field f_job_stats[] = {F(ferry_job_stats, size),
 static const field f_streamer_opts[] = {F(ferry_streamer_opts, size),    F(ferry_streamer_opts, blocks),
                                         F(ferry_streamer_opts, nblocks), F(ferry_streamer_opts, prefetch),
                                         F(ferry_streamer_opts, budget),  F(ferry_streamer_opts, reserve),
-                                        F(ferry_streamer_opts, copies),  {NULL, 0}};
+                                        F(ferry_streamer_opts, copies),  F(ferry_streamer_opts, fixed),
+                                        F(ferry_streamer_opts, nfixed),  {NULL, 0}};
 static const field f_streamer_stats[] = {F(ferry_streamer_stats, size),
                                          F(ferry_streamer_stats, passes),
                                          F(ferry_streamer_stats, blocks),

@@ -67,6 +67,7 @@ typedef struct rs_plan {
     uint64_t budget, reserve; /* budget 0: follow the store's device budget */
     bool pinned_cache;
     bool *streams; /* per block: it streams */
+    bool *counted; /* per tensor of the model: counted outside the blocks (NULL: all are) */
     ferry_plan got;
 } rs_plan;
 
@@ -352,6 +353,10 @@ int rs_fit_budget(ferry_store *s);
 void rs_replan(ferry_store *s);
 /* Free the plan of m (on removal). */
 void rs_plan_free(ferry_store *s, ferry_model *m);
+/* ferry_model_plan, counting only the fixed[0..nfixed) tensors outside the
+ * blocks (fixed NULL: all of them). */
+int rs_model_plan(ferry_model *m, const ferry_plan_opts *opts, const int64_t *fixed, int64_t nfixed,
+                  ferry_plan *out);
 
 /* ---- cache.c: cache admission of clean pinned copies ---- */
 /* Does t keep a clean pinned copy when it is read from its checkpoint? (a

@@ -52,6 +52,7 @@ static int plan_compute(ferry_store *s, ferry_model *m, rs_plan *p, bool mark)
     uint64_t total = 0, fixed = 0;
     for (int64_t i = 0; i < m->n; i++) {
         int64_t k = gblock[m->t[i].group];
+        if (k < 0 && p->counted && !p->counted[i]) continue; /* never brought by the passes */
         total += m->t[i].nbytes;
         if (k < 0) fixed += m->t[i].nbytes;
         else bb[k] += m->t[i].nbytes;
@@ -134,6 +135,7 @@ void rs_plan_free(ferry_store *s, ferry_model *m)
     if (!m->plan) return;
     fy_free(s->m, m->plan->blocks);
     fy_free(s->m, m->plan->streams);
+    fy_free(s->m, m->plan->counted);
     fy_free(s->m, m->plan);
     m->plan = NULL;
     for (int64_t i = 0; i < m->n; i++) m->t[i].streams = false;
@@ -148,7 +150,13 @@ static int cmp_i64(const void *a, const void *b)
 
 FERRY_API int ferry_model_plan(ferry_model *m, const ferry_plan_opts *opts, ferry_plan *out)
 {
-    if (!m || !opts) return FERRY_E_INVAL;
+    return rs_model_plan(m, opts, NULL, 0, out);
+}
+
+int rs_model_plan(ferry_model *m, const ferry_plan_opts *opts, const int64_t *fixed, int64_t nfixed,
+                  ferry_plan *out)
+{
+    if (!m || !opts || nfixed < 0 || (nfixed && !fixed)) return FERRY_E_INVAL;
     if (out && out->size < FERRY_STRUCT_MIN) return FERRY_E_INVAL;
     ferry_store *s = m->s;
     ferry_plan_opts o;
@@ -169,7 +177,8 @@ FERRY_API int ferry_model_plan(ferry_model *m, const ferry_plan_opts *opts, ferr
     chk = fy_calloc(s->m, (size_t)o.nblocks, sizeof *chk);
     if (p) p->blocks = fy_calloc(s->m, (size_t)o.nblocks, sizeof *p->blocks);
     if (p) p->streams = fy_calloc(s->m, (size_t)o.nblocks, sizeof *p->streams);
-    if (!p || !chk || !p->blocks || !p->streams) {
+    if (p && fixed) p->counted = fy_calloc(s->m, (size_t)(m->n ? m->n : 1), sizeof *p->counted);
+    if (!p || !chk || !p->blocks || !p->streams || (fixed && !p->counted)) {
         rc = rs_merr(m, -ENOMEM, "ferry_model_plan: out of memory for %" PRId64 " blocks", o.nblocks);
         goto out;
     }
@@ -193,6 +202,16 @@ FERRY_API int ferry_model_plan(ferry_model *m, const ferry_plan_opts *opts, ferr
                          RS_Q(q, m->t[chk[k]].name));
             goto out;
         }
+    for (int64_t k = 0; k < nfixed; k++) {
+        if (fixed[k] < 0 || fixed[k] >= m->n) {
+            rc = rs_merr(m, FERRY_E_INVAL,
+                         "ferry_model_plan: fixed tensor %" PRId64 ": index %" PRId64
+                         " out of range (%" PRId64 " tensors)",
+                         k, fixed[k], m->n);
+            goto out;
+        }
+        p->counted[fixed[k]] = true;
+    }
     p->nblocks = o.nblocks;
     p->window = o.window ? o.window : DEFAULT_WINDOW;
     p->budget = o.budget;
@@ -212,6 +231,7 @@ out:
     if (p) {
         fy_free(s->m, p->blocks);
         fy_free(s->m, p->streams);
+        fy_free(s->m, p->counted);
         fy_free(s->m, p);
     }
     fy_free(s->m, chk);

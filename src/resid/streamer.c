@@ -35,8 +35,9 @@ struct ferry_streamer {
     ferry_op **ops;  /* block k: its queued move, not landed; the block is held */
     bool *held;      /* block k: resident, held for the whole pass */
     bool *active;    /* block k: between block_begin and block_end */
-    int64_t *fixed;  /* the tensors outside every block */
+    int64_t *fixed;  /* the tensors outside every block that the passes bring (the caller's, or all) */
     int64_t nfixed;
+    bool fixed_given; /* the caller listed them: the plan counts no others */
     bool fixed_held;
     int64_t *rec; /* the first pass's order so far */
     int64_t nrec;
@@ -112,12 +113,15 @@ static int make_plan(ferry_streamer *st)
     int rc = 0;
     bool pinned = st->copies == FERRY_STREAM_COPIES_PINNED;
     if (st->copies == FERRY_STREAM_COPIES_AUTO) {
-        rc = ferry_model_plan(st->m, &po, &g);
+        rc = rs_model_plan(st->m, &po, st->fixed_given ? st->fixed : NULL, st->fixed_given ? st->nfixed : 0,
+                           &g);
         pinned = rc == 0 && copies_fit(st, g.streamed_bytes);
     }
     po.dry_run = 0;
     po.pinned_cache = pinned ? 0 : -1;
-    if (rc == 0 || rc == FERRY_E_BUDGET) rc = ferry_model_plan(st->m, &po, &g);
+    if (rc == 0 || rc == FERRY_E_BUDGET)
+        rc = rs_model_plan(st->m, &po, st->fixed_given ? st->fixed : NULL, st->fixed_given ? st->nfixed : 0,
+                           &g);
     fy_free(st->s->m, blocks);
     if (rc < 0 && rc != FERRY_E_BUDGET) return rc;
     st->planned = true;
@@ -309,7 +313,7 @@ FERRY_API int ferry_streamer_new(ferry_model *m, const ferry_streamer_opts *opts
     ferry_streamer_opts o;
     FY_TRY(fy_struct_in(&o, sizeof o, opts, &m->err, "ferry_streamer_new"));
     if (o.nblocks < 1 || !o.blocks || o.prefetch < -1 || o.copies < FERRY_STREAM_COPIES_AUTO ||
-        o.copies > FERRY_STREAM_COPIES_RING)
+        o.copies > FERRY_STREAM_COPIES_RING || o.nfixed < 0 || (o.nfixed && !o.fixed))
         return rs_merr(m, FERRY_E_INVAL,
                        "ferry_streamer_new: bad options (%" PRId64 " blocks, prefetch %" PRId64
                        ", copies %d)",
@@ -355,9 +359,23 @@ FERRY_API int ferry_streamer_new(ferry_model *m, const ferry_streamer_opts *opts
     }
     for (int64_t i = 0; i < m->n && rc == 0; i++) {
         int64_t k = gblock[m->t[i].group] - 1;
-        if (k < 0) st->fixed[st->nfixed++] = i;
-        else st->bytes[k] += m->t[i].nbytes;
+        if (k < 0 && !o.fixed) st->fixed[st->nfixed++] = i;
+        else if (k >= 0) st->bytes[k] += m->t[i].nbytes;
     }
+    for (int64_t j = 0; o.fixed && j < o.nfixed && rc == 0; j++) {
+        int64_t t = o.fixed[j];
+        if (t < 0 || t >= m->n || st->nfixed >= m->n)
+            rc = rs_merr(m, FERRY_E_INVAL,
+                         "ferry_streamer_new: fixed tensor %" PRId64 ": index %" PRId64
+                         " out of range (%" PRId64 " tensors)",
+                         j, t, m->n);
+        else if (gblock[m->t[t].group])
+            rc =
+                rs_merr(m, FERRY_E_INVAL, "ferry_streamer_new: fixed tensor %" PRId64 " is in block %" PRId64,
+                        t, gblock[m->t[t].group] - 1);
+        else st->fixed[st->nfixed++] = t;
+    }
+    st->fixed_given = o.fixed != NULL;
     pthread_mutex_unlock(&s->lock);
     if (rc < 0) goto fail;
     st->nb = o.nblocks;

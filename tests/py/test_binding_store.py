@@ -636,7 +636,7 @@ def test_store_struct_layouts():
     assert ctypes.sizeof(_lib.TensorState) == 64
     assert ctypes.sizeof(_lib.PlanOpts) == 64
     assert ctypes.sizeof(_lib.Plan) == 88
-    assert ctypes.sizeof(_lib.StreamerOpts) == 56
+    assert ctypes.sizeof(_lib.StreamerOpts) == 72
     assert ctypes.sizeof(_lib.StreamerStats) == 176
     for cls in (_lib.StoreOpts, _lib.StoreStats, _lib.JobStats, _lib.TensorState, _lib.PlanOpts, _lib.Plan,
                 _lib.StreamerOpts, _lib.StreamerStats):

@@ -1096,6 +1096,54 @@ static void test_engine_minimum(ferry_ctx *ctx)
     CHECK_STR_HAS(ferry_model_errmsg(r.m), "one group");
     CHECK(ferry_streamer_pass_begin(NULL, 0) == FERRY_E_INVAL);
     ferry_streamer_free(NULL);
+    /* the caller's own tensors outside the blocks: none here, so the passes
+     * never bring the embedding and the plan does not count it: a budget of
+     * the blocks alone holds them all, where counting it streams some */
+    blocks[1] = r.blk[1][0];
+    uint64_t all_blocks = NB * block_bytes();
+    o.budget = all_blocks;
+    o.reserve = 0;
+    CHECK_EQ(ferry_streamer_new(r.m, &o, &st), 0);
+    CHECK(estats(st).streamed_blocks > 0); /* (the embedding counted: it does not fit) */
+    ferry_streamer_free(st);
+    CHECK(ferry_store_make_room(r.s, UINT64_MAX, NULL) >= 0); /* (earlier passes left the embedding there) */
+    int64_t none[1] = {0};
+    o.fixed = none;
+    o.nfixed = 0;
+    st = NULL;
+    CHECK_EQ(ferry_streamer_new(r.m, &o, &st), 0);
+    if (st) {
+        ferry_streamer_stats e = estats(st);
+        CHECK_EQ(e.streamed_blocks, 0);
+        CHECK_EQ(e.fixed_bytes, 0);
+        CHECK_EQ(e.minimum_bytes, block_bytes());
+        CHECK_EQ(ferry_streamer_pass_begin(st, 0), 0); /* (a pass without epass's kernel, which reads it) */
+        for (int k = 0; k < NB; k++) {
+            CHECK_EQ(ferry_streamer_block_begin(st, k, 0), 0);
+            CHECK_EQ(ferry_streamer_block_end(st, k, 0), 0);
+        }
+        CHECK_EQ(ferry_streamer_pass_end(st, 0), 0);
+        CHECK_EQ(estats(st).pass_htod, all_blocks);
+        ferry_tensor_state ts = {.size = sizeof ts};
+        CHECK_EQ(ferry_model_tensor_state(r.m, r.embed, &ts), 0);
+        CHECK(ts.tier != FERRY_TIER_DEVICE);
+        ferry_streamer_free(st);
+    }
+    int64_t listed[1] = {r.embed}; /* listed: counted again */
+    o.fixed = listed;
+    o.nfixed = 1;
+    st = NULL;
+    CHECK_EQ(ferry_streamer_new(r.m, &o, &st), 0);
+    if (st) CHECK_EQ(estats(st).fixed_bytes, FIXED);
+    ferry_streamer_free(st);
+    listed[0] = r.blk[2][1]; /* a block's tensor is no fixed one */
+    CHECK_EQ(ferry_streamer_new(r.m, &o, &st), FERRY_E_INVAL);
+    CHECK_STR_HAS(ferry_model_errmsg(r.m), "is in block 2");
+    listed[0] = 1 << 20;
+    CHECK_EQ(ferry_streamer_new(r.m, &o, &st), FERRY_E_INVAL);
+    CHECK_STR_HAS(ferry_model_errmsg(r.m), "out of range");
+    o.fixed = NULL; /* a count without a list */
+    CHECK_EQ(ferry_streamer_new(r.m, &o, &st), FERRY_E_INVAL);
     close_run(&r);
 }
 
