@@ -213,7 +213,11 @@ class Store(_StoreViews, _StoreHooks, _StoreTensors):
         released on the current stream. Outputs are bit-identical to the
         resident module's. reserve: device bytes to leave free beside the
         store's budget (default: measured from PyTorch's peak in the first
-        step, plus 512 MiB).
+        step, plus 512 MiB). Each call of the module's forward is one step
+        (the module's forward attribute wraps its own while attached); a step
+        that runs the device out of memory, in PyTorch's allocations or
+        ferry's, gives back resident blocks and runs again, leaving that
+        memory free from then on (stream_stats' yields, yielded_bytes).
 
         pinned_cache: None (the default) follows the store's stream_copies for
         streamed blocks; True keeps a pinned copy of every clean tensor of the
@@ -270,6 +274,8 @@ class Store(_StoreViews, _StoreHooks, _StoreTensors):
                 if a is not None:  # hooks installed before the failure go too
                     for h in a.hooks:
                         h.remove()
+                    if a.streamer is not None:
+                        a.streamer.close()
                     module.__dict__.pop("_ferry_store_model", None)
                 core.remove(core.models[name])
                 raise
@@ -289,6 +295,20 @@ class Store(_StoreViews, _StoreHooks, _StoreTensors):
             if a is None or a.streamer is None:
                 raise ValueError(f"model \"{name}\" was not added with stream=")
             return a.streamer.stats()
+
+    def run_step(self, name, fn, *args, **kwargs):
+        """fn(*args, **kwargs) as one step of streaming model name, as a call
+        of its module's forward is: for a caller that runs the blocks from
+        another method (a text encoder's encode). A step that runs the device
+        out of memory gives back resident blocks and runs again (see add);
+        inside a step already, fn just runs."""
+        with self._lock:
+            self._model(name)
+            a = self._attached.get(name)
+            if a is None or a.streamer is None:
+                raise ValueError(f"model \"{name}\" was not added with stream=")
+            st = a.streamer
+        return st.run(fn, *args, **kwargs)
 
     def remeasure(self, name=None):
         """PyTorch's working memory is measured again at the next step of each

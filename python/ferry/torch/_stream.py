@@ -17,10 +17,16 @@ here is what only PyTorch knows:
   device memory the engine put it in;
 - PyTorch's own allocations: after the first step (and the first after
   remeasure()) the engine plans again for the device memory PyTorch's
-  allocator left free.
+  allocator left free;
+- yielding: a step that runs the device out of memory (PyTorch's
+  allocation or ferry's own) gives back resident blocks and runs again, with
+  that much more of the device left free from then on.
 """
 import ctypes
+import errno
 import inspect
+import logging
+import re
 import time
 
 import torch
@@ -32,6 +38,31 @@ from ._match import _repoint
 _HOOK_ALWAYS_CALL = "always_call" in inspect.signature(torch.nn.Module.register_forward_hook).parameters
 
 _MARGIN = 512 << 20  # device bytes kept free beside PyTorch's measured peak
+_SLACK = 16          # the store's free device pieces may take it 1/16 past its budget (blocks.c)
+_NO_FORWARD = object()
+
+
+def out_of_memory(e):
+    """Whether exception e says the device ran out of memory: PyTorch's
+    allocator (torch.cuda.OutOfMemoryError), a library's workspace (cuBLAS,
+    cuDNN: a RuntimeError naming the allocation), or ferry's own device
+    memory (-ENOMEM from the driver, or a budget it could not make room in)."""
+    if isinstance(e, torch.cuda.OutOfMemoryError) or isinstance(e, errors.BudgetError):
+        return True
+    if isinstance(e, OSError) and e.errno == errno.ENOMEM:
+        return True
+    if isinstance(e, RuntimeError):
+        text = str(e)
+        return "out of memory" in text or "ALLOC_FAILED" in text or "CUDA_ERROR_OUT_OF_MEMORY" in text
+    return False
+
+
+def _asked(e):
+    """The bytes a PyTorch allocation that failed asked for, or 0."""
+    m = re.search(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)", str(e))
+    if not m:
+        return 0
+    return int(float(m.group(1)) * 1024 ** ("B", "KiB", "MiB", "GiB", "TiB").index(m.group(2)))
 
 
 def _param_bytes(mod):
@@ -139,9 +170,14 @@ class Streamer:
         self._t0 = None
         self.in_step = False
         self.replan_wanted = False
+        self.yielded = 0               # device bytes left free beyond the reserve: steps that ran out gave them back
+        self.yields = 0                # steps run again after the device ran out of memory
+        self._forward = _NO_FORWARD    # the module's own forward attribute, while run() wraps it
         budget, reserve = self._budget()
+        # (the passes bring the module's own tensors outside the blocks, not
+        # the checkpoint's others: a tokenizer, tensors the module lacks)
         self.engine = core.streamer(self.m, [b.leader for b in blocks], prefetch=self.prefetch, budget=budget,
-                                    reserve=reserve, copies=copies)
+                                    reserve=reserve, copies=copies, fixed=self.fixed)
 
     @property
     def ops(self):
@@ -156,16 +192,19 @@ class Streamer:
         the caller's, else 2 GiB until a step has run since the needs were
         last to be measured (the first step, or after remeasure()) and a
         margin after it, when PyTorch's allocator holds what the step needed,
-        so the device's free memory is already net of it)."""
+        so the device's free memory is already net of it), less what steps
+        that ran out of memory gave back, and less the store's free pieces
+        (which may take it 1/16 past the tensors' bytes)."""
         st = self.store._core.stats()
         budget = st["device_budget"]
         if self.store._tdev.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.store._tdev)
             have = st["tier_bytes"]["device"] + st["device_cached"] + free
             reserve = self.user_reserve if self.user_reserve is not None else _MARGIN if self.measured else 2 << 30
+            room = max(have - reserve - self.yielded, 0) * _SLACK // (_SLACK + 1)
             # (never 0: the engine reads a budget of 0 as "the store's")
-            return min(budget, max(have - reserve, 1)), 0
-        return budget, self.user_reserve or 0
+            return min(budget, max(room, 1)), 0
+        return max(budget - self.yielded, 1), self.user_reserve or 0
 
     def _replan(self):
         budget, reserve = self._budget()
@@ -287,6 +326,60 @@ class Streamer:
         self.measured = False
         self.replan_wanted = True
 
+    # ---- steps that yield ----
+
+    def run(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs) as one step (a pass over the blocks): begun
+        here unless a step is running already (a call nested in one). When it
+        runs the device out of memory, the pass ends, the store gives back
+        resident blocks (make_room) and the freed memory stays free from then
+        on, and fn runs again; the error goes to the caller only when the
+        plan is at its minimum and nothing more can be given."""
+        if self.in_step:
+            return fn(*args, **kwargs)
+        while True:
+            try:
+                self.step_begin()
+                out = fn(*args, **kwargs)
+            except BaseException as e:
+                self.release_step()
+                if not out_of_memory(e) or not self._give_back(e):
+                    raise
+                continue
+            self.step_end()
+            return out
+
+    def _give_back(self, e):
+        """After a step ran out of device memory: leave more of the device
+        free (an eighth of the budget, or what PyTorch asked for and a margin
+        when that is more; no more than the plan can lose) and make it free
+        now. False when the plan is at its minimum already."""
+        with self.store._lock:
+            if self.store._core is None or self.engine is None:
+                return False
+            st = self.engine.stats()
+            spare = st["budget"] - st["minimum_bytes"]
+            if spare <= 0:
+                return False
+            asked = _asked(e)
+            step = min(max(st["budget"] // 8, asked + _MARGIN if asked else 0), spare)
+            self.yielded += step
+            self.yields += 1
+        logging.getLogger("ferry").warning(
+            "ferry: model \"%s\" ran the device out of memory in a step (%s); it gives back %d MiB and runs the "
+            "step again", self.name, str(e).splitlines()[0][:200], step >> 20)
+        if self.store._tdev.type == "cuda":
+            torch.cuda.synchronize(self.store._tdev)
+            torch.cuda.empty_cache()
+        try:
+            self.store.make_room(step)
+        except errors.BudgetError:
+            pass  # as much as could go went: the smaller plan does the rest
+        with self.store._lock:
+            if self.engine is not None:
+                self._replan()
+        return True
+
     def drain(self):
         """Land every move queued ahead and drop its hold (before the model is
         offloaded, removed, or its budget changes); a block whose forward
@@ -299,6 +392,8 @@ class Streamer:
         """Free the engine and forget the views and modules (the store is
         detaching the module): no cycle keeps the store's memory alive after
         this."""
+        if self.a is not None:
+            self.uninstall()
         if self.engine is not None:
             self.engine.close()
             self.engine = None
@@ -309,18 +404,29 @@ class Streamer:
         self.a = self.store = None
 
     def install(self):
-        def pre(mod, args):
-            self.step_begin()
-
-        def post(mod, args, out):
-            self.step_end()
-
+        """Each call of the module's forward is a step (run(): begun, ended,
+        run again where it ran the device out of memory); each block's
+        hooks tell the engine it runs."""
         a = self.a
-        a.hooks.append(a.module.register_forward_pre_hook(pre))
-        a.hooks.append(register_post(a.module, post))
+        mod = a.module
+        self._forward = mod.__dict__.get("forward", _NO_FORWARD)
+        inner = mod.forward
+
+        def forward(*args, **kwargs):
+            return self.run(inner, *args, **kwargs)
+
+        mod.forward = forward
         for b in self.blocks:
             a.hooks.append(b.module.register_forward_pre_hook(lambda mod, args, b=b: self.block_begin(b)))
             a.hooks.append(register_post(b.module, lambda mod, args, out, b=b: self.block_end(b)))
+
+    def uninstall(self):
+        """The module's own forward back (the block hooks go with a.hooks)."""
+        if self._forward is _NO_FORWARD:
+            self.a.module.__dict__.pop("forward", None)
+        else:
+            self.a.module.forward = self._forward
+        self._forward = _NO_FORWARD
 
     def stats(self):
         st = self.engine.stats()
@@ -337,6 +443,8 @@ class Streamer:
             "bytes_per_step": list(self.step_htod),
             "streamed_bytes_per_step": (sum(steady) // len(steady)) if steady else 0,
             "seconds_per_step": list(self.step_seconds),
+            "yields": self.yields,
+            "yielded_bytes": self.yielded,
         })
         return out
 
