@@ -361,7 +361,7 @@ def load_clip(paths, embedding_directory=None, clip_type=comfy.sd.CLIPType.STABL
                                                            node))
         info = _merge_info([i for _, _, i in read])
         kept = kv.stats()
-        _hold(clip.patcher, "", info, False, _label(paths, "text encoder"), kept)
+        _hold(clip.patcher, "", info, True, _label(paths, "text encoder"), kept)
         return clip, info, kept
 
     def via_comfyui():

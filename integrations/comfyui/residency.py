@@ -15,10 +15,15 @@ Only the moves are ferry's:
   then on live where the store puts them. Tensors ComfyUI made itself (a
   dtype it cast to, buffers it computed) stay the module's own and move with
   the model.
-- A diffusion model streams block by block through ferry's streaming engine
-  within the VRAM ComfyUI granted: all of it resident when it fits, a
-  resident set plus a window of blocks when it does not. Text encoders come
-  to the device whole and stay pinned there while ComfyUI has them loaded.
+- A diffusion model or a text encoder streams block by block through
+  ferry's streaming engine within the VRAM ComfyUI granted: all of it
+  resident when it fits (nothing moves per step), a resident set plus a
+  window of blocks when it does not. A model without repeated blocks comes
+  to the device whole and stays held there while ComfyUI has it loaded.
+- ComfyUI's grant is an estimate: a step (a diffusion model's forward, a
+  text encoder's encode_token_weights) that runs the device out of memory,
+  in PyTorch's allocations or ferry's, gives back resident blocks and runs
+  again (ferry.torch.Store.run_step), so the prompt goes on.
 - Unloading drops the weights (they are clean: the checkpoint has them);
   nothing is copied back to host memory. Where a keeper (`ferry keep`) is
   running, the store asks it for those weights before reading a checkpoint
@@ -31,11 +36,13 @@ Only the moves are ferry's:
   themselves are never written.
 
 Anything this cannot serve (a patch on a tensor that is not a ComfyUI layer's
-weight or bias, a text encoder larger than the VRAM granted, a store error)
+weight or bias, a model without repeated blocks larger than the VRAM
+granted, a store error)
 sends the model back to ComfyUI's own residency: the module gets its views of
 the file back and ModelPatcher's own code runs from then on, with the reason
 in the log. On the CPU nothing moves, unless FERRY_COMFYUI_DEVICE names a
 simulated device (sim:SIZE, for tests and experiments)."""
+import atexit
 import itertools
 import logging
 import threading
@@ -80,7 +87,7 @@ def _spec(load_device):
         return None
     if dev.type == "cpu":
         return settings.sim_device
-    if dev.type == "cuda" and settings.residency:
+    if dev.type == "cuda":
         return f"cuda:{dev.index if dev.index is not None else torch.cuda.current_device()}"
     return None
 
@@ -103,6 +110,8 @@ def _store(spec):
             ferry = _ferry()
             budget, _ = settings.host_budget(ferry)
             st = ferry.torch.Store(spec, host_budget=budget, stream_copies=settings.stream_copies)
+            if not _stores:
+                atexit.register(close_stores)
             _stores[spec] = st
             _held[spec] = {}
             logging.info("ferry: a store on %s holds the ferry nodes' models (streamed blocks: %s copies)",
@@ -122,6 +131,25 @@ def _use_keeper(st, spec):
         logging.info("ferry: the store on %s asks the keeper at %s for its weights first", spec, where)
     except Exception as e:  # (OSError: nothing running there) the store works without
         logging.info("ferry: no keeper for the store on %s (%s): it reads the checkpoints", spec, e)
+
+
+def close_stores():
+    """Close every store (run at interpreter exit, before PyTorch and the
+    CUDA driver tear down): the device memory, streams and threads of ferry's
+    stores go while the driver is still there, and the modules they held keep
+    placeholders."""
+    with _lock:
+        items = list(_stores.items())
+        _stores.clear()
+        _held.clear()
+        _gone.clear()
+    for spec, st in items:
+        try:
+            if spec.startswith("cuda"):
+                torch.cuda.synchronize(torch.device(spec))
+            st.close()
+        except Exception as e:  # exiting: say so, go on with the next
+            logging.warning("ferry: closing the store on %s: %s", spec, e)
 
 
 def _drop_gone():
@@ -152,12 +180,12 @@ def models_stats():
     out = {}
     for h in helds:
         rec = {"device": h.spec, "bytes": h.bytes, "granted": h.allowance, "streamed": bool(h.stream)}
-        if h.stream and h.store is not None:
+        if h.stream and h.store is not None and h.name in h.store:
             try:
                 st = h.store.stream_stats(h.name)
                 rec.update({k: st.get(k) for k in ("resident_bytes", "window_bytes", "steps",
                                                     "streamed_bytes_per_step", "resident_blocks",
-                                                    "streamed_blocks")})
+                                                    "streamed_blocks", "budget", "yields", "yielded_bytes")})
             except Exception:
                 pass
         out[h.name or h.label] = rec
@@ -188,7 +216,9 @@ class _Held:
         self.spec = None
         self.store = None
         self.allowance = 0        # device bytes ComfyUI granted
-        self.hold = None          # store.use() context while loaded (text encoders)
+        self.hold = None          # store.use() context while loaded (a model held whole)
+        self.wrapped = False      # encode_token_weights runs as the store's step (streamed text encoders)
+        self.own_encode = None
         self.patched = []         # modules whose weight/bias functions carry patches
         self.bytes = sum(d.numel() * d.element_size() for _, d in {id(t): (t, d) for t, d in views.values()}.values())
         self.patchers = weakref.WeakSet()  # its patcher and their clones: while one lives, so does it
@@ -241,6 +271,13 @@ class _Held:
             self.stream = False  # no repeated blocks: held whole instead
             store.add(name, self.files, module=self.module, strict=False, keys=self.keys)
         self.store, self.name, self.spec = store, name, spec
+        if self.stream and callable(getattr(self.module, "encode_token_weights", None)):
+            # a text encoder: ComfyUI runs its blocks from encode_token_weights,
+            # not from forward, so each call of it is the step
+            inner = self.module.encode_token_weights
+            self.own_encode = self.module.__dict__.get("encode_token_weights")
+            self.module.encode_token_weights = lambda *a, **k: store.run_step(name, inner, *a, **k)
+            self.wrapped = True
         # the bytes the store counts for the model's own tensors
         states = store.tensor_states(name)
         self.bytes = sum(states[f].nbytes for f in set(self.keys.values()))
@@ -253,6 +290,12 @@ class _Held:
         if self.store is None:
             return
         self.release()
+        if self.wrapped:
+            self.wrapped = False
+            if self.own_encode is None:
+                self.module.__dict__.pop("encode_token_weights", None)
+            else:
+                self.module.encode_token_weights = self.own_encode
         try:
             self.store.remove(self.name)
         finally:
@@ -453,11 +496,11 @@ class FerryModelPatcher(comfy.model_patcher.ModelPatcher):
         total = self.model_size()
         want = total if full_load or lowvram_model_memory <= 0 or lowvram_model_memory >= 1e31 else \
             int(lowvram_model_memory)
-        if not held.stream and want < held.bytes:
-            raise Unsupported(f"it is not streamed and needs {memstats.fmt_bytes(held.bytes)} on the device, "
-                              f"{memstats.fmt_bytes(want)} were granted")
         held.allowance = min(want, held.bytes)
         held.attach(device_to)
+        if not held.stream and want < held.bytes:
+            raise Unsupported(f"it has no repeated blocks to stream and needs {memstats.fmt_bytes(held.bytes)} "
+                              f"on the device, {memstats.fmt_bytes(want)} were granted")
         held.allowance = min(want, held.bytes)  # (now the store's count)
         held.set_budget()
         if held.stream:

@@ -23,12 +23,11 @@ USS_ENV = "FERRY_COMFYUI_USS"
 process's page tables: 10-30 ms per resident GiB, twice a prompt)."""
 
 RESIDENCY_ENV = "FERRY_COMFYUI_RESIDENCY"
-"""1: ferry's store holds the models the ferry nodes load on a GPU (see
-residency.py); 0: never, not on FERRY_COMFYUI_DEVICE either. Unset: only on
-FERRY_COMFYUI_DEVICE, and on a GPU ComfyUI moves them (over ferry's views of
-the file): on a GPU it is opt-in until a whole run of the seed workflow passes
-there (on an H100 its second prompt ran out of device memory; the guard
-against that, Store.remeasure at each load, is tested on the CPU only)."""
+"""0: ComfyUI moves the weights of the models the ferry nodes load (over
+ferry's views of the file) instead of ferry's store (residency.py), on a GPU
+and on FERRY_COMFYUI_DEVICE alike. Unset or 1: ferry's store holds them on
+a GPU, and on the CPU only where FERRY_COMFYUI_DEVICE names a simulated
+device."""
 
 DEVICE_ENV = "FERRY_COMFYUI_DEVICE"
 """A ferry device for ComfyUI's CPU device (sim:SIZE, e.g. sim:64MiB): the
