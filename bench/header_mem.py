@@ -8,9 +8,10 @@ safetensors file whose header is nothing but zero-size tensors costs.
 Writes OUT.safetensors with N (default 1,500,000) tensors of shape [0] (about
 60 bytes of header each: 1.5 M make a ~90 MB header, inside safetensors'
 100 MB cap, and no data section), then runs, each in a fresh process under
-/usr/bin/time -v: `FERRY inspect OUT` (tensor list to /dev/null), and the
-reference package's `safetensors.safe_open(OUT, "numpy").keys()` when Python
-has it. Prints wall time and peak RSS of each."""
+/usr/bin/time -v: `FERRY inspect OUT` and `FERRY inspect --json OUT` (their
+output to /dev/null), and the reference package's
+`safetensors.safe_open(OUT, "numpy").keys()` when Python has it. Prints wall
+time and peak RSS of each."""
 import os
 import re
 import subprocess
@@ -45,7 +46,7 @@ def main():
     n = int(sys.argv[3]) if len(sys.argv) > 3 else 1_500_000
     hlen = write(out, n)
     print(f"{out}: {n} zero-size tensors, header {hlen} bytes ({hlen / 1e6:.1f} MB)")
-    runs = [("ferry inspect", [ferry, "inspect", out])]
+    runs = [("ferry inspect", [ferry, "inspect", out]), ("ferry inspect --json", [ferry, "inspect", "--json", out])]
     try:
         import safetensors  # noqa: F401
 

@@ -69,8 +69,11 @@ typedef struct ferry_keep_opts {
 
 /* Run the keeper in this thread until stopped (stop_fd, a signal): logs to
  * stderr. The socket's directory must be private (0700, ours) and is made so
- * where it is missing; a live keeper on the socket is refused, a dead one's
- * socket replaced. On return the socket is unlinked and every entry freed.
+ * where it is missing; a socket path longer than a socket address holds (107
+ * bytes) is bound through a descriptor of that directory, as
+ * /proc/self/fd/N/NAME (-ENAMETOOLONG when even that does not fit); a live
+ * keeper on the socket is refused, a dead one's socket replaced. On return
+ * the socket is unlinked and every entry freed.
  * 0 after a clean stop, or -errno with the reason in err[0..n-1]. */
 FERRY_API int ferry_keep_serve(const ferry_keep_opts *opts, char *err, size_t n);
 
@@ -78,10 +81,11 @@ FERRY_API int ferry_keep_serve(const ferry_keep_opts *opts, char *err, size_t n)
 
 typedef struct ferry_keep ferry_keep;
 
-/* Connect to the keeper at socket (NULL: the default) and say HELLO (a
- * listener running as another uid is refused: -EPERM); every
- * later call waits at most timeout_ms (0: 5000) for an answer. 0, or -errno
- * with a message naming the socket in err[0..n-1]. */
+/* Connect to the keeper at socket (NULL: the default; a path longer than a
+ * socket address holds, 107 bytes, is reached through its directory as the
+ * keeper binds it) and say HELLO (a listener running as another uid is
+ * refused: -EPERM); every later call waits at most timeout_ms (0: 5000) for
+ * an answer. 0, or -errno with a message naming the socket in err[0..n-1]. */
 FERRY_API int ferry_keep_connect(const char *socket, int timeout_ms, ferry_keep **out, char *err, size_t n);
 FERRY_API void ferry_keep_close(ferry_keep *k);
 /* The last failed call's message (names the socket and the problem). */

@@ -5,11 +5,13 @@
  * never a hang or a signal (MSG_NOSIGNAL). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -20,8 +22,8 @@
 struct ferry_keep {
     int fd;
     int timeout_ms;
-    char sock[FK_SUN_MAX + 1];
-    char msg[FKP_MAX_ERRMSG + FK_SUN_MAX + 128];
+    char sock[FK_SOCK_PATH_MAX + 1];
+    char msg[FKP_MAX_ERRMSG + FK_SOCK_PATH_MAX + 128];
     uint8_t buf[FKP_HDR + FKP_MAX_BODY];
     fkp_msg m; /* the last reply */
 };
@@ -159,33 +161,41 @@ int ferry_keep_connect(const char *socket_path, int timeout_ms, ferry_keep **out
         }
         socket_path = def;
     }
-    if (strlen(socket_path) > FK_SUN_MAX) {
-        snprintf(err, n, "ferry keep: %s: a socket path is at most %d bytes", socket_path, FK_SUN_MAX);
-        return -ENAMETOOLONG;
+    struct sockaddr_un a;
+    int dirfd = -1;
+    char why[FK_SOCK_PATH_MAX + 256];
+    int rc = fk_sock_addr(socket_path, &a, &dirfd, why, sizeof why);
+    if (rc < 0) {
+        snprintf(err, n, "ferry keep: %s", why);
+        return rc;
     }
     ferry_keep *k = calloc(1, sizeof *k);
     if (!k) {
+        if (dirfd >= 0) close(dirfd);
         snprintf(err, n, "ferry keep: out of memory");
         return -ENOMEM;
     }
     k->timeout_ms = timeout_ms > 0 ? timeout_ms : 5000;
     snprintf(k->sock, sizeof k->sock, "%s", socket_path);
     k->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int rc = 0;
     if (k->fd < 0) rc = fail(k, -errno, "socket: %s", strerror(errno));
     if (rc == 0) {
         struct timeval tv = {k->timeout_ms / 1000, (k->timeout_ms % 1000) * 1000};
         setsockopt(k->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
         setsockopt(k->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        struct sockaddr_un a = {.sun_family = AF_UNIX};
-        snprintf(a.sun_path, sizeof a.sun_path, "%s", socket_path);
         if (connect(k->fd, (struct sockaddr *)&a, sizeof a) != 0) {
             int e = errno;
-            if (e == ENOENT || e == ECONNREFUSED)
+            struct stat st;
+            if (e == ENOENT && dirfd >= 0 &&
+                fstatat(dirfd, strrchr(a.sun_path, '/') + 1, &st, AT_SYMLINK_NOFOLLOW) == 0)
+                rc = fail(k, -e, "cannot connect through its directory (%s): %s (is /proc mounted?)",
+                          a.sun_path, strerror(e));
+            else if (e == ENOENT || e == ECONNREFUSED)
                 rc = fail(k, -e, "no keeper is running there (%s); start one with `ferry keep`", strerror(e));
             else rc = fail(k, -e, "cannot connect: %s", strerror(e));
         }
     }
+    if (dirfd >= 0) close(dirfd);
     if (rc == 0) {
         /* the keeper must be this user's own, as the keeper checks its clients:
          * another user's process on a path we would trust gets no requests */

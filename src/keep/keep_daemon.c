@@ -73,7 +73,7 @@ typedef struct conn {
 typedef struct keeper {
     const fk_backend *be;
     char device[FKP_MAX_DEVICE + 1];
-    char sock[FK_SUN_MAX + 1];
+    char sock[FK_SOCK_PATH_MAX + 1];
     uint64_t budget, used, pending_bytes;
     uint32_t nentries, npending;
     uint64_t next_id;
@@ -644,19 +644,21 @@ static void on_signal(int sig)
 /* A keeper already answering at path? */
 static bool live_keeper(const char *path)
 {
+    struct sockaddr_un a;
+    int dirfd;
+    char err[FK_SOCK_PATH_MAX + 256];
+    if (fk_sock_addr(path, &a, &dirfd, err, sizeof err) < 0) return false;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return false;
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
-    bool live = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
-    close(fd);
+    bool live = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    if (fd >= 0) close(fd);
+    if (dirfd >= 0) close(dirfd);
     return live;
 }
 
 int ferry_keep_serve(const ferry_keep_opts *opts, char *err, size_t n)
 {
     keeper *k = calloc(1, sizeof *k);
-    int rc = 0, lfd = -1, pipefd[2] = {-1, -1};
+    int rc = 0, lfd = -1, dirfd = -1, pipefd[2] = {-1, -1};
     bool bound = false, handlers = false;
     struct sigaction old_term, old_int;
     struct pollfd *pfd = NULL;
@@ -698,10 +700,14 @@ int ferry_keep_serve(const ferry_keep_opts *opts, char *err, size_t n)
             FAIL(-ENAMETOOLONG, "the default socket path is too long: give one (--socket PATH)");
         sock = defsock;
     }
-    if (strlen(sock) > FK_SUN_MAX)
-        FAIL(-ENAMETOOLONG, "%s: a socket path is at most %d bytes", sock, FK_SUN_MAX);
+    if (strlen(sock) > FK_SOCK_PATH_MAX)
+        FAIL(-ENAMETOOLONG, "%.200s...: a socket path is at most %d bytes", sock, FK_SOCK_PATH_MAX);
     snprintf(k->sock, sizeof k->sock, "%s", sock);
     rc = fk_private_dir(sock, true, k->uid, err, n);
+    if (rc < 0) goto out;
+    /* (the address is checked before a dead keeper's socket is replaced) */
+    struct sockaddr_un a;
+    rc = fk_sock_addr(sock, &a, &dirfd, err, n);
     if (rc < 0) goto out;
     struct stat st;
     if (lstat(sock, &st) == 0) {
@@ -711,14 +717,17 @@ int ferry_keep_serve(const ferry_keep_opts *opts, char *err, size_t n)
     }
     lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (lfd < 0) FAIL(-errno, "socket: %s", strerror(errno));
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    snprintf(a.sun_path, sizeof a.sun_path, "%s", sock);
     mode_t um = umask(0177); /* the socket itself 0600 */
     int b = bind(lfd, (struct sockaddr *)&a, sizeof a);
     int be = errno;
     umask(um);
+    if (b != 0 && dirfd >= 0)
+        FAIL(-be, "%s: bind through its directory (%s): %s%s", sock, a.sun_path, strerror(be),
+             be == ENOENT ? " (is /proc mounted?)" : "");
     if (b != 0) FAIL(-be, "%s: bind: %s", sock, strerror(be));
     bound = true;
+    if (dirfd >= 0) close(dirfd);
+    dirfd = -1;
     if (listen(lfd, 64) != 0) FAIL(-errno, "%s: listen: %s", sock, strerror(errno));
     if (pipe2(pipefd, O_CLOEXEC | O_NONBLOCK) != 0) FAIL(-errno, "pipe: %s", strerror(errno));
     k->out = malloc(FKP_HDR + FKP_MAX_BODY);
@@ -783,6 +792,7 @@ out:
     }
     if (bound) unlink(k->sock);
     if (lfd >= 0) close(lfd);
+    if (dirfd >= 0) close(dirfd);
     if (pipefd[0] >= 0) close(pipefd[0]);
     if (pipefd[1] >= 0) close(pipefd[1]);
     free(pfd);

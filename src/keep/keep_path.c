@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "ferry_experimental.h"
@@ -75,6 +77,59 @@ int fk_private_dir(const char *socket_path, bool create, uid_t self, char *err, 
                  (unsigned)(st.st_mode & 07777), dir);
         return -EPERM;
     }
+    return 0;
+}
+
+int fk_sock_addr(const char *path, struct sockaddr_un *a, int *dirfd, char *err, size_t n)
+{
+    memset(a, 0, sizeof *a);
+    a->sun_family = AF_UNIX;
+    *dirfd = -1;
+    size_t len = strlen(path);
+    if (len == 0) {
+        snprintf(err, n, "an empty socket path");
+        return -EINVAL;
+    }
+    if (len > FK_SOCK_PATH_MAX) {
+        snprintf(err, n, "%.200s...: a socket path is at most %d bytes", path, FK_SOCK_PATH_MAX);
+        return -ENAMETOOLONG;
+    }
+    if (len <= FK_SUN_MAX) {
+        memcpy(a->sun_path, path, len + 1);
+        return 0;
+    }
+    /* too long for sun_path: through a descriptor of its directory, named by
+     * the /proc/self/fd link (bind and connect resolve it as a path; fchdir
+     * would move every thread's working directory) */
+    const char *slash = strrchr(path, '/');
+    const char *name = slash ? slash + 1 : path;
+    if (!*name) {
+        snprintf(err, n, "%s: names a directory, not a socket", path);
+        return -EINVAL;
+    }
+    char dir[FK_SOCK_PATH_MAX + 1];
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    int fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        snprintf(err, n, "socket directory %s: %s", dir, strerror(e));
+        return -e;
+    }
+    int w = snprintf(a->sun_path, sizeof a->sun_path, "/proc/self/fd/%d/%s", fd, name);
+    if (w < 0 || w > FK_SUN_MAX) {
+        int room = FK_SUN_MAX - snprintf(NULL, 0, "/proc/self/fd/%d/", fd);
+        snprintf(
+            err, n,
+            "%s: too long for a Unix socket address (at most %d bytes); reached through its "
+            "directory as /proc/self/fd/%d/NAME, its name may have %d bytes, not %zu: use a shorter name",
+            path, FK_SUN_MAX, fd, room, strlen(name));
+        close(fd);
+        memset(a->sun_path, 0, sizeof a->sun_path);
+        return -ENAMETOOLONG;
+    }
+    *dirfd = fd;
     return 0;
 }
 

@@ -5,7 +5,9 @@ component subfolders) or a folder of one checkpoint opens as its components,
 in text and in --json; which file a component's checkpoint is (the plain one
 over its variants, a variant when alone, an index over its shards); folders
 with nothing to read, or too much to choose from, are usage errors (exit 2)
-naming the folder.
+naming the folder. `ferry load DIR` takes every folder the same way: it loads
+exactly the checkpoints inspect lists, in its order, and refuses the same
+folders with the same message and exit status.
 
     run_inspect_folder.py FERRY
 """
@@ -39,6 +41,10 @@ def ferry(*args):
     return subprocess.run([sys.argv[1], "inspect", *args], capture_output=True, text=True)
 
 
+def load(*args):
+    return subprocess.run([sys.argv[1], "load", "--device", "sim:64MiB", *args], capture_output=True, text=True)
+
+
 def usage_error(folder, *words):
     r = ferry(folder)
     check(r.returncode == 2, f"inspect {folder}: exit {r.returncode}, expected 2 (stderr {r.stderr!r})")
@@ -48,6 +54,33 @@ def usage_error(folder, *words):
           f"inspect {folder}: stderr is not one 'ferry inspect: ' line: {err!r}")
     for w in (folder,) + words:
         check(w in err, f"inspect {folder}: message lacks {w!r}: {err!r}")
+    same_refusal(folder, r)
+
+
+def same_refusal(folder, r):
+    """load refuses folder as inspect did (r): the same exit status and message, nothing loaded."""
+    lr = load(folder)
+    check(lr.returncode == r.returncode and lr.stdout == "",
+          f"load {folder}: exit {lr.returncode}, inspect's {r.returncode}; stdout {lr.stdout[:200]!r}")
+    def words(e, cmd):  # the message less the command's name
+        return e.replace(f"ferry {cmd}: ", "ferry: ").replace(f"'ferry {cmd} --help'", "HELP")
+    check(words(lr.stderr, "load") == words(r.stderr, "inspect"),
+          f"load {folder}: message {lr.stderr!r} is not inspect's {r.stderr!r}")
+
+
+def loads_as_inspect_lists(folder, *inspect_args):
+    """load --json folder loads the checkpoints inspect --json lists, in its order, each named by its component."""
+    r = ferry("--json", *inspect_args, folder)
+    lr = load("--json", "--verify", folder)
+    if not check(r.returncode == 0 and lr.returncode == 0,
+                 f"load {folder}: exit {lr.returncode} (inspect {r.returncode}): {lr.stderr or r.stderr}"):
+        return
+    want = [(c["name"], c["path"], c["tensor_count"]) for c in json.loads(r.stdout)["components"] if c["path"]]
+    got = json.loads(lr.stdout)
+    files = [(f.get("component"), f["path"], f["tensors"]) for f in got["files"]]
+    check(files == want, f"load {folder} loaded {files}, inspect lists {want}")
+    check(all(f.get("folder") == folder for f in got["files"]) and got["verified"] and got["ok"],
+          f"load {folder}: {got}")
 
 
 def make_pipeline(d):
@@ -148,6 +181,14 @@ def main():
     os.makedirs(d)
     make_pipeline(d)
     check_pipeline(d)
+    loads_as_inspect_lists(d)
+    # a folder beside a file: each loaded in the order given
+    one = f"{d}/vae/diffusion_pytorch_model.fp16.safetensors"
+    lr = load("--json", one, d)
+    got = json.loads(lr.stdout)["files"] if lr.returncode == 0 else []
+    first = [(f["path"], f.get("component")) for f in got][:2]
+    check(first == [(one, None), (f"{d}/text_encoder/model.safetensors.index.json", "text_encoder")] and
+          len(got) == 4 and "folder" not in got[0], f"load FILE DIR: exit {lr.returncode}, {got} {lr.stderr}")
 
     # a transformers folder: its one checkpoint beside config files, as component "."
     m = os.path.join(base, "bert")
@@ -168,6 +209,8 @@ def main():
     j = json.loads(r.stdout) if r.returncode == 0 else {}
     check(r.returncode == 0 and j["components"][0]["path"] == f"{g}/tiny-q8.gguf" and
           j["components"][0]["format"] == "gguf", f"GGUF folder: exit {r.returncode}, {j} {r.stderr}")
+    loads_as_inspect_lists(m)
+    loads_as_inspect_lists(g + "/")
 
     # nothing to read, or more than one thing: usage errors naming the folder
     empty = os.path.join(base, "empty")
@@ -190,11 +233,13 @@ def main():
     r = ferry(bad)
     check(r.returncode == 1 and f"{bad}/model_index.json" in r.stderr,
           f"bad model_index.json: {r.returncode} {r.stderr!r}")
+    same_refusal(bad, r)
     with open(f"{d}/vae/diffusion_pytorch_model.fp16.safetensors", "wb") as f:
         f.write(b"\x08" + bytes(7) + b"{}")
     r = ferry("--json", d)
     check(r.returncode == 1 and r.stdout == "" and "vae/diffusion_pytorch_model.fp16.safetensors" in r.stderr,
           f"corrupt component: exit {r.returncode}, stdout {r.stdout[:100]!r}, stderr {r.stderr!r}")
+    same_refusal(d, r)  # (every checkpoint opens before the first load)
 
     shutil.rmtree(base, ignore_errors=True)
     for p in problems:

@@ -85,7 +85,7 @@ class Keeper:
 
 @pytest.fixture
 def where():
-    d = tempfile.mkdtemp(prefix="fk-", dir="/tmp")  # (a socket path is at most 107 bytes)
+    d = tempfile.mkdtemp(prefix="fk-", dir="/tmp")
     os.chmod(d, 0o700)
     yield d
     shutil.rmtree(d, ignore_errors=True)

@@ -459,6 +459,17 @@ static int get_check(ferry_keep *k, const ferry_keep_id *id, uint64_t nbytes, in
     return ok;
 }
 
+/* sock's address for a raw bind or connect, as the keeper and its client
+ * make it (through its directory when the path is longer than sun_path
+ * holds: *dirfd, closed by the caller after). */
+static bool raw_addr(struct sockaddr_un *a, int *dirfd)
+{
+    char err[1400];
+    int rc = fk_sock_addr(sock, a, dirfd, err, sizeof err);
+    if (rc < 0) fprintf(stderr, "%s\n", err);
+    return rc == 0;
+}
+
 static void setup_case(const char *name)
 {
     CHECK_EQ(check_tmpdir(dir, sizeof dir, name), 0);
@@ -923,12 +934,12 @@ static void test_kill_keeper(void)
         CHECK_EQ(kc_stop(kp), 0);
     }
     /* a socket whose listener never answers: a timeout, not a hang */
-    int l = socket(AF_UNIX, SOCK_STREAM, 0);
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    CHECK(strlen(sock) < sizeof a.sun_path);
-    memcpy(a.sun_path, sock, strlen(sock) + 1);
+    int l = socket(AF_UNIX, SOCK_STREAM, 0), ldir = -1;
+    struct sockaddr_un a;
+    CHECK(raw_addr(&a, &ldir));
     CHECK_EQ(bind(l, (struct sockaddr *)&a, sizeof a), 0);
     CHECK_EQ(listen(l, 4), 0);
+    if (ldir >= 0) close(ldir);
     t0 = kc_now();
     CHECK_EQ(ferry_keep_connect(sock, 300, &k, err, sizeof err), -ETIMEDOUT);
     CHECK(kc_now() - t0 < 2);
@@ -1077,11 +1088,11 @@ static void test_bad_client(void)
     CHECK(kp > 0);
     if (kp <= 0) return;
     for (int variant = 0; variant < 3; variant++) {
-        int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        struct sockaddr_un a = {.sun_family = AF_UNIX};
-        CHECK(strlen(sock) < sizeof a.sun_path);
-        memcpy(a.sun_path, sock, strlen(sock) + 1);
+        int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), sdir = -1;
+        struct sockaddr_un a;
+        CHECK(raw_addr(&a, &sdir));
         CHECK_EQ(connect(s, (struct sockaddr *)&a, sizeof a), 0);
+        if (sdir >= 0) close(sdir);
         struct timeval tv = {2, 0};
         setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
         if (variant == 0) put_hdr(FKP_MAGIC ^ 0xff, FKP_VERSION, FKP_HELLO, 4, 0);
@@ -1122,6 +1133,61 @@ static void test_bad_client(void)
     CHECK(log_has("malformed message"));
     CHECK(log_has("bad message header"));
     CHECK_EQ(kc_stop(kp), 0);
+    check_rmtree(dir);
+}
+
+/* A socket path longer than sun_path holds: the keeper binds it and clients
+ * connect through a descriptor of its directory, the working directory left
+ * alone and no descriptor left open; a name too long even that way is
+ * refused by both, naming the path and the limit. */
+static void test_long_socket(void)
+{
+    setup_case("keeplong");
+    char cwd0[4096], cwd1[4096];
+    CHECK(getcwd(cwd0, sizeof cwd0) != NULL);
+    int w = snprintf(sock, sizeof sock, "%s/%s/k.sock", dir,
+                     "a-folder-whose-name-alone-takes-most-of-what-a-unix-socket-address-holds-"
+                     "so-that-the-whole-path-is-longer");
+    CHECK(w > 108 && (size_t)w < sizeof sock);
+    int fds0 = count_fds();
+    pid_t kp = start_keeper(1 << 20, true);
+    CHECK(kp > 0);
+    if (kp <= 0) return;
+    ferry_keep *k = conn();
+    ferry_keep_id a = ident("a");
+    CHECK_EQ(put_fill(k, &a, 4096, 7), 0);
+    ferry_keep_close(k);
+    pid_t c = fork(); /* another process finds it */
+    if (c == 0) {
+        ferry_keep *k2;
+        char err[1400];
+        if (ferry_keep_connect(sock, 3000, &k2, err, sizeof err) < 0) _exit(10);
+        _exit(get_check(k2, &a, 4096, 7, NULL) == 1 ? 0 : 11);
+    }
+    int st = kc_wait(c, 10);
+    CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    /* a second keeper there sees the live one through the same address */
+    char err[1400];
+    ferry_keep_opts o = {.socket = sock, .device = "sim", .budget = 1 << 20, .stop_fd = -1};
+    CHECK_EQ(ferry_keep_serve(&o, err, sizeof err), -EADDRINUSE);
+    CHECK_STR_HAS(err, "a keeper is already running there");
+    CHECK_EQ(kc_stop(kp), 0); /* (exit 3 had the keeper's descriptors not come back) */
+    CHECK(access(sock, F_OK) != 0 && errno == ENOENT);
+    CHECK_EQ(count_fds(), fds0);
+    CHECK(getcwd(cwd1, sizeof cwd1) != NULL && strcmp(cwd0, cwd1) == 0);
+    /* a name that does not fit even after /proc/self/fd/N/ */
+    char p[900];
+    w = snprintf(p, sizeof p, "%s/%0100d.sock", dir, 0);
+    CHECK((size_t)w < sizeof p);
+    o.socket = p;
+    CHECK_EQ(ferry_keep_serve(&o, err, sizeof err), -ENAMETOOLONG);
+    CHECK_STR_HAS(err, p);
+    CHECK_STR_HAS(err, "at most 107 bytes");
+    CHECK_EQ(ferry_keep_connect(p, 1000, &k, err, sizeof err), -ENAMETOOLONG);
+    CHECK_STR_HAS(err, p);
+    CHECK_STR_HAS(err, "at most 107 bytes");
+    CHECK(access(p, F_OK) != 0);
+    CHECK_EQ(count_fds(), fds0);
     check_rmtree(dir);
 }
 
@@ -1188,6 +1254,7 @@ static void test_file_identity(void)
     CASE(clean_exit, test_clean_exit())                       \
     CASE(many_clients, test_many_clients())                   \
     CASE(bad_client, test_bad_client())                       \
+    CASE(long_socket, test_long_socket())                     \
     CASE(file_identity, test_file_identity())
 CHECK_CASES(CASES)
 

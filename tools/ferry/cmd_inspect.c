@@ -131,23 +131,95 @@ static int real_digits(const json_t *j)
     return m;
 }
 
-/* Print o (and free it). */
-static int emit_json(json_t *o)
+/* ---- --json, written as it goes ----
+ * A checkpoint may list millions of tensors, so the document is never one
+ * tree: only its small parts (a file's head: format, path, metadata, counts,
+ * files; a folder's components) are built as jansson trees, and the tensors
+ * are made and written one at a time, so the peak RSS stays that of the open
+ * file (a 1.5 M-tensor header: bench/RESULTS.md, "On the development
+ * machine"). Each piece is dumped by jansson with the flags a dump of the
+ * whole document takes (indent 2, insertion order, the precision its reals
+ * need) and indented for the depth it sits at: the text is what one dump of
+ * the whole tree gives, byte for byte (ctest inspect_json). */
+
+static size_t jflags; /* this document's dump flags */
+static bool jfailed;  /* a write or an allocation failed */
+
+static int put_bytes(const char *b, size_t n, void *depth)
 {
-    int rc =
-        o ? json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(real_digits(o)))
-          : -1;
-    json_decref(o);
-    if (rc < 0) return cli_fail("writing JSON failed (out of memory?)");
-    fputc('\n', stdout);
-    return EXIT_OK;
+    /* jansson's line breaks are its only '\n' bytes (a string's are escaped):
+     * each is followed by the indentation of the depth the piece sits at */
+    static const char spaces[] = "                                ";
+    int d = depth ? *(const int *)depth : 0;
+    size_t extra = 2 * (size_t)d;
+    while (n) {
+        const char *nl = memchr(b, '\n', n);
+        size_t run = nl ? (size_t)(nl - b) + 1 : n;
+        if (fwrite(b, 1, run, stdout) != run) return -1;
+        for (size_t left = nl ? extra : 0, w; left; left -= w) {
+            w = left < sizeof spaces - 1 ? left : sizeof spaces - 1;
+            if (fwrite(spaces, 1, w, stdout) != w) return -1;
+        }
+        b += run, n -= run;
+    }
+    return 0;
 }
 
-/* What inspect --json says of one checkpoint. */
-static json_t *file_json(ferry_file *f, const char *path)
+static void put_text(const char *s)
 {
-    json_t *o = json_object(), *meta = json_object(), *ts = json_array(), *files = json_array();
-    int64_t n = ferry_file_tensor_count(f);
+    if (put_bytes(s, strlen(s), NULL) < 0) jfailed = true;
+}
+
+/* A line break and the indentation of depth. */
+static void put_indent(int depth)
+{
+    if (put_bytes("\n", 1, &depth) < 0) jfailed = true;
+}
+
+/* v (its reference taken) as JSON text sitting at depth. */
+static void put_value(json_t *v, int depth)
+{
+    if (!v || json_dump_callback(v, put_bytes, &depth, jflags | JSON_ENCODE_ANY) < 0) jfailed = true;
+    json_decref(v);
+}
+
+/* The next member's key (len bytes) of an object at depth: a comma after
+ * the one before, a line of its own. */
+static void put_keyn(const char *key, size_t len, int depth, bool *first)
+{
+    if (!*first) put_text(",");
+    *first = false;
+    put_indent(depth + 1);
+    put_value(json_stringn(key, len), depth + 1);
+    put_text(": ");
+}
+
+static void put_key(const char *key, int depth, bool *first)
+{
+    put_keyn(key, strlen(key), depth, first);
+}
+
+/* The members of object o, an object at depth (its braces are the caller's). */
+static void put_members(json_t *o, int depth, bool *first)
+{
+    const char *k;
+    size_t kl;
+    json_t *v;
+    json_object_keylen_foreach(o, k, kl, v)
+    {
+        put_keyn(k, kl, depth, first);
+        put_value(json_incref(v), depth + 1);
+    }
+}
+
+/* What inspect --json says of one checkpoint, but its tensors (put_tensors). */
+static json_t *file_head(ferry_file *f, const char *path)
+{
+    json_t *o = json_object(), *meta = json_object(), *files = json_array();
+    if (!o || !meta || !files) {
+        json_decref(o), json_decref(meta), json_decref(files);
+        return NULL;
+    }
     json_object_set_new(o, "format", json_string(ferry_format_name(ferry_file_format(f))));
     json_object_set_new(o, "path", json_string(path));
     for (int64_t i = 0; i < ferry_file_metadata_count(f); i++) {
@@ -165,36 +237,78 @@ static json_t *file_json(ferry_file *f, const char *path)
     for (int s = 0; s < ferry_file_shard_count(f); s++)
         json_array_append_new(files, json_string(ferry_file_shard_path(f, s)));
     json_object_set_new(o, "files", files);
-    for (int64_t i = 0; i < n; i++) {
-        ferry_tensor_info ti = {.size = sizeof ti};
-        ferry_file_tensor_info(f, i, &ti);
-        if (!listed(ti.name)) continue;
-        json_t *t = json_object(), *shape = json_array();
-        for (int d = 0; d < ti.ndim; d++) json_array_append_new(shape, json_integer(ti.shape[d]));
-        json_object_set_new(t, "name", json_string(ti.name));
-        json_object_set_new(t, "dtype", json_string(ferry_dtype_name(ti.dtype)));
-        json_object_set_new(t, "shape", shape);
-        json_object_set_new(t, "nbytes", json_integer((json_int_t)ti.nbytes));
-        json_object_set_new(t, "numel", json_integer((json_int_t)numel_of(&ti)));
-        json_object_set_new(t, "offset", json_integer((json_int_t)ti.offset));
-        json_object_set_new(t, "file", json_string(ferry_file_shard_path(f, ti.shard)));
-        if (ti.strides) {
-            json_t *st = json_array();
-            for (int d = 0; d < ti.ndim; d++) json_array_append_new(st, json_integer(ti.strides[d]));
-            json_object_set_new(t, "strides", st);
-        }
-        if (ti.flags) {
-            json_t *fl = json_array();
-            if (ti.flags & FERRY_TENSOR_NONCONTIGUOUS)
-                json_array_append_new(fl, json_string("noncontiguous"));
-            if (ti.flags & FERRY_TENSOR_SHARED_STORAGE)
-                json_array_append_new(fl, json_string("shared_storage"));
-            json_object_set_new(t, "flags", fl);
-        }
-        json_array_append_new(ts, t);
-    }
-    json_object_set_new(o, "tensors", ts);
     return o;
+}
+
+/* Tensor i's object, or NULL when --filter leaves it out. */
+static json_t *tensor_json(ferry_file *f, int64_t i)
+{
+    ferry_tensor_info ti = {.size = sizeof ti};
+    ferry_file_tensor_info(f, i, &ti);
+    if (!listed(ti.name)) return NULL;
+    json_t *t = json_object(), *shape = json_array();
+    for (int d = 0; d < ti.ndim; d++) json_array_append_new(shape, json_integer(ti.shape[d]));
+    json_object_set_new(t, "name", json_string(ti.name));
+    json_object_set_new(t, "dtype", json_string(ferry_dtype_name(ti.dtype)));
+    json_object_set_new(t, "shape", shape);
+    json_object_set_new(t, "nbytes", json_integer((json_int_t)ti.nbytes));
+    json_object_set_new(t, "numel", json_integer((json_int_t)numel_of(&ti)));
+    json_object_set_new(t, "offset", json_integer((json_int_t)ti.offset));
+    json_object_set_new(t, "file", json_string(ferry_file_shard_path(f, ti.shard)));
+    if (ti.strides) {
+        json_t *st = json_array();
+        for (int d = 0; d < ti.ndim; d++) json_array_append_new(st, json_integer(ti.strides[d]));
+        json_object_set_new(t, "strides", st);
+    }
+    if (ti.flags) {
+        json_t *fl = json_array();
+        if (ti.flags & FERRY_TENSOR_NONCONTIGUOUS) json_array_append_new(fl, json_string("noncontiguous"));
+        if (ti.flags & FERRY_TENSOR_SHARED_STORAGE) json_array_append_new(fl, json_string("shared_storage"));
+        json_object_set_new(t, "flags", fl);
+    }
+    if (!t) jfailed = true;
+    return t;
+}
+
+/* The "tensors" array of f, sitting at depth (file order; those listed). */
+static void put_tensors(ferry_file *f, int depth)
+{
+    bool any = false;
+    for (int64_t i = 0; i < ferry_file_tensor_count(f) && !jfailed; i++) {
+        json_t *t = tensor_json(f, i);
+        if (!t) continue;
+        put_text(any ? "," : "[");
+        put_indent(depth + 1);
+        put_value(t, depth + 1);
+        any = true;
+    }
+    if (any) put_indent(depth);
+    put_text(any ? "]" : "[]");
+}
+
+/* The end of a document: a newline, then whether it all went out (a failed
+ * write is run's to report, once). */
+static int json_end(void)
+{
+    put_text("\n");
+    if (jfailed && !ferror(stdout)) return cli_fail("writing JSON failed (out of memory?)");
+    return jfailed ? EXIT_FAIL : EXIT_OK;
+}
+
+/* inspect --json of one checkpoint. */
+static int emit_file_json(ferry_file *f, const char *path)
+{
+    json_t *head = file_head(f, path);
+    jfailed = !head;
+    jflags = JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(head ? real_digits(head) : 0);
+    bool first = true;
+    put_text("{");
+    if (head) put_members(head, 0, &first);
+    put_key("tensors", 0, &first);
+    put_tensors(f, 1);
+    put_text("\n}");
+    json_decref(head);
+    return json_end();
 }
 
 static void print_text(ferry_file *f, const char *path)
@@ -279,22 +393,49 @@ static int inspect_folder(const char *dir, bool json)
     for (int i = 0; i < fo.n && !ex; i++)
         if (fo.c[i].path) ex = cli_open(fo.c[i].path, 1, &ctx[i], &f[i]);
     if (!ex && json) {
-        json_t *o = json_object(), *cs = json_array();
-        json_object_set_new(o, "folder", json_string(dir));
-        for (int i = 0; i < fo.n; i++) {
-            json_t *c = json_object();
-            json_object_set_new(c, "name", json_string(fo.c[i].name));
-            json_object_set_new(c, "path", fo.c[i].path ? json_string(fo.c[i].path) : json_null());
-            if (fo.c[i].note) json_object_set_new(c, "note", json_string(fo.c[i].note));
-            if (f[i]) {
-                json_t *fj = file_json(f[i], fo.c[i].path);
-                json_object_update(c, fj);
-                json_decref(fj);
-            }
-            json_array_append_new(cs, c);
+        /* the components' heads first: the document's reals share one precision */
+        json_t *top = json_object(), **c = calloc((size_t)fo.n, sizeof *c);
+        jfailed = !top || !c;
+        int digits = 0;
+        json_object_set_new(top, "folder", json_string(dir));
+        for (int i = 0; i < fo.n && !jfailed; i++) {
+            c[i] = json_object();
+            json_object_set_new(c[i], "name", json_string(fo.c[i].name));
+            json_object_set_new(c[i], "path", fo.c[i].path ? json_string(fo.c[i].path) : json_null());
+            if (fo.c[i].note) json_object_set_new(c[i], "note", json_string(fo.c[i].note));
+            json_t *head = f[i] ? file_head(f[i], fo.c[i].path) : NULL;
+            if (f[i] && !head) jfailed = true;
+            json_object_update(c[i], head); /* (its "path" keeps its place: the same value) */
+            json_decref(head);
+            int d = real_digits(c[i]);
+            if (d > digits) digits = d;
+            if (!c[i]) jfailed = true;
         }
-        json_object_set_new(o, "components", cs);
-        ex = emit_json(o);
+        jflags = JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(digits);
+        bool first = true;
+        put_text("{");
+        if (top) put_members(top, 0, &first);
+        put_key("components", 0, &first);
+        for (int i = 0; i < fo.n && !jfailed; i++) {
+            put_text(i ? "," : "[");
+            put_indent(2);
+            put_text("{");
+            bool cfirst = true;
+            put_members(c[i], 2, &cfirst);
+            if (f[i]) {
+                put_key("tensors", 2, &cfirst);
+                put_tensors(f[i], 3);
+            }
+            if (!cfirst) put_indent(2);
+            put_text("}");
+        }
+        if (fo.n) put_indent(1);
+        put_text(fo.n ? "]" : "[]");
+        put_text("\n}");
+        for (int i = 0; c && i < fo.n; i++) json_decref(c[i]);
+        free(c);
+        json_decref(top);
+        ex = json_end();
     } else if (!ex) {
         char h[32];
         size_t w = 4;
@@ -359,7 +500,7 @@ static int run(int argc, char **argv)
         ferry_file *f;
         ex = cli_open(path, 1, &ctx, &f);
         if (ex) goto out;
-        if (json) ex = emit_json(file_json(f, path));
+        if (json) ex = emit_file_json(f, path);
         else print_text(f, path);
         ferry_file_close(f);
         ferry_ctx_free(ctx);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "folder.h"
 
 static int run(int argc, char **argv);
 
@@ -19,6 +20,12 @@ const cli_cmd cmd_load = {
     "route taken (and why), for the register route whether the load\n"
     "registered the file or reused a registration, and the process's peak RSS\n"
     "(VmHWM). A progress bar is drawn when stderr is a terminal.\n"
+    "\n"
+    "PATH is a checkpoint (as for ferry inspect) or a model folder, taken as ferry\n"
+    "inspect takes it: a diffusers pipeline's components that hold a checkpoint,\n"
+    "each loaded in turn (by name), or a folder's one checkpoint; `ferry inspect\n"
+    "DIR` shows which file each is and why. A folder with nothing to load, or with\n"
+    "several checkpoints to choose from, is a usage error.\n"
     "\n"
     "options:\n"
     "  --device DEV        cuda:N (default cuda:0); sim:SIZE, e.g. sim:24GiB: a GPU\n"
@@ -114,20 +121,68 @@ static int64_t verify(ferry_ctx *ctx, ferry_file *f, ferry_loaded *l)
     return bad;
 }
 
+/* The checkpoints to load, in order: a PATH as given, or a model folder's
+ * components that hold a checkpoint (folder.h, as ferry inspect lists them). */
+typedef struct load_list {
+    const char **path, **folder, **component; /* folder, component: NULL for a PATH given as such */
+    int n, cap;
+    cli_folder *fo; /* the folders opened (they own those strings) */
+    int nfo;
+} load_list;
+
+static int list_push(load_list *l, const char *path, const char *folder, const char *component)
+{
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 8;
+        const char **p = realloc(l->path, (size_t)cap * sizeof *p);
+        if (p) l->path = p;
+        const char **f = p ? realloc(l->folder, (size_t)cap * sizeof *f) : NULL;
+        if (f) l->folder = f;
+        const char **c = f ? realloc(l->component, (size_t)cap * sizeof *c) : NULL;
+        if (c) l->component = c;
+        if (!c) return cli_fail("out of memory");
+        l->cap = cap;
+    }
+    l->path[l->n] = path, l->folder[l->n] = folder, l->component[l->n] = component;
+    l->n++;
+    return EXIT_OK;
+}
+
+static int list_add(load_list *l, const char *arg)
+{
+    if (!cli_is_dir(arg)) return list_push(l, arg, NULL, NULL);
+    cli_folder *fo = realloc(l->fo, (size_t)(l->nfo + 1) * sizeof *fo);
+    if (!fo) return cli_fail("out of memory");
+    l->fo = fo;
+    int ex = cli_folder_open(&cmd_load, arg, &l->fo[l->nfo]);
+    if (ex) return ex;
+    cli_folder *f = &l->fo[l->nfo++];
+    for (int i = 0; i < f->n && !ex; i++)
+        if (f->c[i].path) ex = list_push(l, f->c[i].path, arg, f->c[i].name);
+    return ex;
+}
+
+static void list_free(load_list *l)
+{
+    for (int i = 0; i < l->nfo; i++) cli_folder_free(&l->fo[i]);
+    free(l->fo), free(l->path), free(l->folder), free(l->component);
+    memset(l, 0, sizeof *l);
+}
+
 static int run(int argc, char **argv)
 {
     const char *dev_spec = "cuda:0";
-    const char **paths = calloc((size_t)argc, sizeof *paths);
-    int npaths = 0;
+    const char **args = calloc((size_t)argc, sizeof *args);
+    int nargs = 0;
     bool json = false, do_verify = false, opts = true;
     uint32_t repeat = 1;
     ferry_load_opts lo = {.size = sizeof lo};
-    if (!paths) return cli_fail("out of memory");
+    if (!args) return cli_fail("out of memory");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (opts && cli_is_help(a)) {
-            free(paths);
+            free(args);
             return cli_help(&cmd_load);
         }
         if (opts && strcmp(a, "--json") == 0) json = true;
@@ -172,33 +227,44 @@ static int run(int argc, char **argv)
                         cli_usage_error(&cmd_load, "--buffer-size takes 4KiB..4GiB, e.g. 16MiB, not '%s'", v);
             }
             if (ex) {
-                free(paths);
+                free(args);
                 return ex;
             }
             i++;
         } else if (opts && a[0] == '-' && a[1]) {
-            free(paths);
+            free(args);
             return cli_usage_error(&cmd_load, "unknown option '%s'", a);
-        } else paths[npaths++] = a;
+        } else args[nargs++] = a;
     }
-    if (!npaths) {
-        free(paths);
+    if (!nargs) {
+        free(args);
         return cli_usage_error(&cmd_load, "missing PATH");
     }
     /* "cpu" is the only spelling of the cpu device (ferry_device_open), and
      * ferry_load refuses it any route but ring and auto: say so before any work */
     if (strcmp(dev_spec, "cpu") == 0 && lo.route != FERRY_ROUTE_AUTO && lo.route != FERRY_ROUTE_RING) {
-        free(paths);
+        free(args);
         return cli_usage_error(
             &cmd_load, "--device cpu reads straight into host memory: use --route ring or auto, not %s",
             ferry_route_name(lo.route));
     }
 
+    /* a folder is its components' checkpoints, picked as inspect picks them */
+    load_list ll = {0};
+    int ex = EXIT_OK;
+    for (int k = 0; k < nargs && !ex; k++) ex = list_add(&ll, args[k]);
+    free(args);
+    if (ex) {
+        list_free(&ll);
+        return ex;
+    }
+    const char **paths = ll.path;
+    int npaths = ll.n;
+
     ferry_ctx *ctx;
     ferry_device *dev = NULL;
-    int ex = EXIT_OK;
     if ((ex = cli_ctx_new(0, &ctx))) {
-        free(paths);
+        list_free(&ll);
         return ex;
     }
     int rc = ferry_device_open(ctx, dev_spec, &dev);
@@ -286,6 +352,10 @@ static int run(int argc, char **argv)
         all_secs += st.seconds;
         json_t *o = json_object();
         json_object_set_new(o, "path", json_string(paths[k]));
+        if (ll.folder[k]) { /* from a model folder: which one, which component */
+            json_object_set_new(o, "folder", json_string(ll.folder[k]));
+            json_object_set_new(o, "component", json_string(ll.component[k]));
+        }
         json_object_set_new(o, "tensors", json_integer(ferry_file_tensor_count(f)));
         json_object_set_new(o, "bytes", json_integer((json_int_t)st.bytes));
         json_object_set_new(o, "seconds", json_real(st.seconds));
@@ -359,6 +429,6 @@ static int run(int argc, char **argv)
 out:
     ferry_device_close(dev);
     ferry_ctx_free(ctx);
-    free(paths);
+    list_free(&ll);
     return ex;
 }
