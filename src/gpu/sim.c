@@ -80,6 +80,7 @@ struct fy_stream {
     sim_gpu *g;
     fy_stream *prev, *next;
     pthread_t thread;
+    pid_t pid;           /* the process whose thread that is (a forked child has none of it) */
     pthread_cond_t work; /* an op was queued, or stop */
     pthread_cond_t idle; /* done advanced */
     sim_op *head, *tail;
@@ -707,6 +708,7 @@ static int sim_stream_new(fy_gpu *gg, fy_stream **out)
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
+    s->pid = getpid();
     rc = pthread_create(&s->thread, NULL, stream_worker, s);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0) goto fail_thread;
@@ -746,6 +748,10 @@ static void sim_stream_free(fy_gpu *gg, fy_stream *s)
     s->stop = true;
     pthread_cond_signal(&s->work);
     pthread_mutex_unlock(&g->lock);
+    if (s->pid != getpid()) { /* a stream of the parent's, in a forked child: its thread is not here */
+        fy_free(gg->mem, s);
+        return;
+    }
     pthread_join(s->thread, NULL);
     pthread_cond_destroy(&s->work);
     pthread_cond_destroy(&s->idle);

@@ -318,6 +318,10 @@ FERRY_API int ferry_streamer_new(ferry_model *m, const ferry_streamer_opts *opts
                        "ferry_streamer_new: bad options (%" PRId64 " blocks, prefetch %" PRId64
                        ", copies %d)",
                        o.nblocks, o.prefetch, o.copies);
+    /* the streams and events its passes' moves and fences use, made now
+     * rather than inside the caller's step, where a full device may refuse
+     * them (best effort: what could not be made is made when first needed) */
+    (void)fy_xfer_warm(s->dev);
     int64_t nt = ferry_model_tensor_count(m);
     ferry_streamer *st = fy_calloc(s->m, 1, sizeof *st);
     size_t nb = (size_t)o.nblocks;

@@ -16,6 +16,14 @@
 
 /* ---- devices ---- */
 
+enum {
+    CACHED_STREAMS = 16, /* a waited move's 4, a load's, the spill writer's 4, with room */
+    CACHED_EVENTS = 256, /* a queued move's end and a fence per block in flight, for a pass */
+    WARM_STREAMS = 8,
+    WARM_EVENTS = 64
+};
+
+
 FERRY_API int ferry_device_open(ferry_ctx *ctx, const char *spec, ferry_device **out)
 {
     if (!ctx || !out) return FERRY_E_INVAL;
@@ -31,9 +39,21 @@ FERRY_API int ferry_device_open(ferry_ctx *ctx, const char *spec, ferry_device *
         fy_free(&ctx->mem, d);
         return rc;
     }
+    d->free_streams = fy_calloc(&ctx->mem, CACHED_STREAMS, sizeof *d->free_streams);
+    d->free_events = fy_calloc(&ctx->mem, CACHED_EVENTS, sizeof *d->free_events);
+    if (!d->free_streams || !d->free_events) {
+        fy_free(&ctx->mem, d->free_streams);
+        fy_free(&ctx->mem, d->free_events);
+        fy_gpu_close(d->g);
+        fy_err_destroy(&d->err);
+        fy_free(&ctx->mem, d);
+        return fy_seterr(&ctx->err, -ENOMEM,
+                         "ferry_device_open: out of memory (the cache of streams and events)");
+    }
     pthread_mutex_init(&d->lock, NULL);
     pthread_mutex_init(&d->ring_lock, NULL);
     d->reg_piece = REG_PIECE;
+    d->pid = getpid();
     xf_pool_init(&d->pool);
     *out = d;
     return 0;
@@ -59,12 +79,98 @@ FERRY_API void ferry_device_close(ferry_device *d)
     for (int i = 0; i < d->nregs; i++) d->g->ops->host_unregister(d->g, d->regs[i].base);
     fy_free(&d->ctx->mem, d->regs);
     xf_ring_free(d);
+    xf_device_forked(d);
     if (d->lane) d->g->ops->stream_free(d->g, d->lane); /* waits for what is still queued on it */
+    for (uint32_t i = 0; i < d->nfree_streams; i++) d->g->ops->stream_free(d->g, d->free_streams[i]);
+    for (uint32_t i = 0; i < d->nfree_events; i++) d->g->ops->event_free(d->g, d->free_events[i]);
+    fy_free(&d->ctx->mem, d->free_streams);
+    fy_free(&d->ctx->mem, d->free_events);
     fy_gpu_close(d->g);
     pthread_mutex_destroy(&d->lock);
     pthread_mutex_destroy(&d->ring_lock);
     fy_err_destroy(&d->err);
     fy_free(&d->ctx->mem, d);
+}
+
+/* ---- the cache of streams and events ---- */
+
+
+void xf_device_forked(ferry_device *d)
+{
+    pid_t now = getpid();
+    if (d->pid == now) return;
+    d->pid = now;
+    d->lane = NULL; /* (the parent's: never freed here) */
+    d->nfree_streams = d->nfree_events = 0;
+}
+
+int xf_stream_take(ferry_device *d, fy_stream **out)
+{
+    pthread_mutex_lock(&d->lock);
+    xf_device_forked(d);
+    fy_stream *s = d->nfree_streams ? d->free_streams[--d->nfree_streams] : NULL;
+    pthread_mutex_unlock(&d->lock);
+    if (s) {
+        *out = s;
+        return 0;
+    }
+    return d->g->ops->stream_new(d->g, out);
+}
+
+void xf_stream_give(ferry_device *d, fy_stream *s)
+{
+    if (!s) return;
+    pthread_mutex_lock(&d->lock);
+    xf_device_forked(d);
+    bool kept = d->nfree_streams < CACHED_STREAMS;
+    if (kept) d->free_streams[d->nfree_streams++] = s;
+    pthread_mutex_unlock(&d->lock);
+    if (!kept) d->g->ops->stream_free(d->g, s);
+}
+
+int xf_event_take(ferry_device *d, fy_event **out)
+{
+    pthread_mutex_lock(&d->lock);
+    xf_device_forked(d);
+    fy_event *e = d->nfree_events ? d->free_events[--d->nfree_events] : NULL;
+    pthread_mutex_unlock(&d->lock);
+    if (e) {
+        *out = e;
+        return 0;
+    }
+    return d->g->ops->event_new(d->g, out);
+}
+
+void xf_event_give(ferry_device *d, fy_event *e)
+{
+    if (!e) return;
+    pthread_mutex_lock(&d->lock);
+    xf_device_forked(d);
+    bool kept = d->nfree_events < CACHED_EVENTS;
+    if (kept) d->free_events[d->nfree_events++] = e;
+    pthread_mutex_unlock(&d->lock);
+    if (!kept) d->g->ops->event_free(d->g, e);
+}
+
+int fy_xfer_warm(ferry_device *d)
+{
+    if (!d) return FERRY_E_INVAL;
+    fy_gpu *g = d->g;
+    int rc = g->ops->bind_thread(g);
+    pthread_mutex_lock(&d->lock);
+    xf_device_forked(d);
+    if (rc == 0 && !d->lane) rc = g->ops->stream_new(g, &d->lane);
+    uint32_t have_s = d->nfree_streams, have_e = d->nfree_events;
+    pthread_mutex_unlock(&d->lock);
+    fy_stream *st[WARM_STREAMS] = {0};
+    fy_event *ev[WARM_EVENTS] = {0};
+    uint32_t ns = have_s < WARM_STREAMS ? WARM_STREAMS - have_s : 0;
+    uint32_t ne = have_e < WARM_EVENTS ? WARM_EVENTS - have_e : 0;
+    for (uint32_t i = 0; i < ns && rc == 0; i++) rc = g->ops->stream_new(g, &st[i]);
+    for (uint32_t i = 0; i < ne && rc == 0; i++) rc = g->ops->event_new(g, &ev[i]);
+    for (uint32_t i = 0; i < ns; i++) xf_stream_give(d, st[i]); /* (made or not: what was made is kept) */
+    for (uint32_t i = 0; i < ne; i++) xf_event_give(d, ev[i]);
+    return rc;
 }
 
 fy_gpu *fy_device_gpu(ferry_device *d)

@@ -110,7 +110,7 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
     if (rc < 0) return fy_seterr(err, rc, "ferry_load: out of memory for the plan of %" PRId64 " tensors", n);
     fy_stream *streams[MAX_STREAMS] = {0};
     rc = d->g->ops->bind_thread(d->g);
-    for (uint32_t s = 0; s < nstreams && rc == 0; s++) rc = d->g->ops->stream_new(d->g, &streams[s]);
+    for (uint32_t s = 0; s < nstreams && rc == 0; s++) rc = xf_stream_take(d, &streams[s]);
     if (rc == 0) {
         st.setup_seconds = fy_now() - t0; /* the ring's case sets it again, with the ring */
         if (d->g->host_visible) {
@@ -138,8 +138,11 @@ int xf_load_items(ferry_device *d, const ferry_file *f, item *it, int64_t n, con
             pthread_mutex_unlock(&d->ring_lock);
         }
     }
-    for (uint32_t s = 0; s < nstreams; s++)
-        if (streams[s]) d->g->ops->stream_free(d->g, streams[s]);
+    for (uint32_t s = 0; s < nstreams; s++) { /* (a load that worked waited for its copies: they are idle) */
+        if (!streams[s]) continue;
+        if (rc < 0) d->g->ops->stream_free(d->g, streams[s]);
+        else xf_stream_give(d, streams[s]);
+    }
     st.bytes = p.bytes;
     st.seconds = fy_now() - t0;
     xf_plan_free(m, &p);
@@ -286,11 +289,12 @@ FERRY_API int ferry_loaded_read(ferry_loaded *l, int64_t i, void *buf)
     if (n == 0) return 0;
     fy_stream *s = NULL;
     int rc = g->ops->bind_thread(g);
-    if (rc == 0) rc = g->ops->stream_new(g, &s);
+    if (rc == 0) rc = xf_stream_take(l->dev, &s);
     if (rc < 0) return rc;
     rc = g->ops->copy_dtoh(g, buf, l->dptr[i], (size_t)n, s);
     int r2 = g->ops->stream_sync(g, s);
-    g->ops->stream_free(g, s);
+    if (r2 < 0) g->ops->stream_free(g, s);
+    else xf_stream_give(l->dev, s);
     return rc < 0 ? rc : r2;
 }
 

@@ -58,15 +58,14 @@ struct fy_xfer_op {
 
 static int op_new(ferry_device *d, bool streams, fy_xfer_op **out)
 {
-    fy_gpu *g = d->g;
     fy_xfer_op *op = fy_calloc(&d->ctx->mem, 1, sizeof *op);
     if (!op)
         return fy_seterr(&d->err, -ENOMEM, "out of memory (a transfer's completion, %zu bytes)", sizeof *op);
     op->d = d;
     int rc = 0;
     for (int k = 0; streams && k < OP_STREAMS && rc == 0; k++) {
-        rc = g->ops->stream_new(g, &op->st[k]);
-        if (rc == 0) rc = g->ops->event_new(g, &op->ev[k]);
+        rc = xf_stream_take(d, &op->st[k]);
+        if (rc == 0) rc = xf_event_take(d, &op->ev[k]);
     }
     if (rc < 0) {
         fy_xfer_op_wait(op);
@@ -79,22 +78,24 @@ static int op_new(ferry_device *d, bool streams, fy_xfer_op **out)
 int fy_xfer_op_wait(fy_xfer_op *op)
 {
     if (!op) return FERRY_E_INVAL;
-    fy_gpu *g = op->d->g;
+    ferry_device *d = op->d;
+    fy_gpu *g = d->g;
     int rc = 0;
     if (op->lane) {
         if (op->ev[0]) {
             rc = g->ops->event_sync(g, op->ev[0]);
-            g->ops->event_free(g, op->ev[0]);
+            xf_event_give(d, op->ev[0]);
         }
-        fy_free(&op->d->ctx->mem, op);
+        fy_free(&d->ctx->mem, op);
         return rc;
     }
     for (int k = 0; k < OP_STREAMS; k++) {
         if (!op->st[k]) continue;
         int r = g->ops->stream_sync(g, op->st[k]);
         if (rc == 0 && r < 0) rc = r;
-        if (op->ev[k]) g->ops->event_free(g, op->ev[k]);
-        g->ops->stream_free(g, op->st[k]);
+        xf_event_give(d, op->ev[k]);
+        if (r < 0) g->ops->stream_free(g, op->st[k]); /* (a stream that failed is not reused) */
+        else xf_stream_give(d, op->st[k]);
     }
     fy_free(&op->d->ctx->mem, op);
     return rc;
@@ -112,10 +113,11 @@ static int op_new_lane(ferry_device *d, fy_xfer_op **out)
     op->lane = true;
     int rc = 0;
     pthread_mutex_lock(&d->lock);
+    xf_device_forked(d);
     if (!d->lane) rc = g->ops->stream_new(g, &d->lane);
     op->st[0] = d->lane;
     pthread_mutex_unlock(&d->lock);
-    if (rc == 0) rc = g->ops->event_new(g, &op->ev[0]);
+    if (rc == 0) rc = xf_event_take(d, &op->ev[0]);
     if (rc < 0) {
         fy_xfer_op_wait(op);
         return rc;
@@ -162,7 +164,7 @@ int fy_xfer_fence_new(ferry_device *d, uint64_t stream, fy_xfer_fence **out)
     if (!f) return fy_seterr(&d->err, -ENOMEM, "out of memory (a stream fence, %zu bytes)", sizeof *f);
     f->d = d;
     int rc = g->ops->bind_thread(g);
-    if (rc == 0) rc = g->ops->event_new(g, &f->ev);
+    if (rc == 0) rc = xf_event_take(d, &f->ev);
     if (rc == 0) rc = g->ops->event_record_raw(g, f->ev, stream);
     if (rc < 0) {
         fy_xfer_fence_free(f);
@@ -185,7 +187,7 @@ int fy_xfer_fence_wait(fy_xfer_fence *f)
 void fy_xfer_fence_free(fy_xfer_fence *f)
 {
     if (!f) return;
-    if (f->ev) f->d->g->ops->event_free(f->d->g, f->ev);
+    xf_event_give(f->d, f->ev);
     fy_free(&f->d->ctx->mem, f);
 }
 
@@ -195,6 +197,7 @@ int fy_xfer_lane_wait(ferry_device *d, fy_xfer_fence *f)
     fy_gpu *g = d->g;
     int rc = g->ops->bind_thread(g);
     pthread_mutex_lock(&d->lock);
+    xf_device_forked(d);
     if (rc == 0 && !d->lane) rc = g->ops->stream_new(g, &d->lane);
     if (rc == 0) rc = g->ops->stream_wait(g, g->ops->stream_raw(g, d->lane), f->ev);
     pthread_mutex_unlock(&d->lock);
@@ -305,7 +308,7 @@ static int device_to_fd(ferry_device *d, int fd, const char *path, const fy_fdra
     FY_TRY(xf_ring_geometry(d, o ? o : &none, false, &nthreads, &nbuf, &bufsz));
     fy_stream *st[4] = {0};
     int rc = g->ops->bind_thread(g);
-    for (int k = 0; k < 4 && rc == 0; k++) rc = g->ops->stream_new(g, &st[k]);
+    for (int k = 0; k < 4 && rc == 0; k++) rc = xf_stream_take(d, &st[k]);
     if (rc < 0) goto out_streams;
     pthread_mutex_lock(&d->ring_lock);
     rc = xf_ring_get(d, nbuf, bufsz);
@@ -363,8 +366,8 @@ out:
 out_streams:
     for (int k = 0; k < 4; k++) {
         if (!st[k]) continue;
-        g->ops->stream_sync(g, st[k]);
-        g->ops->stream_free(g, st[k]);
+        if (g->ops->stream_sync(g, st[k]) < 0) g->ops->stream_free(g, st[k]);
+        else xf_stream_give(d, st[k]);
     }
     return rc;
 }

@@ -22,6 +22,11 @@ ferry_ctx *fy_device_ctx(ferry_device *d);
  * shared with PyTorch). Every thread calls it before its first block or move. */
 int fy_xfer_bind(ferry_device *d);
 
+/* Make now the driver objects that moves and fences take from the device's
+ * cache (the lane, streams, events), so that moves made later, inside a
+ * caller's step, make none: called when a model is attached for streaming. */
+int fy_xfer_warm(ferry_device *d);
+
 /* ---- blocks ---- */
 
 /* Device memory of n bytes (-ENOMEM / FERRY_E_DEVICE with the message set). */

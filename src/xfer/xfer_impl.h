@@ -7,6 +7,7 @@
 #define FERRY_XFER_IMPL_H
 
 #include <pthread.h>
+#include <sys/types.h>
 #include <stdatomic.h>
 
 #include "file/file_impl.h"
@@ -116,7 +117,28 @@ struct ferry_device {
      * all land late); guarded by lock */
     fy_stream *lane;
     xf_pool pool; /* the readers' threads (pool.c) */
+    /* streams and events made once and reused (xf_stream_take / xf_event_take):
+     * a move inside a caller's step then makes no driver object, which the
+     * driver may refuse when the device's memory is full; guarded by lock */
+    fy_stream **free_streams;
+    fy_event **free_events;
+    uint32_t nfree_streams, nfree_events;
+    pid_t pid; /* the process the lane and the cache belong to (a forked child forgets them) */
 };
+
+/* Under d->lock: in a child of fork(), forget the parent's lane and cached
+ * streams and events (a backend's stream may be its parent's thread); the
+ * child makes its own. */
+void xf_device_forked(ferry_device *d);
+
+/* A stream (idle) or an event from the device's cache, made when the cache
+ * is empty; given back with xf_stream_give / xf_event_give once nothing of
+ * the caller's is queued on the stream (the event may still be pending: a
+ * later record replaces it). A full cache frees what it is given. */
+int xf_stream_take(ferry_device *d, fy_stream **out);
+void xf_stream_give(ferry_device *d, fy_stream *s);
+int xf_event_take(ferry_device *d, fy_event **out);
+void xf_event_give(ferry_device *d, fy_event *e);
 
 struct ferry_loaded {
     ferry_device *dev;
