@@ -196,6 +196,20 @@ memstats.tracker.stores = stores_stats
 memstats.tracker.models = models_stats
 
 
+def _yieldable(spec):
+    """Device bytes the streamed models of the store on spec hold beyond
+    their plans' minimums: what a step that runs short gets from them."""
+    with _lock:
+        helds = [h for h in _held.get(spec, {}).values() if h.stream and h.store is not None]
+    n = 0
+    for h in helds:
+        if h.name not in h.store:
+            continue
+        st = h.store.stream_stats(h.name)
+        n += max(min(st["budget"], st["resident_bytes"] + st["window_bytes"]) - st["minimum_bytes"], 0)
+    return n
+
+
 def _granted(spec):
     """What ComfyUI granted the models of the store on spec, together."""
     with _lock:
@@ -615,3 +629,15 @@ class FerryModelPatcher(comfy.model_patcher.ModelPatcher):
 
     def pinned_memory_size(self):
         return 0
+
+    def get_free_memory(self, device):
+        """What the sampler may count on for a step's activations (it sizes
+        its batches from this: cond and uncond together when they fit): the
+        device's free memory, as ComfyUI counts it, and what ferry's streamed
+        models there give back when a step needs it (each one's plan down to
+        its minimum). Batching as stock does keeps the outputs stock's."""
+        free = super().get_free_memory(device)
+        try:
+            return free + _yieldable(_spec(device))
+        except Exception:
+            return free
