@@ -6,7 +6,7 @@
  * lock per store, never held over I/O: moves to the device transfer with it
  * dropped (fetch.c), evictions copy and spill with it dropped (evict.c),
  * reads and writes of a tensor's bytes too (tensor.c), the pool pins with it
- * dropped (pool.c) and the host's available memory is read without it. */
+ * dropped (pinpool.c) and the host's available memory is read without it. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>

@@ -127,7 +127,7 @@ struct ferry_store {
     /* device memory: segments from the driver, carved into tensors and kept
      * when they leave, for reuse (no driver call, and memory the copy engine
      * has written before: bench_alloc) until ferry_store_make_room gives the
-     * free ones back (arena.h, blocks.c); arena.used is the device tensors'
+     * free ones back (arena.h, arena.c); arena.used is the device tensors'
      * bytes, arena.budget follows o.device_budget */
     rs_arena arena;
     uint64_t cache_used; /* of pinned_used: clean copies of streamed blocks */
@@ -348,7 +348,7 @@ int64_t rs_make_room_ex(ferry_store *s, uint64_t bytes, ferry_model *pm, const b
 /* Evict down to the device budget (after it shrank): 0 or FERRY_E_BUDGET. */
 int rs_fit_budget(ferry_store *s);
 
-/* ---- stream.c: plans ---- */
+/* ---- plan.c: plans ---- */
 /* Re-plan every model planned against the store's budget (after it changed). */
 void rs_replan(ferry_store *s);
 /* Free the plan of m (on removal). */
