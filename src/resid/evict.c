@@ -17,7 +17,7 @@
  * first, so that the spill file is as it was before them. */
 static void spill_unreserve(ferry_store *s, const fy_fdrange *fr, int64_t n)
 {
-    for (int64_t k = n; k-- > 0;) fy_spill_unreserve(s->spill, fr[k].off, fr[k].len);
+    for (int64_t k = n; k-- > 0;) rs_spill_unreserve(s->spill, fr[k].off, fr[k].len);
 }
 
 /* Reserve the spill ranges of fr[0..n-1] (their offsets filled in), all or
@@ -35,16 +35,16 @@ static int spill_reserve(ferry_store *s, fy_fdrange *fr, int64_t n)
     int rc = 0;
     for (int64_t k = 0; k < n && rc == 0; k++) {
         uint64_t r;
-        if (fy_add_ovf(fr[k].len, FY_SPILL_ALIGN - 1, &r) ||
-            fy_add_ovf(total, r & ~(uint64_t)(FY_SPILL_ALIGN - 1), &total))
+        if (fy_add_ovf(fr[k].len, RS_SPILL_ALIGN - 1, &r) ||
+            fy_add_ovf(total, r & ~(uint64_t)(RS_SPILL_ALIGN - 1), &total))
             rc = fy_seterr(&s->err, -EFBIG,
                            "%s: spilling %" PRId64 " dirty tensors needs more bytes than a file holds",
                            s->spill_dir, n);
     }
-    if (rc == 0) rc = fy_spill_check_room(s->spill, total);
+    if (rc == 0) rc = rs_spill_check_room(s->spill, total);
     int64_t got = 0; /* ranges reserved: fr[0..got-1] */
     for (; rc == 0 && got < n; got++)
-        if ((rc = fy_spill_reserve(s->spill, fr[got].len, &fr[got].off)) < 0)
+        if ((rc = rs_spill_reserve(s->spill, fr[got].len, &fr[got].off)) < 0)
             break; /* fr[got] was not reserved */
     if (rc < 0) {
         spill_unreserve(s, fr, got);
@@ -78,15 +78,15 @@ static void save_undo(ferry_store *s, save *v)
     v->host = NULL;
 }
 
-void rs_spill_flush(ferry_store *s)
+void rs_store_spill_flush(ferry_store *s)
 {
     fy_range *r = NULL;
     size_t n = 0;
-    if (!s->spill || fy_spill_flush_take(s->spill, &r, &n) < 0 || !r) return;
+    if (!s->spill || rs_spill_flush_take(s->spill, &r, &n) < 0 || !r) return;
     pthread_mutex_unlock(&s->lock);
-    fy_spill_punch(fy_spill_fd(s->spill), r, n);
+    rs_spill_punch(rs_spill_fd(s->spill), r, n);
     pthread_mutex_lock(&s->lock);
-    fy_spill_flush_give(s->spill, r, n);
+    rs_spill_flush_give(s->spill, r, n);
 }
 
 /* Take the listed device tensors off the device, in three steps. Marking,
@@ -178,14 +178,14 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     bool spilled = false; /* the spill file was used: flush it below */
     int src = 0;          /* the spill's error (the host copies go on without it) */
     if (nf) {
-        if (!s->spill) src = fy_spill_open(s->spill_dir, s->m, &s->err, &s->spill);
+        if (!s->spill) src = rs_spill_open(s->spill_dir, s->m, &s->err, &s->spill);
         if (src == 0) {
             spilled = true;
-            fy_spill_hold(s->spill); /* ranges released meanwhile are punched by the flush below */
+            rs_spill_hold(s->spill); /* ranges released meanwhile are punched by the flush below */
             src = spill_reserve(s, fr, nf);
         }
     }
-    int fd = s->spill ? fy_spill_fd(s->spill) : -1;
+    int fd = s->spill ? rs_spill_fd(s->spill) : -1;
     /* ---- copying, with the lock dropped ---- */
     char hmsg[FY_ERRMSG_MAX] = "", fmsg[FY_ERRMSG_MAX] = "";
     int hrc = 0, frc = 0;
@@ -248,7 +248,7 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
                        ts[q]->owner == t->owner && ts[q]->group == t->group;
             if (!keep) continue;
             if (t->tier != FERRY_TIER_DEVICE) { /* a saved member: undo the save */
-                if (t->tier == FERRY_TIER_SPILL) fy_spill_hold(s->spill);
+                if (t->tier == FERRY_TIER_SPILL) rs_spill_hold(s->spill);
                 rs_release_copy(s, t);
                 t->tier = FERRY_TIER_DEVICE;
             }
@@ -284,7 +284,7 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
      * (freed ranges held for reuse, those of members undone just above);
      * after a failed one too: its file system is the one short of space.
      * (The punching runs with the lock dropped.) */
-    if (spilled) rs_spill_flush(s);
+    if (spilled) rs_store_spill_flush(s);
 out:
     if (n) { /* nothing was copied: unmark */
         for (int64_t k = 0; k < nsv; k++) save_undo(s, &sv[k]);
@@ -596,7 +596,7 @@ FERRY_API int64_t ferry_store_make_room(ferry_store *s, uint64_t bytes, uint64_t
     }
     /* and disk space held for reuse, and pinned RAM nobody uses: each
      * given back with the lock dropped */
-    if (rc >= 0) rs_spill_flush(s);
+    if (rc >= 0) rs_store_spill_flush(s);
     rs_pchunk *idle = NULL;
     int nidle = rc >= 0 ? rs_pool_trim_take(s, &idle) : 0;
     pthread_mutex_unlock(&s->lock);

@@ -120,7 +120,7 @@ FERRY_API int ferry_model_read(ferry_model *m, int64_t t, void *buf)
     fy_hostrange h = {buf, r->dptr, r->nbytes};
     const void *host = r->host;
     uint64_t soff = r->soff;
-    int fd = s->spill ? fy_spill_fd(s->spill) : -1;
+    int fd = s->spill ? rs_spill_fd(s->spill) : -1;
     r->busy++;
     pthread_mutex_unlock(&s->lock);
     int rc = 0;
