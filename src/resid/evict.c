@@ -125,7 +125,7 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     if (dirty && s->cache_used &&
         (s->host_used + s->pool.used + dirty > s->o.host_budget || s->pool.used + dirty > s->o.pinned_budget))
         rs_uncache_bytes(s, dirty);
-    fy_hoststate h = {.host_budget = s->o.host_budget,
+    rs_hoststate h = {.host_budget = s->o.host_budget,
                       .host_used = s->host_used + s->pool.used,
                       .pinned_budget = s->o.pinned_budget,
                       .pinned_used = s->pool.used,
@@ -145,18 +145,18 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     for (int64_t k = 0; k < n; k++) {
         rtensor *t = ts[k];
         if (!t->dirty || t->nbytes == 0) continue; /* an empty tensor has nothing to save */
-        fy_dest d = fy_policy_dest(&h, t->nbytes);
+        rs_dest d = rs_policy_dest(&h, t->nbytes);
         save *v = &sv[nsv];
         *v = (save){.t = t};
-        if (d == FY_DEST_PINNED) {
+        if (d == RS_DEST_PINNED) {
             if (rs_pool_alloc(s, t->nbytes, &v->host) == 0) { /* (may pin, the lock dropped) */
                 v->tier = FERRY_TIER_PINNED;
                 h.pinned_used += t->nbytes;
             } else {
-                d = FY_DEST_HOST; /* pool could not grow: pageable */
+                d = RS_DEST_HOST; /* pool could not grow: pageable */
             }
         }
-        if (d == FY_DEST_HOST && (v->host = fy_malloc(m, (size_t)t->nbytes)) != NULL) {
+        if (d == RS_DEST_HOST && (v->host = fy_malloc(m, (size_t)t->nbytes)) != NULL) {
             v->tier = FERRY_TIER_HOST;
             s->host_used += t->nbytes;
         }
@@ -378,7 +378,7 @@ int rs_fit_budget(ferry_store *s)
     return rc < 0 ? (int)rc : 0;
 }
 
-/* make-room's candidates, gathered in the policy's order (fy_policy_choose:
+/* make-room's candidates, gathered in the policy's order (rs_policy_choose:
  * priority, model's last use, streamed blocks first, group's use, then the
  * model's place in the store and the group's id) from each model's device
  * index (m->dev), so that only groups with device memory are looked at: the
@@ -388,10 +388,10 @@ int rs_fit_budget(ferry_store *s)
  * protection from its own members, as in a walk of every tensor; the
  * unprotected ones with bytes are kept, until they make need (need
  * UINT64_MAX, or not enough: all of them). c[k].id is k, the walk's order,
- * which is the policy's, so fy_policy_choose decides as it would over every
+ * which is the policy's, so rs_policy_choose decides as it would over every
  * group of the store. */
 typedef struct room_walk {
-    fy_cand *c;
+    rs_cand *c;
     ferry_model **gm; /* per candidate: its model ... */
     int64_t *gid;     /* ... and its group */
     int64_t n, cap;
@@ -405,11 +405,11 @@ static void room_walk_free(ferry_store *s, room_walk *w)
     *w = (room_walk){0};
 }
 
-static int walk_push(ferry_store *s, room_walk *w, const fy_cand *cd, ferry_model *m, int64_t g)
+static int walk_push(ferry_store *s, room_walk *w, const rs_cand *cd, ferry_model *m, int64_t g)
 {
     if (w->n == w->cap) {
         int64_t cap = w->cap ? 2 * w->cap : 64;
-        fy_cand *c = fy_realloc(s->m, w->c, (size_t)cap * sizeof *c);
+        rs_cand *c = fy_realloc(s->m, w->c, (size_t)cap * sizeof *c);
         if (c) w->c = c;
         ferry_model **gm = c ? fy_realloc(s->m, w->gm, (size_t)cap * sizeof *gm) : NULL;
         if (gm) w->gm = gm;
@@ -478,7 +478,7 @@ static int room_walk_run(ferry_store *s, room_walk *w, uint64_t need, ferry_mode
                 int64_t g = at[best - lo];
                 at[best - lo] = rs_lru_next(&m->dev, g);
                 s->room_visits++;
-                fy_cand cd = {.priority = m->priority,
+                rs_cand cd = {.priority = m->priority,
                               .last_use = m->last_use,
                               .streams = m->t[g].streams,
                               .use = m->t[g].use};
@@ -525,7 +525,7 @@ static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, c
     room_walk w;
     int64_t rc = room_walk_run(s, &w, need, pm, prot, spare);
     if (rc < 0) return rc;
-    fy_cand *c = w.c;
+    rs_cand *c = w.c;
     int64_t k = w.n;
     int64_t *out = fy_calloc(s->m, (size_t)(k ? k : 1), sizeof *out);
     if (!out) {
@@ -533,7 +533,7 @@ static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, c
         return fy_seterr(&s->err, -ENOMEM, "making room: out of memory for %" PRId64 " candidates", k);
     }
     uint64_t freed = 0;
-    int64_t chosen = fy_policy_choose(c, k, need, out, &freed);
+    int64_t chosen = rs_policy_choose(c, k, need, out, &freed);
     if (chosen < 0) {
         if (could) *could = freed + room;
         rc = fy_seterr(&s->err, FERRY_E_BUDGET,

@@ -139,7 +139,7 @@ static int modify(ferry_model *m, int64_t t, uint8_t x)
 static void test_policy(void)
 {
     /* priority first, then least recently used, then id */
-    fy_cand c[] = {
+    rs_cand c[] = {
         {.priority = 1, .last_use = 5, .bytes = 100, .id = 0},
         {.priority = 0, .last_use = 9, .bytes = 50, .id = 1},
         {.priority = 0, .last_use = 2, .bytes = 30, .id = 2},
@@ -164,46 +164,46 @@ static void test_policy(void)
         {UINT64_MAX, 3, 180, {2, 1, 0}}, /* free all: everything evictable, protected stays */
     };
     for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
-        int64_t k = fy_policy_choose(c, 5, rows[r].need, out, &freed);
+        int64_t k = rs_policy_choose(c, 5, rows[r].need, out, &freed);
         CHECK_EQ(k, rows[r].count);
         CHECK_EQ(freed, rows[r].freed);
         for (int64_t q = 0; q < k && q < 3; q++) CHECK_EQ(out[q], rows[r].first[q]);
         /* the same request again gives the same answer: no loop, no drift */
-        int64_t k2 = fy_policy_choose(c, 5, rows[r].need, out, &freed);
+        int64_t k2 = rs_policy_choose(c, 5, rows[r].need, out, &freed);
         CHECK_EQ(k2, k);
     }
     /* nothing evictable at all, and a request: impossible with 0 */
-    fy_cand p[] = {{.bytes = 10, .protect = true}};
-    CHECK_EQ(fy_policy_choose(p, 1, 5, out, &freed), -1);
+    rs_cand p[] = {{.bytes = 10, .protect = true}};
+    CHECK_EQ(rs_policy_choose(p, 1, 5, out, &freed), -1);
     CHECK_EQ(freed, 0);
-    CHECK_EQ(fy_policy_choose(p, 1, UINT64_MAX, out, &freed), 0);
-    CHECK_EQ(fy_policy_choose(NULL, 0, UINT64_MAX, out, &freed), 0);
+    CHECK_EQ(rs_policy_choose(p, 1, UINT64_MAX, out, &freed), 0);
+    CHECK_EQ(rs_policy_choose(NULL, 0, UINT64_MAX, out, &freed), 0);
 
     /* dirty destinations with hysteresis */
     const uint64_t G = 1ull << 30;
-    fy_hoststate h = {.host_budget = 4 * G,
+    rs_hoststate h = {.host_budget = 4 * G,
                       .pinned_budget = G,
                       .available = 10 * G,
                       .spill_below = 2 * G,
                       .spill_above = 3 * G};
-    CHECK_EQ(fy_policy_dest(&h, G / 2), FY_DEST_PINNED);
+    CHECK_EQ(rs_policy_dest(&h, G / 2), RS_DEST_PINNED);
     h.pinned_used = G;
-    CHECK_EQ(fy_policy_dest(&h, G / 2), FY_DEST_HOST); /* pinned budget spent: pageable */
+    CHECK_EQ(rs_policy_dest(&h, G / 2), RS_DEST_HOST); /* pinned budget spent: pageable */
     h.host_used = 4 * G;
-    CHECK_EQ(fy_policy_dest(&h, 1), FY_DEST_SPILL); /* host budget spent */
+    CHECK_EQ(rs_policy_dest(&h, 1), RS_DEST_SPILL); /* host budget spent */
     h.host_used = 0, h.pinned_used = 0;
     h.available = 2 * G - 1; /* below spill_below: spilling starts */
-    CHECK_EQ(fy_policy_dest(&h, 1), FY_DEST_SPILL);
+    CHECK_EQ(rs_policy_dest(&h, 1), RS_DEST_SPILL);
     CHECK(h.spilling);
     h.available = 2 * G + G / 2; /* between the thresholds: still spilling */
-    CHECK_EQ(fy_policy_dest(&h, 1), FY_DEST_SPILL);
+    CHECK_EQ(rs_policy_dest(&h, 1), RS_DEST_SPILL);
     h.available = 3 * G + 1; /* above spill_above: back to RAM */
-    CHECK_EQ(fy_policy_dest(&h, 1), FY_DEST_PINNED);
+    CHECK_EQ(rs_policy_dest(&h, 1), RS_DEST_PINNED);
     CHECK(!h.spilling);
     h.available = 2 * G + G / 2; /* between again, coming from RAM: stays RAM */
-    CHECK_EQ(fy_policy_dest(&h, 1), FY_DEST_PINNED);
+    CHECK_EQ(rs_policy_dest(&h, 1), RS_DEST_PINNED);
     h.available = G / 4; /* the tensor itself does not fit in what is available */
-    CHECK_EQ(fy_policy_dest(&h, G / 2), FY_DEST_SPILL);
+    CHECK_EQ(rs_policy_dest(&h, G / 2), RS_DEST_SPILL);
 }
 
 /* ---- the store on sim ---- */
