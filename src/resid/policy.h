@@ -13,7 +13,7 @@ typedef struct rs_cand {
     int priority;      /* lower leaves first */
     uint64_t last_use; /* older (smaller) leaves first */
     uint64_t bytes;    /* device bytes the group frees */
-    bool protect;      /* pinned by a caller, or needed by the request itself */
+    bool protect;      /* held by a caller, or needed by the request itself */
     bool streams;      /* a streamed block of a planned model: leaves before its model's
                           other groups */
     uint64_t use;      /* when the group itself was last asked for: older leaves first

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* test_store.c - the residency store on the sim device: the policy's tables,
  * tiers and budgets, clean drops and dirty saves (pinned, host, spill), make
- * room (possible, impossible, free all), groups, pins, faults (device
+ * room (possible, impossible, free all), groups, holds, faults (device
  * allocation, copies, fallocate, pwrite), a spill batch that fails for space
  * (all it reserved given back; on a real small file system where root can
  * loop-mount one), job statistics, kill -9 during a spill, and several
@@ -308,7 +308,7 @@ static void test_tiers(ferry_ctx *ctx)
     fy_gpu_sim_usage(fy_device_gpu(d), NULL, &pin_after, NULL);
     CHECK(pin_after < pin_before);
 
-    /* pins: never evicted; free-all frees the rest; impossible requests evict nothing */
+    /* holds: never evicted; free-all frees the rest; impossible requests evict nothing */
     CHECK_EQ(ferry_model_hold(ma, 0), 0);
     uint64_t could = 0;
     int64_t r = ferry_store_make_room(s, A + B + 1, &could);
@@ -321,11 +321,11 @@ static void test_tiers(ferry_ctx *ctx)
     ferry_model_tensor_state(ma, 0, &w);
     CHECK_EQ(w.tier, FERRY_TIER_DEVICE);
     ferry_model_tensor_state(ma, 1, &b);
-    CHECK_EQ(b.tier, FERRY_TIER_DEVICE); /* same group as the pinned one */
+    CHECK_EQ(b.tier, FERRY_TIER_DEVICE); /* same group as the held one */
     CHECK_EQ(tier_bytes(s, FERRY_TIER_DEVICE), w.nbytes + b.nbytes);
     /* again: nothing more to free, no loop */
     CHECK_EQ(ferry_store_make_room(s, UINT64_MAX, NULL), 0);
-    CHECK_EQ(ferry_model_evict(ma, NULL, 0), FERRY_E_BUSY); /* pinned */
+    CHECK_EQ(ferry_model_evict(ma, NULL, 0), FERRY_E_BUSY); /* held */
     CHECK_EQ(ferry_store_remove(ma), FERRY_E_BUSY);
     CHECK_EQ(ferry_model_release(ma, 0), 0);
     CHECK_EQ(ferry_model_release(ma, 0), FERRY_E_INVAL);
