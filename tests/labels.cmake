@@ -24,18 +24,18 @@ set(FERRY_SLOW_TESTS
   test_stream.engine_soak test_soak.long gpu_async_cuda)
 
 set(FERRY_THREADS_TESTS
-  test_xfer.paths test_xfer.load_into test_xfer.register_pieces test_xfer.tmpfs_ring
-  test_xfer.ring_reuse test_xfer.pageable test_xfer.prepare test_xfer.own_fds test_xfer.progress
-  test_xfer.concurrent test_xfer.faults test_xfer.regressions test_xfer.moves test_xfer.route_choice
-  test_xfer.reader_pool
-  test_store.tiers test_store.spill test_store.device_faults test_store.jobs test_store.kill9
-  test_store.threads test_store.find_remove test_store.review test_store.async test_store.pinned_cache
+  test_xfer_paths.paths test_xfer_into.load_into test_xfer_register.register_pieces test_xfer_ring.tmpfs_ring
+  test_xfer_ring.ring_reuse test_xfer_route.pageable test_xfer_route.prepare test_xfer_ring.own_fds test_xfer_ring.progress
+  test_xfer_ring.concurrent test_xfer_faults.faults test_xfer_faults.regressions test_xfer_moves.moves test_xfer_route.route_choice
+  test_xfer_route.reader_pool
+  test_store_tiers.tiers test_store_spill.spill test_store_tiers.device_faults test_store_tiers.jobs test_store_spill.kill9
+  test_store_threads.threads test_store_threads.find_remove test_store_tiers.review test_store_threads.async test_store_pinned.pinned_cache
   test_stream.cyclic test_stream.threads test_stream.faults test_stream.budget test_stream.lane_fault
   test_stream.stream_wait_while_landing test_stream.async_file_reads test_stream.async_file_read_fails
   test_stream.engine_cyclic test_stream.engine_squeeze
   test_file.hash test_file.allocator test_gpu.threads
   test_memstat.sampler_fake test_memstat.sampler_real test_memstat.v1_sampler
-  test_soak.short load_sim_views test_store.evict_unlocked test_resources.pinpool
+  test_soak.short load_sim_views test_store_threads.evict_unlocked test_resources.pinpool
   test_resources.fences test_resources.keeper
   test_keepstore.served test_keepstore.changed test_keepstore.dirty test_keepstore.pinned_cache
   test_keepfail.killed test_keepfail.hung test_keepfail.faults)
