@@ -305,14 +305,7 @@ out:
     ferry_device_close(d);
 }
 
-/* `test_store_pinned CASE` runs one of these, `--list` names them (check.h). */
-static ferry_ctx *ctx;
 #define CASES(CASE)                            \
     CASE(pinned_cache, test_pinned_cache(ctx)) \
     CASE(pinned_reserve, test_pinned_reserve(ctx))
-CHECK_CASES(CASES)
-
-int main(int argc, char **argv)
-{
-    return store_main(argc, argv, check_cases, check_ncases, &ctx);
-}
+CHECK_CASES_MAIN(CASES, store_main)

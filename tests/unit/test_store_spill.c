@@ -575,8 +575,6 @@ static void test_kill9(ferry_ctx *ctx)
     CHECK_EQ(files_in(spill_dir), 0);
 }
 
-/* `test_store_spill CASE` runs one of these, `--list` names them (check.h). */
-static ferry_ctx *ctx;
 #define CASES(CASE)                                        \
     CASE(spill, test_spill(ctx))                           \
     CASE(spill_batch_enospc, test_spill_batch_enospc(ctx)) \
@@ -584,9 +582,4 @@ static ferry_ctx *ctx;
     CASE(small_fs, test_small_fs())                        \
     CASE(refused_tmpfs, test_refused_tmpfs(ctx))           \
     CASE(kill9, test_kill9(ctx))
-CHECK_CASES(CASES)
-
-int main(int argc, char **argv)
-{
-    return store_main(argc, argv, check_cases, check_ncases, &ctx);
-}
+CHECK_CASES_MAIN(CASES, store_main)

@@ -411,16 +411,9 @@ out:
     ferry_device_close(d);
 }
 
-/* `test_store_threads CASE` runs one of these, `--list` names them (check.h). */
-static ferry_ctx *ctx;
 #define CASES(CASE)                          \
     CASE(threads, test_threads(ctx))         \
     CASE(find_remove, test_find_remove(ctx)) \
     CASE(async, test_async(ctx))             \
     CASE(evict_unlocked, test_evict_unlocked(ctx))
-CHECK_CASES(CASES)
-
-int main(int argc, char **argv)
-{
-    return store_main(argc, argv, check_cases, check_ncases, &ctx);
-}
+CHECK_CASES_MAIN(CASES, store_main)

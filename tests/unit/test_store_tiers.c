@@ -394,8 +394,6 @@ static void test_add_oom(void)
     CHECK_EQ(atomic_load(&live), 0); /* every failed add gave back what it had */
 }
 
-/* `test_store_tiers CASE` runs one of these, `--list` names them (check.h). */
-static ferry_ctx *ctx;
 #define CASES(CASE)                              \
     CASE(policy, test_policy())                  \
     CASE(tiers, test_tiers(ctx))                 \
@@ -403,9 +401,4 @@ static ferry_ctx *ctx;
     CASE(jobs, test_jobs(ctx))                   \
     CASE(review, test_review(ctx))               \
     CASE(add_oom, test_add_oom())
-CHECK_CASES(CASES)
-
-int main(int argc, char **argv)
-{
-    return store_main(argc, argv, check_cases, check_ncases, &ctx);
-}
+CHECK_CASES_MAIN(CASES, store_main)

@@ -354,14 +354,7 @@ out:
     ferry_file_close(f);
 }
 
-/* `test_xfer_faults CASE` runs one of these, `--list` names them (check.h). */
-static ferry_ctx *ctx;
 #define CASES(CASE)                \
     CASE(faults, test_faults(ctx)) \
     CASE(regressions, test_regressions(ctx))
-CHECK_CASES(CASES)
-
-int main(int argc, char **argv)
-{
-    return xfer_main(argc, argv, check_cases, check_ncases, &ctx);
-}
+CHECK_CASES_MAIN(CASES, xfer_main)

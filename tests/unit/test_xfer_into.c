@@ -169,14 +169,7 @@ out:
     ferry_device_close(d);
 }
 
-/* `test_xfer_into CASE` runs one of these, `--list` names them (check.h). */
-static ferry_ctx *ctx;
 #define CASES(CASE)                      \
     CASE(load_into, test_load_into(ctx)) \
     CASE(alloc_edges, test_alloc_edges(ctx))
-CHECK_CASES(CASES)
-
-int main(int argc, char **argv)
-{
-    return xfer_main(argc, argv, check_cases, check_ncases, &ctx);
-}
+CHECK_CASES_MAIN(CASES, xfer_main)

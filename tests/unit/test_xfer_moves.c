@@ -173,14 +173,7 @@ out:
     ferry_device_close(d);
 }
 
-/* `test_xfer_moves CASE` runs one of these, `--list` names them (check.h). */
-static ferry_ctx *ctx;
 #define CASES(CASE)                      \
     CASE(copy_rate, test_copy_rate(ctx)) \
     CASE(moves, test_moves(ctx))
-CHECK_CASES(CASES)
-
-int main(int argc, char **argv)
-{
-    return xfer_main(argc, argv, check_cases, check_ncases, &ctx);
-}
+CHECK_CASES_MAIN(CASES, xfer_main)

@@ -428,8 +428,6 @@ out:
     unlink(p);
 }
 
-/* `test_xfer_paths CASE` runs one of these, `--list` names them (check.h). */
-static ferry_ctx *ctx;
 #define CASES(CASE)                                    \
     CASE(api, test_api(ctx))                           \
     CASE(paths, test_paths(ctx))                       \
@@ -438,9 +436,4 @@ static ferry_ctx *ctx;
     CASE(capacity, test_capacity(ctx))                 \
     CASE(huge, test_huge(ctx))                         \
     CASE(truncated, test_truncated(ctx))
-CHECK_CASES(CASES)
-
-int main(int argc, char **argv)
-{
-    return xfer_main(argc, argv, check_cases, check_ncases, &ctx);
-}
+CHECK_CASES_MAIN(CASES, xfer_main)

@@ -473,16 +473,9 @@ static void test_truncated_register(ferry_ctx *ctx)
     }
 }
 
-/* `test_xfer_register CASE` runs one of these, `--list` names them (check.h). */
-static ferry_ctx *ctx;
 #define CASES(CASE)                                      \
     CASE(register, test_register(ctx))                   \
     CASE(register_pieces, test_register_pieces(ctx))     \
     CASE(closed_registered, test_closed_registered(ctx)) \
     CASE(truncated_register, test_truncated_register(ctx))
-CHECK_CASES(CASES)
-
-int main(int argc, char **argv)
-{
-    return xfer_main(argc, argv, check_cases, check_ncases, &ctx);
-}
+CHECK_CASES_MAIN(CASES, xfer_main)

@@ -376,8 +376,6 @@ out:
     ferry_file_close(s);
 }
 
-/* `test_xfer_ring CASE` runs one of these, `--list` names them (check.h). */
-static ferry_ctx *ctx;
 #define CASES(CASE)                                  \
     CASE(ring_reuse, test_ring_reuse(ctx))           \
     CASE(direct_defaults, test_direct_defaults(ctx)) \
@@ -385,9 +383,4 @@ static ferry_ctx *ctx;
     CASE(own_fds, test_own_fds(ctx))                 \
     CASE(progress, test_progress(ctx))               \
     CASE(concurrent, test_concurrent(ctx))
-CHECK_CASES(CASES)
-
-int main(int argc, char **argv)
-{
-    return xfer_main(argc, argv, check_cases, check_ncases, &ctx);
-}
+CHECK_CASES_MAIN(CASES, xfer_main)

@@ -337,16 +337,9 @@ static void test_reader_pool(ferry_ctx *ctx)
     }
 }
 
-/* `test_xfer_route CASE` runs one of these, `--list` names them (check.h). */
-static ferry_ctx *ctx;
 #define CASES(CASE)                            \
     CASE(pageable, test_pageable(ctx))         \
     CASE(prepare, test_prepare(ctx))           \
     CASE(route_choice, test_route_choice(ctx)) \
     CASE(reader_pool, test_reader_pool(ctx))
-CHECK_CASES(CASES)
-
-int main(int argc, char **argv)
-{
-    return xfer_main(argc, argv, check_cases, check_ncases, &ctx);
-}
+CHECK_CASES_MAIN(CASES, xfer_main)
