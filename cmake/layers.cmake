@@ -9,6 +9,7 @@
 #   file     common io format       (ferry_file: open, map, hash, convert)
 #   xfer     common io gpu format file   (the transfer engine)
 #   resid    common io and xfer.h alone  (the store: decides, asks xfer to move)
+#   keep     common io              (the keeper: daemon, protocol codec, client, backends)
 #
 # Sources include other layers' headers as "layer/header.h". The compiler finds
 # them only through build/layers/<layer>/, which holds links to exactly the

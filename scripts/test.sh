@@ -64,15 +64,19 @@ if build sanitize build-asan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=ON; then
         run_ctest sanitize build-asan
 fi
 
-# ThreadSanitizer: the tests labelled threads (tests/labels.cmake: the cases
-# whose code runs on several threads), not the whole suite: TSan is slow, and
-# the single-threaded cases have nothing to show it. The targets built are the
-# ones those tests run: the CLI, and each unit-test binary (the part of a case's
-# name before its dot) that tests/labels.cmake's threads list names.
-threads_bins=$(sed -n '/^set(FERRY_THREADS_TESTS/,/)/p' tests/labels.cmake | tr ' ()' '\n\n\n' |
-    sed -n 's/^\(test_[a-z0-9_]*\)\..*/\1/p' | sort -u | tr '\n' ' ')
-if targets="ferry $threads_bins" \
-    build tsan build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_TSAN=ON; then
+# ThreadSanitizer: the tests labelled threads (the cases whose code runs on
+# several threads, marked where each test is declared: tests/labels.cmake),
+# not the whole suite: TSan is slow, and the single-threaded cases have nothing
+# to show it. The targets built are the ones those tests run: the CLI, and each
+# unit-test binary (the part of a case's name before its dot) among the tests
+# that ctest lists under the label once the tree is configured.
+tsan_args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_TSAN=ON)
+threads_bins=
+if cmake -S . -B build-tsan -G Ninja -DPython3_EXECUTABLE="$python" "${tsan_args[@]}" >/dev/null; then
+    threads_bins=$(cd build-tsan && ctest -N -L threads | sed -n 's/^ *Test *#[0-9]*: \(test_[a-z0-9_]*\)\..*/\1/p' |
+        sort -u | tr '\n' ' ')
+fi
+if targets="ferry $threads_bins" build tsan build-tsan "${tsan_args[@]}"; then
     echo "== [tsan] threaded cases under ThreadSanitizer"
     # gcc 12's TSan refuses the address layout some kernels randomise into
     # ("unexpected memory mapping"): run without ASLR there.

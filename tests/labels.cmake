@@ -8,10 +8,12 @@
 #            README's commands, the seed scenario, the soaks (ctest -L slow)
 #   threads  the cases whose code runs on several threads: the ring readers and
 #            sim streams of xfer, the store under concurrent callers,
-#            ferry_file_hash's workers, the memstat sampler. scripts/test.sh
-#            runs these (ctest -L threads) under ThreadSanitizer, not the
-#            whole suite: TSan is slow, and single-threaded cases have nothing
-#            to show it.
+#            ferry_file_hash's workers, the memstat sampler. Set where a test
+#            is declared: a unit test's THREADS cases (ferry_unit_test in
+#            tests/unit/CMakeLists.txt), set_property(TEST ... LABELS threads)
+#            for any other. scripts/test.sh runs these (ctest -L threads) under
+#            ThreadSanitizer, not the whole suite: TSan is slow, and
+#            single-threaded cases have nothing to show it.
 #   gpu      needs a real GPU (skipped, exit 77, without a CUDA driver)
 #
 # tests/CMakeLists.txt and each folder that registers tests call
@@ -22,23 +24,6 @@
 set(FERRY_SLOW_TESTS
   comfyui_pack comfyui_stock python_binding readme simulate_seed stream_diffusers
   test_stream.engine_soak test_soak.long gpu_async_cuda)
-
-set(FERRY_THREADS_TESTS
-  test_xfer.paths test_xfer.load_into test_xfer.register_pieces test_xfer.tmpfs_ring
-  test_xfer.ring_reuse test_xfer.pageable test_xfer.prepare test_xfer.own_fds test_xfer.progress
-  test_xfer.concurrent test_xfer.faults test_xfer.regressions test_xfer.moves test_xfer.route_choice
-  test_xfer.reader_pool
-  test_store.tiers test_store.spill test_store.device_faults test_store.jobs test_store.kill9
-  test_store.threads test_store.find_remove test_store.review test_store.async test_store.pinned_cache
-  test_stream.cyclic test_stream.threads test_stream.faults test_stream.budget test_stream.lane_fault
-  test_stream.stream_wait_while_landing test_stream.async_file_reads test_stream.async_file_read_fails
-  test_stream.engine_cyclic test_stream.engine_squeeze
-  test_file.hash test_file.allocator test_gpu.threads
-  test_memstat.sampler_fake test_memstat.sampler_real test_memstat.v1_sampler
-  test_soak.short load_sim_views test_store.evict_unlocked test_resources.pinpool
-  test_resources.fences test_resources.keeper
-  test_keepstore.served test_keepstore.changed test_keepstore.dirty test_keepstore.pinned_cache
-  test_keepfail.killed test_keepfail.hung test_keepfail.faults)
 
 set(FERRY_GPU_TESTS gpu_async_cuda)
 
@@ -51,9 +36,6 @@ function(ferry_label_tests)
     else()
       set(labels quick)
     endif()
-    if(t IN_LIST FERRY_THREADS_TESTS)
-      list(APPEND labels threads)
-    endif()
     if(t IN_LIST FERRY_GPU_TESTS)
       list(APPEND labels gpu)
     endif()
@@ -62,14 +44,13 @@ function(ferry_label_tests)
   endforeach()
 endfunction()
 
-# Every name the lists above give must be a test that was labelled. The
-# threads list always (scripts/test.sh's TSan stage selects by it); the others
+# Every name the lists above give must be a test that was labelled, checked
 # in the plain build, where every test is registered.
 function(ferry_check_labels)
   get_property(seen GLOBAL PROPERTY FERRY_LABELLED_TESTS)
-  set(lists FERRY_THREADS_TESTS)
+  set(lists "")
   if(NOT FERRY_SANITIZE AND NOT FERRY_TSAN AND NOT FERRY_FUZZ)
-    list(APPEND lists FERRY_SLOW_TESTS FERRY_GPU_TESTS)
+    set(lists FERRY_SLOW_TESTS FERRY_GPU_TESTS)
   endif()
   foreach(l ${lists})
     foreach(t ${${l}})

@@ -399,11 +399,23 @@ class StoreCore:
     def mark_dirty(self, m, i):
         self.check_model(m, lib.ferry_model_mark_dirty(m.m, i))
 
-    def pin(self, m, i=-1):
+    def hold(self, m, i=-1):
+        """ferry_model_hold: tensor i (-1: all) stays on the device until released."""
         self.check_model(m, lib.ferry_model_hold(m.m, i))
 
-    def unpin(self, m, i=-1):
+    def release(self, m, i=-1):
+        """ferry_model_release: drop one hold of tensor i (-1: all)."""
         self.check_model(m, lib.ferry_model_release(m.m, i))
+
+    def pin(self, m, i=-1):
+        """Deprecated name of hold (kept for one release)."""
+        warnings.warn("StoreCore.pin is deprecated, use StoreCore.hold", DeprecationWarning, stacklevel=2)
+        self.hold(m, i)
+
+    def unpin(self, m, i=-1):
+        """Deprecated name of release (kept for one release)."""
+        warnings.warn("StoreCore.unpin is deprecated, use StoreCore.release", DeprecationWarning, stacklevel=2)
+        self.release(m, i)
 
     def set_priority(self, m, priority):
         self.check_model(m, lib.ferry_model_set_priority(m.m, int(priority)))

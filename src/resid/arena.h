@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* arena.h - the store's device memory as a resource of its own: segments
  * from the driver, carved into tensors best-fit and kept after they leave,
- * for reuse without a driver call, until given back (blocks.c says why).
+ * for reuse without a driver call, until given back (arena.c says why).
  * It knows a device, an allocator, a message slot and a budget; nothing of
  * the store, its models or its lock. Not thread-safe: its owner serialises
  * the calls (the store calls it under its lock). */

@@ -2,7 +2,7 @@
 /* cache.c - cache admission: which tensors keep a clean pinned copy when
  * read from their checkpoint (a streamed block's under its plan, any
  * tensor's of a model with pinned_cache on), whether the budgets admit one,
- * and dropping copies for room. A decision over the pinned pool (pool.c),
+ * and dropping copies for room. A decision over the pinned pool (pinpool.c),
  * used by the moves, the eviction and the models. */
 #define _GNU_SOURCE
 #include <errno.h>

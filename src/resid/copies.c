@@ -27,7 +27,7 @@ void rs_release_copy(ferry_store *s, rtensor *t)
         fy_free(s->m, t->host);
         s->host_used -= t->nbytes;
     } else if (t->tier == FERRY_TIER_SPILL) {
-        fy_spill_release(s->spill, t->soff, t->nbytes);
+        rs_spill_release(s->spill, t->soff, t->nbytes);
     }
     t->host = NULL;
     t->soff = 0;

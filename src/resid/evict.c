@@ -17,7 +17,7 @@
  * first, so that the spill file is as it was before them. */
 static void spill_unreserve(ferry_store *s, const fy_fdrange *fr, int64_t n)
 {
-    for (int64_t k = n; k-- > 0;) fy_spill_unreserve(s->spill, fr[k].off, fr[k].len);
+    for (int64_t k = n; k-- > 0;) rs_spill_unreserve(s->spill, fr[k].off, fr[k].len);
 }
 
 /* Reserve the spill ranges of fr[0..n-1] (their offsets filled in), all or
@@ -35,16 +35,16 @@ static int spill_reserve(ferry_store *s, fy_fdrange *fr, int64_t n)
     int rc = 0;
     for (int64_t k = 0; k < n && rc == 0; k++) {
         uint64_t r;
-        if (fy_add_ovf(fr[k].len, FY_SPILL_ALIGN - 1, &r) ||
-            fy_add_ovf(total, r & ~(uint64_t)(FY_SPILL_ALIGN - 1), &total))
+        if (fy_add_ovf(fr[k].len, RS_SPILL_ALIGN - 1, &r) ||
+            fy_add_ovf(total, r & ~(uint64_t)(RS_SPILL_ALIGN - 1), &total))
             rc = fy_seterr(&s->err, -EFBIG,
                            "%s: spilling %" PRId64 " dirty tensors needs more bytes than a file holds",
                            s->spill_dir, n);
     }
-    if (rc == 0) rc = fy_spill_check_room(s->spill, total);
+    if (rc == 0) rc = rs_spill_check_room(s->spill, total);
     int64_t got = 0; /* ranges reserved: fr[0..got-1] */
     for (; rc == 0 && got < n; got++)
-        if ((rc = fy_spill_reserve(s->spill, fr[got].len, &fr[got].off)) < 0)
+        if ((rc = rs_spill_reserve(s->spill, fr[got].len, &fr[got].off)) < 0)
             break; /* fr[got] was not reserved */
     if (rc < 0) {
         spill_unreserve(s, fr, got);
@@ -78,15 +78,15 @@ static void save_undo(ferry_store *s, save *v)
     v->host = NULL;
 }
 
-void rs_spill_flush(ferry_store *s)
+void rs_store_spill_flush(ferry_store *s)
 {
     fy_range *r = NULL;
     size_t n = 0;
-    if (!s->spill || fy_spill_flush_take(s->spill, &r, &n) < 0 || !r) return;
+    if (!s->spill || rs_spill_flush_take(s->spill, &r, &n) < 0 || !r) return;
     pthread_mutex_unlock(&s->lock);
-    fy_spill_punch(fy_spill_fd(s->spill), r, n);
+    rs_spill_punch(rs_spill_fd(s->spill), r, n);
     pthread_mutex_lock(&s->lock);
-    fy_spill_flush_give(s->spill, r, n);
+    rs_spill_flush_give(s->spill, r, n);
 }
 
 /* Take the listed device tensors off the device, in three steps. Marking,
@@ -125,7 +125,7 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     if (dirty && s->cache_used &&
         (s->host_used + s->pool.used + dirty > s->o.host_budget || s->pool.used + dirty > s->o.pinned_budget))
         rs_uncache_bytes(s, dirty);
-    fy_hoststate h = {.host_budget = s->o.host_budget,
+    rs_hoststate h = {.host_budget = s->o.host_budget,
                       .host_used = s->host_used + s->pool.used,
                       .pinned_budget = s->o.pinned_budget,
                       .pinned_used = s->pool.used,
@@ -145,18 +145,18 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     for (int64_t k = 0; k < n; k++) {
         rtensor *t = ts[k];
         if (!t->dirty || t->nbytes == 0) continue; /* an empty tensor has nothing to save */
-        fy_dest d = fy_policy_dest(&h, t->nbytes);
+        rs_dest d = rs_policy_dest(&h, t->nbytes);
         save *v = &sv[nsv];
         *v = (save){.t = t};
-        if (d == FY_DEST_PINNED) {
+        if (d == RS_DEST_PINNED) {
             if (rs_pool_alloc(s, t->nbytes, &v->host) == 0) { /* (may pin, the lock dropped) */
                 v->tier = FERRY_TIER_PINNED;
                 h.pinned_used += t->nbytes;
             } else {
-                d = FY_DEST_HOST; /* pool could not grow: pageable */
+                d = RS_DEST_HOST; /* pool could not grow: pageable */
             }
         }
-        if (d == FY_DEST_HOST && (v->host = fy_malloc(m, (size_t)t->nbytes)) != NULL) {
+        if (d == RS_DEST_HOST && (v->host = fy_malloc(m, (size_t)t->nbytes)) != NULL) {
             v->tier = FERRY_TIER_HOST;
             s->host_used += t->nbytes;
         }
@@ -178,14 +178,14 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
     bool spilled = false; /* the spill file was used: flush it below */
     int src = 0;          /* the spill's error (the host copies go on without it) */
     if (nf) {
-        if (!s->spill) src = fy_spill_open(s->spill_dir, s->m, &s->err, &s->spill);
+        if (!s->spill) src = rs_spill_open(s->spill_dir, s->m, &s->err, &s->spill);
         if (src == 0) {
             spilled = true;
-            fy_spill_hold(s->spill); /* ranges released meanwhile are punched by the flush below */
+            rs_spill_hold(s->spill); /* ranges released meanwhile are punched by the flush below */
             src = spill_reserve(s, fr, nf);
         }
     }
-    int fd = s->spill ? fy_spill_fd(s->spill) : -1;
+    int fd = s->spill ? rs_spill_fd(s->spill) : -1;
     /* ---- copying, with the lock dropped ---- */
     char hmsg[FY_ERRMSG_MAX] = "", fmsg[FY_ERRMSG_MAX] = "";
     int hrc = 0, frc = 0;
@@ -248,7 +248,7 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
                        ts[q]->owner == t->owner && ts[q]->group == t->group;
             if (!keep) continue;
             if (t->tier != FERRY_TIER_DEVICE) { /* a saved member: undo the save */
-                if (t->tier == FERRY_TIER_SPILL) fy_spill_hold(s->spill);
+                if (t->tier == FERRY_TIER_SPILL) rs_spill_hold(s->spill);
                 rs_release_copy(s, t);
                 t->tier = FERRY_TIER_DEVICE;
             }
@@ -284,7 +284,7 @@ int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n)
      * (freed ranges held for reuse, those of members undone just above);
      * after a failed one too: its file system is the one short of space.
      * (The punching runs with the lock dropped.) */
-    if (spilled) rs_spill_flush(s);
+    if (spilled) rs_store_spill_flush(s);
 out:
     if (n) { /* nothing was copied: unmark */
         for (int64_t k = 0; k < nsv; k++) save_undo(s, &sv[k]);
@@ -378,7 +378,7 @@ int rs_fit_budget(ferry_store *s)
     return rc < 0 ? (int)rc : 0;
 }
 
-/* make-room's candidates, gathered in the policy's order (fy_policy_choose:
+/* make-room's candidates, gathered in the policy's order (rs_policy_choose:
  * priority, model's last use, streamed blocks first, group's use, then the
  * model's place in the store and the group's id) from each model's device
  * index (m->dev), so that only groups with device memory are looked at: the
@@ -388,10 +388,10 @@ int rs_fit_budget(ferry_store *s)
  * protection from its own members, as in a walk of every tensor; the
  * unprotected ones with bytes are kept, until they make need (need
  * UINT64_MAX, or not enough: all of them). c[k].id is k, the walk's order,
- * which is the policy's, so fy_policy_choose decides as it would over every
+ * which is the policy's, so rs_policy_choose decides as it would over every
  * group of the store. */
 typedef struct room_walk {
-    fy_cand *c;
+    rs_cand *c;
     ferry_model **gm; /* per candidate: its model ... */
     int64_t *gid;     /* ... and its group */
     int64_t n, cap;
@@ -405,11 +405,11 @@ static void room_walk_free(ferry_store *s, room_walk *w)
     *w = (room_walk){0};
 }
 
-static int walk_push(ferry_store *s, room_walk *w, const fy_cand *cd, ferry_model *m, int64_t g)
+static int walk_push(ferry_store *s, room_walk *w, const rs_cand *cd, ferry_model *m, int64_t g)
 {
     if (w->n == w->cap) {
         int64_t cap = w->cap ? 2 * w->cap : 64;
-        fy_cand *c = fy_realloc(s->m, w->c, (size_t)cap * sizeof *c);
+        rs_cand *c = fy_realloc(s->m, w->c, (size_t)cap * sizeof *c);
         if (c) w->c = c;
         ferry_model **gm = c ? fy_realloc(s->m, w->gm, (size_t)cap * sizeof *gm) : NULL;
         if (gm) w->gm = gm;
@@ -478,7 +478,7 @@ static int room_walk_run(ferry_store *s, room_walk *w, uint64_t need, ferry_mode
                 int64_t g = at[best - lo];
                 at[best - lo] = rs_lru_next(&m->dev, g);
                 s->room_visits++;
-                fy_cand cd = {.priority = m->priority,
+                rs_cand cd = {.priority = m->priority,
                               .last_use = m->last_use,
                               .streams = m->t[g].streams,
                               .use = m->t[g].use};
@@ -525,7 +525,7 @@ static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, c
     room_walk w;
     int64_t rc = room_walk_run(s, &w, need, pm, prot, spare);
     if (rc < 0) return rc;
-    fy_cand *c = w.c;
+    rs_cand *c = w.c;
     int64_t k = w.n;
     int64_t *out = fy_calloc(s->m, (size_t)(k ? k : 1), sizeof *out);
     if (!out) {
@@ -533,7 +533,7 @@ static int64_t make_room_once(ferry_store *s, uint64_t bytes, ferry_model *pm, c
         return fy_seterr(&s->err, -ENOMEM, "making room: out of memory for %" PRId64 " candidates", k);
     }
     uint64_t freed = 0;
-    int64_t chosen = fy_policy_choose(c, k, need, out, &freed);
+    int64_t chosen = rs_policy_choose(c, k, need, out, &freed);
     if (chosen < 0) {
         if (could) *could = freed + room;
         rc = fy_seterr(&s->err, FERRY_E_BUDGET,
@@ -596,7 +596,7 @@ FERRY_API int64_t ferry_store_make_room(ferry_store *s, uint64_t bytes, uint64_t
     }
     /* and disk space held for reuse, and pinned RAM nobody uses: each
      * given back with the lock dropped */
-    if (rc >= 0) rs_spill_flush(s);
+    if (rc >= 0) rs_store_spill_flush(s);
     rs_pchunk *idle = NULL;
     int nidle = rc >= 0 ? rs_pool_trim_take(s, &idle) : 0;
     pthread_mutex_unlock(&s->lock);

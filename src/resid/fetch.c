@@ -368,7 +368,7 @@ static int queue_moves(ferry_model *m, const int64_t *tensors, int64_t n, bool b
      * this move's writes come after those kernels (on the device where all
      * its copies take the lane) */
     if (s->fences.reuse) (void)rs_reuse_order(s, !ring); /* (on failure the host has waited instead) */
-    op->spill_fd = s->spill ? fy_spill_fd(s->spill) : -1;
+    op->spill_fd = s->spill ? rs_spill_fd(s->spill) : -1;
     op->idx = idx, op->dp = dp, op->hr = hr, op->fr = fr;
     op->nh = nh, op->nf = nf, op->nc = nc;
     *out = op;

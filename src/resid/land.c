@@ -26,7 +26,7 @@ void rs_op_fail(ferry_op *op, ferry_store *s, int rc)
 static void op_commit(ferry_store *s, ferry_op *op)
 {
     ferry_model *m = op->m;
-    if (op->rc == 0) fy_spill_hold(s->spill); /* freed ranges stay for the next spill (see below) */
+    if (op->rc == 0) rs_spill_hold(s->spill); /* freed ranges stay for the next spill (see below) */
     for (int64_t k = 0; k < op->nt; k++) {
         rtensor *t = &m->t[op->ti[k]];
         if (t->moving != op) continue;

@@ -48,7 +48,7 @@ void rs_model_free(ferry_model *m)
 {
     if (!m) return;
     ferry_store *s = m->s;
-    fy_spill_hold(s->spill); /* punched later, like after a reload */
+    rs_spill_hold(s->spill); /* punched later, like after a reload */
     for (int64_t i = 0; i < m->n; i++) {
         rtensor *t = &m->t[i];
         if (t->tier == FERRY_TIER_DEVICE) rs_dev_free(s, t);

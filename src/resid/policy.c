@@ -7,8 +7,8 @@
 
 static int cand_cmp(const void *a, const void *b, void *arg)
 {
-    const fy_cand *c = arg;
-    const fy_cand *x = &c[*(const int64_t *)a], *y = &c[*(const int64_t *)b];
+    const rs_cand *c = arg;
+    const rs_cand *x = &c[*(const int64_t *)a], *y = &c[*(const int64_t *)b];
     if (x->priority != y->priority) return x->priority < y->priority ? -1 : 1;
     if (x->last_use != y->last_use) return x->last_use < y->last_use ? -1 : 1;
     if (x->streams != y->streams) return x->streams ? -1 : 1;
@@ -16,7 +16,7 @@ static int cand_cmp(const void *a, const void *b, void *arg)
     return (x->id > y->id) - (x->id < y->id);
 }
 
-int64_t fy_policy_choose(const fy_cand *c, int64_t n, uint64_t need, int64_t *out, uint64_t *freed)
+int64_t rs_policy_choose(const rs_cand *c, int64_t n, uint64_t need, int64_t *out, uint64_t *freed)
 {
     uint64_t total = 0;
     int64_t m = 0;
@@ -45,12 +45,12 @@ int64_t fy_policy_choose(const fy_cand *c, int64_t n, uint64_t need, int64_t *ou
     return k;
 }
 
-fy_dest fy_policy_dest(fy_hoststate *h, uint64_t nbytes)
+rs_dest rs_policy_dest(rs_hoststate *h, uint64_t nbytes)
 {
     if (h->spilling && h->available > h->spill_above) h->spilling = false;
     else if (!h->spilling && h->available < h->spill_below) h->spilling = true;
-    if (h->spilling) return FY_DEST_SPILL;
-    if (h->host_used + nbytes > h->host_budget || nbytes > h->available) return FY_DEST_SPILL;
-    if (h->pinned_used + nbytes <= h->pinned_budget) return FY_DEST_PINNED;
-    return FY_DEST_HOST;
+    if (h->spilling) return RS_DEST_SPILL;
+    if (h->host_used + nbytes > h->host_budget || nbytes > h->available) return RS_DEST_SPILL;
+    if (h->pinned_used + nbytes <= h->pinned_budget) return RS_DEST_PINNED;
+    return RS_DEST_HOST;
 }

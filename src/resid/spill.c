@@ -14,7 +14,7 @@
 #include "common/ranges.h"
 #include "io/io.h"
 
-struct fy_spill {
+struct rs_spill {
     ferry_allocator mem;
     fy_err *err;
     char *dir;
@@ -23,7 +23,7 @@ struct fy_spill {
     uint64_t reserved; /* bytes in reserved ranges */
     uint64_t nlive;    /* reserved ranges not yet released */
     fy_ranges free;    /* the free ranges below size */
-    bool holding;      /* fy_spill_hold: releases wait for fy_spill_flush to punch */
+    bool holding;      /* rs_spill_hold: releases wait for rs_spill_flush to punch */
 };
 
 static const char *errtext(int rc)
@@ -33,7 +33,7 @@ static const char *errtext(int rc)
 
 /* Where O_TMPFILE is missing: a named file that lives only until the unlink
  * below. */
-static int open_named_then_unlink(fy_spill *s, int *fd)
+static int open_named_then_unlink(rs_spill *s, int *fd)
 {
     size_t n = strlen(s->dir) + sizeof "/.ferry-spill-XXXXXX";
     char *path = fy_malloc(&s->mem, n);
@@ -47,19 +47,19 @@ static int open_named_then_unlink(fy_spill *s, int *fd)
     return rc;
 }
 
-int fy_spill_open(const char *dir, const ferry_allocator *mem, fy_err *err, fy_spill **out)
+int rs_spill_open(const char *dir, const ferry_allocator *mem, fy_err *err, rs_spill **out)
 {
     if (out) *out = NULL;
     FY_RETURN_IF(!dir || !*dir || !out, err, FERRY_E_INVAL, "spill: no directory given");
     if (!mem) mem = fy_default_allocator();
-    fy_spill *s = fy_calloc(mem, 1, sizeof *s);
+    rs_spill *s = fy_calloc(mem, 1, sizeof *s);
     FY_RETURN_IF(!s, err, -ENOMEM, "%s: out of memory opening the spill file", dir);
     s->mem = *mem;
     s->err = err;
     s->fd = -1;
     s->dir = fy_strndup(mem, dir, strlen(dir));
     if (!s->dir) {
-        fy_spill_close(s);
+        rs_spill_close(s);
         return fy_seterr(err, -ENOMEM, "%s: out of memory opening the spill file", dir);
     }
 
@@ -67,7 +67,7 @@ int fy_spill_open(const char *dir, const ferry_allocator *mem, fy_err *err, fy_s
     int rc = fy_open_tmpfile(dir, &fd);
     if (rc == -EOPNOTSUPP || rc == -EISDIR) rc = open_named_then_unlink(s, &fd);
     if (rc < 0) {
-        fy_spill_close(s);
+        rs_spill_close(s);
         return fy_seterr(err, rc, "%s: cannot create the spill file there: %s", dir, errtext(rc));
     }
     s->fd = fd;
@@ -75,11 +75,11 @@ int fy_spill_open(const char *dir, const ferry_allocator *mem, fy_err *err, fy_s
     long type = 0;
     rc = fy_fs_info(fd, NULL, &type);
     if (rc < 0) {
-        fy_spill_close(s);
+        rs_spill_close(s);
         return fy_seterr(err, rc, "%s: cannot query the spill directory's file system: %s", dir, errtext(rc));
     }
     if (type == FY_TMPFS_MAGIC || type == FY_RAMFS_MAGIC) {
-        fy_spill_close(s);
+        rs_spill_close(s);
         return fy_seterr(
             err, FERRY_E_INVAL,
             "%s: is on %s, whose pages are RAM: spilling there frees no memory; choose a directory on disk",
@@ -89,7 +89,7 @@ int fy_spill_open(const char *dir, const ferry_allocator *mem, fy_err *err, fy_s
     return 0;
 }
 
-void fy_spill_close(fy_spill *s)
+void rs_spill_close(rs_spill *s)
 {
     if (!s) return;
     fy_close(s->fd);
@@ -99,31 +99,31 @@ void fy_spill_close(fy_spill *s)
     fy_free(&m, s);
 }
 
-int fy_spill_fd(const fy_spill *s)
+int rs_spill_fd(const rs_spill *s)
 {
     return s ? s->fd : -1;
 }
-const char *fy_spill_dir(const fy_spill *s)
+const char *rs_spill_dir(const rs_spill *s)
 {
     return s ? s->dir : NULL;
 }
 
-void fy_spill_usage(const fy_spill *s, uint64_t *reserved, uint64_t *file_size)
+void rs_spill_usage(const rs_spill *s, uint64_t *reserved, uint64_t *file_size)
 {
     if (reserved) *reserved = s ? s->reserved : 0;
     if (file_size) *file_size = s ? s->size : 0;
 }
 
-int fy_spill_reserve(fy_spill *s, uint64_t len, uint64_t *off)
+int rs_spill_reserve(rs_spill *s, uint64_t len, uint64_t *off)
 {
     if (!s || !off) return FERRY_E_INVAL;
     fy_err *err = s->err;
     uint64_t need;
     FY_RETURN_IF(len == 0, err, FERRY_E_INVAL, "%s: spill reservation of 0 bytes", s->dir);
-    FY_RETURN_IF(fy_add_ovf(len, FY_SPILL_ALIGN - 1, &need) || need > (uint64_t)INT64_MAX, err, -EFBIG,
+    FY_RETURN_IF(fy_add_ovf(len, RS_SPILL_ALIGN - 1, &need) || need > (uint64_t)INT64_MAX, err, -EFBIG,
                  "%s: spill reservation of %llu bytes is larger than any file", s->dir,
                  (unsigned long long)len);
-    need &= ~(uint64_t)(FY_SPILL_ALIGN - 1);
+    need &= ~(uint64_t)(RS_SPILL_ALIGN - 1);
 
     /* Every live range may come back separately, each adding a free range;
      * one more for a tail that could not be cut off. */
@@ -138,7 +138,7 @@ int fy_spill_reserve(fy_spill *s, uint64_t len, uint64_t *off)
                  "%s: spill file would pass the largest file size", s->dir);
 
     /* Growing needs that many free blocks. A reused range may still hold its
-     * blocks (releases deferred by fy_spill_hold) or may have been punched:
+     * blocks (releases deferred by rs_spill_hold) or may have been punched:
      * then fallocate itself says ENOSPC, and the range is punched again. */
     int rc;
     if (grow) {
@@ -173,7 +173,7 @@ int fy_spill_reserve(fy_spill *s, uint64_t len, uint64_t *off)
     return 0;
 }
 
-int fy_spill_check_room(fy_spill *s, uint64_t bytes)
+int rs_spill_check_room(rs_spill *s, uint64_t bytes)
 {
     if (!s) return FERRY_E_INVAL;
     uint64_t avail = 0;
@@ -195,16 +195,16 @@ int fy_spill_check_room(fy_spill *s, uint64_t bytes)
                      (unsigned long long)bytes, (unsigned long long)avail);
 }
 
-/* A range as fy_spill_reserve gave it: rounds len up; false (and nothing to
+/* A range as rs_spill_reserve gave it: rounds len up; false (and nothing to
  * do) for one that cannot have been reserved. */
-static bool reserved_range(const fy_spill *s, uint64_t off, uint64_t *len, uint64_t *end)
+static bool reserved_range(const rs_spill *s, uint64_t off, uint64_t *len, uint64_t *end)
 {
-    if (*len == 0 || fy_add_ovf(*len, FY_SPILL_ALIGN - 1, len)) return false;
-    *len &= ~(uint64_t)(FY_SPILL_ALIGN - 1);
-    return off % FY_SPILL_ALIGN == 0 && !fy_add_ovf(off, *len, end) && *end <= s->size && *len <= s->reserved;
+    if (*len == 0 || fy_add_ovf(*len, RS_SPILL_ALIGN - 1, len)) return false;
+    *len &= ~(uint64_t)(RS_SPILL_ALIGN - 1);
+    return off % RS_SPILL_ALIGN == 0 && !fy_add_ovf(off, *len, end) && *end <= s->size && *len <= s->reserved;
 }
 
-void fy_spill_unreserve(fy_spill *s, uint64_t off, uint64_t len)
+void rs_spill_unreserve(rs_spill *s, uint64_t off, uint64_t len)
 {
     uint64_t end;
     if (!s || !reserved_range(s, off, &len, &end)) return;
@@ -225,7 +225,7 @@ void fy_spill_unreserve(fy_spill *s, uint64_t off, uint64_t len)
     (void)fy_fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len);
 }
 
-void fy_spill_release(fy_spill *s, uint64_t off, uint64_t len)
+void rs_spill_release(rs_spill *s, uint64_t off, uint64_t len)
 {
     uint64_t end;
     if (!s || !reserved_range(s, off, &len, &end)) return;
@@ -238,7 +238,7 @@ void fy_spill_release(fy_spill *s, uint64_t off, uint64_t len)
     s->reserved -= len;
     if (s->nlive) s->nlive--;
 
-    if (s->holding) return; /* fy_spill_flush punches the merged ranges once */
+    if (s->holding) return; /* rs_spill_flush punches the merged ranges once */
     /* A free tail is cut off; if that fails its blocks are still punched. */
     const fy_range *r = &s->free.v[at];
     if ((size_t)at == s->free.n - 1 && r->off + r->len == s->size && fy_ftruncate(s->fd, r->off) == 0) {
@@ -249,12 +249,12 @@ void fy_spill_release(fy_spill *s, uint64_t off, uint64_t len)
     (void)fy_fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len);
 }
 
-void fy_spill_hold(fy_spill *s)
+void rs_spill_hold(rs_spill *s)
 {
     if (s) s->holding = true;
 }
 
-void fy_spill_flush(fy_spill *s)
+void rs_spill_flush(rs_spill *s)
 {
     if (!s || !s->holding) return;
     s->holding = false;
@@ -269,7 +269,7 @@ void fy_spill_flush(fy_spill *s)
                            s->free.v[i].len);
 }
 
-int fy_spill_flush_take(fy_spill *s, fy_range **out, size_t *n)
+int rs_spill_flush_take(rs_spill *s, fy_range **out, size_t *n)
 {
     *out = NULL;
     *n = 0;
@@ -283,13 +283,13 @@ int fy_spill_flush_take(fy_spill *s, fy_range **out, size_t *n)
     return 0;
 }
 
-void fy_spill_punch(int fd, const fy_range *r, size_t n)
+void rs_spill_punch(int fd, const fy_range *r, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         (void)fy_fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, r[i].off, r[i].len);
 }
 
-void fy_spill_flush_give(fy_spill *s, fy_range *r, size_t n)
+void rs_spill_flush_give(rs_spill *s, fy_range *r, size_t n)
 {
     if (!s) return;
     bool released = s->free.n > 0; /* ranges released while these were punched: not punched yet */

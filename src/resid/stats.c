@@ -32,7 +32,7 @@ FERRY_API int ferry_store_get_stats(ferry_store *s, ferry_store_stats *out)
     st.spilling = s->spilling;
     if (s->spill) {
         uint64_t res = 0;
-        fy_spill_usage(s->spill, &res, &st.spill_file_bytes);
+        rs_spill_usage(s->spill, &res, &st.spill_file_bytes);
     }
     st.bytes_htod = s->c.htod;
     st.bytes_dtoh = s->c.dtoh;

@@ -6,7 +6,7 @@
  * lock per store, never held over I/O: moves to the device transfer with it
  * dropped (fetch.c), evictions copy and spill with it dropped (evict.c),
  * reads and writes of a tensor's bytes too (tensor.c), the pool pins with it
- * dropped (pool.c) and the host's available memory is read without it. */
+ * dropped (pinpool.c) and the host's available memory is read without it. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
@@ -127,7 +127,7 @@ FERRY_API void ferry_store_free(ferry_store *s)
     rs_arena_destroy(&s->arena);
     rs_fences_destroy(&s->fences); /* (what the arena's drain left: nothing, as a rule) */
     rs_pinpool_destroy(&s->pool);  /* (the pinner stops first) */
-    fy_spill_close(s->spill);
+    rs_spill_close(s->spill);
     rs_keeper_destroy(&s->keeper); /* (after the models: their identities are the keeper's to free) */
     if (s->sampler) fy_memsampler_stop(s->sampler, NULL);
     fy_free(s->m, s->spill_dir);

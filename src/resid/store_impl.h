@@ -121,13 +121,13 @@ struct ferry_store {
     uint64_t host_used; /* pageable copies (the pool's bytes in use are pool.used) */
     /* the pinned pool and its pinner (pinpool.h); pool.budget is o.pinned_budget */
     rs_pinpool pool;
-    fy_spill *spill;
+    rs_spill *spill;
     bool spilling;
     int64_t evicting; /* tensors marked evicting (their copies run with the lock dropped) */
     /* device memory: segments from the driver, carved into tensors and kept
      * when they leave, for reuse (no driver call, and memory the copy engine
      * has written before: bench_alloc) until ferry_store_make_room gives the
-     * free ones back (arena.h, blocks.c); arena.used is the device tensors'
+     * free ones back (arena.h, arena.c); arena.used is the device tensors'
      * bytes, arena.budget follows o.device_budget */
     rs_arena arena;
     uint64_t cache_used; /* of pinned_used: clean copies of streamed blocks */
@@ -255,7 +255,7 @@ int rs_device_failed(ferry_store *s, ferry_model *m, int rc);
 
 /* Every function below is called with s->lock held. Those that copy, pin,
  * punch or wait (rs_pool_alloc, rs_evict_tensors and the make-room family
- * that calls it, rs_settle, rs_land_moving, rs_spill_flush) drop it for a
+ * that calls it, rs_settle, rs_land_moving, rs_store_spill_flush) drop it for a
  * while, after marking what they work on; their callers look at the store
  * again afterwards rather than trusting what they saw before. */
 
@@ -328,9 +328,9 @@ void rs_dev_reindex(ferry_model *m);
  * copies run (device to host, the spill file's writes) and the pool grows,
  * s->lock is dropped; the new tiers are committed under it again. */
 int rs_evict_tensors(ferry_store *s, rtensor **ts, int64_t n);
-/* Flush the spill file (see fy_spill_flush_take): the punching runs with
+/* Flush the spill file (see rs_spill_flush_take): the punching runs with
  * s->lock dropped. */
-void rs_spill_flush(ferry_store *s);
+void rs_store_spill_flush(ferry_store *s);
 /* Free bytes on the device, evicting by policy, protecting prot[] of pm.
  * Bytes freed, or FERRY_E_BUDGET with *could = what could be made. */
 int64_t rs_make_room_locked(ferry_store *s, uint64_t bytes, ferry_model *pm, const bool *prot,
@@ -348,7 +348,7 @@ int64_t rs_make_room_ex(ferry_store *s, uint64_t bytes, ferry_model *pm, const b
 /* Evict down to the device budget (after it shrank): 0 or FERRY_E_BUDGET. */
 int rs_fit_budget(ferry_store *s);
 
-/* ---- stream.c: plans ---- */
+/* ---- plan.c: plans ---- */
 /* Re-plan every model planned against the store's budget (after it changed). */
 void rs_replan(ferry_store *s);
 /* Free the plan of m (on removal). */

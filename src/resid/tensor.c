@@ -33,7 +33,7 @@ FERRY_API int ferry_model_mark_dirty(ferry_model *m, int64_t t)
     return rc;
 }
 
-static int pin(ferry_model *m, int64_t t, int d)
+static int hold(ferry_model *m, int64_t t, int d)
 {
     if (!m || t >= m->n) return FERRY_E_INVAL;
     pthread_mutex_lock(&m->s->lock);
@@ -53,11 +53,11 @@ static int pin(ferry_model *m, int64_t t, int d)
 
 FERRY_API int ferry_model_hold(ferry_model *m, int64_t t)
 {
-    return pin(m, t, 1);
+    return hold(m, t, 1);
 }
 FERRY_API int ferry_model_release(ferry_model *m, int64_t t)
 {
-    return pin(m, t, -1);
+    return hold(m, t, -1);
 }
 
 FERRY_API int ferry_model_tensor_state(ferry_model *m, int64_t t, ferry_tensor_state *out)
@@ -120,7 +120,7 @@ FERRY_API int ferry_model_read(ferry_model *m, int64_t t, void *buf)
     fy_hostrange h = {buf, r->dptr, r->nbytes};
     const void *host = r->host;
     uint64_t soff = r->soff;
-    int fd = s->spill ? fy_spill_fd(s->spill) : -1;
+    int fd = s->spill ? rs_spill_fd(s->spill) : -1;
     r->busy++;
     pthread_mutex_unlock(&s->lock);
     int rc = 0;

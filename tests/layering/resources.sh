@@ -9,7 +9,7 @@
 # store_impl.h, and one that takes a ferry_store.
 set -u
 SRC=$1
-RESOURCES="arena.h blocks.c fences.h fences.c lru.h lru.c pinpool.h pool.c spill.h spill.c policy.h policy.c keeper.h keeper.c"
+RESOURCES="arena.h arena.c fences.h fences.c lru.h lru.c pinpool.h pinpool.c spill.h spill.c policy.h policy.c keeper.h keeper.c"
 PUBLIC="ferry.h ferry_experimental.h" # the public headers, which any layer may include
 check() { # DIR: 0 when every resource in DIR keeps the rule, else names what breaks it
     d=$1 bad=0
@@ -35,7 +35,7 @@ for probe in inc type; do
     rm -rf "$tmp/resid"
     cp -r "$SRC/resid" "$tmp/resid"
     if [ $probe = inc ]; then
-        sed -i '0,/#include "arena.h"/s//#include "arena.h"\n#include "store_impl.h"/' "$tmp/resid/blocks.c"
+        sed -i '0,/#include "arena.h"/s//#include "arena.h"\n#include "store_impl.h"/' "$tmp/resid/arena.c"
     else
         printf 'void rs_lru_probe(struct ferry_store *s);\n' >>"$tmp/resid/lru.h"
     fi

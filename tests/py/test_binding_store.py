@@ -154,7 +154,7 @@ def test_attached_module_computes_like_the_reference(tmp_path, sim_free):
             assert states[k].tier == "device" and t.data_ptr() == states[k].dptr, k
             assert torch.equal(t, ref.state_dict()[k]), k
         assert isinstance(m.inp.weight, nn.Parameter) and m.inp.weight.requires_grad
-        assert states["inp.weight"].holds == 0  # unpinned after forward
+        assert states["inp.weight"].holds == 0  # released after forward
         st = store.stats()
         assert st["tier_bytes"]["device"] == sum(s.nbytes for s in states.values())
         assert st["models"] == 1 and st["tensors"] == len(states)
@@ -251,7 +251,7 @@ def test_pinned_while_forward_runs(tmp_path, sim_free):
 
         def inside(mod, args, out):
             seen["holds"] = {k: s.holds for k, s in store.tensor_states("net").items()}
-            assert store.make_room(None) == 0  # everything is pinned: nothing evictable
+            assert store.make_room(None) == 0  # everything is held: nothing evictable
             with pytest.raises(ferry.BudgetError):
                 store.make_room("1GiB")
             with pytest.raises(ferry.BusyError, match="is in use"):
@@ -262,7 +262,7 @@ def test_pinned_while_forward_runs(tmp_path, sim_free):
         same_output(m, ref)
         assert set(seen["holds"].values()) == {1} and seen["device"] == {"device"}
         assert {s.holds for s in store.tensor_states("net").values()} == {0}
-        # a forward that raises still unpins where torch can say so (2.1+)
+        # a forward that raises still releases where torch can say so (2.1+)
         with pytest.raises(RuntimeError):
             m(torch.randn(5, 7))
         if _stream._HOOK_ALWAYS_CALL:
@@ -741,7 +741,7 @@ def test_queued_moves_through_the_core(tmp_path, sim_free):
         del op  # let go: it waits for itself
         gc.collect()
         assert tiers(store, "net")[m.infos[0].name] == "device"
-        core.pin(m, 0)
+        core.hold(m, 0)
         core.release_after(m, 0, 0)  # the caller's thread on sim: nothing queued, the hold goes now
         assert store.tensor_state("net", m.infos[0].name).holds == 0
         with pytest.raises(ferry.InvalidArgumentError, match="not in use"):

@@ -61,6 +61,17 @@ typedef struct check_case {
 #define CHECK_CASES(list)                                                                 \
     list(CHECK_CASE_FN_) static const check_case check_cases[] = {list(CHECK_CASE_ROW_)}; \
     enum { check_ncases = sizeof check_cases / sizeof check_cases[0] };
+/* The end of a test whose cases take a ferry_ctx *ctx and whose main is a
+ * shared one, run(argc, argv, cases, n, &ctx) (xfer_common.h's xfer_main,
+ * store_common.h's store_main): ctx, declared here, after the cases'
+ * functions, so that no parameter of theirs shadows it; the table; main. */
+#define CHECK_CASES_MAIN(list, run)                              \
+    static ferry_ctx *ctx;                                       \
+    CHECK_CASES(list)                                            \
+    int main(int argc, char **argv)                              \
+    {                                                            \
+        return run(argc, argv, check_cases, check_ncases, &ctx); \
+    }
 
 static int check_nargs; /* case names given on the command line */
 static char **check_argv;

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* test_blocks.c - the segment arena of
- * src/resid/blocks.c against what ferry.h promises: make_room's room is real,
+ * src/resid/arena.c against what ferry.h promises: make_room's room is real,
  * a budget shrink gives the memory back. White-box: the store's segments
  * are read through store_impl.h to check its accounting too. */
 #define _GNU_SOURCE

@@ -555,12 +555,12 @@ static void test_spill(void)
     fy_err err;
     fy_err_init(&err);
     int fds = count_fds();
-    fy_spill *s = NULL;
+    rs_spill *s = NULL;
 
     /* the file system is whatever fstatfs says: tmpfs is refused */
     CHECK_EQ(fy_sys_set("fstatfs", (fy_sys_fn)fake_fstatfs), 0);
     fake_fs_type = 0x01021994; /* TMPFS_MAGIC */
-    CHECK_EQ(fy_spill_open(d, &counting_allocator, &err, &s), FERRY_E_INVAL);
+    CHECK_EQ(rs_spill_open(d, &counting_allocator, &err, &s), FERRY_E_INVAL);
     CHECK(s == NULL);
     CHECK_STR_HAS(err.msg, "tmpfs");
     CHECK_EQ(count_fds(), fds);
@@ -580,20 +580,20 @@ static void test_spill(void)
 
     /* no O_TMPFILE: a named file, unlinked at once */
     CHECK_EQ(fy_sys_set("open", (fy_sys_fn)open_no_tmpfile), 0);
-    CHECK_EQ(fy_spill_open(d, &counting_allocator, &err, &s), 0);
+    CHECK_EQ(rs_spill_open(d, &counting_allocator, &err, &s), 0);
     CHECK_EQ(count_entries(d, ""), 0);
     if (s) {
         uint64_t off;
-        CHECK_EQ(fy_spill_reserve(s, 4096, &off), 0);
-        fy_spill_close(s);
+        CHECK_EQ(rs_spill_reserve(s, 4096, &off), 0);
+        rs_spill_close(s);
     }
     CHECK_EQ(count_fds(), fds);
 
     /* the unlink fails: an error naming the directory, the descriptor closed,
      * the memory freed (the named file cannot be helped: it stays) */
     CHECK_EQ(fy_sys_set("unlink", (fy_sys_fn)fail_unlink_eperm), 0);
-    s = (fy_spill *)&err;
-    CHECK_EQ(fy_spill_open(d, &counting_allocator, &err, &s), -EPERM);
+    s = (rs_spill *)&err;
+    CHECK_EQ(rs_spill_open(d, &counting_allocator, &err, &s), -EPERM);
     CHECK(s == NULL);
     CHECK_STR_HAS(err.msg, d);
     CHECK_EQ(count_fds(), fds);
@@ -605,7 +605,7 @@ static void test_spill(void)
     CHECK_EQ(fy_sys_set("open", (fy_sys_fn)open_no_tmpfile), 0);
     CHECK_EQ(fy_sys_set("fstatfs", (fy_sys_fn)fake_fstatfs), 0);
     fy_fault_arm(2, ENOSPC); /* 1: the O_TMPFILE open; 2: mkostemp */
-    CHECK_EQ(fy_spill_open(d, &counting_allocator, &err, &s), -ENOSPC);
+    CHECK_EQ(rs_spill_open(d, &counting_allocator, &err, &s), -ENOSPC);
     CHECK(fy_fault_fired());
     fy_fault_arm(0, 0);
     CHECK(s == NULL);

@@ -398,58 +398,58 @@ static void test_spill_file(void)
 {
     fy_err err;
     fy_err_init(&err);
-    fy_spill *sp = NULL;
-    int rc = fy_spill_open(dir, NULL, &err, &sp);
+    rs_spill *sp = NULL;
+    int rc = rs_spill_open(dir, NULL, &err, &sp);
     if (rc == FERRY_E_INVAL) { /* a tmpfs TMPDIR: spilling there is refused, rightly */
         fy_err_destroy(&err);
         exit(77);
     }
     CHECK_EQ(rc, 0);
     if (!sp) return;
-    CHECK(fy_spill_fd(sp) >= 0);
-    CHECK_EQ(strcmp(fy_spill_dir(sp), dir), 0);
+    CHECK(rs_spill_fd(sp) >= 0);
+    CHECK_EQ(strcmp(rs_spill_dir(sp), dir), 0);
     uint64_t off[3], res = 0, size = 0;
-    for (int k = 0; k < 3; k++) CHECK_EQ(fy_spill_reserve(sp, 10000, &off[k]), 0);
+    for (int k = 0; k < 3; k++) CHECK_EQ(rs_spill_reserve(sp, 10000, &off[k]), 0);
     CHECK_EQ(off[0], 0);
     CHECK_EQ(off[1], 12288);
     CHECK_EQ(off[2], 24576);
-    fy_spill_usage(sp, &res, &size);
+    rs_spill_usage(sp, &res, &size);
     CHECK_EQ(res, 3 * 12288);
     CHECK_EQ(size, 3 * 12288);
     /* held: the middle range is free for reuse, not punched yet */
-    fy_spill_hold(sp);
-    fy_spill_release(sp, off[1], 10000);
-    fy_spill_usage(sp, &res, &size);
+    rs_spill_hold(sp);
+    rs_spill_release(sp, off[1], 10000);
+    rs_spill_usage(sp, &res, &size);
     CHECK_EQ(res, 2 * 12288);
     uint64_t again = 0;
-    CHECK_EQ(fy_spill_reserve(sp, 4096, &again), 0);
+    CHECK_EQ(rs_spill_reserve(sp, 4096, &again), 0);
     CHECK_EQ(again, off[1]); /* best fit reuses it */
-    fy_spill_release(sp, again, 4096);
+    rs_spill_release(sp, again, 4096);
     /* the flush in three steps: take, punch (no lock needed), give back */
     fy_range *r = NULL;
     size_t n = 0;
-    CHECK_EQ(fy_spill_flush_take(sp, &r, &n), 0);
+    CHECK_EQ(rs_spill_flush_take(sp, &r, &n), 0);
     CHECK(r != NULL && n >= 1);
-    fy_spill_punch(fy_spill_fd(sp), r, n);
-    fy_spill_flush_give(sp, r, n);
+    rs_spill_punch(rs_spill_fd(sp), r, n);
+    rs_spill_flush_give(sp, r, n);
     /* a batch taken back last first leaves the file as it was */
-    fy_spill_usage(sp, &res, &size);
+    rs_spill_usage(sp, &res, &size);
     uint64_t res0 = res, size0 = size, b[2];
-    CHECK_EQ(fy_spill_check_room(sp, 2 * 8192), 0);
-    CHECK_EQ(fy_spill_reserve(sp, 8192, &b[0]), 0);
-    CHECK_EQ(fy_spill_reserve(sp, 8192, &b[1]), 0);
-    fy_spill_unreserve(sp, b[1], 8192);
-    fy_spill_unreserve(sp, b[0], 8192);
-    fy_spill_usage(sp, &res, &size);
+    CHECK_EQ(rs_spill_check_room(sp, 2 * 8192), 0);
+    CHECK_EQ(rs_spill_reserve(sp, 8192, &b[0]), 0);
+    CHECK_EQ(rs_spill_reserve(sp, 8192, &b[1]), 0);
+    rs_spill_unreserve(sp, b[1], 8192);
+    rs_spill_unreserve(sp, b[0], 8192);
+    rs_spill_usage(sp, &res, &size);
     CHECK_EQ(res, res0);
     CHECK_EQ(size, size0);
     /* the tail released: the file shrinks to what is reserved */
-    fy_spill_release(sp, off[2], 10000);
-    fy_spill_usage(sp, &res, &size);
+    rs_spill_release(sp, off[2], 10000);
+    rs_spill_usage(sp, &res, &size);
     CHECK_EQ(res, 12288);
     CHECK_EQ(size, 12288);
-    CHECK_EQ(fy_spill_reserve(sp, 0, &again), FERRY_E_INVAL);
-    fy_spill_close(sp);
+    CHECK_EQ(rs_spill_reserve(sp, 0, &again), FERRY_E_INVAL);
+    rs_spill_close(sp);
     fy_err_destroy(&err);
 }
 

@@ -157,7 +157,7 @@ out:
 
 typedef struct ref {
     int64_t n;
-    fy_cand *c;
+    rs_cand *c;
     int *mi;
     int64_t *g;
 } ref;
@@ -174,8 +174,8 @@ static void ref_build(ref *r, ferry_store *s, bool spare, ferry_model *pm, const
         ferry_model *m = s->models[i];
         for (int64_t j = 0; j < m->n; j++) {
             if (m->t[j].group != j) continue;
-            fy_cand *cd = &r->c[r->n];
-            *cd = (fy_cand){.priority = m->priority,
+            rs_cand *cd = &r->c[r->n];
+            *cd = (rs_cand){.priority = m->priority,
                             .last_use = m->last_use,
                             .streams = m->t[j].streams,
                             .use = m->t[j].use,
@@ -269,7 +269,7 @@ static void test_order(ferry_ctx *ctx)
             ref r;
             ref_build(&r, s, false, pm, pm ? prot : NULL);
             uint64_t freed = 0;
-            int64_t chosen = need ? fy_policy_choose(r.c, r.n, need, out, &freed) : 0;
+            int64_t chosen = need ? rs_policy_choose(r.c, r.n, need, out, &freed) : 0;
             /* the groups expected to leave: marked in want */
             static bool want[NM][NT];
             memset(want, 0, sizeof want);

@@ -80,7 +80,7 @@ const cli_cmd cmd_simulate = {
     "    name     shown in the report (default \"job N\")\n"
     "    use      models brought to the device whole (from the checkpoint, RAM or the\n"
     "             spill file, evicting others least recently used and lowest\n"
-    "             priority first). They stay pinned there through reserve, modify\n"
+    "             priority first). They stay held there through reserve, modify\n"
     "             and run, so a later model of the list cannot push out an earlier\n"
     "             one and a reserve cannot take them: the job's models must fit\n"
     "             together.\n"

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* simulate_run.c - `ferry simulate`'s jobs run against the residency store:
- * use (to the device, pinned), reserve, modify (XOR and write back, the
+ * use (to the device, held), reserve, modify (XOR and write back, the
  * expected bytes' hash remembered), run (simulate_stream.c), evict, and
  * verify against the checkpoint or that hash. */
 #include <inttypes.h>
@@ -92,8 +92,8 @@ static void modify_tensor(ferry_ctx *ctx, scenario *sc, int ji, const sim_mod *m
 static void run_steps(ferry_ctx *ctx, ferry_store *store, scenario *sc, int ji, bufs *b, job_result *r)
 {
     sim_job *j = &sc->jobs[ji];
-    bool *pinned = calloc((size_t)sc->nmodels, sizeof *pinned);
-    if (!pinned) {
+    bool *holding = calloc((size_t)sc->nmodels, sizeof *holding);
+    if (!holding) {
         sim_job_err(r, "out of memory");
         r->stop = true;
         return;
@@ -104,15 +104,15 @@ static void run_steps(ferry_ctx *ctx, ferry_store *store, scenario *sc, int ji, 
         if ((rc = ferry_model_to_device(sm->m, NULL, 0)) < 0) {
             sim_job_err(r, "use %s: %s", sm->name, sim_errmsg(ctx, rc));
             r->stop = true;
-            goto unpin;
+            goto release;
         }
-        if (!pinned[j->use[u]]) {
+        if (!holding[j->use[u]]) {
             if ((rc = ferry_model_hold(sm->m, -1)) < 0) {
-                sim_job_err(r, "use %s: pinning: %s", sm->name, sim_errmsg(ctx, rc));
+                sim_job_err(r, "use %s: holding: %s", sm->name, sim_errmsg(ctx, rc));
                 r->stop = true;
-                goto unpin;
+                goto release;
             }
-            pinned[j->use[u]] = true;
+            holding[j->use[u]] = true;
         }
     }
     if (j->has_reserve) {
@@ -130,7 +130,7 @@ static void run_steps(ferry_ctx *ctx, ferry_store *store, scenario *sc, int ji, 
         /* the models this job holds stay: the run plans for the rest of the budget */
         uint64_t budget = 0, held = 0;
         for (int i = 0; i < sc->nmodels; i++) {
-            if (!pinned[i] || i == j->run.model) continue;
+            if (!holding[i] || i == j->run.model) continue;
             for (int64_t t = 0; t < sc->models[i].n; t++) {
                 ferry_tensor_state st = {.size = sizeof st};
                 if (ferry_model_tensor_state(sc->models[i].m, t, &st) == 0 && st.tier == FERRY_TIER_DEVICE)
@@ -142,11 +142,11 @@ static void run_steps(ferry_ctx *ctx, ferry_store *store, scenario *sc, int ji, 
             budget = ss.device_budget > held ? ss.device_budget - held : 1;
         sim_run_stream(ctx, store, sc, ji, budget, r);
     }
-unpin:
+release:
     for (int i = 0; i < sc->nmodels; i++)
-        if (pinned[i] && (rc = ferry_model_release(sc->models[i].m, -1)) < 0)
-            sim_job_err(r, "unpinning %s: %s", sc->models[i].name, sim_errmsg(ctx, rc));
-    free(pinned);
+        if (holding[i] && (rc = ferry_model_release(sc->models[i].m, -1)) < 0)
+            sim_job_err(r, "releasing %s: %s", sc->models[i].name, sim_errmsg(ctx, rc));
+    free(holding);
     if (r->stop) return;
     for (int e = 0; e < j->nevict; e++) {
         sim_model *sm = &sc->models[j->evict[e]];

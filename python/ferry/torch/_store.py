@@ -3,7 +3,7 @@
 are ferry._store.StoreCore's) with nn.Modules attached, whose tensors are
 re-pointed at the store's device memory as it moves them; Job. Store's
 methods are in this class and its bases: _StoreViews (views of the store's
-memory, re-pointing; _store_views), _StoreHooks (forward hooks and pins;
+memory, re-pointing; _store_views), _StoreHooks (forward hooks and holds;
 _store_hooks) and _StoreTensors (calls on single tensors; _store_tensors).
 """
 import contextlib
@@ -85,7 +85,7 @@ class Store(_StoreViews, _StoreHooks, _StoreTensors):
 
         store = ferry.torch.Store("cuda:0", device_budget="20GiB")
         store.add("dit", "dit.safetensors", module=dit)      # dit's tensors now follow the store
-        dit(x)                        # a forward pre-hook brings it to the device, pinned while it runs
+        dit(x)                        # a forward pre-hook brings it to the device, held while it runs
         store.offload("dit")          # its parameters become meta tensors until the next use
 
     Every call is thread-safe. After every call that can move tensors, each
@@ -122,7 +122,7 @@ class Store(_StoreViews, _StoreHooks, _StoreTensors):
             raise ValueError(f"stream_copies must be one of {sorted(_lib.STREAM_COPIES)}, not {stream_copies!r}")
         self._stream_copies = stream_copies
         self._lock = threading.RLock()
-        self._tls = threading.local()  # the forward pre-hooks' pins, per thread
+        self._tls = threading.local()  # the forward pre-hooks' holds, per thread
         self._attached = {}  # model name -> _Attached
         self._states = {}    # model name -> [(tier, dptr)] of every tensor, as of the last call
         self._segs = {}      # (base, size) of a device block of the store's -> {dtype: 1-D view of it}
@@ -193,7 +193,7 @@ class Store(_StoreViews, _StoreHooks, _StoreTensors):
         tensors the module lacks stay in the store only). Its tensors then
         become meta placeholders (whatever memory they had is dropped) and
         follow the store from then on; a forward pre-hook brings the model to
-        the device and pins it while forward runs. The module's tensors that
+        the device and holds it while forward runs. The module's tensors that
         the file lacks (non-persistent buffers, and what strict=False left
         out) move with the model instead: to the device with it, back to the
         cpu once it has left (_extras_to). keys: {module tensor name:
@@ -346,7 +346,7 @@ class Store(_StoreViews, _StoreHooks, _StoreTensors):
 
     @contextlib.contextmanager
     def use(self, name):
-        """`with store.use(name):` - the model on the device and pinned (never
+        """`with store.use(name):` - the model on the device and held (never
         evicted) inside the block, e.g. while calling its submodules directly
         (the forward hooks are on the attached module only)."""
         self._enter(name)
@@ -367,10 +367,10 @@ class Store(_StoreViews, _StoreHooks, _StoreTensors):
         with self._lock:
             m = self._model(name)
             a = self._attached.get(name)
-            while a is not None and a.hook_pins:
-                a.hook_pins -= 1
-                self._core.unpin(m, -1)
-            stack = self._tls.__dict__.get("pins")
+            while a is not None and a.hook_holds:
+                a.hook_holds -= 1
+                self._core.release(m, -1)
+            stack = self._tls.__dict__.get("holds")
             while stack and name in stack:
                 stack.remove(name)
             if a is not None and a.streamer is not None:  # a streaming model's step that raised
@@ -381,7 +381,7 @@ class Store(_StoreViews, _StoreHooks, _StoreTensors):
         """Bring a model (or tensors: names, indices or tensors of it, with
         their groups; a model with an attached module: the tensors the module
         has) to the device, evicting others as the policy decides
-        (least recently used, lowest priority first, never a pinned tensor).
+        (least recently used, lowest priority first, never a held tensor).
         Marks the model used now. BudgetError when even that cannot make room
         (nothing evicted or moved then)."""
         with self._lock:
@@ -497,8 +497,8 @@ class Store(_StoreViews, _StoreHooks, _StoreTensors):
     def remove(self, name):
         """Remove a model: it frees whatever the store holds of it; an
         attached module is detached (hooks removed, its tensors left as meta
-        placeholders). BusyError (an InvalidArgumentError) while it is pinned
-        (held: in a forward or use())."""
+        placeholders). BusyError (an InvalidArgumentError) while it is held
+        (in a forward or use())."""
         with self._lock:
             m = self._model(name)
             self._sync()

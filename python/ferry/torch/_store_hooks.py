@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """ferry.torch._store_hooks - how a Store runs an attached module: the
-forward hooks that bring a model to the device and pin it while forward
-runs, the pins they hold (_StoreHooks, a base of Store), and letting
+forward hooks that bring a model to the device and hold it while forward
+runs, the holds they keep (_StoreHooks, a base of Store), and letting
 streaming models' prefetched blocks go when another model needs the room.
 """
 from .. import errors
@@ -9,7 +9,7 @@ from . import _stream
 
 
 class _StoreHooks:
-    """Store's forward hooks, pins and moves to the device (a base of Store;
+    """Store's forward hooks, holds and moves to the device (a base of Store;
     self is the Store)."""
 
     def _drain(self, names=None):
@@ -20,16 +20,16 @@ class _StoreHooks:
                 a.streamer.drain()
 
     def _install_hooks(self, name, a):
-        # Each forward hook undoes the pin of its own thread's pre-hook, if
-        # that pre-hook got as far as pinning (torch 2.1+ runs an always_call
+        # Each forward hook undoes the hold of its own thread's pre-hook, if
+        # that pre-hook got as far as holding (torch 2.1+ runs an always_call
         # hook even when a pre-hook raised).
         def pre(mod, args):
             self._enter(name, hook=True)
-            stack = self._tls.__dict__.setdefault("pins", [])
+            stack = self._tls.__dict__.setdefault("holds", [])
             stack.append(name)
 
         def post(mod, args, out):
-            stack = self._tls.__dict__.get("pins")
+            stack = self._tls.__dict__.get("holds")
             if stack and name in stack:
                 del stack[len(stack) - 1 - stack[::-1].index(name)]
                 self._leave(name, hook=True)
@@ -51,7 +51,7 @@ class _StoreHooks:
         return a.own
 
     def _enter(self, name, hook=False):
-        """to_device (which also marks the model used now) and pin it all."""
+        """to_device (which also marks the model used now) and hold it all."""
         with self._lock:
             m = self._model(name)
             own = self._own(name, m)
@@ -64,9 +64,9 @@ class _StoreHooks:
                 if moving:
                     self._refresh()
             self._extras_to(name)
-            self._core.pin(m, -1)
+            self._core.hold(m, -1)
             if hook:
-                self._attached[name].hook_pins += 1
+                self._attached[name].hook_holds += 1
 
     def _to_device(self, m, idx=None):
         """core.to_device; when the room is short while streaming models hold
@@ -86,10 +86,10 @@ class _StoreHooks:
             core = self._core
             m = core.models.get(name) if core is not None else None
             if m is None:
-                return  # removed or closed meanwhile: nothing is pinned any more
+                return  # removed or closed meanwhile: nothing is held any more
             if hook:
                 a = self._attached.get(name)
-                if a is None or a.hook_pins == 0:
+                if a is None or a.hook_holds == 0:
                     return
-                a.hook_pins -= 1
-            core.unpin(m, -1)
+                a.hook_holds -= 1
+            core.release(m, -1)

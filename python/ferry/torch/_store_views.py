@@ -78,7 +78,7 @@ class _Attached:
         self.extras_dev = None  # the torch device extras are on (None: as the caller left them)
         self.shown = {}   # model index -> (tier, dptr) the module's tensor is a view of
         self.hooks = []
-        self.hook_pins = 0  # pins the forward hooks hold now
+        self.hook_holds = 0  # holds the forward hooks keep now
         self.streamer = None  # a _stream.Streamer when added with stream=
         self.own = False  # Store._own's answer, once asked
 
@@ -179,7 +179,7 @@ class _StoreViews:
                     new = self._placeholder(info, dt)
                 _repoint(entries, new, keep=a.streamer is None)
                 a.shown[idx] = now
-            if (a.extras_dev not in (None, _HOME) and st and a.hook_pins == 0
+            if (a.extras_dev not in (None, _HOME) and st and a.hook_holds == 0
                     and not getattr(a.streamer, "in_step", False)
                     and not any(tier == _lib.TIER_DEVICE or dptr for tier, dptr in st)):
                 self._extras_to(name, _HOME)  # the model left the device: they go with it

@@ -38,7 +38,7 @@ from ._match import _repoint
 _HOOK_ALWAYS_CALL = "always_call" in inspect.signature(torch.nn.Module.register_forward_hook).parameters
 
 _MARGIN = 512 << 20  # device bytes kept free beside PyTorch's measured peak
-_SLACK = 16          # the store's free device pieces may take it 1/16 past its budget (blocks.c)
+_SLACK = 16          # the store's free device pieces may take it 1/16 past its budget (arena.c)
 _NO_FORWARD = object()
 
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* blocks.c - the device arena (arena.h): blocks from the driver (segments),
+/* arena.c - the device arena (arena.h): blocks from the driver (segments),
  * carved into tensors and kept after their tensors leave, for reuse without a
  * driver call, until ferry_store_make_room (or the budget) gives them back.
  *

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* pool.c - the pinned pool (pinpool.h): chunks pinned once, best-fit
+/* pinpool.c - the pinned pool (pinpool.h): chunks pinned once, best-fit
  * ranges, trimmed by make_room, and the pinner that pins a reserve ahead. */
 #define _GNU_SOURCE
 #include <errno.h>

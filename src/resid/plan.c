@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* stream.c - running a model larger than its budget: the plan (which blocks
+/* plan.c - running a model larger than its budget: the plan (which blocks
  * stay resident, which stream through the window), re-planning when the
  * budget changes, and the clean pinned copies kept of streamed blocks.
  *
