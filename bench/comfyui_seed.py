@@ -16,6 +16,7 @@ GPU's free memory, the host memory).
         [--settings none,avail32,cg32,cg16,cg8] [--methods stock,fast_disk,ferry]
         [--vram-gib 24] [--python PY] [--comfyui DIR] [--ferry-lib SO]
         [--deadline S] [--process-timeout S] [--cgroups auto|off|DIR]
+        [--squeeze-gib N [--squeeze-after S]]
     # e.g. --settings 1.3b-v6-none,1.3b-v12-none,14b-v24-none --methods fast_disk,ferry
     # the table again from a result
     python bench/comfyui_seed.py table RESULT.json
@@ -78,7 +79,10 @@ ComfyUI's process), the cgroup's counters, and the pack's per-prompt JSON
 ($FERRY_COMFYUI_STATS, set for every method; stock writes none; its
 in-process USS reads are off unless --pack-uss). The table has a row per
 process (setting, DiT, GPU GiB free, method) and the ratios per setting.
-The result JSON is rewritten after every process.
+The result JSON is rewritten after every process. --squeeze-gib N: another
+process takes N GiB of GPU memory --squeeze-after seconds into each ComfyUI
+process (in the middle of a prompt) and holds it to the end; what it took is
+the record's "squeeze".
 """
 import argparse
 import concurrent.futures
@@ -529,6 +533,57 @@ def helper_vram(gib):
     return 0
 
 
+def helper_take(gib):
+    """_take: take up to `gib` GiB of GPU memory (256 MiB at a time, as much
+    as the device gives), as another process that starts in the middle of a
+    prompt would; print 'ready {...}' and hold it until SIGTERM."""
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            print("no CUDA device", flush=True)
+            return 1
+        want, held, chunk = int(gib * GIB), [], 256 << 20
+        while sum(t.numel() for t in held) < want:
+            try:
+                held.append(torch.empty(min(chunk, want - sum(t.numel() for t in held)), dtype=torch.uint8,
+                                        device="cuda"))
+            except torch.cuda.OutOfMemoryError:
+                break
+        free, total = torch.cuda.mem_get_info()
+        print("ready " + json.dumps({"free": free, "total": total, "held": sum(t.numel() for t in held)}), flush=True)
+    except Exception as e:
+        print(f"{type(e).__name__}: {e}", flush=True)
+        return 1
+    signal.sigwait([signal.SIGTERM])
+    return 0
+
+
+class Squeeze:
+    """--squeeze-gib: a helper that takes that much GPU memory `after`
+    seconds into a ComfyUI process (in the middle of a prompt) and holds it
+    until the process ends. info: what it took, or why it could not."""
+
+    def __init__(self, gib, after):
+        self.helper, self.info = None, {"gib": gib, "after_s": after, "started": False}
+        self.timer = threading.Timer(after, self._start, args=(gib,))
+        self.timer.daemon = True
+        self.timer.start()
+
+    def _start(self, gib):
+        try:
+            self.helper = Helper(["_take", str(gib)], "VRAM squeeze", timeout=60)
+            self.info.update(self.helper.info, started=True)
+        except Unavailable as e:
+            self.info["error"] = str(e)
+
+    def stop(self):
+        self.timer.cancel()
+        self.timer.join()
+        if self.helper:
+            self.helper.stop()
+        return self.info
+
+
 def cgroup_parent(mode):
     """(dir, version) where a memory cgroup can be made, or raise Unavailable."""
     if mode == "off":
@@ -779,6 +834,7 @@ def run_one(opts, manifest, setting, parts, method, workdir, timeout):
         rec.update(status="unavailable", error=str(e))
         return rec
     sampler = MemSampler()
+    squeeze = Squeeze(opts.squeeze_gib, opts.squeeze_after) if opts.squeeze_gib else None
     t0 = time.perf_counter()
     try:
         res = harness.run(ps, opts.models, custom_nodes=packs, extra_args=extra,
@@ -787,6 +843,8 @@ def run_one(opts, manifest, setting, parts, method, workdir, timeout):
     finally:
         rec["wall_s"] = round(time.perf_counter() - t0, 1)
         rec["memory"] = sampler.stop()
+        if squeeze:
+            rec["squeeze"] = squeeze.stop()
         if host:
             host.stop()
         if cg:
@@ -1024,6 +1082,8 @@ def main(argv=None):
         return helper_lock(int(argv[1]))
     if argv and argv[0] == "_vram":
         return helper_vram(float(argv[1]))
+    if argv and argv[0] == "_take":
+        return helper_take(float(argv[1]))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare", help="write the models")
@@ -1057,6 +1117,10 @@ def main(argv=None):
     r.add_argument("--process-timeout", type=float, default=300.0, help="seconds one process may run")
     r.add_argument("--cgroups", default="auto", help="auto, off, or the cgroup directory to make them under")
     r.add_argument("--pack-uss", action="store_true", help="let the pack read its own USS per prompt")
+    r.add_argument("--squeeze-gib", type=float, default=None,
+                   help="another process takes this much GPU memory --squeeze-after seconds into each ComfyUI "
+                        "process and holds it to the end (memory taken in the middle of a prompt)")
+    r.add_argument("--squeeze-after", type=float, default=20.0, help="see --squeeze-gib (default 20 s)")
     g = r.add_mutually_exclusive_group()
     g.add_argument("--cpu", dest="cpu", action="store_true", default=None, help="ComfyUI on the CPU (tiny default)")
     g.add_argument("--gpu", dest="cpu", action="store_false", help="ComfyUI on the GPU (real-size default)")

@@ -13,6 +13,9 @@
 #   quick   1.3b-v6-none, 1.3b-v12-none, 14b-v24-none with fast_disk and ferry,
 #           then tests/gpu/test_comfyui_gpu.py's checks on that result (per setting: ferry ok and
 #           exit 0, outputs as fast_disk's, peak USS at most fast_disk's + 0.1 GiB): the exit status
+#   squeeze 14b-v24-none, 1.3b-v6-none with fast_disk and ferry while another process takes 4 GiB
+#           of the GPU 15 s into each ComfyUI process (in the middle of a prompt) and holds it
+#           (comfyui_seed.py --squeeze-gib), then the quick part's checks
 #   matrix  14b-v24-none, 14b-v24-cg8, 14b-v12-cg16, 14b-full-none, 1.3b-v6-none with stock,
 #           fast_disk and ferry (more than one call's worth: what the deadline leaves is "skipped";
 #           SETTINGS= runs the rest in the next call)
@@ -29,7 +32,7 @@
 # arguments for `comfyui_seed.py run`), DRY_RUN=1 (print facts and the commands, check the wheels
 # and imports, run nothing; for trying the script off the GPU machine).
 set -uo pipefail
-OUT=${1:?usage: bench/gpu_comfyui.sh OUT [quick|matrix|a|b|all]}
+OUT=${1:?usage: bench/gpu_comfyui.sh OUT [quick|squeeze|matrix|a|b|all]}
 PART=${2:-a}
 T0=$SECONDS
 LIMIT=${CALL_SECONDS:-570}
@@ -37,13 +40,15 @@ MODELS=${FERRY_BENCH_MODELS:-${HOME:-/root}/ferry-comfyui-models}
 SITE=${SITE:-/tmp/site-comfyui}
 EXPERTS=${EXPERTS:-1}
 VRAM=()   # the old settings' emulated GPU; the new ones carry theirs
+XRUN=()   # the part's own run arguments
 case "$PART" in
 quick) S=1.3b-v6-none,1.3b-v12-none,14b-v24-none M=fast_disk,ferry ;;
+squeeze) S=14b-v24-none,1.3b-v6-none M=fast_disk,ferry XRUN=(--squeeze-gib 4 --squeeze-after 15) ;;
 matrix) S=14b-v24-none,14b-v24-cg8,14b-v12-cg16,14b-full-none,1.3b-v6-none M=stock,fast_disk,ferry ;;
 a) S=none,avail32 M=stock,fast_disk,ferry VRAM=(--vram-gib 24) ;;
 b) S=cg32,cg16,cg8 M=stock,fast_disk,ferry VRAM=(--vram-gib 24) ;;
 all) S=none,avail32,cg32,cg16,cg8 M=stock,fast_disk,ferry VRAM=(--vram-gib 24) ;;
-*) echo "usage: $0 OUT [quick|matrix|a|b|all]" >&2; exit 2 ;;
+*) echo "usage: $0 OUT [quick|squeeze|matrix|a|b|all]" >&2; exit 2 ;;
 esac
 SETTINGS=${SETTINGS:-$S}
 METHODS=${METHODS:-$M}
@@ -107,10 +112,10 @@ echo "== comfyui_seed.py run $SETTINGS, $METHODS ($((SECONDS - T0)) s; ${LEFT} s
 # no process starts with under 60 s left; the driver's own end takes a few seconds
 # shellcheck disable=SC2086
 PYTHONUNBUFFERED=1 $DO python3 bench/comfyui_seed.py run --models "$MODELS" --out "$OUT/comfyui-$PART.json" --table \
-  --settings "$SETTINGS" --methods "$METHODS" "${VRAM[@]}" --python python3 --comfyui "$COMFYUI_DIR" \
+  --settings "$SETTINGS" --methods "$METHODS" "${VRAM[@]}" "${XRUN[@]}" --python python3 --comfyui "$COMFYUI_DIR" \
   --ferry-lib "$FERRY_LIBRARY" --deadline $((LEFT - 10)) --min-process 60 --process-timeout 240 ${SEED_ARGS:-}
 RC=$?
-if [ "$PART" = quick ]; then
+if [ "$PART" = quick ] || [ "$PART" = squeeze ]; then
   echo "== tests/gpu/test_comfyui_gpu.py's checks ($((SECONDS - T0)) s)"
   $DO python3 tests/gpu/test_comfyui_gpu.py --result "$OUT/comfyui-$PART.json" --no-table
   RC=$?
