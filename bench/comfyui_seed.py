@@ -672,11 +672,15 @@ class MemSampler:
     """Peak memory of the ComfyUI process (the child of this process whose
     command line runs harness.py), from two threads of this process: RSS
     from /proc/PID/statm every 50 ms, USS (Private_Clean + Private_Dirty) and
-    anonymous memory from /proc/PID/smaps_rollup, 100 ms after each read."""
+    anonymous memory from /proc/PID/smaps_rollup, 100 ms after each read;
+    and, at a new USS peak (at most every 5 s), where the private memory is:
+    /proc/PID/smaps summed by mapping name ([anon], a library, a checkpoint),
+    the largest 12 ("uss_by_mapping")."""
 
     def __init__(self):
         self.stop_ev = threading.Event()
         self.pid = None
+        self.by_mapping, self.by_mapping_t = [], 0.0
         self.peak = {"rss": 0, "uss": 0, "anon": 0}
         self.reads = {"statm": 0, "smaps": 0, "smaps_s": 0.0}
         self.threads = [threading.Thread(target=self._fast, daemon=True),
@@ -727,15 +731,37 @@ class MemSampler:
                 continue
             self.reads["smaps"] += 1
             self.reads["smaps_s"] += time.perf_counter() - t
-            self.peak["uss"] = max(self.peak["uss"], kv.get("Private_Clean", 0) + kv.get("Private_Dirty", 0))
+            uss = kv.get("Private_Clean", 0) + kv.get("Private_Dirty", 0)
+            if uss > self.peak["uss"] and time.perf_counter() - self.by_mapping_t > 5:
+                self.by_mapping_t = time.perf_counter()
+                self._by_mapping()
+            self.peak["uss"] = max(self.peak["uss"], uss)
             self.peak["anon"] = max(self.peak["anon"], kv.get("Anonymous", 0))
             self.peak["rss"] = max(self.peak["rss"], kv.get("Rss", 0))
+
+    def _by_mapping(self):
+        sums, name = {}, "[anon]"
+        try:
+            with open(f"/proc/{self.pid}/smaps") as f:
+                for ln in f:
+                    head = ln.split()
+                    if not head:
+                        continue
+                    if "-" in head[0] and not head[0].endswith(":"):  # a mapping's first line
+                        name = head[5] if len(head) > 5 else "[anon]"
+                    elif head[0] in ("Private_Clean:", "Private_Dirty:"):
+                        sums[name] = sums.get(name, 0) + int(head[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            return
+        top = sorted(sums.items(), key=lambda kv: -kv[1])[:12]
+        self.by_mapping = [[n, round(b / (1 << 20), 1)] for n, b in top if b]
 
     def stop(self):
         self.stop_ev.set()
         for t in self.threads:
             t.join()
         return {"pid": self.pid, **{f"peak_{k}_gib": round(v / GIB, 3) for k, v in self.peak.items()},
+                "uss_by_mapping_mib": self.by_mapping,
                 "statm_reads": self.reads["statm"], "smaps_reads": self.reads["smaps"],
                 "smaps_read_ms": round(1000 * self.reads["smaps_s"] / max(1, self.reads["smaps"]), 1)}
 
