@@ -506,16 +506,24 @@ def helper_lock(nbytes):
     return 0
 
 
-def helper_vram(gib):
+def helper_vram(gib, take=None):
     """_vram: allocate GPU memory until cudaMemGetInfo reports `gib` GiB
-    free; print 'ready {...}' and hold it until SIGTERM."""
+    free (or, with take, up to `take` GiB, as much as the device gives);
+    print 'ready {...}' and hold it until SIGTERM."""
     try:
         import torch
         if not torch.cuda.is_available():
             print("no CUDA device", flush=True)
             return 1
-        target, held, chunk = int(gib * GIB), [], 1 << 30
-        while True:
+        held = []
+        while take is not None and sum(t.numel() for t in held) < int(take * GIB):
+            try:
+                held.append(torch.empty(min(256 << 20, int(take * GIB) - sum(t.numel() for t in held)),
+                                        dtype=torch.uint8, device="cuda"))
+            except torch.cuda.OutOfMemoryError:
+                break
+        target, chunk = int((gib or 0) * GIB), 1 << 30
+        while take is None:
             free, total = torch.cuda.mem_get_info()
             over = free - target
             if over <= 0:
@@ -537,25 +545,7 @@ def helper_take(gib):
     """_take: take up to `gib` GiB of GPU memory (256 MiB at a time, as much
     as the device gives), as another process that starts in the middle of a
     prompt would; print 'ready {...}' and hold it until SIGTERM."""
-    try:
-        import torch
-        if not torch.cuda.is_available():
-            print("no CUDA device", flush=True)
-            return 1
-        want, held, chunk = int(gib * GIB), [], 256 << 20
-        while sum(t.numel() for t in held) < want:
-            try:
-                held.append(torch.empty(min(chunk, want - sum(t.numel() for t in held)), dtype=torch.uint8,
-                                        device="cuda"))
-            except torch.cuda.OutOfMemoryError:
-                break
-        free, total = torch.cuda.mem_get_info()
-        print("ready " + json.dumps({"free": free, "total": total, "held": sum(t.numel() for t in held)}), flush=True)
-    except Exception as e:
-        print(f"{type(e).__name__}: {e}", flush=True)
-        return 1
-    signal.sigwait([signal.SIGTERM])
-    return 0
+    return helper_vram(None, take=gib)
 
 
 class Squeeze:
