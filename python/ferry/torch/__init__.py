@@ -15,9 +15,9 @@ they share: dtypes, views of ferry memory, empty tensors, stream syncs,
 device arguments), _load (load_file), _dist (load_file with a
 torch.distributed process_group), _load_into (load_model, and load_into, its
 deprecated name), _match (pairing a module's tensors with a checkpoint's),
-_store (Store, Job) with the bases of Store in _store_views (views,
-re-pointing), _store_hooks (forward hooks, holds) and _store_tensors (calls on
-single tensors), and _stream (Store.add(stream=...)).
+_store (Store with its forward hooks and holds, Job) with the bases of Store
+in _store_views (views, re-pointing) and _store_tensors (calls on single
+tensors), and _stream (Store.add(stream=...)).
 """
 import torch  # noqa: F401  (ferry.torch needs torch; the ImportError comes from here)
 
