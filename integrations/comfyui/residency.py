@@ -355,8 +355,7 @@ def _restored(obj, data):
     else a new Parameter (or data)."""
     if not isinstance(obj, torch.nn.Parameter):
         return data
-    from ferry.torch._match import _same_param
-    return _same_param(obj, data, False)
+    return _ferry().torch.swap_parameter_data(obj, data, False)
 
 
 def _owner(module, key):
@@ -379,8 +378,7 @@ def prepare(patcher, module_attr, raw_names, files, stream, label):
         raise Unsupported("its module is already held")
     keys, views, total = {}, {}, 0
     seen = set()
-    from ferry.torch._match import _module_entries  # (key, owner, attribute, is parameter, tensor), as attached
-    for key, _, _, _, t in _module_entries(module):
+    for key, _, _, _, t in _ferry().torch.module_tensors(module):  # as attached
         n = t.numel() * t.element_size()
         if id(t) not in seen:
             seen.add(id(t))

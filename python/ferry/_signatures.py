@@ -1,4 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
+# Generated from include/ferry.h and include/ferry_experimental.h by
+# scripts/gen_signatures.py: edit the headers (or _lib.py, _structs.py) and run it
+# again; ctest python_signatures fails while this file differs from its output.
 """_signatures - the restype and argtypes of each function of ferry.h the
 binding calls, beyond the few _lib declares itself to load and check the
 library (version, ABI queries, ferry_store_get_stats, whose struct _lib
@@ -39,22 +42,22 @@ FUNCTIONS = {
     "ferry_file_find": (_i64, [_vp, _cp]),
     "ferry_file_tensor_data": (_i32, [_vp, _i64, _P(_vp)]),
     "ferry_file_tensor_read": (_i32, [_vp, _i64, _u64, _vp, ctypes.c_size_t]),
-    "ferry_file_resident": (ctypes.c_double, [_vp]),
     "ferry_parse_size": (_i32, [_cp, _P(_u64)]),
     "ferry_device_open": (_i32, [_vp, _cp, _P(_vp)]),
     "ferry_device_close": (None, [_vp]),
     "ferry_device_desc": (_cp, [_vp]),
     "ferry_device_mem_info": (_i32, [_vp, _P(_u64), _P(_u64)]),
-    "ferry_device_prepare": (_i32, [_vp, _P(LoadOpts), _u64]),
-    "ferry_device_probe_cufile": (_i32, [_vp, _vp, ctypes.c_char_p, ctypes.c_size_t]),
-    "ferry_load_plan_route": (_i32, [_vp, _vp, _P(LoadOpts), _u64, _P(RouteChoice)]),
-    "ferry_device_copy_rate": (_i32, [_vp, _u64, _P(ctypes.c_double), _P(ctypes.c_double)]),
     "ferry_route_parse": (_i32, [_cp]),
+    "ferry_device_prepare": (_i32, [_vp, _P(LoadOpts), _u64]),
+    "ferry_load_plan_route": (_i32, [_vp, _vp, _P(LoadOpts), _u64, _P(RouteChoice)]),
+    "ferry_device_probe_cufile": (_i32, [_vp, _vp, _cp, ctypes.c_size_t]),
     "ferry_load": (_i32, [_vp, _vp, _P(LoadOpts), _P(_vp), _P(LoadStats)]),
     "ferry_loaded_ptr": (_u64, [_vp, _i64]),
     "ferry_loaded_read": (_i32, [_vp, _i64, _vp]),
     "ferry_loaded_free": (None, [_vp]),
     "ferry_load_into": (_i32, [_vp, _vp, _P(_i64), _P(_u64), _i64, _P(LoadOpts), _P(LoadStats)]),
+    "ferry_device_copy_rate": (_i32, [_vp, _u64, _P(ctypes.c_double), _P(ctypes.c_double)]),
+    "ferry_file_resident": (ctypes.c_double, [_vp]),
     "ferry_store_new": (_i32, [_vp, _P(StoreOpts), _P(_vp)]),
     "ferry_store_free": (None, [_vp]),
     "ferry_store_add": (_i32, [_vp, _cp, _P(_vp), _i32, _i32, _P(_vp)]),
@@ -88,16 +91,12 @@ FUNCTIONS = {
     "ferry_streamer_block_position": (_i64, [_vp, _i64]),
     "ferry_streamer_block_streams": (_i32, [_vp, _i64]),
     "ferry_streamer_get_stats": (_i32, [_vp, _P(StreamerStats)]),
-    # ferry_experimental.h: the store with a keeper
-    "ferry_store_use_keeper": (_i32, [_vp, _cp, _i32]),
-    "ferry_store_get_keeper_stats": (_i32, [_vp, _P(KeeperStats)]),
-    "ferry_keep_default_socket": (_i32, [_cp, ctypes.c_size_t]),
     "ferry_model_evict": (_i32, [_vp, _P(_i64), _i64]),
     "ferry_model_mark_dirty": (_i32, [_vp, _i64]),
     "ferry_model_hold": (_i32, [_vp, _i64]),
     "ferry_model_release": (_i32, [_vp, _i64]),
     "ferry_model_tensor_state": (_i32, [_vp, _i64, _P(TensorState)]),
-    "ferry_model_device_addrs": (_i32, [_vp, _P(ctypes.c_int64), _i64, _P(ctypes.c_uint64)]),
+    "ferry_model_device_addrs": (_i32, [_vp, _P(_i64), _i64, _P(_u64)]),
     "ferry_model_read": (_i32, [_vp, _i64, _vp]),
     "ferry_model_write": (_i32, [_vp, _i64, _vp]),
     "ferry_store_make_room": (_i64, [_vp, _u64, _P(_u64)]),
@@ -107,4 +106,7 @@ FUNCTIONS = {
     "ferry_store_job_begin": (_i32, [_vp, _cp]),
     "ferry_store_job_end": (_i32, [_vp, _P(JobStats)]),
     "ferry_store_job_name": (_cp, [_vp]),
+    "ferry_keep_default_socket": (_i32, [_cp, ctypes.c_size_t]),
+    "ferry_store_use_keeper": (_i32, [_vp, _cp, _i32]),
+    "ferry_store_get_keeper_stats": (_i32, [_vp, _P(KeeperStats)]),
 }

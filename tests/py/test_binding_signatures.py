@@ -3,10 +3,12 @@
 function the headers export is bound by python/ferry/_lib.py with the same
 return and argument types, or listed in _lib.UNBOUND with a reason; every
 bound function is in a header.
-The header's declarations are read with a small parser of its FERRY_API
-lines (one declaration may span several lines; comments and preprocessor
-lines are dropped first)."""
+The header's declarations are read with the parser of
+scripts/gen_signatures.py, which writes python/ferry/_signatures.py from them
+(ctest python_signatures checks that file is its output); the ctypes types
+expected here are worked out apart from it."""
 import ctypes
+import importlib.util
 import os
 import re
 
@@ -14,8 +16,10 @@ import pytest
 
 from ferry import _lib
 
-HEADERS = [os.path.join(os.path.dirname(__file__), "..", "..", "include", h)
-           for h in ("ferry.h", "ferry_experimental.h")]
+_spec = importlib.util.spec_from_file_location(
+    "gen_signatures", os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "gen_signatures.py"))
+gen = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gen)
 
 # C scalar type -> the ctypes type the binding must use
 SCALARS = {
@@ -24,34 +28,7 @@ SCALARS = {
     "int64_t": ctypes.c_int64, "uint64_t": ctypes.c_uint64,
     "size_t": ctypes.c_size_t, "double": ctypes.c_double, "float": ctypes.c_float,
 }
-# opaque handles (pointers to them are void pointers in the binding)
-OPAQUE = {"ferry_ctx", "ferry_file", "ferry_device", "ferry_store", "ferry_model", "ferry_loaded",
-          "ferry_op", "ferry_streamer", "ferry_keep"}
-
-
-def header_functions(text):
-    """{name: (return C type, [argument C types])} of every FERRY_API function."""
-    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
-    text = re.sub(r"//[^\n]*", " ", text)
-    text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
-    enums = set(re.findall(r"typedef\s+enum\s+\w*\s*\{[^}]*\}\s*(\w+)\s*;", text, flags=re.S))
-    out = {}
-    for decl in re.findall(r"FERRY_API\s+([^;{}]*?\))\s*;", text, flags=re.S):
-        decl = " ".join(decl.split())
-        m = re.match(r"(.*?)\b(\w+)\s*\((.*)\)$", decl)
-        assert m, decl
-        ret, name, args = m.group(1).strip(), m.group(2), m.group(3).strip()
-        params = [] if args in ("", "void") else [a.strip() for a in args.split(",")]
-        out[name] = (ret, [strip_name(p) for p in params], enums)
-    return out
-
-
-def strip_name(param):
-    """"const char *name" -> "const char *"; "int i" -> "int"."""
-    m = re.match(r"(.*?[\s*])(\w+)$", param)
-    if m and m.group(2) not in SCALARS and not m.group(2).startswith("ferry_"):
-        return m.group(1).strip()
-    return param
+OPAQUE = gen.OPAQUE
 
 
 def expected(ctype, enums, mirrors):
@@ -104,11 +81,7 @@ def same(want, got):
 
 @pytest.fixture(scope="module")
 def header():
-    text = ""
-    for h in HEADERS:
-        with open(h) as f:
-            text += f.read() + "\n"
-    return header_functions(text)
+    return gen.header_functions(gen.read_headers())
 
 
 def mirrors():

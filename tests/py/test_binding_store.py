@@ -746,3 +746,24 @@ def test_queued_moves_through_the_core(tmp_path, sim_free):
         assert store.tensor_state("net", m.infos[0].name).holds == 0
         with pytest.raises(ferry.InvalidArgumentError, match="not in use"):
             core.release_after(m, 0, 0)
+
+
+def test_module_tensors_and_swap_parameter_data_are_public():
+    """The two helpers code moving a module's tensors itself uses: the
+    state_dict entries (tied names each listed, non-persistent buffers not),
+    and a Parameter given new contents in place where torch can swap."""
+    m = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 2))
+    m[1].weight = torch.nn.Parameter(torch.zeros(2, 3))
+    m.register_buffer("scratch", torch.zeros(1), persistent=False)
+    m.register_buffer("kept", torch.zeros(1))
+    got = [(k, owner is m or owner in m, attr, is_param, t is dict(m.state_dict(keep_vars=True))[k])
+           for k, owner, attr, is_param, t in ft.module_tensors(m)]
+    assert [g[0] for g in got] == list(m.state_dict().keys())
+    assert all(g[1] and g[4] for g in got)
+    assert dict((g[0], g[3]) for g in got) == {"0.weight": True, "0.bias": True, "1.weight": True,
+                                               "1.bias": True, "kept": False}
+    old = m[0].weight
+    new = ft.swap_parameter_data(old, torch.ones(3, 2), requires_grad=True)
+    assert isinstance(new, torch.nn.Parameter) and new.requires_grad and bool((new == 1).all())
+    if hasattr(torch.utils, "swap_tensors"):
+        assert new is old

@@ -12,10 +12,11 @@ from .. import errors
 from ._tensors import dtype_for
 
 
-def _module_entries(module):
-    """(key, owning module, attribute, is parameter, tensor) for everything
-    state_dict() would hold: parameters and persistent buffers, a shared
-    submodule or tied tensor under each of its names."""
+def module_tensors(module):
+    """A list of (key, owning module, attribute, is parameter, tensor) for
+    everything state_dict() would hold: parameters and persistent buffers, a
+    shared submodule or tied tensor under each of its names (the entries
+    load_model and Store.add(module=...) pair with a checkpoint's tensors)."""
     out = []
     for prefix, m in module.named_modules(remove_duplicate=False):
         p = prefix + "." if prefix else ""
@@ -166,7 +167,7 @@ def _repoint(entries, new, keep=True):
             m._buffers[name] = new
 
 
-def _same_param(old, new, requires_grad):
+def swap_parameter_data(old, new, requires_grad=False):
     """A Parameter holding new: old itself, its contents swapped for new's
     (torch.utils.swap_tensors, torch 2.3 and later), so references the caller
     keeps to the module's parameters (an optimizer's, a patcher's) stay valid
@@ -181,3 +182,7 @@ def _same_param(old, new, requires_grad):
         except RuntimeError:
             pass
     return fresh
+
+
+_module_entries = module_tensors
+_same_param = swap_parameter_data

@@ -2,9 +2,9 @@
 """ferry.torch._store - ferry.torch.Store: the residency store (the C objects
 are ferry._store.StoreCore's) with nn.Modules attached, whose tensors are
 re-pointed at the store's device memory as it moves them; Job. Store's
-methods are in this class and its bases: _StoreViews (views of the store's
-memory, re-pointing; _store_views), _StoreHooks (forward hooks and holds;
-_store_hooks) and _StoreTensors (calls on single tensors; _store_tensors).
+methods are in this class (with its forward hooks and holds) and its bases:
+_StoreViews (views of the store's memory, re-pointing; _store_views) and
+_StoreTensors (calls on single tensors; _store_tensors).
 """
 import contextlib
 import os
@@ -16,7 +16,6 @@ import torch
 from .. import _core, _dlpack, _lib, _store, errors
 from . import _stream
 from ._match import _attach_plan, _module_extras, _repoint
-from ._store_hooks import _StoreHooks
 from ._store_tensors import _StoreTensors
 from ._store_views import _HOME, _Attached, _StoreViews
 from ._tensors import _cuda_index, _torch_device
@@ -79,7 +78,7 @@ class Job:
         return f"<ferry.torch.Job {self.name!r} {'open' if self.stats is None else 'ended'}>"
 
 
-class Store(_StoreViews, _StoreHooks, _StoreTensors):
+class Store(_StoreViews, _StoreTensors):
     """ferry's residency store (ferry_store_*) with nn.Modules attached: see
     python/README.md ("Residency store").
 
@@ -524,6 +523,93 @@ class Store(_StoreViews, _StoreHooks, _StoreTensors):
             self._states = {}
             self._segs = {}  # (their views keep the store's memory)
             self._core = None
+
+    # ---- forward hooks, holds and moves to the device ----
+    # The forward hooks bring a model to the device and hold it while forward
+    # runs; streaming models' prefetched blocks go when another model needs
+    # the room.
+
+    def _drain(self, names=None):
+        """Land the queued moves of streaming models (names None: all) and
+        drop their holds, before anything moves them by other means."""
+        for n, a in list(self._attached.items()):
+            if a.streamer is not None and (names is None or n in names):
+                a.streamer.drain()
+
+    def _install_hooks(self, name, a):
+        # Each forward hook undoes the hold of its own thread's pre-hook, if
+        # that pre-hook got as far as holding (torch 2.1+ runs an always_call
+        # hook even when a pre-hook raised).
+        def pre(mod, args):
+            self._enter(name, hook=True)
+            stack = self._tls.__dict__.setdefault("holds", [])
+            stack.append(name)
+
+        def post(mod, args, out):
+            stack = self._tls.__dict__.get("holds")
+            if stack and name in stack:
+                del stack[len(stack) - 1 - stack[::-1].index(name)]
+                self._leave(name, hook=True)
+
+        a.hooks.append(a.module.register_forward_pre_hook(pre))
+        a.hooks.append(_stream.register_post(a.module, post))
+
+    def _own(self, name, m):
+        """The indices of the tensors an attached module has of model name,
+        when its files hold more (strict=False or keys= left some out: those
+        stay in the store only and never come to the device with it); None
+        for all of them."""
+        a = self._attached.get(name)
+        if a is None:
+            return None
+        if a.own is False:
+            idx = sorted(i for i, *_ in a.plan)
+            a.own = idx if len(idx) < len(m) else None
+        return a.own
+
+    def _enter(self, name, hook=False):
+        """to_device (which also marks the model used now) and hold it all."""
+        with self._lock:
+            m = self._model(name)
+            own = self._own(name, m)
+            moving = not self._all_on_device(m, own)
+            if moving:
+                self._sync()
+            try:
+                self._to_device(m, own)
+            finally:
+                if moving:
+                    self._refresh()
+            self._extras_to(name)
+            self._core.hold(m, -1)
+            if hook:
+                self._attached[name].hook_holds += 1
+
+    def _to_device(self, m, idx=None):
+        """core.to_device; when the room is short while streaming models hold
+        blocks prefetched for their next step, those are let go and it is
+        tried once more."""
+        try:
+            self._core.to_device(m, idx)
+        except errors.BudgetError:
+            if not any(a.streamer is not None and a.streamer.ops and n != m.name
+                       for n, a in self._attached.items()):
+                raise
+            self._drain([n for n in self._attached if n != m.name])
+            self._core.to_device(m, idx)
+
+    def _leave(self, name, hook=False):
+        with self._lock:
+            core = self._core
+            m = core.models.get(name) if core is not None else None
+            if m is None:
+                return  # removed or closed meanwhile: nothing is held any more
+            if hook:
+                a = self._attached.get(name)
+                if a is None or a.hook_holds == 0:
+                    return
+                a.hook_holds -= 1
+            core.release(m, -1)
 
     def __enter__(self):
         return self
