@@ -205,8 +205,9 @@ static void conn_close(keeper *k, int slot, const char *why)
         entry *e = find_id(k, c->att[i]);
         if (e && e->attached) e->attached--;
     }
-    if (why)
-        logf_("client pid %d: %s%s", (int)c->pid, why, discarded ? " (its unfinished puts discarded)" : "");
+    if (why || discarded) /* (a client gone mid-put is worth a line even when it left cleanly) */
+        logf_("client pid %d: %s%s", (int)c->pid, why ? why : "disconnected",
+              discarded ? " (its unfinished puts discarded)" : "");
     close(c->fd);
     free(c->in);
     free(c->att);
